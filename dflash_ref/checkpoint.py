@@ -1,0 +1,136 @@
+"""Checkpoints in the Hugging Face layout: `config.json` + `model.safetensors`, or shards listed in
+`model.safetensors.index.json` (`{"weight_map": {name: shard file}}`). safetensors only: no pickle,
+no remote code. Parameter names are the official ones, so the same folder loads here, in the
+official `dflash` package and in transformers.
+
+Loading builds the model on the `meta` device (no memory), then reads each shard straight onto
+`device` in `dtype`, so no full float32 copy of a large model is ever held in host memory.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from .config import DraftConfig, Qwen3Config, TargetConfig
+from .draft_model import DFlashDraftModel
+from .target import Qwen3Target
+
+SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint folder is missing files, or its tensors do not match the model."""
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, config: Qwen3Config) -> torch.dtype:
+    if dtype is None or dtype == "auto":
+        dtype = config.dtype or "float32"
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise CheckpointError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _shards(folder: Path) -> dict[str, list[str]]:
+    """shard file → tensor names in it."""
+    if (folder / INDEX).is_file():
+        weight_map = json.loads((folder / INDEX).read_text()).get("weight_map")
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise CheckpointError(f"{folder / INDEX} has no weight_map")
+        shards: dict[str, list[str]] = {}
+        for name, shard in weight_map.items():
+            shards.setdefault(shard, []).append(name)
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise CheckpointError(f"{folder}: shard files listed in {INDEX} are missing: {missing}")
+        return shards
+    if (folder / SINGLE).is_file():
+        return {SINGLE: None}
+    found = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    if any(n.endswith((".bin", ".pt", ".pth", ".ckpt")) for n in found):
+        raise CheckpointError(f"{folder} holds pickle weights ({found}); only safetensors are read")
+    raise CheckpointError(f"{folder} has neither {SINGLE} nor {INDEX} (found: {found or 'nothing'})")
+
+
+def _check_architecture(folder: Path, expected: set[str]) -> None:
+    archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    if archs and not set(archs) & expected:
+        raise CheckpointError(f"{folder}: architectures {archs} is not one of {sorted(expected)}")
+
+
+def load_weights(model: nn.Module, folder: Path, dtype: torch.dtype, device: str | torch.device) -> None:
+    """Fill a meta-device model from the folder's safetensors, listing missing/unexpected names."""
+    expected = dict(model.state_dict(keep_vars=True))
+    tied = getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" in expected
+    state: dict[str, torch.Tensor] = {}
+    for shard in _shards(folder):
+        with safe_open(str(folder / shard), framework="pt", device=str(device)) as f:
+            for name in f.keys():
+                state[name] = f.get_tensor(name).to(dtype)
+    if tied:
+        state.pop("lm_head.weight", None)
+        expected.pop("lm_head.weight")
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(f"{folder}: tensors do not match the model. missing: {missing or 'none'}; "
+                              f"unexpected: {unexpected or 'none'}")
+    wrong = [f"{n}: file {tuple(state[n].shape)} vs model {tuple(expected[n].shape)}"
+             for n in expected if state[n].shape != expected[n].shape]
+    if wrong:
+        raise CheckpointError(f"{folder}: tensor shapes do not match the config: {wrong}")
+    model.load_state_dict(state, assign=True, strict=not tied)
+    if tied:
+        model.lm_head.weight = model.model.embed_tokens.weight
+
+
+def _load(cls, config_cls, folder, dtype, device, architectures):
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{folder} has no config.json" if folder.is_dir() else f"no folder {folder}")
+    _check_architecture(folder, architectures)
+    config = config_cls.from_json(folder)
+    dtype = resolve_dtype(dtype, config)
+    with torch.device("meta"):
+        model = cls(config)
+    load_weights(model, folder, dtype, device)
+    return model.eval()
+
+
+def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> DFlashDraftModel:
+    """An official-format DFlash draft folder → DFlashDraftModel (dtype: None = the config's)."""
+    return _load(DFlashDraftModel, DraftConfig, folder, dtype, device, {"DFlashDraftModel"})
+
+
+def load_target(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> Qwen3Target:
+    """A transformers Qwen3ForCausalLM folder → the project's own Qwen3Target."""
+    return _load(Qwen3Target, TargetConfig, folder, dtype, device, {"Qwen3ForCausalLM"})
+
+
+def _save(model: nn.Module, folder: str | Path, dtype) -> None:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in model.state_dict().items()}
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    saved_dtype = next(iter(state.values())).dtype
+    config = model.config.to_dict()
+    config["dtype"] = str(saved_dtype).removeprefix("torch.")
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(state, str(folder / SINGLE), metadata={"format": "pt"})
+
+
+def save_draft(model: DFlashDraftModel, folder: str | Path, dtype: torch.dtype | None = None) -> None:
+    """Write config.json + model.safetensors in the official draft format."""
+    _save(model, folder, dtype)
+
+
+def save_target(model: Qwen3Target, folder: str | Path, dtype: torch.dtype | None = None) -> None:
+    _save(model, folder, dtype)

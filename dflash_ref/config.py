@@ -1,0 +1,227 @@
+"""Configurations of the target (Qwen3) and of the DFlash draft, read from and written to the
+official `config.json` format, with every field the code uses validated.
+
+Draft `config.json` (z-lab/Qwen3-8B-DFlash-b16): Qwen3 fields, plus top-level `block_size` and
+`num_target_layers`, plus `dflash_config: {mask_token_id, target_layer_ids}`. RoPE settings come in
+two spellings: a top-level `rope_theta` (+ `rope_scaling`) in released checkpoints, and
+`rope_parameters: {rope_theta, rope_type}` as transformers 5 writes them. Both are read; any rope
+type other than the plain one is refused.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .layer_sampling import build_target_layer_ids
+
+
+class ConfigError(ValueError):
+    """A config field is missing, of the wrong type, out of range, or not supported."""
+
+
+def _int(d: dict, key: str, minimum: int = 1, default: Any = dataclasses.MISSING) -> int:
+    if key not in d or d[key] is None:
+        if default is dataclasses.MISSING:
+            raise ConfigError(f"config field '{key}' is missing")
+        return default
+    value = d[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"config field '{key}' must be an integer ≥ {minimum}, got {value!r}")
+    return value
+
+
+def _float(d: dict, key: str, default: float) -> float:
+    value = d.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ConfigError(f"config field '{key}' must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _rope_theta(d: dict) -> float:
+    params = d.get("rope_parameters") or {}
+    scaling = d.get("rope_scaling") or {}
+    for source, spec in (("rope_parameters", params), ("rope_scaling", scaling)):
+        kind = spec.get("rope_type", spec.get("type", "default"))
+        if kind != "default":
+            raise ConfigError(f"{source} asks for rope type '{kind}'; only the plain ('default') "
+                              "RoPE is implemented")
+    if "rope_theta" in params:
+        return _float(params, "rope_theta", 10000.0)
+    return _float(d, "rope_theta", 10000.0)
+
+
+@dataclass
+class Qwen3Config:
+    """The fields of a Qwen3 decoder stack that this project reads (target or draft)."""
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 40960
+    tie_word_embeddings: bool = False
+    layer_types: list[str] | None = None      # "full_attention" | "sliding_attention" per layer
+    sliding_window: int | None = None
+    dtype: str | None = None                  # dtype the checkpoint was saved in, informative
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+            _int({name: getattr(self, name)}, name)
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                              f"num_key_value_heads ({self.num_key_value_heads}) for GQA")
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ConfigError(f"layer_types has {len(self.layer_types)} entries for "
+                                  f"{self.num_hidden_layers} layers")
+            bad = set(self.layer_types) - {"full_attention", "sliding_attention"}
+            if bad:
+                raise ConfigError(f"unknown layer_types {sorted(bad)}")
+            if "sliding_attention" in self.layer_types:
+                _int({"sliding_window": self.sliding_window}, "sliding_window")
+
+    def layer_type(self, i: int) -> str:
+        return self.layer_types[i] if self.layer_types else "full_attention"
+
+    @classmethod
+    def _fields_from_dict(cls, d: dict) -> dict:
+        if not isinstance(d, dict):
+            raise ConfigError(f"a config must be a JSON object, got {type(d).__name__}")
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise ConfigError(f"hidden_act '{act}' is not supported (Qwen3 uses 'silu')")
+        if d.get("attention_bias", False):
+            raise ConfigError("attention_bias=true is not supported (Qwen3 has no attention biases)")
+        hidden, heads = _int(d, "hidden_size"), _int(d, "num_attention_heads")
+        layer_types = d.get("layer_types")
+        if layer_types is None and d.get("use_sliding_window"):
+            raise ConfigError("use_sliding_window without layer_types is not supported")
+        return dict(
+            vocab_size=_int(d, "vocab_size"), hidden_size=hidden,
+            intermediate_size=_int(d, "intermediate_size"),
+            num_hidden_layers=_int(d, "num_hidden_layers"), num_attention_heads=heads,
+            num_key_value_heads=_int(d, "num_key_value_heads", default=heads),
+            head_dim=_int(d, "head_dim", default=hidden // heads),
+            rms_norm_eps=_float(d, "rms_norm_eps", 1e-6), rope_theta=_rope_theta(d),
+            max_position_embeddings=_int(d, "max_position_embeddings", default=40960),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            layer_types=list(layer_types) if layer_types is not None else None,
+            sliding_window=d.get("sliding_window"),
+            dtype=d.get("dtype", d.get("torch_dtype")),
+        )
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Qwen3Config":
+        return cls(**cls._fields_from_dict(d))
+
+    @classmethod
+    def from_json(cls, path: str | Path):
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no config.json at {path}")
+        try:
+            d = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        return cls.from_dict(d)
+
+    def to_dict(self) -> dict:
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("rope_theta",)}
+        d.update(model_type="qwen3", hidden_act="silu", attention_bias=False, rope_theta=self.rope_theta,
+                 rope_parameters={"rope_theta": self.rope_theta, "rope_type": "default"})
+        if self.layer_types is None:
+            d["layer_types"] = ["full_attention"] * self.num_hidden_layers
+        return d
+
+    def save(self, directory: str | Path) -> None:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / "config.json").write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+
+@dataclass
+class TargetConfig(Qwen3Config):
+    """A Qwen3 causal LM used as the target (architectures: Qwen3ForCausalLM)."""
+
+    def validate(self) -> None:
+        super().validate()
+        if self.layer_types and "sliding_attention" in self.layer_types:
+            raise ConfigError("sliding-window layers in the target are not implemented")
+
+    def to_dict(self) -> dict:
+        return {"architectures": ["Qwen3ForCausalLM"], **super().to_dict()}
+
+
+_UNSUPPORTED_DRAFT_KEYS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0,
+                           "final_logit_softcapping": None, "conv_kernel_size": None,
+                           "selector_rank": None}
+
+
+@dataclass
+class DraftConfig(Qwen3Config):
+    """The DFlash draft: Qwen3 fields + block_size, num_target_layers, mask_token_id, target_layer_ids."""
+    block_size: int = 16
+    num_target_layers: int = 36
+    mask_token_id: int = 0
+    target_layer_ids: list[int] = field(default_factory=list)  # empty: build_target_layer_ids
+    is_causal: bool | None = None  # None: causal exactly on sliding-window layers (official rule)
+
+    def validate(self) -> None:
+        super().validate()
+        _int({"block_size": self.block_size}, "block_size")
+        _int({"num_target_layers": self.num_target_layers}, "num_target_layers")
+        if not self.target_layer_ids:
+            self.target_layer_ids = build_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
+        for i in self.target_layer_ids:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_target_layers:
+                raise ConfigError(f"target_layer_ids {self.target_layer_ids}: each id must be an integer "
+                                  f"in 0..{self.num_target_layers - 1} (num_target_layers="
+                                  f"{self.num_target_layers})")
+        m = self.mask_token_id
+        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < self.vocab_size:
+            raise ConfigError(f"mask_token_id {m!r} is outside the vocabulary 0..{self.vocab_size - 1}")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DraftConfig":
+        fields = cls._fields_from_dict(d)
+        dflash = d.get("dflash_config") or {}
+        for key, default in _UNSUPPORTED_DRAFT_KEYS.items():
+            value = dflash.get(key, d.get(key, default))
+            if value != default:
+                raise ConfigError(f"draft config sets '{key}'={value!r}; that DFlash variant is not "
+                                  "implemented here")
+
+        def pick(key, default=dataclasses.MISSING):  # dflash_config wins over top level, as officially
+            return dflash[key] if key in dflash else (d[key] if key in d else default)
+
+        mask = pick("mask_token_id")
+        if mask is dataclasses.MISSING:
+            raise ConfigError("draft config has no dflash_config.mask_token_id")
+        return cls(**fields, block_size=_int({"block_size": pick("block_size", 16)}, "block_size"),
+                   num_target_layers=_int(d, "num_target_layers"), mask_token_id=mask,
+                   target_layer_ids=list(pick("target_layer_ids", None) or []),
+                   is_causal=d.get("is_causal"))
+
+    def to_dict(self) -> dict:
+        d = {"architectures": ["DFlashDraftModel"], **super().to_dict()}
+        for key in ("mask_token_id", "target_layer_ids", "is_causal"):
+            d.pop(key)
+        if self.is_causal is not None:
+            d["is_causal"] = self.is_causal
+        d["dflash_config"] = {"mask_token_id": self.mask_token_id,
+                              "target_layer_ids": list(self.target_layer_ids)}
+        return d

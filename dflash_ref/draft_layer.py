@@ -1,0 +1,39 @@
+"""One DFlash decoder layer (seed: "Decoder Layer ×N: LN → KV Injection Attention → Res.; LN → MLP → Res.").
+
+    H' = H + Attn(RMSNorm_in(H), C)            (K/V get C injected; see attention.py)
+    H'' = H' + MLP(RMSNorm_post(H'))           (SwiGLU)
+
+C is the already-projected context (fc + hidden_norm), shared by all layers; it is *not* normed
+again here, while H is.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .attention import KVInjectionAttention
+from .cache import KVCache
+from .config import DraftConfig
+from .hooks import HookPoint
+from .mlp import SwiGLU
+from .rmsnorm import RMSNorm
+
+
+class DFlashDecoderLayer(nn.Module):
+    def __init__(self, config: DraftConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.self_attn = KVInjectionAttention(config, layer_idx)
+        self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.hook_resid_mid = HookPoint()   # (B, L_q, d): H'
+        self.hook_resid_post = HookPoint()  # (B, L_q, d): H'', the layer output
+
+    def forward(self, hidden_states: torch.Tensor, target_hidden: torch.Tensor,
+                position_embeddings: tuple[torch.Tensor, torch.Tensor],
+                past_key_values: KVCache | None = None) -> torch.Tensor:
+        attn_out, _ = self.self_attn(self.input_layernorm(hidden_states), target_hidden,
+                                     position_embeddings, past_key_values)
+        hidden_states = self.hook_resid_mid(hidden_states + attn_out)
+        hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        return self.hook_resid_post(hidden_states)

@@ -1,0 +1,102 @@
+"""The DFlash draft model (seed: "Draft Head 架构").
+
+    C = RMSNorm(W_fc · target_hidden)                      (context.py)
+    H_0 = noise_embedding                                   (target's embed_tokens of the block)
+    H_n = DecoderLayer_n(H_{n−1}, C)   n = 1..N             (draft_layer.py)
+    out = RMSNorm_final(H_N)            (B, L_q, d)         → target.lm_head outside → logits
+
+No embedding and no lm_head of its own: the target's are reused. Parameter names are the official
+ones (`layers.{i}.…`, `fc`, `hidden_norm`, `norm`), so one `load_state_dict` moves weights between
+this model and the official `DFlashDraftModel` or any port. `forward` takes the official keywords.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .cache import KVCache
+from .config import DraftConfig
+from .context import ContextHooks, project_context
+from .draft_layer import DFlashDecoderLayer
+from .hooks import HookPoint, name_hook_points
+from .rmsnorm import RMSNorm
+from .rope import RotaryEmbedding
+
+
+class DFlashDraftModel(nn.Module):
+    def __init__(self, config: DraftConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        d = config.hidden_size
+        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(d, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
+        self.fc = nn.Linear(len(config.target_layer_ids) * d, d, bias=False)
+        self.hidden_norm = RMSNorm(d, config.rms_norm_eps)
+        self.context = ContextHooks()
+        self.hook_noise_embedding = HookPoint()  # (B, L_q, d)
+        self.hook_target_hidden = HookPoint()    # (B, L_c, k·d) the sampled target layers, concatenated
+        self.hook_out = HookPoint()              # (B, L_q, d) after the final norm
+        name_hook_points(self, "draft")
+
+    @property
+    def block_size(self) -> int:
+        return self.config.block_size
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.config.mask_token_id
+
+    @property
+    def target_layer_ids(self) -> list[int]:
+        return self.config.target_layer_ids
+
+    def make_cache(self) -> KVCache:
+        return KVCache(self.config.num_hidden_layers)
+
+    def forward(self, position_ids: torch.Tensor, attention_mask: None = None, *,
+                noise_embedding: torch.Tensor, target_hidden: torch.Tensor,
+                past_key_values: KVCache | None = None, use_cache: bool = False) -> torch.Tensor:
+        """noise_embedding (B, L_q, d), target_hidden (B, L_c, k·d), position_ids (B, L_c + L_q)
+        → block hidden states (B, L_q, d).
+
+        position_ids cover the *new* context positions followed by the block's; K/V of earlier
+        context come from `past_key_values` (which this call appends to: crop it afterwards).
+        """
+        if attention_mask is not None:
+            raise ValueError("DFlash draft attention is non-causal over the block; a custom "
+                             "attention_mask is not supported")
+        self._check_inputs(position_ids, noise_embedding, target_hidden)
+        if use_cache and past_key_values is None:
+            raise ValueError("use_cache=True needs past_key_values (make one with draft.make_cache())")
+        hidden_states = self.hook_noise_embedding(noise_embedding)
+        context = project_context(self.hook_target_hidden(target_hidden), self.fc, self.hidden_norm,
+                                  self.context)                                    # (B, L_c, d)
+        position_embeddings = self.rotary_emb(position_ids, hidden_states.dtype)  # (B, L_c + L_q, d_h) ×2
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, context, position_embeddings, past_key_values)
+        return self.hook_out(self.norm(hidden_states))
+
+    def _check_inputs(self, position_ids, noise_embedding, target_hidden) -> None:
+        d, k = self.config.hidden_size, len(self.config.target_layer_ids)
+        if noise_embedding.dim() != 3 or noise_embedding.shape[-1] != d:
+            raise ValueError(f"noise_embedding must be (batch, block, {d}), got {tuple(noise_embedding.shape)}")
+        if target_hidden.dim() != 3 or target_hidden.shape[-1] != k * d:
+            raise ValueError(f"target_hidden must be (batch, ctx_len, {k * d}) = {k} target layers × "
+                             f"hidden {d}, got {tuple(target_hidden.shape)}")
+        if target_hidden.shape[0] != noise_embedding.shape[0]:
+            raise ValueError(f"batch sizes differ: noise_embedding {noise_embedding.shape[0]}, "
+                             f"target_hidden {target_hidden.shape[0]}")
+        expected = target_hidden.shape[1] + noise_embedding.shape[1]
+        if position_ids.dim() != 2 or position_ids.shape[1] != expected or \
+                position_ids.shape[0] not in (1, noise_embedding.shape[0]):
+            raise ValueError(f"position_ids must be (batch, ctx_len + block) = (·, {expected}), "
+                             f"got {tuple(position_ids.shape)}")
+        if position_ids.numel() and int(position_ids.max()) >= self.config.max_position_embeddings:
+            raise ValueError(f"position {int(position_ids.max())} is beyond the draft's "
+                             f"max_position_embeddings {self.config.max_position_embeddings}")
+
+    def compute_logits(self, hidden: torch.Tensor, output_head: nn.Module) -> torch.Tensor:
+        """Block hidden states → logits with the target's lm_head."""
+        return output_head(hidden)
