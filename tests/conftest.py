@@ -1,0 +1,68 @@
+"""Shared factories for the tests: tiny random targets and drafts, and their official twins."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dflash_ref import DFlashDraftModel, DraftConfig, Qwen3Target, TargetConfig
+
+
+def target_config(**overrides) -> TargetConfig:
+    kw = dict(vocab_size=12, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
+              rope_theta=10000.0)
+    kw.update(overrides)
+    return TargetConfig(**kw)
+
+
+def draft_config(target: TargetConfig | None = None, **overrides) -> DraftConfig:
+    target = target or target_config()
+    kw = dict(vocab_size=target.vocab_size, hidden_size=target.hidden_size, intermediate_size=64,
+              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+              max_position_embeddings=target.max_position_embeddings, rope_theta=target.rope_theta,
+              num_target_layers=target.num_hidden_layers, block_size=4,
+              mask_token_id=target.vocab_size - 1)
+    kw.update(overrides)
+    return DraftConfig(**kw)
+
+
+def randomize_(module: torch.nn.Module, seed: int, std: float = 0.5) -> torch.nn.Module:
+    """Every parameter random (norm weights around 1), so no stage is an accidental identity."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            noise = torch.randn(p.shape, generator=g) * std
+            p.copy_((1 + 0.2 * noise) if "norm" in name else noise)
+    return module.eval()
+
+
+def make_pair(seed: int = 0, target_overrides: dict | None = None, draft_overrides: dict | None = None,
+              std: float = 0.5) -> tuple[Qwen3Target, DFlashDraftModel]:
+    tc = target_config(**(target_overrides or {}))
+    target = randomize_(Qwen3Target(tc), seed, std)
+    draft = randomize_(DFlashDraftModel(draft_config(tc, **(draft_overrides or {}))), seed + 10_000, std)
+    return target, draft
+
+
+def official_twins(target: Qwen3Target, draft: DFlashDraftModel):
+    """transformers' Qwen3ForCausalLM and the official DFlashDraftModel with the same weights."""
+    transformers = pytest.importorskip("transformers")
+    official = pytest.importorskip("dflash.model")
+    hf_target = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**target.config.to_dict())).eval()
+    hf_target.load_state_dict(target.state_dict())
+    off_draft = official.DFlashDraftModel(transformers.Qwen3Config(**draft.config.to_dict())).eval()
+    off_draft.load_state_dict(draft.state_dict())
+    return hf_target, off_draft
+
+
+@pytest.fixture(autouse=True)
+def _official_runs_on_cpu(monkeypatch):
+    """dflash 0.1.0's return_stats=True calls torch.cuda.synchronize(), which fails on CPU (a known
+    bug): time with perf_counter instead, so its acceptance lengths can be compared here."""
+    try:
+        import time
+
+        import dflash.model as official
+    except ImportError:
+        return
+    monkeypatch.setattr(official, "_cuda_time", time.perf_counter)
