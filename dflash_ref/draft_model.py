@@ -38,6 +38,7 @@ class DFlashDraftModel(nn.Module):
         self.hook_noise_embedding = HookPoint()  # (B, L_q, d)
         self.hook_target_hidden = HookPoint()    # (B, L_c, k·d) the sampled target layers, concatenated
         self.hook_out = HookPoint()              # (B, L_q, d) after the final norm
+        self.hook_logits = HookPoint()           # (B, L_q − 1, V) the proposals' logits (compute_logits)
         name_hook_points(self, "draft")
 
     @property
@@ -99,4 +100,4 @@ class DFlashDraftModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor, output_head: nn.Module) -> torch.Tensor:
         """Block hidden states → logits with the target's lm_head."""
-        return output_head(hidden)
+        return self.hook_logits(output_head(hidden))

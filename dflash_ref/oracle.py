@@ -50,7 +50,7 @@ class OracleDraft(nn.Module):
         return self.accept[self._steps] if self._steps < len(self.accept) else 0
 
     def compute_logits(self, hidden: torch.Tensor, output_head: nn.Module) -> torch.Tensor:
-        logits = output_head(hidden)                                   # (1, γ, V): real shape/dtype
+        logits = self.draft.compute_logits(hidden, output_head)        # (1, γ, V): real, still traced
         vocab, allowed = logits.shape[-1], self._allowed()
         forced = torch.full_like(logits, -1e4)
         for i, pos in enumerate(self._block_positions[1:]):             # d_i predicts position pos

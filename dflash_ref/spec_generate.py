@@ -35,7 +35,10 @@ class StepRecord:
     """What happened in one decode step (the trace stores one per step)."""
     step: int
     start: int                       # position of x_0, the last committed token
-    block_ids: list[int]             # [x_0, d_1, …, d_γ] as verified
+    block_ids: list[int]             # [x_0, d_1, …, d_γ] as verified (drafted from [x_0, mask, …])
+    q_position_ids: list[int]        # positions of the block (Q): start … start + L_q − 1
+    k_position_ids: list[int]        # every key column of the draft's attention: cached context,
+                                     # new context, block = 0 … start + L_q − 1
     draft_tokens: list[int]          # d_1..d_γ
     posterior: list[int]             # the target's token at each block position (empty: rejection)
     acceptance_length: int           # τ, accepted draft tokens
@@ -164,7 +167,11 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
         if on_step is not None:
             on_step(StepRecord(
                 step=len(result.acceptance_lengths) - 1, start=start - produced,
-                block_ids=block_ids[0].tolist(), draft_tokens=draft_tokens[0].tolist(),
+                block_ids=block_ids[0].tolist(),
+                q_position_ids=list(range(start - produced, start - produced + verify_size)),
+                k_position_ids=list(range(start - produced + verify_size))
+                if verify_size > 1 else [],
+                draft_tokens=draft_tokens[0].tolist(),
                 posterior=posterior[0].tolist() if posterior is not None else [],
                 acceptance_length=tau, bonus=int(bonus), produced=produced, ctx_len=ctx_len,
                 draft_cache_before=draft_before, draft_cache_after_draft=draft_after_draft,

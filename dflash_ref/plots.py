@@ -1,0 +1,170 @@
+"""Figures from a Trace. Every function takes a trace (or a step record) and returns a matplotlib
+Figure; nothing is shown or saved here (`save_figure` writes deterministic PNGs).
+
+    plot_attention            one step / layer / head: L_q × L_k, context | block boundary marked
+    plot_attention_grid       every layer × head of one step
+    plot_attention_steps      one layer / head across steps (the context grows, the block slides)
+    plot_cache_timeline       target vs draft cache length around every verify / draft and crop
+    plot_acceptance           τ per step, and its histogram
+    plot_rope_alignment       which position each Q row and K column is rotated by
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .spec_generate import StepRecord
+from .trace import Trace
+
+CONTEXT_COLOUR, BLOCK_COLOUR = "#1f77b4", "#d62728"
+
+
+def _subplots(figsize, rows: int = 1, cols: int = 1, **kw):
+    """A Figure without pyplot: no global state, no backend switch, nothing to close."""
+    fig = Figure(figsize=figsize)
+    return fig, fig.subplots(rows, cols, **kw)
+
+
+def _labels(positions: Sequence[int], tokens: Sequence[str] | None, start: int) -> list[str]:
+    """'position:token'; block positions after x_0 show the mask the draft was given."""
+    if tokens is None:
+        return [str(p) for p in positions]
+    return [f"{p}:<mask>" if p > start else f"{p}:{tokens[p]}" if p < len(tokens) else str(p)
+            for p in positions]
+
+
+def _heatmap(ax, weights: np.ndarray, record: StepRecord, ctx_cols: int, tokens, title: str,
+             annotate: bool) -> None:
+    im = ax.imshow(weights, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+    ax.axvline(ctx_cols - 0.5, color="white", linewidth=2)
+    q_pos, k_pos = record.q_position_ids, record.k_position_ids
+    if len(k_pos) <= 40:
+        ax.set_xticks(range(len(k_pos)), _labels(k_pos, tokens, record.start), rotation=90, fontsize=7)
+    if len(q_pos) <= 40:
+        ax.set_yticks(range(len(q_pos)), _labels(q_pos, tokens, record.start), fontsize=7)
+    if annotate and weights.size <= 400:
+        for (i, j), w in np.ndenumerate(weights):
+            ax.text(j, i, f"{w:.2f}", ha="center", va="center", fontsize=6,
+                    color="black" if w > 0.5 else "white")
+    ax.set_title(title, fontsize=8)
+    return im
+
+
+def plot_attention(trace: Trace, step: int, layer: int, head: int, tokens: Sequence[str] | None = None,
+                   annotate: bool = True) -> Figure:
+    """Draft attention weights (L_q × L_k) of one head; the white line splits context | block."""
+    weights = trace.attention(step, layer)[head].float().numpy()
+    record, ctx_cols = trace.records[step], trace.context_columns(step)
+    fig, ax = _subplots((1.2 + 0.42 * weights.shape[1], 1.4 + 0.42 * weights.shape[0]))
+    im = _heatmap(ax, weights, record, ctx_cols, tokens,
+                  f"step {step} · layer {layer} · head {head}  (context {ctx_cols} | block "
+                  f"{weights.shape[1] - ctx_cols})", annotate)
+    ax.set_xlabel("key position (K)")
+    ax.set_ylabel("query position (Q = block)")
+    fig.colorbar(im, ax=ax, fraction=0.05)
+    fig.tight_layout()
+    return fig
+
+
+def plot_attention_grid(trace: Trace, step: int, tokens: Sequence[str] | None = None) -> Figure:
+    """Every draft layer (rows) × head (columns) at one step."""
+    layers = sorted({int(n.split(".")[2]) for n in trace.keys() if n.endswith("self_attn.hook_pattern")
+                     and n.startswith("draft.")})
+    if not layers:
+        raise KeyError("the trace holds no draft attention patterns (record '*hook_pattern')")
+    heads = trace.attention(step, layers[0]).shape[0]
+    fig, axes = _subplots((2.6 * heads, 2.2 * len(layers)), len(layers), heads, squeeze=False)
+    for r, layer in enumerate(layers):
+        weights = trace.attention(step, layer).float().numpy()
+        for h in range(heads):
+            _heatmap(axes[r, h], weights[h], trace.records[step], trace.context_columns(step), tokens,
+                     f"layer {layer} · head {h}", annotate=False)
+    fig.suptitle(f"draft attention, step {step} (white line: context | block)", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_attention_steps(trace: Trace, layer: int = 0, head: int = 0, steps: Sequence[int] | None = None,
+                         tokens: Sequence[str] | None = None) -> Figure:
+    """One layer / head over several steps: the context columns grow as tokens are accepted."""
+    steps = list(range(len(trace))) if steps is None else list(steps)
+    steps = [s for s in steps if trace.activations[s].get(f"draft.layers.{layer}.self_attn.hook_pattern")
+             is not None]
+    fig, axes = _subplots((3.0 * len(steps), 2.8), 1, len(steps), squeeze=False)
+    for ax, s in zip(axes[0], steps):
+        r = trace.records[s]
+        _heatmap(ax, trace.attention(s, layer)[head].float().numpy(), r, trace.context_columns(s),
+                 tokens, f"step {s}: τ={r.acceptance_length}", annotate=False)
+    fig.suptitle(f"draft layer {layer}, head {head}, step by step", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def plot_cache_timeline(trace: Trace) -> Figure:
+    """Cache lengths at each event of each step: before, after draft/verify (grown), after crop."""
+    fig, ax = _subplots((max(6, 1.2 * len(trace)), 3.2))
+    x, tgt, drf, ticks = [], [], [], []
+    for i, r in enumerate(trace.records):
+        base = 3 * i
+        x += [base, base + 1, base + 2]
+        tgt += [r.target_cache_before, r.target_cache_after_verify, r.target_cache_after]
+        drf += [r.draft_cache_before, r.draft_cache_after_draft, r.draft_cache_after]
+        ticks += [(base, f"s{i}"), (base + 1, "+blk"), (base + 2, "crop")]
+    ax.step(x, tgt, where="post", color=BLOCK_COLOUR, marker="o", label="target cache")
+    ax.step(x, drf, where="post", color=CONTEXT_COLOUR, marker="s", label="draft cache")
+    ax.set_xticks([t for t, _ in ticks], [lbl for _, lbl in ticks], fontsize=7, rotation=90)
+    ax.set_ylabel("cached positions")
+    ax.set_title("KV cache lengths: grow by the block, crop back (draft → start, target → accepted)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def plot_acceptance(trace: Trace) -> Figure:
+    """τ per step (bar) and the histogram of τ."""
+    taus = [r.acceptance_length for r in trace.records]
+    gamma = max((len(r.draft_tokens) for r in trace.records), default=1)
+    fig, (a, b) = _subplots((9, 3), 1, 2)
+    a.bar(range(len(taus)), taus, color=CONTEXT_COLOUR)
+    a.set_xlabel("decode step")
+    a.set_ylabel("accepted draft tokens τ")
+    a.set_ylim(0, gamma + 0.5)
+    mean = sum(r.produced for r in trace.records) / max(len(taus), 1)
+    a.set_title(f"acceptance per step (mean tokens/step {mean:.2f})", fontsize=9)
+    b.hist(taus, bins=np.arange(-0.5, gamma + 1.5, 1.0), color=BLOCK_COLOUR, rwidth=0.85)
+    b.set_xlabel("τ")
+    b.set_ylabel("steps")
+    b.set_title("histogram of τ", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_rope_alignment(record: StepRecord) -> Figure:
+    """Q rows use the last L_q positions of the table; K columns use all L_c + L_q."""
+    q_pos, k_pos = record.q_position_ids, record.k_position_ids
+    fig, ax = _subplots((max(5, 0.5 * len(k_pos) + 1.5), 2.4))
+    ctx = len(k_pos) - len(q_pos)
+    ax.scatter(k_pos, [1] * len(k_pos), s=120, c=[CONTEXT_COLOUR] * ctx + [BLOCK_COLOUR] * len(q_pos),
+               marker="s", zorder=3)
+    ax.scatter(q_pos, [0] * len(q_pos), s=120, c=BLOCK_COLOUR, marker="o", zorder=3)
+    for p in q_pos:
+        ax.plot([p, p], [0, 1], color="grey", linestyle=":", zorder=1)
+    ax.set_yticks([0, 1], ["Q (block)", "K (context | block)"])
+    ax.set_xticks(k_pos)
+    ax.set_xlabel("RoPE position id")
+    ax.set_ylim(-0.6, 1.6)
+    ax.set_title(f"RoPE alignment, step {record.step}: Q takes cos/sin[-{len(q_pos)}:], "
+                 f"K all {len(k_pos)}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def save_figure(fig: Figure, path: str | Path, dpi: int = 110) -> Path:
+    """PNG without a timestamp or version string, so a rerun writes the same bytes."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi, metadata={"Software": None})
+    return path

@@ -1,0 +1,167 @@
+"""A trace of a whole decoding run: every hook point's tensor per step, plus the StepRecord of each
+step (positions, block, draft tokens, posterior, τ, bonus, cache lengths around each crop).
+
+Modelled on TransformerLens's ActivationCache: look-up by hook name (`trace[name]` → one tensor per
+step, `trace[name, step]` → one tensor), `keys()`, a readable repr, `save` / `load` (safetensors +
+JSON, no pickle; a round trip is bit-identical). Tensors are stored without the batch dimension
+(the loop decodes one sequence), e.g. a draft attention pattern is (H_q, L_q, L_k) with
+L_k = draft_cache_before + ctx_len + L_q: the first `context_columns(step)` columns are context keys,
+the last L_q the block's.
+
+    with tracing(draft, target, names=["*hook_pattern"]) as trace:
+        out = spec_generate(draft, target, ids, 32, on_step=trace.on_step)
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import fnmatch
+import json
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from .hooks import HookPoint, hooks
+from .spec_generate import StepRecord
+
+NameFilter = Iterable[str] | Callable[[str], bool] | None
+
+
+def _name_filter(names: NameFilter) -> Callable[[str], bool]:
+    if names is None:
+        return lambda name: True
+    if callable(names):
+        return names
+    patterns = [names] if isinstance(names, str) else list(names)
+    return lambda name: any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+class Trace:
+    def __init__(self, meta: dict | None = None) -> None:
+        self.meta: dict = meta or {}
+        self.records: list[StepRecord] = []
+        self.activations: list[dict[str, torch.Tensor]] = []  # per recorded step
+        self.prefill: dict[str, torch.Tensor] = {}            # target hooks during the prefill
+        self._pending: dict[str, torch.Tensor] = {}
+
+    # -- recording ---------------------------------------------------------------------------
+    def on_step(self, record: StepRecord) -> None:
+        """Pass as `spec_generate(..., on_step=trace.on_step)`: closes the step's record."""
+        self.records.append(record)
+        self.activations.append(self._pending)
+        self._pending = {}
+
+    # -- look-up -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def keys(self) -> list[str]:
+        names = set(self.prefill)
+        for acts in self.activations:
+            names |= set(acts)
+        return sorted(names)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.keys()
+
+    def __getitem__(self, key):
+        """trace[name] → list of tensors (None for steps not recorded); trace[name, step] → tensor."""
+        if isinstance(key, tuple):
+            name, step = key
+            acts = self.activations[step]
+            if name not in acts:
+                raise KeyError(f"{name!r} was not recorded at step {step}; recorded: {sorted(acts)}")
+            return acts[name]
+        if key not in self.keys():
+            raise KeyError(f"no hook named {key!r} in this trace; known: {self.keys()}")
+        return [acts.get(key) for acts in self.activations]
+
+    def attention(self, step: int, layer: int) -> torch.Tensor:
+        """Draft layer `layer`'s attention weights at `step`: (H_q, L_q, L_k)."""
+        return self[f"draft.layers.{layer}.self_attn.hook_pattern", step]
+
+    def context_columns(self, step: int) -> int:
+        """How many key columns are context (cached + new) at `step`; the rest are the block."""
+        r = self.records[step]
+        return r.draft_cache_before + r.ctx_len
+
+    def filter(self, names: NameFilter = None, steps: Iterable[int] | None = None) -> "Trace":
+        """A smaller trace: only the named hooks and the given steps."""
+        keep, wanted = _name_filter(names), set(range(len(self)) if steps is None else steps)
+        out = Trace(dict(self.meta))
+        out.prefill = {k: v for k, v in self.prefill.items() if keep(k)}
+        for i, (rec, acts) in enumerate(zip(self.records, self.activations)):
+            if i in wanted:
+                out.records.append(rec)
+                out.activations.append({k: v for k, v in acts.items() if keep(k)})
+        return out
+
+    def __repr__(self) -> str:
+        taus = [r.acceptance_length for r in self.records]
+        size = sum(t.numel() * t.element_size() for acts in [self.prefill, *self.activations]
+                   for t in acts.values())
+        return (f"Trace(steps={len(self)}, hooks={len(self.keys())}, acceptance_lengths={taus}, "
+                f"tensors={size / 1024:.1f} KiB)")
+
+    # -- save / load -------------------------------------------------------------------------
+    def save(self, folder: str | Path) -> None:
+        """folder/trace.json (records, meta) + folder/activations.safetensors."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        tensors = {f"prefill/{k}": v for k, v in self.prefill.items()}
+        for i, acts in enumerate(self.activations):
+            tensors.update({f"step{i:05d}/{k}": v.contiguous() for k, v in acts.items()})
+        save_file(tensors, str(folder / "activations.safetensors"))
+        doc = {"format": "dflash_ref.trace/1", "meta": self.meta,
+               "records": [dataclasses.asdict(r) for r in self.records]}
+        (folder / "trace.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, folder: str | Path) -> "Trace":
+        folder = Path(folder)
+        for f in ("trace.json", "activations.safetensors"):
+            if not (folder / f).is_file():
+                raise FileNotFoundError(f"{folder} is not a saved trace: {f} is missing")
+        doc = json.loads((folder / "trace.json").read_text())
+        if doc.get("format") != "dflash_ref.trace/1":
+            raise ValueError(f"{folder}/trace.json has unknown format {doc.get('format')!r}")
+        trace = cls(doc["meta"])
+        trace.records = [StepRecord(**r) for r in doc["records"]]
+        trace.activations = [{} for _ in trace.records]
+        for key, value in load_file(str(folder / "activations.safetensors")).items():
+            where, name = key.split("/", 1)
+            target = trace.prefill if where == "prefill" else trace.activations[int(where[4:])]
+            target[name] = value
+        return trace
+
+
+@contextlib.contextmanager
+def tracing(draft: nn.Module, target: nn.Module | None = None, names: NameFilter = None,
+            steps: Iterable[int] | None = None, meta: dict | None = None) -> Iterator[Trace]:
+    """Record the hook points of `draft` (and of `target`, if given) whose names pass `names`
+    (glob patterns such as "draft.layers.*.self_attn.hook_pattern", or a predicate) at the given
+    decode `steps` (all by default). The target's hooks (attention weights) are large: pass the
+    target only when you want them. All hooks are removed when the block ends."""
+    trace = Trace(meta)
+    wanted = None if steps is None else set(steps)
+    target_calls = [0]
+
+    def record(x: torch.Tensor, point: HookPoint) -> None:
+        in_prefill = target_calls[0] == 1 and point.name.startswith("target.") and not trace.records
+        if in_prefill:
+            trace.prefill[point.name] = x[0].detach().cpu().clone()
+        elif wanted is None or len(trace.records) in wanted:
+            trace._pending[point.name] = x[0].detach().cpu().clone()
+
+    roots = [draft] + ([target] if target is not None else [])
+    count = target.register_forward_pre_hook(lambda *_: target_calls.__setitem__(0, target_calls[0] + 1)) \
+        if target is not None else None
+    try:
+        with hooks(roots, record, _name_filter(names)):
+            yield trace
+    finally:
+        if count is not None:
+            count.remove()

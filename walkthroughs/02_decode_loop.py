@@ -1,0 +1,83 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · The decode loop: draft, verify, accept, crop, repeat
+#
+# Each step: take the block $[x_0, \text{mask}, \dots]$ at `start`, draft it in one pass, verify it
+# with one target pass, accept the longest matching prefix (cumprod), append the bonus token, crop
+# the **target** cache to the accepted length and the **draft** cache back to `start` (the block's
+# K/V go, the context stays), and keep only the first $\tau + 1$ new target features as next context.
+#
+# The draft here is untrained, so its own proposals are almost never right. To show every kind of
+# step, an `OracleDraft` replaces its proposals with the target's own continuation, accepting
+# exactly τ = 1, 3, 0, 2, 3 tokens in the first five steps (then 0). The draft network still runs
+# every pass, so its attention maps and cache are real.
+
+# %%
+# %matplotlib inline
+import torch
+
+from dflash_ref.demo import VOCAB, decode
+from dflash_ref.plots import plot_acceptance, plot_attention_grid, plot_attention_steps, plot_cache_timeline
+from dflash_ref.walkthrough import decode_loop_example
+
+ex = decode_loop_example()
+trace = ex.trace
+trace
+
+# %%
+for r in trace.records:
+    print(f"step {r.step}: start {r.start:>2} block {[VOCAB[i] for i in r.block_ids]}")
+    print(f"        posterior {[VOCAB[i] for i in r.posterior]} → τ = {r.acceptance_length}, bonus {VOCAB[r.bonus]!r}")
+    print(f"        new context L_c = {r.ctx_len}; draft cache {r.draft_cache_before} → {r.draft_cache_after_draft}"
+          f" → crop {r.draft_cache_after}; target cache {r.target_cache_before} → {r.target_cache_after_verify}"
+          f" → crop {r.target_cache_after}")
+
+# %% [markdown]
+# The rules, checked on the real run: the draft cache always returns to `start`; the target cache to
+# the new start; the next step's new context is exactly the tokens just committed.
+
+# %%
+for r, nxt in zip(trace.records, trace.records[1:]):
+    assert r.draft_cache_after == r.start
+    assert r.target_cache_after == r.start + r.produced == nxt.start
+    assert nxt.ctx_len == r.produced
+    assert trace.attention(nxt.step, 0).shape[-1] == nxt.draft_cache_before + nxt.ctx_len + len(nxt.q_position_ids)
+print("output:", " ".join(decode(ex.output.output_ids)))
+print("lossless: equal to the target's own greedy output (checked inside decode_loop_example)")
+
+# %% [markdown]
+# ## Cache lengths per step
+# Both caches grow by the block during a pass and are cropped back: the draft to `start`, the target
+# to `start + τ + 1`.
+
+# %%
+plot_cache_timeline(trace)
+
+# %% [markdown]
+# ## Acceptance per step
+
+# %%
+plot_acceptance(trace)
+
+# %% [markdown]
+# ## Attention, step by step
+# Layer 0, head 0 of the draft: the context (left of the white line) grows as tokens are accepted;
+# the block (right) always has $L_q$ columns.
+
+# %%
+plot_attention_steps(trace, layer=0, head=0, tokens=decode(ex.output.output_ids))
+
+# %%
+plot_attention_grid(trace, step=1)
