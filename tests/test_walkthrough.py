@@ -1,0 +1,70 @@
+"""The main job and the notebooks: they run headless, and what is committed is what they produce."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIGURES = ROOT / "figures"
+
+
+@pytest.fixture(scope="module")
+def walkthrough_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("figures")
+    proc = subprocess.run([sys.executable, "-m", "dflash_ref", "walkthrough", "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return out, proc.stdout
+
+
+def test_walkthrough_tells_the_seed_example(walkthrough_run):
+    _, text = walkthrough_run
+    for expected in ["build_target_layer_ids(36, 5) = [1, 9, 17, 25, 33]", "positions [3, 4, 5, 6]",
+                     "K rotated at positions [0, 1, 2, 3, 4, 5, 6]", "(4 × 7), NON-causal",
+                     "row sums: [1.0, 1.0, 1.0, 1.0]", "equals the target's own greedy decoding"]:
+        assert expected in text
+
+
+def test_walkthrough_reproduces_the_committed_figures(walkthrough_run):
+    from matplotlib.testing.compare import compare_images
+
+    out, _ = walkthrough_run
+    written = sorted(p.name for p in out.glob("*.png"))
+    assert written == sorted(p.name for p in FIGURES.glob("0*.png")) and written
+    for name in written:
+        if (out / name).read_bytes() != (FIGURES / name).read_bytes():
+            # same pixels up to font-rasteriser noise across matplotlib/freetype builds
+            assert compare_images(str(FIGURES / name), str(out / name), tol=2) is None, name
+
+
+def test_walkthrough_is_deterministic(walkthrough_run, tmp_path):
+    out, _ = walkthrough_run
+    from dflash_ref.walkthrough import run
+    run(tmp_path, say=lambda _: None)
+    for png in out.glob("*.png"):
+        assert (tmp_path / png.name).read_bytes() == png.read_bytes(), png.name
+
+
+SOURCES = sorted((ROOT / "walkthroughs").glob("[0-9]*.py"))
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
+def test_notebook_executes_and_matches_its_source(source):
+    jupytext = pytest.importorskip("jupytext")
+    from dflash_ref.notebooks import execute
+
+    executed = execute(source)
+    errors = [o for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors
+    images = sum("image/png" in o.get("data", {}) for c in executed.cells if c.cell_type == "code"
+                 for o in c.get("outputs", []))
+    assert images >= 2, "the notebook should show its figures"
+    committed = json.loads(source.with_suffix(".ipynb").read_text())
+    source_cells = [c.source for c in jupytext.read(source).cells]
+    committed_cells = ["".join(c["source"]) for c in committed["cells"]]
+    assert committed_cells == source_cells, "regenerate with: python -m dflash_ref notebooks"
