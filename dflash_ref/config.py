@@ -90,8 +90,8 @@ class Qwen3Config:
             bad = set(self.layer_types) - {"full_attention", "sliding_attention"}
             if bad:
                 raise ConfigError(f"unknown layer_types {sorted(bad)}")
-            if "sliding_attention" in self.layer_types:
-                _int({"sliding_window": self.sliding_window}, "sliding_window")
+        if self.sliding_window is not None:  # None on a sliding layer: causal, no window (official)
+            _int({"sliding_window": self.sliding_window}, "sliding_window")
 
     def layer_type(self, i: int) -> str:
         return self.layer_types[i] if self.layer_types else "full_attention"
@@ -119,7 +119,8 @@ class Qwen3Config:
             max_position_embeddings=_int(d, "max_position_embeddings", default=40960),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             layer_types=list(layer_types) if layer_types is not None else None,
-            sliding_window=d.get("sliding_window"),
+            # transformers' rule: the window counts only when use_sliding_window (default: yes)
+            sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
             dtype=d.get("dtype", d.get("torch_dtype")),
         )
 
@@ -143,6 +144,7 @@ class Qwen3Config:
     def to_dict(self) -> dict:
         d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("rope_theta",)}
         d.update(model_type="qwen3", hidden_act="silu", attention_bias=False, rope_theta=self.rope_theta,
+                 use_sliding_window=self.sliding_window is not None,
                  rope_parameters={"rope_theta": self.rope_theta, "rope_type": "default"})
         if self.layer_types is None:
             d["layer_types"] = ["full_attention"] * self.num_hidden_layers
