@@ -40,10 +40,12 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
                    ) -> torch.Tensor:
     """softmax(logits / T) restricted to the top_k tokens and then to the top_p nucleus
     (renormalised), in float32. (…, V) → (…, V)."""
+    if not temperature > 0:
+        raise ValueError(f"sampling_probs needs temperature > 0, got {temperature} (use argmax for 0)")
     scores = logits.float() / temperature
     if 0 < top_k < scores.shape[-1]:
-        kth = torch.topk(scores, top_k, dim=-1).values[..., -1:]            # (…, 1)
-        scores = scores.masked_fill(scores < kth, float("-inf"))
+        top = torch.topk(scores, top_k, dim=-1)                              # exactly k, ties included
+        scores = torch.full_like(scores, float("-inf")).scatter(-1, top.indices, top.values)
     probs = torch.softmax(scores, dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)

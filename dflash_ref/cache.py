@@ -29,6 +29,10 @@ class KVCache:
         """Append (B, H_kv, L_new, d_h) keys/values to layer `layer_idx`; return the whole layer."""
         if not 0 <= layer_idx < len(self.keys):
             raise IndexError(f"layer {layer_idx} is outside this {len(self.keys)}-layer cache")
+        if key_states.dtype != value_states.dtype or (
+                self.keys[layer_idx] is not None and self.keys[layer_idx].dtype != key_states.dtype):
+            raise ValueError(f"layer {layer_idx}: cached and new keys/values must share one dtype, got "
+                             f"{key_states.dtype} / {value_states.dtype}")
         if key_states.shape != value_states.shape:
             raise ValueError(f"keys {tuple(key_states.shape)} and values {tuple(value_states.shape)} "
                              "must have the same shape")
@@ -43,6 +47,8 @@ class KVCache:
         return key_states, value_states
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
+        if not 0 <= layer_idx < len(self.keys):
+            raise IndexError(f"layer {layer_idx} is outside this {len(self.keys)}-layer cache")
         k = self.keys[layer_idx]
         return 0 if k is None else k.shape[-2]
 

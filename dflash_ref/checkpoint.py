@@ -61,7 +61,10 @@ def _shards(folder: Path) -> dict[str, list[str]]:
 
 
 def _check_architecture(folder: Path, expected: set[str]) -> None:
-    archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    try:
+        archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise CheckpointError(f"{folder / 'config.json'} is not a valid JSON config: {e}") from None
     if archs and not set(archs) & expected:
         raise CheckpointError(f"{folder}: architectures {archs} is not one of {sorted(expected)}")
 

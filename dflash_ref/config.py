@@ -40,9 +40,21 @@ def _float(d: dict, key: str, default: float) -> float:
     return float(value)
 
 
+def _dict(d: dict, key: str) -> dict:
+    value = d.get(key) or {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"config field '{key}' must be a JSON object, got {value!r}")
+    return value
+
+
+def _bool(value, key: str, allow_none: bool = False) -> bool | None:
+    if (value is None and allow_none) or isinstance(value, bool):
+        return value
+    raise ConfigError(f"config field '{key}' must be true or false, got {value!r}")
+
+
 def _rope_theta(d: dict) -> float:
-    params = d.get("rope_parameters") or {}
-    scaling = d.get("rope_scaling") or {}
+    params, scaling = _dict(d, "rope_parameters"), _dict(d, "rope_scaling")
     for source, spec in (("rope_parameters", params), ("rope_scaling", scaling)):
         kind = spec.get("rope_type", spec.get("type", "default"))
         if kind != "default":
@@ -67,7 +79,7 @@ class Qwen3Config:
     rope_theta: float = 1_000_000.0
     max_position_embeddings: int = 40960
     tie_word_embeddings: bool = False
-    layer_types: list[str] | None = None      # "full_attention" | "sliding_attention" per layer
+    layer_types: list[str] | None = None      # "full_attention" | "sliding_attention" per layer (None: all full)
     sliding_window: int | None = None
     dtype: str | None = None                  # dtype the checkpoint was saved in, informative
 
@@ -83,18 +95,22 @@ class Qwen3Config:
                               f"num_key_value_heads ({self.num_key_value_heads}) for GQA")
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        if self.layer_types is not None:
-            if len(self.layer_types) != self.num_hidden_layers:
-                raise ConfigError(f"layer_types has {len(self.layer_types)} entries for "
-                                  f"{self.num_hidden_layers} layers")
-            bad = set(self.layer_types) - {"full_attention", "sliding_attention"}
-            if bad:
-                raise ConfigError(f"unknown layer_types {sorted(bad)}")
+        _bool(self.tie_word_embeddings, "tie_word_embeddings")
+        if self.layer_types is None:  # one spelling for "all full attention": configs compare equal
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
+        if not isinstance(self.layer_types, list):
+            raise ConfigError(f"config field 'layer_types' must be a list, got {self.layer_types!r}")
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ConfigError(f"layer_types has {len(self.layer_types)} entries for "
+                              f"{self.num_hidden_layers} layers")
+        bad = set(self.layer_types) - {"full_attention", "sliding_attention"}
+        if bad:
+            raise ConfigError(f"unknown layer_types {sorted(bad)}")
         if self.sliding_window is not None:  # None on a sliding layer: causal, no window (official)
             _int({"sliding_window": self.sliding_window}, "sliding_window")
 
     def layer_type(self, i: int) -> str:
-        return self.layer_types[i] if self.layer_types else "full_attention"
+        return self.layer_types[i]
 
     @classmethod
     def _fields_from_dict(cls, d: dict) -> dict:
@@ -117,7 +133,7 @@ class Qwen3Config:
             head_dim=_int(d, "head_dim", default=hidden // heads),
             rms_norm_eps=_float(d, "rms_norm_eps", 1e-6), rope_theta=_rope_theta(d),
             max_position_embeddings=_int(d, "max_position_embeddings", default=40960),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            tie_word_embeddings=d.get("tie_word_embeddings", False),
             layer_types=list(layer_types) if layer_types is not None else None,
             # transformers' rule: the window counts only when use_sliding_window (default: yes)
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
@@ -146,8 +162,6 @@ class Qwen3Config:
         d.update(model_type="qwen3", hidden_act="silu", attention_bias=False, rope_theta=self.rope_theta,
                  use_sliding_window=self.sliding_window is not None,
                  rope_parameters={"rope_theta": self.rope_theta, "rope_type": "default"})
-        if self.layer_types is None:
-            d["layer_types"] = ["full_attention"] * self.num_hidden_layers
         return d
 
     def save(self, directory: str | Path) -> None:
@@ -186,6 +200,10 @@ class DraftConfig(Qwen3Config):
         super().validate()
         _int({"block_size": self.block_size}, "block_size")
         _int({"num_target_layers": self.num_target_layers}, "num_target_layers")
+        _bool(self.is_causal, "is_causal", allow_none=True)
+        if not isinstance(self.target_layer_ids, list):
+            raise ConfigError(f"config field 'target_layer_ids' must be a list of layer ids, got "
+                              f"{self.target_layer_ids!r}")
         if not self.target_layer_ids:
             self.target_layer_ids = build_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
         for i in self.target_layer_ids:
@@ -200,7 +218,7 @@ class DraftConfig(Qwen3Config):
     @classmethod
     def from_dict(cls, d: dict) -> "DraftConfig":
         fields = cls._fields_from_dict(d)
-        dflash = d.get("dflash_config") or {}
+        dflash = _dict(d, "dflash_config")
         for key, default in _UNSUPPORTED_DRAFT_KEYS.items():
             value = dflash.get(key, d.get(key, default))
             if value != default:
@@ -215,7 +233,7 @@ class DraftConfig(Qwen3Config):
             raise ConfigError("draft config has no dflash_config.mask_token_id")
         return cls(**fields, block_size=_int({"block_size": pick("block_size", 16)}, "block_size"),
                    num_target_layers=_int(d, "num_target_layers"), mask_token_id=mask,
-                   target_layer_ids=list(pick("target_layer_ids", None) or []),
+                   target_layer_ids=pick("target_layer_ids", None) or [],
                    is_causal=d.get("is_causal"))
 
     def to_dict(self) -> dict:

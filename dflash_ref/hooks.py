@@ -45,9 +45,9 @@ def hook_points(*roots: nn.Module) -> dict[str, HookPoint]:
     """All hook points under the given modules, by name."""
     found: dict[str, HookPoint] = {}
     for root in roots:
-        for module in root.modules():
+        for path, module in root.named_modules():
             if isinstance(module, HookPoint):
-                found[module.name] = module
+                found[module.name or path] = module  # a module built on its own: its local path
     return found
 
 
