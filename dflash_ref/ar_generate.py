@@ -22,9 +22,9 @@ def generate(target, input_ids: torch.Tensor, max_new_tokens: int,
     check_request(input_ids, max_new_tokens, target.config.max_position_embeddings,
                   target.config.vocab_size, stop_token_ids)
     input_ids = input_ids.to(target.device)
-    stop = set(stop_token_ids or [])
+    stop = {int(t) for t in stop_token_ids or ()}
     cache = target.make_cache()
-    result = GenerationOutput(input_ids, input_ids.shape[1])
+    result = GenerationOutput(input_ids.clone(), input_ids.shape[1])
     if max_new_tokens == 0:
         return result
     logits = target(input_ids, past_key_values=cache, output_hidden_states=False, logits_to_keep=1).logits

@@ -6,6 +6,8 @@ A draft reuses the target's embedding and lm_head and reads its hidden states, s
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 
@@ -56,6 +58,12 @@ def check_request(input_ids: torch.Tensor, max_new_tokens: int, max_positions: i
     if total > max_positions:
         raise ValueError(f"prompt ({input_ids.shape[1]}) + max_new_tokens ({max_new_tokens}) = {total} "
                          f"exceeds the position limit max_position_embeddings = {max_positions}")
-    for t in stop_token_ids or []:
-        if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size:
-            raise ValueError(f"stop token id {t!r} is outside the vocabulary 0..{vocab_size - 1}")
+    for t in stop_token_ids or ():
+        try:
+            if isinstance(t, bool):
+                raise TypeError
+            t = operator.index(t)  # int, numpy integer, 0-d integer tensor
+        except TypeError:
+            raise ValueError(f"stop token ids must be integers, got {t!r} ({type(t).__name__})") from None
+        if not 0 <= t < vocab_size:
+            raise ValueError(f"stop token id {t} is outside the vocabulary 0..{vocab_size - 1}")
