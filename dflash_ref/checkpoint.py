@@ -39,6 +39,24 @@ def resolve_dtype(dtype: str | torch.dtype | None, config: Qwen3Config) -> torch
     return DTYPES[dtype]
 
 
+def check_device(device: str | torch.device, dtype: torch.dtype) -> torch.device:
+    """The device exists here and can compute in `dtype`, or a clear error."""
+    try:
+        device = torch.device(device)
+    except RuntimeError as e:
+        raise CheckpointError(f"unknown device {device!r}: {e}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise CheckpointError(f"device {device} asked for, but this torch has no usable CUDA device "
+                                  f"(torch {torch.__version__}); use device='cpu'")
+        if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
+            raise CheckpointError(f"{torch.cuda.get_device_name(device)} cannot compute in bfloat16; "
+                                  "use dtype float16 or float32")
+    elif device.type not in ("cpu", "mps"):
+        raise CheckpointError(f"device type {device.type!r} is not supported (cpu, cuda, mps)")
+    return device
+
+
 def _shards(folder: Path) -> dict[str, list[str]]:
     """shard file → tensor names in it."""
     if (folder / INDEX).is_file():
@@ -101,6 +119,7 @@ def _load(cls, config_cls, folder, dtype, device, architectures):
     _check_architecture(folder, architectures)
     config = config_cls.from_json(folder)
     dtype = resolve_dtype(dtype, config)
+    device = check_device(device, dtype)
     with torch.device("meta"):
         model = cls(config)
     load_weights(model, folder, dtype, device)

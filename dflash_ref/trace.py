@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .hooks import HookPoint, hooks
+from .hooks import HookPoint, hook_points, hooks
 from .spec_generate import StepRecord
 
 NameFilter = Iterable[str] | Callable[[str], bool] | None
@@ -145,6 +145,10 @@ def tracing(draft: nn.Module, target: nn.Module | None = None, names: NameFilter
     (glob patterns such as "draft.layers.*.self_attn.hook_pattern", or a predicate) at the given
     decode `steps` (all by default). The target's hooks (attention weights) are large: pass the
     target only when you want them. All hooks are removed when the block ends."""
+    if target is not None and not hook_points(target):
+        raise ValueError(f"{type(target).__name__} has no hook points (a transformers model gives no "
+                         "attention weights on its SDPA path); trace the project's own Qwen3Target, or "
+                         "pass target=None to trace the draft only")
     trace = Trace(meta)
     wanted = None if steps is None else set(steps)
     target_calls = [0]

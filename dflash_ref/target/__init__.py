@@ -10,6 +10,7 @@ A target offers what the loop needs and nothing more:
     target(input_ids, position_ids, past_key_values, output_hidden_states)
                                         → TargetOutput(logits (B, L, V), hidden_states: L_t + 1 tensors)
 """
+from .hf import HFTarget
 from .qwen3 import Qwen3Target, TargetOutput
 
-__all__ = ["Qwen3Target", "TargetOutput"]
+__all__ = ["HFTarget", "Qwen3Target", "TargetOutput"]

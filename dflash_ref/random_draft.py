@@ -1,0 +1,48 @@
+"""An untrained DFlash draft sized to a given target (for demos, smoke checks and benchmarks).
+
+Its width, heads, head_dim, vocabulary, RoPE base and position limit are read off the target's
+config (the project's TargetConfig or a transformers config); the target layers follow
+`build_target_layer_ids`. Weights are N(0, std²) with norm weights 1. Its proposals are noise, so
+τ ≈ 0 and the output is still exactly the target's: a random draft shows the loop is lossless,
+not that it is fast (see `OracleDraft` for the ceiling).
+"""
+from __future__ import annotations
+
+import torch
+
+from .config import DraftConfig
+from .draft_model import DFlashDraftModel
+
+
+def _rope_theta(config) -> float:
+    params = getattr(config, "rope_parameters", None) or {}
+    return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
+
+
+def draft_config_for(target_config, num_hidden_layers: int = 3, block_size: int = 16,
+                     mask_token_id: int | None = None) -> DraftConfig:
+    c = target_config
+    heads = c.num_attention_heads
+    return DraftConfig(
+        vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=heads,
+        num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+        rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=_rope_theta(c),
+        max_position_embeddings=c.max_position_embeddings, num_target_layers=c.num_hidden_layers,
+        block_size=block_size, mask_token_id=c.vocab_size - 1 if mask_token_id is None else mask_token_id)
+
+
+def random_draft(target, num_hidden_layers: int = 3, block_size: int = 16, mask_token_id: int | None = None,
+                 seed: int = 0, std: float = 0.02) -> DFlashDraftModel:
+    """A random draft on the target's device and dtype."""
+    config = draft_config_for(target.config, num_hidden_layers, block_size, mask_token_id)
+    with torch.device("meta"):
+        draft = DFlashDraftModel(config)
+    draft = draft.to_empty(device=target.device)
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    with torch.no_grad():
+        for name, p in draft.named_parameters():
+            values = torch.ones(p.shape) if name.endswith("norm.weight") else torch.randn(p.shape, generator=g) * std
+            p.copy_(values.to(p.device))
+    return draft.to(target.dtype).eval()

@@ -1,0 +1,76 @@
+"""Any transformers causal LM as the target (Qwen3ForCausalLM, LlamaForCausalLM, …).
+
+The adapter exposes the target protocol (see `target/__init__.py`) on top of the model's own
+pieces: `get_input_embeddings()` for the block's noise embedding, `get_output_embeddings()` as the
+lm_head, `output_hidden_states=True` for the context features (same layout: embedding output first,
+the last entry after the final norm), and a transformers `DynamicCache` cropped in place.
+Hook points live in the project's own Qwen3 target only: a transformers model gives no attention
+weights on its SDPA path, so tracing such a target is refused rather than silently empty.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .qwen3 import TargetOutput
+
+
+class HFCache:
+    """A transformers DynamicCache behind the project's cache interface (crop to a length)."""
+
+    def __init__(self, config) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache(config=config)
+        # sliding-window layers drop old states on update unless told to keep them for a crop
+        self.cache.activate_past_recording()
+
+    def get_seq_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def crop(self, length: int) -> None:
+        current = self.get_seq_length()
+        if not 0 <= length <= current:
+            raise ValueError(f"cannot crop a cache of length {current} to {length}")
+        if length < current:
+            self.cache.crop(length - current)  # transformers 5: a negative count removes tokens
+
+
+class HFTarget(nn.Module):
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        config = model.config
+        missing = [k for k in ("hidden_size", "vocab_size", "num_hidden_layers", "max_position_embeddings")
+                   if getattr(config, k, None) is None]
+        if missing or model.get_output_embeddings() is None:
+            raise TypeError(f"{type(model).__name__} is not a causal LM this adapter can drive "
+                            f"(config lacks {missing or 'nothing'}; output head: "
+                            f"{'missing' if model.get_output_embeddings() is None else 'ok'})")
+        self.model = model.eval()
+        self.config = config
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.get_output_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.get_output_embeddings().weight.dtype
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.get_input_embeddings()(input_ids)
+
+    def output_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.get_output_embeddings()(hidden)
+
+    def make_cache(self) -> HFCache:
+        return HFCache(self.config)
+
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
+                past_key_values: HFCache | None = None, output_hidden_states: bool = True,
+                logits_to_keep: int = 0) -> TargetOutput:
+        out = self.model(input_ids, position_ids=position_ids,
+                         past_key_values=past_key_values.cache if past_key_values is not None else None,
+                         use_cache=past_key_values is not None, output_hidden_states=output_hidden_states,
+                         logits_to_keep=logits_to_keep)
+        return TargetOutput(out.logits, tuple(out.hidden_states) if output_hidden_states else None)

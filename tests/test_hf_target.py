@@ -1,0 +1,81 @@
+"""Any transformers causal LM as the target: the adapter must give exactly what the own target gives."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import make_pair, official_twins
+
+from dflash_ref import generate, spec_generate
+from dflash_ref.checkpoint import CheckpointError, check_device
+from dflash_ref.oracle import OracleDraft
+from dflash_ref.target import HFTarget
+from dflash_ref.trace import tracing
+
+transformers = pytest.importorskip("transformers")
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("temperature,verifier", [(0.0, "rejection"), (1.0, "rejection"), (0.8, "match")])
+def test_adapter_and_own_target_give_identical_speculative_output(seed, temperature, verifier):
+    target, draft = make_pair(seed, target_overrides={"tie_word_embeddings": seed % 2 == 0},
+                              draft_overrides={"block_size": 3 + seed % 4})
+    hf_target = HFTarget(official_twins(target, draft)[0])
+    ids = torch.randint(0, 12, (1, 3 + seed), generator=torch.Generator().manual_seed(seed))
+    torch.manual_seed(seed)
+    own = spec_generate(draft, target, ids, 25, [5], temperature=temperature, verifier=verifier)
+    torch.manual_seed(seed)
+    via_hf = spec_generate(draft, hf_target, ids, 25, [5], temperature=temperature, verifier=verifier)
+    assert torch.equal(own.output_ids, via_hf.output_ids)
+    assert own.acceptance_lengths == via_hf.acceptance_lengths
+
+
+def test_adapter_with_full_acceptance_and_a_llama_model():
+    """Not only Qwen3: a LlamaForCausalLM (no q/k norm) through the adapter, lossless with full blocks."""
+    config = transformers.LlamaConfig(vocab_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    llama = transformers.LlamaForCausalLM(config).eval()
+    for p in llama.parameters():
+        torch.nn.init.normal_(p, std=0.4)
+    target = HFTarget(llama)
+    from dflash_ref.random_draft import random_draft
+    draft = random_draft(target, num_hidden_layers=2, block_size=5)
+    ids = torch.tensor([[1, 2, 3]])
+    ar = generate(target, ids, 30)
+    assert torch.equal(spec_generate(draft, target, ids, 30).output_ids, ar.output_ids)
+    full = spec_generate(OracleDraft(draft, ar.output_ids), target, ids, 30)
+    assert torch.equal(full.output_ids, ar.output_ids) and full.acceptance_lengths[:5] == [4] * 5
+
+
+def test_hf_cache_crops_to_a_length():
+    target, draft = make_pair(1)
+    hf_target = HFTarget(official_twins(target, draft)[0])
+    cache = hf_target.make_cache()
+    hf_target(torch.tensor([[1, 2, 3, 4, 5]]), past_key_values=cache)
+    assert cache.get_seq_length() == 5
+    cache.crop(5)
+    assert cache.get_seq_length() == 5
+    cache.crop(2)
+    assert cache.get_seq_length() == 2
+    with pytest.raises(ValueError, match="cannot crop a cache of length 2 to 3"):
+        cache.crop(3)
+
+
+def test_adapter_refuses_what_it_cannot_drive_and_tracing_says_why():
+    with pytest.raises(TypeError, match="not a causal LM"):
+        HFTarget(transformers.Qwen3Model(transformers.Qwen3Config(vocab_size=8, hidden_size=16, intermediate_size=32,
+                                                                  num_hidden_layers=1, num_attention_heads=2)))
+    target, draft = make_pair(2)
+    hf_target = HFTarget(official_twins(target, draft)[0])
+    with pytest.raises(ValueError, match="no hook points"):
+        with tracing(draft, hf_target):
+            pass
+
+
+def test_a_device_or_dtype_that_cannot_run_is_refused():
+    with pytest.raises(CheckpointError, match="unknown device"):
+        check_device("tpu0", torch.float32)
+    if not torch.cuda.is_available():
+        with pytest.raises(CheckpointError, match="no usable CUDA device"):
+            check_device("cuda", torch.bfloat16)
+    assert check_device("cpu", torch.bfloat16) == torch.device("cpu")

