@@ -19,6 +19,7 @@ import torch
 
 from .checkpoint import DTYPES, check_device, load_draft, load_target
 from .spec_generate import spec_generate
+from .timing import Stopwatch
 from .trace import tracing
 
 
@@ -71,28 +72,6 @@ def load_models(args):
               "τ ≈ 0 — the output is still exactly the target's]", file=sys.stderr)
         draft = random_draft(target, args.draft_layers, args.block_size or 16, mask, args.seed)
     return target, draft, tokenizer, stop
-
-
-class Stopwatch:
-    """Seconds spent inside the forwards of a module (forward hooks; synchronises CUDA)."""
-
-    def __init__(self, module: torch.nn.Module, device: torch.device) -> None:
-        self.seconds, self.calls, self._t0 = 0.0, 0, 0.0
-        self._sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-        self._handles = [module.register_forward_pre_hook(self._start), module.register_forward_hook(self._stop)]
-
-    def _start(self, *_):
-        self._sync()
-        self._t0 = time.perf_counter()
-
-    def _stop(self, *_):
-        self._sync()
-        self.seconds += time.perf_counter() - self._t0
-        self.calls += 1
-
-    def remove(self) -> None:
-        for h in self._handles:
-            h.remove()
 
 
 def run(args) -> int:

@@ -1,0 +1,63 @@
+"""Timing: seconds spent inside a module's forwards (Stopwatch, forward hooks, CUDA synchronised),
+and the side-by-side harness of the benchmarks (variants interleaved round-robin, medians, ratios).
+
+    clock = Stopwatch(draft, device); …run…; clock.seconds, clock.calls, clock.times; clock.remove()
+    summarise(measure({"a": fn_a, "b": fn_b}, repeats), baseline="a")
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import torch
+
+
+class Stopwatch:
+    def __init__(self, module: torch.nn.Module, device: torch.device | str = "cpu") -> None:
+        self.times: list[float] = []
+        self._t0 = 0.0
+        self._sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+        self._handles = [module.register_forward_pre_hook(self._start), module.register_forward_hook(self._stop)]
+
+    def _start(self, *_) -> None:
+        self._sync()
+        self._t0 = time.perf_counter()
+
+    def _stop(self, *_) -> None:
+        self._sync()
+        self.times.append(time.perf_counter() - self._t0)
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.times)
+
+    @property
+    def calls(self) -> int:
+        return len(self.times)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
+def measure(variants: dict[str, Callable[[], object]], repeats: int, warmup: int = 1,
+            progress: Callable[[str], None] = lambda s: None) -> dict[str, list[float]]:
+    """Seconds per call of each variant, interleaved so that drift hits all variants alike."""
+    for _ in range(warmup):
+        for fn in variants.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for i in range(repeats):
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+        progress(f"repeat {i + 1}/{repeats}")
+    return times
+
+
+def summarise(times: dict[str, list[float]], baseline: str) -> list[dict]:
+    base = statistics.median(times[baseline])
+    return [{"variant": name, "median_s": statistics.median(t), "min_s": min(t), "max_s": max(t),
+             "ratio": statistics.median(t) / base} for name, t in times.items()]

@@ -1,0 +1,43 @@
+"""The benchmark harness reports ratios correctly (no timing is asserted: benchmarks report)."""
+from __future__ import annotations
+
+import torch
+
+from dflash_ref.bench import markdown
+from dflash_ref.bench_suite import without_hook_support
+from dflash_ref.hooks import HookPoint, hooks
+from dflash_ref.timing import Stopwatch, measure, summarise
+
+
+def test_measure_interleaves_and_summarise_gives_ratios_to_the_baseline():
+    order: list[str] = []
+    times = measure({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeats=3, warmup=1)
+    assert order == ["a", "b"] * 4 and all(len(t) == 3 for t in times.values())
+    rows = summarise({"base": [1.0, 2.0, 3.0], "other": [4.0, 4.0, 5.0]}, "base")
+    assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] == 2.0
+    assert (rows[1]["min_s"], rows[1]["max_s"], rows[1]["median_s"]) == (4.0, 5.0, 4.0)
+    table = markdown(rows, "t")
+    assert table.splitlines()[2] == "| variant | median_s | min_s | max_s | ratio |"
+    assert "| other | 4 | 4 | 5 | 2 |" in table
+
+
+def test_without_hook_support_is_scoped_and_really_skips_hooks():
+    point, seen = HookPoint(), []
+    point.name = "p"
+    with hooks(point, lambda x, _: seen.append(1)):
+        with without_hook_support():
+            point(torch.ones(1))
+        assert seen == []
+        point(torch.ones(1))
+        assert seen == [1]
+    assert HookPoint.__call__ is torch.nn.Module.__call__
+
+
+def test_stopwatch_counts_forwards_and_detaches():
+    layer = torch.nn.Linear(2, 2)
+    clock = Stopwatch(layer)
+    layer(torch.ones(1, 2))
+    layer(torch.ones(1, 2))
+    clock.remove()
+    layer(torch.ones(1, 2))
+    assert clock.calls == 2 and clock.seconds >= 0
