@@ -205,7 +205,12 @@ class DraftConfig(Qwen3Config):
             raise ConfigError(f"config field 'target_layer_ids' must be a list of layer ids, got "
                               f"{self.target_layer_ids!r}")
         if not self.target_layer_ids:
-            self.target_layer_ids = build_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
+            ids = build_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
+            if not all(0 <= i < self.num_target_layers for i in ids):
+                raise ConfigError(f"build_target_layer_ids({self.num_target_layers}, {self.num_hidden_layers}) "
+                                  f"gives {ids}, outside the target's layers 0..{self.num_target_layers - 1}: "
+                                  "set dflash_config.target_layer_ids explicitly")
+            self.target_layer_ids = ids
         for i in self.target_layer_ids:
             if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_target_layers:
                 raise ConfigError(f"target_layer_ids {self.target_layer_ids}: each id must be an integer "

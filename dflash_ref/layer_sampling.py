@@ -31,13 +31,9 @@ def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> lis
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     first, last = 1, num_target_layers - 3
-    ids = [round(first + i * (last - first) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
-    # diff with official: for targets of < 3 layers the formula leaves the range ((2, 2) → [1, −1]);
-    # the official code returns that silently, we refuse it
-    if not all(0 <= i < num_target_layers for i in ids):
-        raise ValueError(f"build_target_layer_ids({num_target_layers}, {num_draft_layers}) gives {ids}, "
-                         f"outside 0..{num_target_layers - 1}: set target_layer_ids explicitly")
-    return ids
+    # for targets of < 3 layers the formula leaves the range ((2, 2) → [1, −1]); it is returned as
+    # the official code returns it, and DraftConfig refuses it with a message naming this call
+    return [round(first + i * (last - first) / (num_draft_layers - 1)) for i in range(num_draft_layers)]
 
 
 def extract_context_feature(hidden_states: Sequence[torch.Tensor], layer_ids: Sequence[int]) -> torch.Tensor:

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_pair
+from conftest import draft_config, make_pair, target_config
 
+from dflash_ref.config import ConfigError
 from dflash_ref.layer_sampling import HIDDEN_STATE_OFFSET, build_target_layer_ids, extract_context_feature
 
 
@@ -36,10 +37,12 @@ def test_nonpositive_counts_are_refused(args):
 
 
 @pytest.mark.parametrize("num_target_layers", [1, 2])
-def test_small_targets_are_refused_not_given_negative_ids(num_target_layers):
-    # the official formula gives (2, 2) → [1, −1]; we refuse, naming the call and the way out
-    with pytest.raises(ValueError, match=rf"build_target_layer_ids\({num_target_layers}, 2\).*explicitly"):
-        build_target_layer_ids(num_target_layers, 2)
+def test_small_targets_out_of_range_ids_are_refused_by_the_config(num_target_layers):
+    # the formula (as official) gives (2, 2) → [1, −1]; a draft config built on it is refused,
+    # naming the call and the way out, instead of reading hidden_states[0] by accident
+    assert min(build_target_layer_ids(num_target_layers, 2)) < 0
+    with pytest.raises(ConfigError, match=rf"build_target_layer_ids\({num_target_layers}, 2\).*explicitly"):
+        draft_config(target_config(num_hidden_layers=num_target_layers))
     assert build_target_layer_ids(3, 2) == [1, 0]  # the smallest target where n = 2 still fits
 
 
