@@ -1,0 +1,467 @@
+"""The conformance kit: golden bundles are deterministic and readable with numpy alone; the reference
+and the official dflash 0.1.0 pass `verify`; seeded mutants (one DFlash rule broken each, by a
+monkeypatch or a subclass here, never an edit of the library) fail it at the stage they break; a
+port's dump is compared the same way.
+"""
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import einops
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import dflash_ref.acceptance as acceptance_module
+import dflash_ref.attention as attention_module
+import dflash_ref.draft_model as draft_model_module
+import dflash_ref.layer_sampling as layer_sampling_module
+from dflash_ref.cache import KVCache
+from dflash_ref.conformance import SHIPPED, find_bundles, read_safetensors, verify, verify_dump
+from dflash_ref.conformance.adapters import ReferenceAdapter
+from dflash_ref.conformance.bundle import STAGES, key_for, parse_key, walk_order
+from dflash_ref.conformance.golden import SCENARIOS, generate_golden
+from dflash_ref.rope import rotate_half
+
+loop_module = importlib.import_module("dflash_ref.spec_generate")  # the package binds the function's name
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny matrices: intra-op threads only cost time on a small machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def golden(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("golden")
+    generate_golden(out)
+    return out
+
+
+def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dflash_ref", *args], capture_output=True, text=True,
+                          cwd=cwd, timeout=300)
+
+
+def files(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# --------------------------------------------------------------------------- the bundles
+
+def test_golden_is_bit_identical_on_a_rerun(golden, tmp_path):
+    proc = run_cli("golden", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    first, second = files(golden), files(tmp_path)
+    assert sorted(first) == sorted(second)
+    assert [n for n in first if first[n] != second[n]] == []
+    assert sorted(p.name for p in golden.iterdir()) == [f"{i:02d}_{s.name}" for i, s in enumerate(SCENARIOS, 1)]
+
+
+def test_shipped_bundle_is_the_walkthrough_scenario_and_small(golden):
+    shipped, fresh = files(SHIPPED / "01_walkthrough"), files(golden / "01_walkthrough")
+    assert sorted(shipped) == sorted(fresh)
+    for name in shipped:  # weights, configs and manifest byte for byte; floats within tolerance
+        if name != "expected.safetensors":
+            assert shipped[name] == fresh[name], f"stale shipped {name}: python -m dflash_ref golden --out " \
+                                                 "dflash_ref/conformance/bundles --only walkthrough"
+    assert verify_dump_from(golden / "01_walkthrough", SHIPPED / "01_walkthrough").passed
+    assert sum(len(b) for b in shipped.values()) < 100_000
+
+
+def test_shipped_bundle_is_package_data():
+    tomllib = pytest.importorskip("tomllib")
+    patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
+        "dflash_ref.conformance"]
+    package = SHIPPED.parent
+    covered = {p for pattern in patterns for p in package.glob(pattern)}
+    shipped = {p for p in SHIPPED.rglob("*") if p.is_file()}
+    assert shipped and shipped <= covered
+
+
+def verify_dump_from(source: Path, bundle: Path):
+    """The expected tensors of one bundle as a port's dump, compared with another bundle."""
+    [b] = find_bundles(source)
+    dump = source.parent / f"{b.name}_dump.npz"
+    np.savez(dump, **{f"{b.name}/{k}": v for k, v in b.expected.items()})
+    return verify_dump(dump, bundle)
+
+
+def test_manifest_documents_every_tensor_in_walk_order(golden):
+    stages = {s[0] for s in STAGES}
+    for b in find_bundles(golden):
+        keys = [e["key"] for e in b.entries]
+        assert keys == sorted(keys, key=walk_order) and sorted(keys) == sorted(b.expected)
+        assert {e["stage"] for e in b.entries} == stages, b.name  # every stage in every scenario
+        for e in b.entries:
+            array = b.expected[e["key"]]
+            assert list(array.shape) == e["shape"] and str(array.dtype) == e["dtype"] and e["meaning"]
+            assert parse_key(e["key"]) == (e["stage"], e["step"], e["layer"])
+            assert key_for(e["stage"], e["step"], e["layer"]) == e["key"]
+            assert e["tolerance"] == (0.0 if array.dtype == np.int64 else {"float32": 1e-5, "bfloat16": 6e-2}[
+                b.manifest["source_dtype"]])
+    bf16 = find_bundles(golden / "06_bf16")[0]
+    assert bf16.manifest["source_dtype"] == "bfloat16" and bf16.config("draft")["dtype"] == "bfloat16"
+    for e in bf16.entries:  # stored as float32 holding exact bf16 values
+        x = bf16.expected[e["key"]]
+        if x.dtype == np.float32:
+            assert np.array_equal(x.view(np.uint32) & 0xFFFF, np.zeros_like(x, np.uint32)), e["key"]
+
+
+def test_scenarios_have_their_properties(golden):
+    multi = find_bundles(golden / "02_multiround")[0].expected
+    taus = [int(multi[f"step{s}/acceptance_length"]) for s in range(9)]
+    assert 0 in taus and 3 in taus and {1, 2} & set(taus)
+    sliding = find_bundles(golden / "04_gqa_sliding")[0]
+    assert sliding.config("draft")["layer_types"][0] == "sliding_attention"
+    assert any("evictable_axis" in e for e in sliding.entries)
+    block16 = find_bundles(golden / "05_block16")[0]
+    assert block16.config("draft")["dflash_config"]["target_layer_ids"] == [1, 9, 17, 25, 33]
+    assert block16.config("target")["num_hidden_layers"] == 36 and block16.config("draft")["block_size"] == 16
+
+
+def test_weights_are_the_official_formats(golden):
+    b = find_bundles(golden / "01_walkthrough")[0]
+    assert b.config("draft")["architectures"] == ["DFlashDraftModel"]
+    assert b.config("target")["architectures"] == ["Qwen3ForCausalLM"]
+    assert "layers.0.self_attn.q_norm.weight" in b.weights("draft") and "fc.weight" in b.weights("draft")
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")  # our reader agrees with the library's
+    theirs = safetensors_numpy.load_file(str(b.path / "expected.safetensors"))
+    ours = read_safetensors(b.path / "expected.safetensors")
+    assert sorted(theirs) == sorted(ours) and all(np.array_equal(theirs[k], ours[k]) for k in ours)
+
+
+def test_a_bundle_loads_and_compares_with_numpy_alone(tmp_path):
+    script = textwrap.dedent(f"""
+        import sys
+        import numpy as np
+        from dflash_ref.conformance import find_bundles, verify_dump
+        [b] = find_bundles()
+        weights = b.weights("draft")
+        assert weights["fc.weight"].dtype == np.float32 and b.inputs["input_ids"] == [1, 2, 3]
+        dump = {{b.name + "/" + k: v for k, v in b.expected.items()}}
+        np.savez(r"{tmp_path}/ok.npz", **dump)
+        assert verify_dump(r"{tmp_path}/ok.npz").passed
+        key = "step0/draft.layers.0.self_attn.hook_q_rot"
+        dump[b.name + "/" + key] = dump[b.name + "/" + key] * 1.01
+        np.savez(r"{tmp_path}/bad.npz", **dump)
+        first = verify_dump(r"{tmp_path}/bad.npz").first_failure
+        assert (first.stage, first.step, first.layer) == ("q_rot", 0, 0), first
+        assert "torch" not in sys.modules, "torch was imported"
+        print("numpy only: ok")
+    """)
+    proc = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=120,
+                          cwd=tmp_path)
+    assert proc.returncode == 0 and "numpy only: ok" in proc.stdout, proc.stderr
+
+
+# --------------------------------------------------------------------------- reference and official
+
+def test_reference_passes_via_the_cli(golden):
+    proc = run_cli("verify", "--impl", "reference", "--bundle", str(golden))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS" in proc.stdout and "FIRST DIVERGENCE" not in proc.stdout
+
+
+def test_official_dflash_passes_via_the_cli(golden):
+    pytest.importorskip("dflash.model")
+    proc = run_cli("verify", "--impl", "zlab", "--bundle", str(golden))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "PASS" in proc.stdout
+
+
+def test_shipped_bundle_passes_via_the_cli_by_default():
+    proc = run_cli("verify", "--impl", "reference", "-v")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "walkthrough" in proc.stdout and "every tensor:" in proc.stdout
+
+
+@pytest.mark.parametrize("impl", ["reference", "zlab"])
+def test_passes_via_the_api(golden, impl):
+    if impl == "zlab":
+        pytest.importorskip("dflash.model")
+    report = verify(impl, golden)
+    assert report.passed, report.text()
+    assert report.first_failure is None and len({c.bundle for c in report.checks}) == len(SCENARIOS)
+    evicted = [c for c in report.checks if c.note]
+    assert (impl == "zlab") == bool(evicted)  # the official cache evicts keys outside a sliding window
+
+
+# --------------------------------------------------------------------------- mutants
+
+class NoCrop(KVCache):
+    def crop(self, length: int) -> None:  # forgets to drop anything
+        pass
+
+
+class Wrapped(nn.Module):
+    """A draft around the real one (hook points, config, cache and logits are the real draft's)."""
+
+    def __init__(self, draft) -> None:
+        super().__init__()
+        self.draft, self.config = draft, draft.config
+
+    block_size = property(lambda self: self.draft.block_size)
+    mask_token_id = property(lambda self: self.draft.mask_token_id)
+    target_layer_ids = property(lambda self: self.draft.target_layer_ids)
+
+    def make_cache(self):
+        return self.draft.make_cache()
+
+    def compute_logits(self, hidden, head):
+        return self.draft.compute_logits(hidden, head)
+
+
+class After(ReferenceAdapter):
+    """The reference with `change(target, draft)` applied to the loaded models."""
+
+    def __init__(self, change) -> None:
+        self.change = change
+
+    def load(self, bundle):
+        target, draft = super().load(bundle)
+        return self.change(target, draft) or (target, draft)
+
+
+def each_attention(fn):
+    def change(target, draft):
+        for layer in draft.layers:
+            fn(layer.self_attn)
+    return After(change)
+
+
+def rope_q_from_the_front(mp):
+    def sliced(q, k, cos, sin):
+        cos, sin = cos[:, None], sin[:, None]
+        return (q * cos[..., :q.shape[-2], :] + rotate_half(q) * sin[..., :q.shape[-2], :],
+                k * cos + rotate_half(k) * sin)
+    mp.setattr(attention_module, "apply_sliced_rope", sliced)
+    return ReferenceAdapter()
+
+
+def wrong_rope_theta(mp):
+    def change(target, draft):
+        draft.rotary_emb.rope_theta = 1e6  # the bundle says 1e4
+        draft.rotary_emb._inv_freq.clear()
+    return After(change)
+
+
+def feature_offset_zero(mp):
+    mp.setattr(layer_sampling_module, "HIDDEN_STATE_OFFSET", 0)
+    return ReferenceAdapter()
+
+
+def layer_ids_shifted(mp):
+    def change(target, draft):
+        draft.config.target_layer_ids = [i + 1 for i in draft.config.target_layer_ids]
+    return After(change)
+
+
+def norm_before_fc(mp):
+    def swapped(target_hidden, fc, hidden_norm, hooks):
+        d = hidden_norm.weight.shape[0]  # RMSNorm each layer's features, then fc, no norm after
+        normed = torch.cat([hidden_norm(chunk) for chunk in target_hidden.split(d, dim=-1)], dim=-1)
+        return hooks.hook_context(hooks.hook_fc(fc(normed)))
+    mp.setattr(draft_model_module, "project_context", swapped)
+    return ReferenceAdapter()
+
+
+def hidden_norm_missing(mp):
+    def change(target, draft):
+        draft.hidden_norm = nn.Identity()
+    return After(change)
+
+
+def q_norm_missing(mp):
+    return each_attention(lambda attn: setattr(attn, "q_norm", nn.Identity()))
+
+
+def k_norm_missing(mp):
+    return each_attention(lambda attn: setattr(attn, "k_norm", nn.Identity()))
+
+
+def causal_inside_the_block(mp):
+    return each_attention(lambda attn: setattr(attn, "is_causal", True))
+
+
+def sliding_window_ignored(mp):
+    return each_attention(lambda attn: setattr(attn, "sliding_window", None))
+
+
+def scale_one_over_d(mp):
+    return each_attention(lambda attn: setattr(attn, "scaling", 1.0 / attn.head_dim))
+
+
+def gqa_heads_tiled(mp):
+    """Query head h reads KV head h mod H_kv instead of h // (H_q / H_kv)."""
+    mp.setattr(attention_module, "repeat",
+               lambda t, pattern, **kw: einops.repeat(t, "b hkv l d -> b (g hkv) l d", **kw))
+    return ReferenceAdapter()
+
+
+def draft_keeps_first_positions(mp):
+    """Proposals from block positions 0..γ−1 instead of 1..γ (the loop's [:, 1:] undone)."""
+    class Shifted(Wrapped):
+        def forward(self, position_ids, attention_mask=None, **kw):
+            hidden = self.draft(position_ids, attention_mask, **kw)
+            return torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
+    return After(lambda target, draft: (target, Shifted(draft)))
+
+
+def matches_summed_not_cumprod(mp):
+    def summed(draft_tokens, posterior):
+        return int((draft_tokens == posterior[:, :draft_tokens.shape[1]]).sum())
+    mp.setattr(acceptance_module, "acceptance_length", summed)
+    return ReferenceAdapter()
+
+
+def bonus_from_the_draft(mp):
+    greedy = loop_module.verify_greedy
+
+    def wrong(draft_tokens, logits):
+        tau, bonus, posterior = greedy(draft_tokens, logits)
+        return tau, (draft_tokens[0, tau] if tau < draft_tokens.shape[1] else bonus), posterior
+    mp.setattr(loop_module, "verify_greedy", wrong)
+    return ReferenceAdapter()
+
+
+def draft_cache_not_cropped(mp):
+    def change(target, draft):
+        draft.make_cache = lambda: NoCrop(draft.config.num_hidden_layers)
+    return After(change)
+
+
+def target_cache_not_cropped(mp):
+    def change(target, draft):
+        target.make_cache = lambda: NoCrop(target.config.num_hidden_layers)
+    return After(change)
+
+
+def context_not_sliced(mp):
+    """All verified positions' features fed back, not the first τ + 1 (positions extended to match)."""
+    latest = {}
+    extract = loop_module.extract_context_feature
+    mp.setattr(loop_module, "extract_context_feature",
+               lambda hs, ids: latest.__setitem__("full", extract(hs, ids)) or latest["full"])
+
+    class FullContext(Wrapped):
+        def forward(self, position_ids, attention_mask=None, *, noise_embedding, target_hidden, **kw):
+            full, q_len = latest["full"], noise_embedding.shape[1]
+            start = int(position_ids[0, -q_len])
+            position_ids = torch.arange(start - full.shape[1], start + q_len)[None]
+            return self.draft(position_ids, noise_embedding=noise_embedding, target_hidden=full, **kw)
+    return After(lambda target, draft: (target, FullContext(draft)))
+
+
+def mask_tokens_stripped(mp):
+    class Stripped(ReferenceAdapter):
+        def generate(self, draft, target, input_ids, inputs, on_step):
+            out = super().generate(draft, target, input_ids, inputs, on_step)
+            new = out.output_ids[0, input_ids.shape[1]:]
+            out.output_ids = torch.cat([input_ids[0], new[new != draft.mask_token_id]])[None]
+            return out
+    return Stripped()
+
+
+MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
+    rope_q_from_the_front: ("q_rot", "walkthrough"),
+    wrong_rope_theta: ("q_rot", "walkthrough"),
+    feature_offset_zero: ("target_hidden", "walkthrough"),
+    layer_ids_shifted: ("layer_ids", "walkthrough"),
+    norm_before_fc: ("fc", "walkthrough"),
+    hidden_norm_missing: ("context", "walkthrough"),
+    q_norm_missing: ("q", "walkthrough"),
+    k_norm_missing: ("k_ctx", "walkthrough"),
+    causal_inside_the_block: ("pattern", "walkthrough"),
+    sliding_window_ignored: ("pattern", "gqa_sliding"),
+    scale_one_over_d: ("pattern", "walkthrough"),
+    gqa_heads_tiled: ("pattern", "multiround"),
+    draft_keeps_first_positions: ("logits", "walkthrough"),
+    matches_summed_not_cumprod: ("acceptance_length", "multiround"),
+    bonus_from_the_draft: ("bonus", "walkthrough"),
+    draft_cache_not_cropped: ("cache_lengths", "walkthrough"),
+    target_cache_not_cropped: ("cache_lengths", "walkthrough"),
+    context_not_sliced: ("target_hidden", "walkthrough"),
+    mask_tokens_stripped: ("output_ids", "multiround"),
+}
+
+
+def test_at_least_twelve_mutants():
+    assert len(MUTANTS) >= 12 and len({stage for stage, _ in MUTANTS.values()}) >= 12
+
+
+@pytest.mark.parametrize("mutant", list(MUTANTS), ids=[m.__name__ for m in MUTANTS])
+def test_mutant_fails_at_its_stage(golden, mutant):
+    stage, bundle = MUTANTS[mutant]
+    with pytest.MonkeyPatch.context() as mp:
+        report = verify(mutant(mp), golden)
+    first = report.first_failure
+    assert not report.passed and first is not None
+    assert (first.stage, first.bundle) == (stage, bundle), report.text()
+    assert "FIRST DIVERGENCE" in report.text()
+
+
+def test_a_port_factory_from_the_command_line(golden, tmp_path):
+    (tmp_path / "my_port.py").write_text(textwrap.dedent("""
+        from dflash_ref.conformance.adapters import ReferenceAdapter
+
+        class MyPort(ReferenceAdapter):
+            name = "my-port"
+            def load(self, bundle):
+                target, draft = super().load(bundle)
+                for layer in draft.layers:
+                    layer.self_attn.k_norm.weight.data.fill_(1.0)  # forgot to load k_norm weights
+                return target, draft
+    """))
+    proc = run_cli("verify", "--impl", "my_port:MyPort", "--bundle", str(golden), cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    first = proc.stdout.split("FIRST DIVERGENCE:")[1]
+    # the walkthrough's demo models have norm weights of exactly 1, so this shows in the next bundle
+    assert "multiround · step 0 · layer 0 · K context after KNorm" in first
+
+
+def test_a_crashing_port_is_reported_not_raised(golden):
+    def crash(bundle):
+        raise RuntimeError("shape mismatch in my kernel")
+    report = verify(crash, golden)
+    assert not report.passed and report.first_failure.status == "error"
+    assert "shape mismatch in my kernel" in report.text()
+
+
+def test_missing_tensors_fail_unless_allowed(golden):
+    def outputs_only(bundle):
+        full = ReferenceAdapter().run(bundle)
+        return {k: v for k, v in full.items() if parse_key(k)[0] in ("output_ids", "acceptance_length")}
+    strict, lenient = verify(outputs_only, golden), verify(outputs_only, golden, allow_missing=True)
+    assert not strict.passed and strict.first_failure.status == "missing"
+    assert lenient.passed
+
+
+# --------------------------------------------------------------------------- dumps from other frameworks
+
+def test_dump_from_the_reference_passes_and_a_corrupt_tensor_is_named(golden, tmp_path):
+    dump = {}
+    for b in find_bundles(golden):
+        dump.update({f"{b.name}/{k}": v for k, v in ReferenceAdapter().run(b).items()})
+    np.savez(tmp_path / "port.npz", **dump)
+    assert verify_dump(tmp_path / "port.npz", golden).passed
+    key = "multiround/step3/draft.layers.1.self_attn.hook_v"
+    dump[key] = dump[key] + 1e-3
+    from dflash_ref.conformance.bundle import write_safetensors  # safetensors dumps work the same
+    write_safetensors(tmp_path / "port.safetensors", dump)
+    proc = run_cli("verify", "--dump", str(tmp_path / "port.safetensors"), "--bundle", str(golden))
+    assert proc.returncode == 1
+    assert "FIRST DIVERGENCE: multiround · step 3 · layer 1 · V" in proc.stdout, proc.stdout
+    assert json.loads((golden / "02_multiround" / "manifest.json").read_text())["name"] == "multiround"
