@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 
 import torch
 from torch import nn
+from torch.nn.modules.module import _global_forward_hooks, _global_forward_pre_hooks
 
 HookFn = Callable[[torch.Tensor, "HookPoint"], torch.Tensor | None]
 
@@ -26,6 +27,14 @@ class HookPoint(nn.Module):
         self.name = ""  # filled in by `name_hook_points` with the module path
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        # fast path: with nothing attached (here or globally) a hook point is a bare identity,
+        # skipping nn.Module's call machinery, so untraced runs pay (almost) nothing for it
+        if self._forward_hooks or self._forward_pre_hooks or _global_forward_hooks or \
+                _global_forward_pre_hooks:
+            return super().__call__(x)
         return x
 
     @property
