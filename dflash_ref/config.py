@@ -202,8 +202,7 @@ class DraftConfig(Qwen3Config):
         _int({"num_target_layers": self.num_target_layers}, "num_target_layers")
         _bool(self.is_causal, "is_causal", allow_none=True)
         if not isinstance(self.target_layer_ids, list):
-            raise ConfigError(f"config field 'target_layer_ids' must be a list of layer ids, got "
-                              f"{self.target_layer_ids!r}")
+            raise ConfigError(f"config field 'target_layer_ids' must be a list of ids, got {self.target_layer_ids!r}")
         if not self.target_layer_ids:
             ids = build_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
             if not all(0 <= i < self.num_target_layers for i in ids):
@@ -213,9 +212,8 @@ class DraftConfig(Qwen3Config):
             self.target_layer_ids = ids
         for i in self.target_layer_ids:
             if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_target_layers:
-                raise ConfigError(f"target_layer_ids {self.target_layer_ids}: each id must be an integer "
-                                  f"in 0..{self.num_target_layers - 1} (num_target_layers="
-                                  f"{self.num_target_layers})")
+                raise ConfigError(f"target_layer_ids {self.target_layer_ids}: each id must be an integer in "
+                                  f"0..{self.num_target_layers - 1} (num_target_layers={self.num_target_layers})")
         m = self.mask_token_id
         if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < self.vocab_size:
             raise ConfigError(f"mask_token_id {m!r} is outside the vocabulary 0..{self.vocab_size - 1}")
