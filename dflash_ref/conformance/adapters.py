@@ -20,6 +20,7 @@ import contextlib
 import importlib
 import sys
 import time
+import warnings
 
 import numpy as np
 import torch
@@ -206,8 +207,10 @@ class ZLabAdapter:
     name = "zlab"
 
     def load(self, bundle: Bundle):
-        import transformers
-        from dflash import model as official
+        with warnings.catch_warnings():  # tqdm's notebook warning when transformers is first imported
+            warnings.simplefilter("ignore")
+            import transformers
+            from dflash import model as official
 
         dtype = torch.bfloat16 if bundle.config("draft").get("dtype") == "bfloat16" else torch.float32
         log = transformers.utils.logging
