@@ -448,6 +448,14 @@ def test_missing_tensors_fail_unless_allowed(golden):
     assert not strict.passed and strict.first_failure.status == "missing"
     assert lenient.passed
 
+    def misspelt(bundle):
+        full = ReferenceAdapter().run(bundle)
+        full["step0/draft.layers.0.self_attn.hook_qrot"] = full.pop("step0/draft.layers.0.self_attn.hook_q_rot")
+        return full
+    report = verify(misspelt, golden)
+    assert report.first_failure.key == "step0/draft.layers.0.self_attn.hook_q_rot"
+    assert report.first_failure.status == "missing" and "hook_qrot" in report.text()
+
 
 # --------------------------------------------------------------------------- dumps from other frameworks
 

@@ -53,6 +53,7 @@ class Report:
     impl: str
     checks: list[Check] = field(default_factory=list)
     allow_missing: bool = False
+    ignored: dict[str, list[str]] = field(default_factory=dict)  # bundle → keys the manifest lacks
 
     def failed(self, check: Check) -> bool:
         return check.status in ("FAIL", "error") or (check.status == "missing" and not self.allow_missing)
@@ -86,6 +87,10 @@ class Report:
             for stage, n, bad, worst in self.stages(b):
                 lines.append(f"  {'FAIL' if bad else 'pass':<5} {TITLES.get(stage, stage):<22} {n - bad:>3}/{n:<3} "
                              + ("exact" if worst is None else f"worst rel {worst:.1e}"))
+            if self.ignored.get(b):  # most often a misspelt key, whose tensor then shows as missing
+                keys = self.ignored[b]
+                lines.append(f"  ignored {len(keys)} key(s) the manifest does not list: {', '.join(keys[:4])}"
+                             + (" …" if len(keys) > 4 else ""))
         if verbose:
             lines += ["", "every tensor:"] + ["  " + c.line() for c in self.checks]
         first = self.first_failure
@@ -158,8 +163,12 @@ def compare_one(bundle: str, entry: dict, expected: np.ndarray, got) -> Check:
     return check
 
 
-def compare(bundle: Bundle, produced: dict) -> list[Check]:
-    """Every manifest entry of `bundle` against `produced` (key → array), in walk order."""
+def compare(bundle: Bundle, produced: dict, report: Report | None = None) -> list[Check]:
+    """Every manifest entry of `bundle` against `produced` (key → array), in walk order; keys the
+    manifest does not list are noted in `report.ignored`."""
+    if report is not None:
+        listed = {e["key"] for e in bundle.entries}
+        report.ignored[bundle.name] = sorted(k for k in produced if k not in listed)
     return [compare_one(bundle.name, e, bundle.expected[e["key"]], produced.get(e["key"]))
             for e in bundle.entries]
 
@@ -188,7 +197,7 @@ def verify(impl, bundle: str | Path | None = None, allow_missing: bool = False) 
                                        detail=f"{type(e).__name__}: {e} ({Path(where.filename).name}:"
                                               f"{where.lineno})"))
             continue
-        report.checks += compare(b, produced)
+        report.checks += compare(b, produced, report)
     return report
 
 
@@ -198,5 +207,6 @@ def verify_dump(path: str | Path, bundle: str | Path | None = None, allow_missin
     report = Report(f"dump {Path(path).name}", allow_missing=allow_missing)
     for b in find_bundles(bundle):
         prefix = b.name + "/"
-        report.checks += compare(b, {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
+        report.checks += compare(b, {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
+                                 report)
     return report
