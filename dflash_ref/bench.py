@@ -43,21 +43,24 @@ def markdown(rows: list[dict], title: str) -> str:
 
 
 def run(names: list[str], repeats: int, out: str | Path, say=print) -> dict:
+    """Run the named benchmarks; their results replace those of the same names in out/bench.json
+    (others stay), and out/bench.md is rewritten from all of them."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     machine = (f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} torch threads, "
                f"torch {torch.__version__}, Python {platform.python_version()}")
-    report = {"machine": machine, "repeats": repeats, "results": {}}
-    texts = [f"machine: {machine}; {repeats} interleaved repeats per variant; medians"]
+    saved = out / "bench.json"
+    report = json.loads(saved.read_text()) if saved.is_file() else {"results": {}}
     for name in names:
         say(f"== bench {name} ==")
         t0 = time.perf_counter()
         tables = BENCHES[name](repeats, out=out, progress=lambda s, n=name: say(f"   {n}: {s}"))
-        report["results"][name] = tables
+        report["results"][name] = {"machine": machine, "repeats": repeats, "tables": tables}
         for title, rows in tables.items():
-            texts.append(markdown(rows, title))
-            say(texts[-1])
+            say(markdown(rows, title))
         say(f"   ({time.perf_counter() - t0:.0f} s)")
-        (out / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
+        saved.write_text(json.dumps(report, indent=1) + "\n")
+        texts = [f"{markdown(rows, title)}\n\n({r['machine']}; {r['repeats']} interleaved repeats; medians)"
+                 for r in report["results"].values() for title, rows in r["tables"].items()]
         (out / "bench.md").write_text("\n\n".join(texts) + "\n")
     return report
