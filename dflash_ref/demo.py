@@ -13,6 +13,7 @@ import torch
 
 from .config import DraftConfig, TargetConfig
 from .draft_model import DFlashDraftModel
+from .random_draft import randomize_
 from .target import Qwen3Target
 
 VOCAB = ["<s>", "the", "cat", "sat", "on", "a", "mat", ".", "dog", "ran", "to", "park", "and",
@@ -28,22 +29,10 @@ def decode(ids) -> list[str]:
     return [VOCAB[int(i)] for i in torch.as_tensor(ids).reshape(-1)]
 
 
-def _init(module: torch.nn.Module, seed: int) -> None:
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
-
-
 def demo_models(seed: int = 0, block_size: int = 4) -> tuple[Qwen3Target, DFlashDraftModel]:
     shared = dict(vocab_size=len(VOCAB), hidden_size=8, intermediate_size=16, num_attention_heads=2,
                   num_key_value_heads=1, head_dim=4, rope_theta=10000.0, max_position_embeddings=256)
     target = Qwen3Target(TargetConfig(num_hidden_layers=6, **shared))
     draft = DFlashDraftModel(DraftConfig(num_hidden_layers=2, num_target_layers=6, block_size=block_size,
                                          mask_token_id=VOCAB.index("<mask>"), **shared))
-    _init(target, seed)
-    _init(draft, seed + 1)
-    return target.eval(), draft.eval()
+    return randomize_(target, seed, norm_jitter=None), randomize_(draft, seed + 1, norm_jitter=None)

@@ -14,6 +14,22 @@ from .config import DraftConfig
 from .draft_model import DFlashDraftModel
 
 
+def randomize_(module: torch.nn.Module, seed: int, std: float = 0.5, norm_jitter: float | None = 0.2
+               ) -> torch.nn.Module:
+    """Fill every parameter from a seeded N(0, std²) (drawn on the CPU, then copied to its device).
+    Norm weights become 1 + norm_jitter · N(0, std²), so that no stage is an accidental identity,
+    or exactly 1 (and draw nothing) when norm_jitter is None."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if name.endswith("norm.weight") and norm_jitter is None:
+                p.fill_(1.0)
+                continue
+            noise = torch.randn(p.shape, generator=g) * std
+            p.copy_((1 + norm_jitter * noise if name.endswith("norm.weight") else noise).to(p.device))
+    return module.eval()
+
+
 def _rope_theta(config) -> float:
     params = getattr(config, "rope_parameters", None) or {}
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))
@@ -39,10 +55,5 @@ def random_draft(target, num_hidden_layers: int = 3, block_size: int = 16, mask_
     config = draft_config_for(target.config, num_hidden_layers, block_size, mask_token_id)
     with torch.device("meta"):
         draft = DFlashDraftModel(config)
-    draft = draft.to_empty(device=target.device)
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    with torch.no_grad():
-        for name, p in draft.named_parameters():
-            values = torch.ones(p.shape) if name.endswith("norm.weight") else torch.randn(p.shape, generator=g) * std
-            p.copy_(values.to(p.device))
+    randomize_(draft.to_empty(device=target.device), seed, std, norm_jitter=None)
     return draft.to(target.dtype).eval()

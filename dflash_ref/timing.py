@@ -1,4 +1,4 @@
-"""Timing: seconds spent inside a module's forwards (Stopwatch, forward hooks, CUDA synchronised),
+"""Timing: one_thread() for tiny models, seconds spent inside a module's forwards (Stopwatch, forward hooks, CUDA synchronised),
 and the side-by-side harness of the benchmarks (variants interleaved round-robin, medians, ratios).
 
     clock = Stopwatch(draft, device); …run…; clock.seconds, clock.calls, clock.times; clock.remove()
@@ -6,6 +6,7 @@ and the side-by-side harness of the benchmarks (variants interleaved round-robin
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from typing import Callable
@@ -61,3 +62,14 @@ def summarise(times: dict[str, list[float]], baseline: str) -> list[dict]:
     base = statistics.median(times[baseline])
     return [{"variant": name, "median_s": statistics.median(t), "min_s": min(t), "max_s": max(t),
              "ratio": statistics.median(t) / base} for name, t in times.items()]
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Bundles hold tiny models: intra-op threads only add overhead (10× on a busy 2-core machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)

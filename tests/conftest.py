@@ -5,6 +5,8 @@ import pytest
 import torch
 
 from dflash_ref import DFlashDraftModel, DraftConfig, Qwen3Target, TargetConfig
+from dflash_ref.random_draft import randomize_  # noqa: F401  (tests import it from here)
+from dflash_ref.timing import one_thread
 
 
 def target_config(**overrides) -> TargetConfig:
@@ -26,14 +28,21 @@ def draft_config(target: TargetConfig | None = None, **overrides) -> DraftConfig
     return DraftConfig(**kw)
 
 
-def randomize_(module: torch.nn.Module, seed: int, std: float = 0.5) -> torch.nn.Module:
-    """Every parameter random (norm weights around 1), so no stage is an accidental identity."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=g) * std
-            p.copy_((1 + 0.2 * noise) if "norm" in name else noise)
-    return module.eval()
+@pytest.fixture(scope="module")
+def one_thread_module():
+    """Tiny models are overhead-bound: one intra-op thread is faster than two on a small machine.
+    Modules opt in with `pytestmark = pytest.mark.usefixtures("one_thread_module")`."""
+    with one_thread():
+        yield
+
+
+def assert_close(ours: torch.Tensor, theirs: torch.Tensor, atol: float = 1e-5) -> None:
+    """max |ours − theirs| ≤ atol · max(1, max |theirs|): absolute for tensors of order one, relative
+    for the residual stream, which grows through the layers (fp32 rounding scales with it)."""
+    assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
+    diff = (ours.float() - theirs.float()).abs().max().item()
+    scale = max(1.0, theirs.float().abs().max().item())
+    assert diff <= atol * scale, f"max |diff| {diff:.3g} > {atol:g} × {scale:.3g}"
 
 
 def make_pair(seed: int = 0, target_overrides: dict | None = None, draft_overrides: dict | None = None,

@@ -34,13 +34,7 @@ loop_module = importlib.import_module("dflash_ref.spec_generate")  # the package
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices: intra-op threads only cost time on a small machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
 @pytest.fixture(scope="module")

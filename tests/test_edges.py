@@ -22,12 +22,7 @@ from dflash_ref.oracle import OracleDraft
 VOCAB = 24
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
 def pair(seed: int = 0, block_size: int = 4, vocab: int = VOCAB, **draft_overrides):

@@ -28,13 +28,7 @@ from dflash_ref.oracle import OracleDraft
 P_MIN = 1e-3  # chi-square threshold: fixed seeds make every p-value deterministic
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny models are overhead-bound: one intra-op thread is ~2× faster than two on this CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
 def new_tokens(out, prompt_len: int) -> list[int]:

@@ -11,8 +11,8 @@ import random
 import pytest
 import torch
 
-from conftest import draft_config, make_pair, official_twins, randomize_, target_config
-from dflash_ref import ConfigError, DFlashDraftModel, Qwen3Target, load_draft, load_target, save_draft
+from conftest import assert_close, draft_config, make_pair, official_twins, randomize_, target_config
+from dflash_ref import DFlashDraftModel, Qwen3Target, load_draft, load_target, save_draft
 
 transformers = pytest.importorskip("transformers")
 official = pytest.importorskip("dflash.model")
@@ -20,23 +20,9 @@ official = pytest.importorskip("dflash.model")
 ATOL = 1e-5
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny matrices gain nothing from intra-op threads, and on a busy 2-core machine OpenMP
-    threads make each small matmul take milliseconds: run this module single-threaded."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
-def assert_close(ours: torch.Tensor, theirs: torch.Tensor, atol: float = ATOL) -> None:
-    """max |ours − theirs| ≤ atol · max(1, max |theirs|): absolute for tensors of order one, relative
-    for the residual stream, which grows through the layers (fp32 rounding scales with it)."""
-    assert ours.shape == theirs.shape, (ours.shape, theirs.shape)
-    diff = (ours.float() - theirs.float()).abs().max().item()
-    scale = max(1.0, theirs.float().abs().max().item())
-    assert diff <= atol * scale, f"max abs difference {diff:.3e} > {atol:.0e} × {scale:.3g}"
 
 
 def assert_outputs_close(ours, theirs, num_layers: int, atol: float = ATOL) -> None:

@@ -16,7 +16,6 @@ own submodules, its attention kernel's inputs and its decoding loop's own variab
 """
 from __future__ import annotations
 
-import contextlib
 import importlib
 import sys
 import time
@@ -27,6 +26,7 @@ import torch
 
 from ..checkpoint import load_draft, load_target
 from ..spec_generate import spec_generate
+from ..timing import one_thread
 from ..trace import tracing
 from .bundle import LAYER_STAGES, MODEL_STAGES, Bundle, key_for
 
@@ -39,17 +39,6 @@ def to_numpy(x) -> np.ndarray:
         x = x.detach().cpu()
         return (x.float() if x.is_floating_point() else x.long()).numpy()
     return np.asarray(x, dtype=np.int64 if isinstance(x, (int, list)) else None)
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Bundles hold tiny models: intra-op threads only add overhead (10× on a busy 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _loop_values(out: dict, step: int, draft_tokens, posterior, tau, bonus, cache_lengths) -> None:

@@ -27,21 +27,12 @@ from ..checkpoint import save_draft, save_target
 from ..config import DraftConfig, TargetConfig
 from ..demo import PROMPT, demo_models, encode
 from ..draft_model import DFlashDraftModel
+from ..random_draft import randomize_
 from ..target import Qwen3Target
 from .adapters import ReferenceAdapter
 from .bundle import FORMAT, STAGES, TITLES, Bundle, parse_key, walk_order, write_bundle_files
 
 TOLERANCE = {"float32": 1e-5, "bfloat16": 6e-2}  # max|Δ| / max(1, max|expected|); integers exact
-
-
-def _init(module: torch.nn.Module, seed: int, std: float = 0.5) -> torch.nn.Module:
-    """N(0, std²) weights from a fixed seed; norm weights 1 + 0.2·N(0, std²), so none is an identity."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            noise = torch.randn(p.shape, generator=g) * std
-            p.copy_((1 + 0.2 * noise) if "norm" in name else noise)
-    return module.eval()
 
 
 def tiny_pair(seed: int, vocab: int = 6, target_layers: int = 4, draft_layers: int = 2, heads: int = 4,
@@ -55,7 +46,7 @@ def tiny_pair(seed: int, vocab: int = 6, target_layers: int = 4, draft_layers: i
                                          num_key_value_heads=kv_heads, num_target_layers=target_layers,
                                          block_size=block_size, mask_token_id=vocab - 1, **shared,
                                          **draft_fields))
-    return _init(target, seed), _init(draft, seed + 1000)
+    return randomize_(target, seed), randomize_(draft, seed + 1000)
 
 
 @dataclass
