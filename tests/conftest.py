@@ -45,6 +45,16 @@ def assert_close(ours: torch.Tensor, theirs: torch.Tensor, atol: float = 1e-5) -
     assert diff <= atol * scale, f"max |diff| {diff:.3g} > {atol:g} × {scale:.3g}"
 
 
+def use_explicit_attention(model: torch.nn.Module) -> int:
+    """Force the explicit math path in every attention module; returns how many were switched."""
+    switched = 0
+    for m in model.modules():
+        if hasattr(m, "use_sdpa"):
+            m.use_sdpa = False
+            switched += 1
+    return switched
+
+
 def make_pair(seed: int = 0, target_overrides: dict | None = None, draft_overrides: dict | None = None,
               std: float = 0.5) -> tuple[Qwen3Target, DFlashDraftModel]:
     tc = target_config(**(target_overrides or {}))

@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from conftest import assert_close, draft_config, make_pair, official_twins, randomize_, target_config
+from conftest import assert_close, use_explicit_attention, draft_config, make_pair, official_twins, randomize_, target_config
 from dflash_ref import (DFlashDraftModel, Qwen3Target, build_target_layer_ids,
                         extract_context_feature, generate, spec_generate)
 from dflash_ref.oracle import OracleDraft
@@ -27,18 +27,6 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 SEEDS = list(range(24))
-
-
-
-
-def use_explicit_attention(model: torch.nn.Module) -> int:
-    """Force the explicit math path in every attention module; returns how many were switched."""
-    switched = 0
-    for m in model.modules():
-        if hasattr(m, "use_sdpa"):
-            m.use_sdpa = False
-            switched += 1
-    return switched
 
 
 # --------------------------------------------------------------------------- layer sampling

@@ -11,7 +11,7 @@ import random
 import pytest
 import torch
 
-from conftest import assert_close, draft_config, make_pair, official_twins, randomize_, target_config
+from conftest import assert_close, use_explicit_attention, draft_config, make_pair, official_twins, randomize_, target_config
 from dflash_ref import DFlashDraftModel, Qwen3Target, load_draft, load_target, save_draft
 
 transformers = pytest.importorskip("transformers")
@@ -34,15 +34,6 @@ def assert_outputs_close(ours, theirs, num_layers: int, atol: float = ATOL) -> N
             assert_close(a, b, atol)
         except AssertionError as e:
             raise AssertionError(f"hidden_states[{i}]: {e}") from None
-
-
-def use_explicit_attention(model: torch.nn.Module) -> int:
-    switched = 0
-    for m in model.modules():
-        if hasattr(m, "use_sdpa"):
-            m.use_sdpa = False
-            switched += 1
-    return switched
 
 
 def hf_cache(hf_model):
