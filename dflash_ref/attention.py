@@ -105,8 +105,10 @@ class KVInjectionAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, target_hidden: torch.Tensor,
                 position_embeddings: tuple[torch.Tensor, torch.Tensor],
-                past_key_values: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states H (B, L_q, d), target_hidden C (B, L_c, d) → (B, L_q, d), weights or None."""
+                past_key_values: KVCache | None = None, attention_mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states H (B, L_q, d), target_hidden C (B, L_c, d) → (B, L_q, d), weights or None.
+        attention_mask: bool (L_q, L_k) of visible keys, replacing the layer's own rule (training)."""
         q_len = hidden_states.shape[1]
         heads = lambda x: rearrange(x, "b l (h d) -> b h l d", d=self.head_dim)  # noqa: E731
         q = self.hook_q(self.q_norm(heads(self.q_proj(hidden_states))))      # (B, H_q, L_q, d_h)
@@ -120,8 +122,8 @@ class KVInjectionAttention(nn.Module):
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)               # (B, H_kv, L_k, d_h)
         q, k = self.hook_q_rot(q), self.hook_k_rot(k)
-        visible = visibility_mask(q_len, k.shape[2], is_causal=self.is_causal,
-                                  sliding_window=self.sliding_window, device=q.device)
+        visible = attention_mask if attention_mask is not None else visibility_mask(
+            q_len, k.shape[2], is_causal=self.is_causal, sliding_window=self.sliding_window, device=q.device)
         explicit = not self.use_sdpa or self.hook_scores.active or self.hook_pattern.active
         out, weights = attend(q, k, v, visible, self.scaling, explicit=explicit,
                               scores_hook=self.hook_scores, pattern_hook=self.hook_pattern)

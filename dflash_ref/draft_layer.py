@@ -31,9 +31,10 @@ class DFlashDecoderLayer(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, target_hidden: torch.Tensor,
                 position_embeddings: tuple[torch.Tensor, torch.Tensor],
-                past_key_values: KVCache | None = None) -> torch.Tensor:
+                past_key_values: KVCache | None = None, attention_mask: torch.Tensor | None = None
+                ) -> torch.Tensor:
         attn_out, _ = self.self_attn(self.input_layernorm(hidden_states), target_hidden,
-                                     position_embeddings, past_key_values)
+                                     position_embeddings, past_key_values, attention_mask)
         hidden_states = self.hook_resid_mid(hidden_states + attn_out)
         hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
         return self.hook_resid_post(hidden_states)

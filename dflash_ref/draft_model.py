@@ -56,7 +56,7 @@ class DFlashDraftModel(nn.Module):
     def make_cache(self) -> KVCache:
         return KVCache(self.config.num_hidden_layers)
 
-    def forward(self, position_ids: torch.Tensor, attention_mask: None = None, *,
+    def forward(self, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
                 noise_embedding: torch.Tensor, target_hidden: torch.Tensor,
                 past_key_values: KVCache | None = None, use_cache: bool = False) -> torch.Tensor:
         """noise_embedding (B, L_q, d), target_hidden (B, L_c, k·d), position_ids (B, L_c + L_q)
@@ -64,11 +64,16 @@ class DFlashDraftModel(nn.Module):
 
         position_ids cover the *new* context positions followed by the block's; K/V of earlier
         context come from `past_key_values` (which this call appends to: crop it afterwards).
+        attention_mask: None (the layers' own rule: non-causal) or a bool (L_q, L_k) of visible keys,
+        used by training to put many blocks in one pass (training.py).
         """
-        if attention_mask is not None:
-            raise ValueError("DFlash draft attention is non-causal over the block; a custom "
-                             "attention_mask is not supported")
         self._check_inputs(position_ids, noise_embedding, target_hidden)
+        if attention_mask is not None:
+            cached = past_key_values.get_seq_length() if past_key_values is not None else 0
+            keys = cached + target_hidden.shape[1] + noise_embedding.shape[1]
+            if attention_mask.dtype != torch.bool or tuple(attention_mask.shape) != (noise_embedding.shape[1], keys):
+                raise ValueError(f"attention_mask must be a bool (L_q, L_k) = ({noise_embedding.shape[1]}, {keys}) "
+                                 f"tensor, got {attention_mask.dtype} {tuple(attention_mask.shape)}")
         if use_cache and past_key_values is None:
             raise ValueError("use_cache=True needs past_key_values (make one with draft.make_cache())")
         hidden_states = self.hook_noise_embedding(noise_embedding)
@@ -76,7 +81,7 @@ class DFlashDraftModel(nn.Module):
                                   self.context)                                    # (B, L_c, d)
         position_embeddings = self.rotary_emb(position_ids, hidden_states.dtype)  # (B, L_c + L_q, d_h) ×2
         for layer in self.layers:
-            hidden_states = layer(hidden_states, context, position_embeddings, past_key_values)
+            hidden_states = layer(hidden_states, context, position_embeddings, past_key_values, attention_mask)
         return self.hook_out(self.norm(hidden_states))
 
     def _check_inputs(self, position_ids, noise_embedding, target_hidden) -> None:

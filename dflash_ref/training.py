@@ -1,0 +1,122 @@
+"""Training a DFlash draft: the paper's recipe (arXiv 2602.06036), every choice in one module.
+
+Data: a sequence x_0 … x_{T−1} (prompt + the target's own response) and the target's features
+target_hidden (T, k·d) of the sampled layers at every position (computed once, no gradient).
+
+    anchors   m positions a_j in the response, a_j + b − 1 ≤ T − 1, resampled every epoch
+    block j   [x_{a_j}, mask, …, mask] at positions a_j … a_j + b − 1; labels x_{a_j+1} … x_{a_j+b−1}
+    context   the features of positions p < a_j: exactly what inference holds when x_{a_j} is the
+              last committed token (its own features are not known yet)
+    one pass  queries = the m·b block positions; keys = [C at all T positions; the m blocks];
+              block j sees context key p iff p < a_j and the keys of its own block (bidirectional),
+              nothing of the other blocks                                    (block_mask)
+    loss      Σ_j Σ_{k=1}^{b−1} w_k · CE(logits_{j,k}, x_{a_j+k}) / (m · Σ_k w_k),
+              w_k = exp(−(k − 1)/γ), γ = 7 for b = 16, 5 for b = 10, 4 for b = 8 (the paper's)
+    frozen    the target's embedding (noise embedding) and lm_head, shared with the draft
+    optimiser AdamW, linear warmup then cosine decay to 0, gradient-norm clipping
+
+The inference draft with its KV cache gives the same logits for a block (tests/test_training.py).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.nn import functional as F
+
+from .layer_sampling import extract_context_feature
+
+PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+def loss_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
+    """w_k = exp(−(k − 1)/γ) for k = 1 … b − 1: early block positions count most."""
+    if gamma is None:
+        if block_size not in PAPER_GAMMA:
+            raise ValueError(f"the paper gives γ for block sizes {sorted(PAPER_GAMMA)}; pass gamma for "
+                             f"block size {block_size}")
+        gamma = PAPER_GAMMA[block_size]
+    k = torch.arange(1, block_size, dtype=torch.float32)
+    return torch.exp(-(k - 1) / gamma)                                       # (b − 1,)
+
+
+def sample_anchors(prompt_len: int, seq_len: int, block_size: int, num_anchors: int,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """Up to `num_anchors` distinct sorted anchors in [max(prompt_len, 1), seq_len − block_size]."""
+    first, last = max(prompt_len, 1), seq_len - block_size
+    if last < first:
+        raise ValueError(f"a sequence of {seq_len} tokens with a {prompt_len}-token prompt has no room "
+                         f"for a block of {block_size}")
+    candidates = torch.arange(first, last + 1)
+    pick = torch.randperm(len(candidates), generator=generator)[:num_anchors]
+    return candidates[pick].sort().values
+
+
+def block_mask(anchors: torch.Tensor, block_size: int, ctx_len: int) -> torch.Tensor:
+    """bool (m·b, ctx_len + m·b): block j sees context p < a_j and its own block, nothing else."""
+    m = len(anchors)
+    block_of_query = torch.arange(m).repeat_interleave(block_size)           # (m·b,)
+    sees_context = torch.arange(ctx_len)[None, :] < anchors[block_of_query][:, None]   # (m·b, T)
+    sees_block = block_of_query[:, None] == block_of_query[None, :]          # (m·b, m·b)
+    return torch.cat([sees_context, sees_block], dim=1)
+
+
+def target_features(target, token_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
+    """(1, T) → the sampled layers' features (1, T, k·d), without gradient (the target is frozen)."""
+    with torch.no_grad():
+        out = target(token_ids, output_hidden_states=True)
+    return extract_context_feature(out.hidden_states, layer_ids)
+
+
+def training_logits(draft, target, token_ids: torch.Tensor, features: torch.Tensor,
+                    anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """All m blocks in one pass → logits (m, b − 1, V) and labels (m, b − 1)."""
+    b, seq_len = draft.block_size, token_ids.shape[1]
+    offsets = torch.arange(b)
+    block_positions = (anchors[:, None] + offsets[None, :]).reshape(-1)      # (m·b,)
+    block_ids = torch.full_like(block_positions, draft.mask_token_id)
+    block_ids[::b] = token_ids[0, anchors]                                    # x_{a_j} first, then masks
+    with torch.no_grad():
+        noise_embedding = target.embed(block_ids[None])                       # (1, m·b, d), frozen
+    position_ids = torch.cat([torch.arange(seq_len), block_positions])[None]  # (1, T + m·b)
+    hidden = draft(position_ids, block_mask(anchors, b, seq_len), noise_embedding=noise_embedding,
+                   target_hidden=features)                                    # (1, m·b, d)
+    hidden = hidden.reshape(len(anchors), b, -1)[:, 1:]                       # (m, b − 1, d)
+    labels = token_ids[0, (anchors[:, None] + offsets[None, 1:])]             # (m, b − 1)
+    return draft.compute_logits(hidden, target.output_head), labels
+
+
+def dflash_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Position-weighted cross-entropy: Σ w_k CE_{j,k} / (m Σ w_k)."""
+    ce = F.cross_entropy(logits.float().transpose(1, 2), labels, reduction="none")   # (m, b − 1)
+    return (ce * weights).sum() / (len(labels) * weights.sum())
+
+
+def warmup_cosine(step: int, total_steps: int, warmup_steps: int) -> float:
+    """Learning-rate factor: linear 0 → 1 over the warmup, then cosine 1 → 0."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def make_optimizer(draft, lr: float, total_steps: int, warmup_steps: int, weight_decay: float = 0.01):
+    """AdamW over the draft's own parameters (the target's are not among them) + the schedule."""
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=lr, weight_decay=weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, total_steps, warmup_steps))
+    return optimizer, schedule
+
+
+def train_step(draft, target, token_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
+               weights: torch.Tensor, optimizer, schedule, max_grad_norm: float = 1.0) -> float:
+    """One optimiser step on one sequence's blocks; returns the loss."""
+    draft.train()
+    logits, labels = training_logits(draft, target, token_ids, features, anchors)
+    loss = dflash_loss(logits, labels, weights)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(draft.parameters(), max_grad_norm)
+    optimizer.step()
+    schedule.step()
+    return float(loss.detach())

@@ -1,0 +1,95 @@
+"""The training recipe: its mask, weights and schedule by hand; train/infer parity; it learns."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import make_pair
+
+from dflash_ref import generate, spec_generate
+from dflash_ref.training import (block_mask, loss_weights, make_optimizer, sample_anchors, target_features,
+                                 train_step, training_logits, warmup_cosine)
+
+pytestmark = pytest.mark.usefixtures("one_thread_module")
+
+
+def test_loss_weights_follow_the_paper():
+    assert torch.allclose(loss_weights(16)[:3], torch.tensor([1.0, math.exp(-1 / 7), math.exp(-2 / 7)]))
+    assert loss_weights(8).shape == (7,) and math.isclose(float(loss_weights(8)[4]), math.exp(-1.0), rel_tol=1e-6)
+    with pytest.raises(ValueError, match="pass gamma"):
+        loss_weights(4)
+    assert torch.allclose(loss_weights(4, gamma=1.0), torch.tensor([1.0, math.exp(-1), math.exp(-2)]))
+
+
+def test_block_mask_by_hand():
+    # anchors 2 and 4, blocks of 2, context of 5 positions
+    mask = block_mask(torch.tensor([2, 4]), 2, 5).int().tolist()
+    assert mask == [[1, 1, 0, 0, 0, 1, 1, 0, 0],   # block 0 sees context 0, 1 and its own block
+                    [1, 1, 0, 0, 0, 1, 1, 0, 0],
+                    [1, 1, 1, 1, 0, 0, 0, 1, 1],   # block 1 sees context 0..3 and its own block
+                    [1, 1, 1, 1, 0, 0, 0, 1, 1]]
+
+
+def test_anchors_stay_in_the_response_and_leave_room_for_the_block():
+    g = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        a = sample_anchors(prompt_len=5, seq_len=20, block_size=4, num_anchors=6, generator=g)
+        assert len(a) == 6 and a.min() >= 5 and a.max() <= 16 and (a[1:] > a[:-1]).all()
+    with pytest.raises(ValueError, match="no room"):
+        sample_anchors(8, 10, 4, 1)
+
+
+def test_warmup_then_cosine():
+    assert warmup_cosine(0, 100, 10) == pytest.approx(0.1)
+    assert warmup_cosine(9, 100, 10) == pytest.approx(1.0)
+    assert warmup_cosine(55, 100, 10) == pytest.approx(0.5)
+    assert warmup_cosine(100, 100, 10) == pytest.approx(0.0, abs=1e-12)
+
+
+def _sequence(target, prompt_len=4, new=20, seed=0):
+    ids = torch.randint(0, target.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+    return generate(target, ids, new).output_ids
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_training_forward_equals_the_inference_draft_with_its_cache(seed):
+    target, draft = make_pair(seed, draft_overrides={"block_size": 4})
+    tokens = _sequence(target, seed=seed)
+    features = target_features(target, tokens, draft.target_layer_ids)
+    anchors = torch.tensor([4, 7, 8, 15])
+    with torch.no_grad():
+        logits, labels = training_logits(draft, target, tokens, features, anchors)
+        for j, a in enumerate(anchors.tolist()):
+            block = torch.tensor([[tokens[0, a].item()] + [draft.mask_token_id] * 3])
+            cache, split = draft.make_cache(), a // 2          # context fed in two passes, cropped between
+            draft(torch.arange(0, split + 1)[None], noise_embedding=target.embed(block[:, :1]),
+                  target_hidden=features[:, :split], past_key_values=cache)
+            cache.crop(split)
+            hidden = draft(torch.arange(split, a + 4)[None], noise_embedding=target.embed(block),
+                           target_hidden=features[:, split:a], past_key_values=cache)[:, 1:]
+            expected = target.output_head(hidden)[0]
+            assert torch.allclose(logits[j], expected, atol=1e-5, rtol=1e-5), (j, (logits[j] - expected).abs().max())
+            assert labels[j].tolist() == tokens[0, a + 1:a + 4].tolist()
+
+
+def test_a_tiny_training_run_lowers_the_loss_and_raises_acceptance():
+    target, draft = make_pair(3, target_overrides={"vocab_size": 16}, draft_overrides={"block_size": 4})
+    data = [_sequence(target, seed=s, new=24) for s in range(6)]
+    feats = [target_features(target, t, draft.target_layer_ids) for t in data]
+    weights = loss_weights(4, gamma=2.0)
+    steps = 240
+    optimizer, schedule = make_optimizer(draft, lr=3e-3, total_steps=steps, warmup_steps=20)
+    g = torch.Generator().manual_seed(0)
+    before = spec_generate(draft.eval(), target, data[0][:, :4], 24).acceptance_lengths
+    losses = []
+    for step in range(steps):
+        i = step % len(data)
+        anchors = sample_anchors(4, data[i].shape[1], 4, 8, g)
+        losses.append(train_step(draft, target, data[i], feats[i], anchors, weights, optimizer, schedule))
+    first, last = sum(losses[:12]) / 12, sum(losses[-12:]) / 12
+    assert last < 0.5 * first, (first, last)
+    after = spec_generate(draft.eval(), target, data[0][:, :4], 24)
+    assert torch.equal(after.output_ids, data[0])            # still lossless
+    assert sum(after.acceptance_lengths) / len(after.acceptance_lengths) > \
+        sum(before) / len(before) + 0.5                       # a trained draft is accepted
