@@ -27,10 +27,9 @@ PROMPT = "Explain in a few sentences why the sky is blue."
 
 
 def _smollm2(block_size: int = 16, draft_layers: int = 3):
-    from .smollm2 import MASK_TOKEN_ID, chat_ids, load_smollm2
+    from .smollm2 import chat_ids, load_smollm2, random_smollm2_draft
     target, tokenizer = load_smollm2()
-    draft = random_draft(target, draft_layers, block_size, MASK_TOKEN_ID)
-    return target, draft, chat_ids(tokenizer, PROMPT)
+    return target, random_smollm2_draft(target, draft_layers, block_size), chat_ids(tokenizer, PROMPT)
 
 
 def _measure(variants, repeats, progress):

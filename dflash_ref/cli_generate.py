@@ -60,8 +60,8 @@ def run(args) -> int:
     torch.manual_seed(args.seed)
     target, draft, tokenizer, stop = load_models(args)
     if args.chat:
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}], add_generation_prompt=True,
-                                            return_tensors="pt", return_dict=True)["input_ids"]
+        from .smollm2 import chat_ids  # any tokenizer with a chat template
+        ids = chat_ids(tokenizer, args.prompt)
     else:
         ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
     prompt_len, shown, new = ids.shape[1], [""], []

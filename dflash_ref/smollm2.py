@@ -49,10 +49,9 @@ def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[HFTarget, object]:
 
 
 def chat_ids(tokenizer, prompt: str) -> torch.Tensor:
-    """The chat template with the assistant turn opened: (1, L) token ids."""
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                        return_tensors="pt", return_dict=True)["input_ids"]
-    return ids
+    """The chat template (any tokenizer's) with the assistant turn opened: (1, L) token ids."""
+    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         return_tensors="pt", return_dict=True)["input_ids"]
 
 
 def random_smollm2_draft(target: HFTarget, num_hidden_layers: int = 3, block_size: int = 16,

@@ -18,7 +18,6 @@ from safetensors.torch import load_file, save_file
 
 from . import distill
 from .checkpoint import load_draft, save_draft
-from .random_draft import random_draft
 from .spec_generate import spec_generate
 from .training import loss_weights, make_optimizer, sample_anchors, target_features, train_step
 
@@ -59,7 +58,7 @@ def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens
 
 def run(args, say=print) -> int:
     from .plots import save_figure
-    from .smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, load_smollm2
+    from .smollm2 import STOP_TOKEN_IDS, load_smollm2, random_smollm2_draft
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
@@ -68,7 +67,7 @@ def run(args, say=print) -> int:
                                 args.max_new_tokens, say=say)
     rows = [r for r in rows if len(r["ids"]) - r["prompt_len"] >= args.block_size + 1]
     draft = (load_draft(out / "draft") if args.resume else
-             random_draft(target, args.layers, args.block_size, MASK_TOKEN_ID, args.seed)).train()
+             random_smollm2_draft(target, args.layers, args.block_size, args.seed)).train()
     t0 = time.perf_counter()
     data = [(r["prompt_len"], torch.tensor([r["ids"]])) for r in rows]
     feats = [target_features(target, ids, draft.target_layer_ids) for _, ids in data]
