@@ -13,7 +13,18 @@ target_hidden (T, k·d) of the sampled layers at every position (computed once, 
     loss      Σ_j Σ_{k=1}^{b−1} w_k · CE(logits_{j,k}, x_{a_j+k}) / (m · Σ_k w_k),
               w_k = exp(−(k − 1)/γ), γ = 7 for b = 16, 5 for b = 10, 4 for b = 8 (the paper's)
     frozen    the target's embedding (noise embedding) and lm_head, shared with the draft
-    optimiser AdamW, linear warmup then cosine decay to 0, gradient-norm clipping
+    optimiser AdamW, linear warmup then cosine decay to 0, gradient-norm clipping; one step averages
+              the loss of several sequences (a batch), each with its own m anchors
+
+Departure for CPU budgets (optional, `vocab=`): the loss's softmax normaliser is estimated instead
+of summed over all V. On a CPU the (m·(b − 1), d) × (d, V) product is ~80 % of a step. The sum runs
+over the tokens of the training responses R (all labels are among them) plus K tokens drawn
+uniformly, every step, from the other V − |R|, each counted (V − |R|)/K times:
+
+    Z ≈ Σ_{v∈R} e^{z_v} + (V − |R|)/K · Σ_{v∈sample} e^{z_v}      (log-weight log((V − |R|)/K))
+
+Without the sampled part (softmax over R alone) tokens outside R are never pushed down, and the
+trained draft proposes them at inference (measured: nothing accepted). Inference always uses all V.
 
 The inference draft with its KV cache gives the same logits for a block (tests/test_training.py).
 """
@@ -64,13 +75,53 @@ def block_mask(anchors: torch.Tensor, block_size: int, ctx_len: int) -> torch.Te
 def target_features(target, token_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
     """(1, T) → the sampled layers' features (1, T, k·d), without gradient (the target is frozen)."""
     with torch.no_grad():
-        out = target(token_ids, output_hidden_states=True)
+        out = target(token_ids, output_hidden_states=True, logits_to_keep=1)   # the logits are not needed
     return extract_context_feature(out.hidden_states, layer_ids)
 
 
-def training_logits(draft, target, token_ids: torch.Tensor, features: torch.Tensor,
-                    anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """All m blocks in one pass → logits (m, b − 1, V) and labels (m, b − 1)."""
+def training_vocabulary(token_lists, always=()) -> torch.Tensor:
+    """The sorted distinct ids of the training responses (plus `always`, e.g. the stop tokens)."""
+    ids = {int(t) for tokens in token_lists for t in tokens} | {int(t) for t in always}
+    return torch.tensor(sorted(ids), dtype=torch.long)
+
+
+def sampled_vocabulary(always: torch.Tensor, vocab_size: int, num_sampled: int,
+                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`always` (R) + `num_sampled` distinct ids drawn uniformly from the rest, and each id's
+    log-weight in the normaliser: 0 for R, log((V − |R|)/K) for a sampled id."""
+    others = torch.ones(vocab_size, dtype=torch.bool)
+    others[always] = False
+    rest = others.nonzero()[:, 0]                                              # (V − |R|,)
+    k = min(num_sampled, len(rest))
+    sampled = rest[torch.randperm(len(rest), generator=generator)[:k]]
+    log_weight = torch.cat([torch.zeros(len(always)), torch.full((k,), math.log(len(rest) / max(k, 1)))])
+    return torch.cat([always, sampled]), log_weight
+
+
+def target_features_batched(target, sequences: list[torch.Tensor], layer_ids: list[int],
+                            batch_size: int = 16) -> list[torch.Tensor]:
+    """target_features for many (1, T_i) sequences, `batch_size` at a time: sorted by length and
+    right-padded, which changes nothing before the padding (causal attention) → [(1, T_i, k·d)]."""
+    order = sorted(range(len(sequences)), key=lambda i: sequences[i].shape[1])
+    out: list[torch.Tensor | None] = [None] * len(sequences)
+    for start in range(0, len(order), batch_size):
+        group = order[start:start + batch_size]
+        width = max(sequences[i].shape[1] for i in group)
+        padded = torch.zeros(len(group), width, dtype=torch.long)               # (n, T_max), pad id 0
+        for row, i in enumerate(group):
+            padded[row, :sequences[i].shape[1]] = sequences[i][0]
+        features = target_features(target, padded.to(target.device), layer_ids)  # (n, T_max, k·d)
+        for row, i in enumerate(group):
+            out[i] = features[row:row + 1, :sequences[i].shape[1]].clone()
+    return out
+
+
+def training_logits(draft, target, token_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
+                    vocab: torch.Tensor | None = None, vocab_log_weight: torch.Tensor | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """All m blocks in one pass → logits (m, b − 1, V) and labels (m, b − 1); with `vocab` (V',)
+    the logits cover only those ids, (m, b − 1, V'), plus `vocab_log_weight` (V',) if given, and
+    labels index into `vocab` (labels must be among the ids)."""
     b, seq_len = draft.block_size, token_ids.shape[1]
     offsets = torch.arange(b)
     block_positions = (anchors[:, None] + offsets[None, :]).reshape(-1)      # (m·b,)
@@ -83,7 +134,16 @@ def training_logits(draft, target, token_ids: torch.Tensor, features: torch.Tens
                    target_hidden=features)                                    # (1, m·b, d)
     hidden = hidden.reshape(len(anchors), b, -1)[:, 1:]                       # (m, b − 1, d)
     labels = token_ids[0, (anchors[:, None] + offsets[None, 1:])]             # (m, b − 1)
-    return draft.compute_logits(hidden, target.output_head), labels
+    if vocab is None:
+        return draft.compute_logits(hidden, target.output_head), labels
+    position_in_vocab = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
+    position_in_vocab[vocab] = torch.arange(len(vocab))
+    labels = position_in_vocab[labels]
+    if (labels < 0).any():
+        raise ValueError("a label is not in the training vocabulary; build it from every response trained on")
+    rows = target.output_weight()[vocab.to(target.device)]                    # (V', d), frozen rows
+    logits = F.linear(hidden, rows.detach())                                  # (m, b − 1, V')
+    return (logits if vocab_log_weight is None else logits + vocab_log_weight.to(logits)), labels
 
 
 def dflash_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -108,15 +168,19 @@ def make_optimizer(draft, lr: float, total_steps: int, warmup_steps: int, weight
     return optimizer, schedule
 
 
-def train_step(draft, target, token_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
-               weights: torch.Tensor, optimizer, schedule, max_grad_norm: float = 1.0) -> float:
-    """One optimiser step on one sequence's blocks; returns the loss."""
+def train_step(draft, target, batch, weights: torch.Tensor, optimizer, schedule, max_grad_norm: float = 1.0,
+               vocab: torch.Tensor | None = None, vocab_log_weight: torch.Tensor | None = None) -> float:
+    """One optimiser step on a batch of (token_ids (1, T), features (1, T, k·d), anchors (m,)),
+    the loss averaged over its sequences (each backpropagated alone: memory stays one sequence's)."""
     draft.train()
-    logits, labels = training_logits(draft, target, token_ids, features, anchors)
-    loss = dflash_loss(logits, labels, weights)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    total = 0.0
+    for token_ids, features, anchors in batch:
+        logits, labels = training_logits(draft, target, token_ids, features, anchors, vocab, vocab_log_weight)
+        loss = dflash_loss(logits, labels, weights) / len(batch)
+        loss.backward()
+        total += float(loss.detach())
     torch.nn.utils.clip_grad_norm_(draft.parameters(), max_grad_norm)
     optimizer.step()
     schedule.step()
-    return float(loss.detach())
+    return total

@@ -63,6 +63,13 @@ class HFTarget(nn.Module):
     def output_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.get_output_embeddings()(hidden)
 
+    def output_weight(self) -> torch.Tensor:
+        """The lm_head matrix (V, d): logits = hidden @ output_weight().T (training takes rows of it)."""
+        head = self.model.get_output_embeddings()
+        if getattr(head, "bias", None) is not None:
+            raise ValueError("this target's lm_head has a bias; output_weight() alone does not give its logits")
+        return head.weight
+
     def make_cache(self) -> HFCache:
         return HFCache(self.config)
 

@@ -110,6 +110,10 @@ class Qwen3Target(nn.Module):
     def output_head(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
+    def output_weight(self) -> torch.Tensor:
+        """The lm_head matrix (V, d): logits = hidden @ output_weight().T (training takes rows of it)."""
+        return self.lm_head.weight
+
     def make_cache(self) -> KVCache:
         return KVCache(self.config.num_hidden_layers)
 
