@@ -14,15 +14,39 @@ from pathlib import Path
 
 import torch
 
-TOPICS = ["the sea", "volcanoes", "the moon", "bees", "rainbows", "trains", "coffee", "chess", "the internet",
-          "photosynthesis", "gravity", "the Roman Empire", "bicycles", "clouds", "elephants", "music", "bread",
-          "electricity", "the human heart", "mountains", "recycling", "penguins", "the solar system", "libraries",
-          "friendship", "computers", "rivers", "winter", "gardening", "dinosaurs", "the ocean tides", "honey",
-          "airplanes", "soccer", "the brain", "forests", "water", "the alphabet", "robots", "paper"]
+TOPICS = [
+    # nature and science
+    "the sea", "volcanoes", "the moon", "bees", "rainbows", "photosynthesis", "gravity", "clouds", "elephants",
+    "electricity", "mountains", "penguins", "the solar system", "rivers", "winter", "dinosaurs", "the ocean tides",
+    "forests", "water", "deserts", "earthquakes", "the sun", "stars", "butterflies", "whales", "frogs", "owls",
+    "lightning", "snow", "wind", "spiders", "ants", "sharks", "coral reefs", "rainforests", "lakes", "glaciers",
+    "magnets", "light", "sound", "atoms", "cells", "DNA", "bacteria", "the weather", "seasons", "tigers", "horses",
+    "dolphins", "wolves", "trees", "flowers", "mushrooms", "rocks", "fossils", "the sky", "planets", "comets",
+    # people, places and history
+    "the Roman Empire", "ancient Egypt", "the pyramids", "castles", "pirates", "knights", "the Vikings", "maps",
+    "cities", "villages", "islands", "farms", "museums", "libraries", "schools", "hospitals", "markets",
+    # everyday life
+    "coffee", "tea", "bread", "honey", "cheese", "rice", "chocolate", "apples", "soup", "breakfast", "cooking",
+    "gardening", "recycling", "friendship", "family", "sleep", "exercise", "walking", "swimming", "running",
+    "birthdays", "holidays", "shoes", "clocks", "money", "letters", "cats", "dogs", "pets", "kindness",
+    # technology and transport
+    "trains", "bicycles", "airplanes", "cars", "ships", "bridges", "rockets", "computers", "the internet", "robots",
+    "phones", "cameras", "batteries", "solar panels", "windmills", "the printing press", "paper", "the alphabet",
+    "the telephone", "the wheel", "electric cars", "satellites",
+    # arts, games and ideas
+    "music", "chess", "soccer", "painting", "dancing", "poetry", "books", "movies", "theater", "the piano",
+    "the guitar", "drawing", "photography", "basketball", "tennis", "the Olympic Games", "puzzles", "board games",
+    "mathematics", "numbers", "history", "languages", "science", "art", "time", "happiness", "courage", "patience",
+    # held out (the last HELD_OUT_TOPICS): never trained on
+    "the human heart", "the brain", "soccer balls", "lighthouses", "volleyball", "the violin", "submarines",
+    "kangaroos", "umbrellas", "candles", "the desert fox", "hot air balloons",
+]
 TEMPLATES = ["What is {t}?", "Explain {t} to a child.", "Give three facts about {t}.",
              "Write a short poem about {t}.", "Why is {t} important?", "Describe {t} in a few sentences.",
-             "Tell me a short story about {t}.", "What are the main parts of {t}?"]
-HELD_OUT_TOPICS = 6
+             "Tell me a short story about {t}.", "What are the main parts of {t}?",
+             "Write a paragraph about {t}.", "What can we learn from {t}?", "List some interesting things about {t}.",
+             "How would you explain {t} to a friend?"]
+HELD_OUT_TOPICS = 12
 
 
 def prompts(split: str = "train") -> list[str]:
@@ -31,6 +55,13 @@ def prompts(split: str = "train") -> list[str]:
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     topics = TOPICS[:-HELD_OUT_TOPICS] if split == "train" else TOPICS[-HELD_OUT_TOPICS:]
     return [template.format(t=topic) for topic in topics for template in TEMPLATES]
+
+
+def eval_prompts(n: int = 12) -> list[str]:
+    """n held-out prompts, spread over the held-out topics and the templates: the i-th takes topic
+    i mod N_topics and template (i + i div N_topics) mod N_templates, so no prompt repeats."""
+    held, topics = prompts("heldout"), HELD_OUT_TOPICS
+    return [held[(i % topics) * len(TEMPLATES) + (i + i // topics) % len(TEMPLATES)] for i in range(min(n, len(held)))]
 
 
 def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path, max_new_tokens: int = 96,

