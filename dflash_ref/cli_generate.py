@@ -46,11 +46,17 @@ def load_models(args):
             target = HFTarget(AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device))
         stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         mask = None
-    if args.draft:
+    if args.draft and args.random_draft:
+        raise SystemExit("--draft and --random-draft exclude each other")
+    if args.target == "smollm2" and not args.draft and not args.random_draft:
+        from .smollm2 import SHIPPED_DRAFT
+        print(f"[draft: the trained SmolLM2 draft shipped in {SHIPPED_DRAFT}]", file=sys.stderr)
+        draft = load_draft(SHIPPED_DRAFT, dtype, device)
+    elif args.draft:
         draft = load_draft(args.draft, dtype, device)
     else:
         from .random_draft import random_draft
-        print(f"[no --draft: a random {args.draft_layers}-layer draft; its proposals are noise, so expect "
+        print(f"[a random {args.draft_layers}-layer draft; its proposals are noise, so expect "
               "τ ≈ 0 — the output is still exactly the target's]", file=sys.stderr)
         draft = random_draft(target, args.draft_layers, args.block_size or 16, mask, args.seed)
     return target, draft, tokenizer, stop

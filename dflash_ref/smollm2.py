@@ -20,6 +20,8 @@ from .random_draft import random_draft
 from .target.hf import HFTarget
 
 STOP_TOKEN_IDS = [2]   # <|im_end|>
+# the draft trained for it by `python -m dflash_ref train` (README: "Training a draft"), official format, bf16
+SHIPPED_DRAFT = Path(__file__).parent / "drafts" / "smollm2"
 MASK_TOKEN_ID = 16     # <empty_output>, a special token chat text never contains
 
 

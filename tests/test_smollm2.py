@@ -54,7 +54,7 @@ def test_speculative_output_equals_greedy_on_chat_prompts(smollm2, prompt):
 def test_generate_command_streams_and_prints_statistics(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dflash_ref", "generate", "--target", "smollm2", "--chat",
                            "--prompt", "What is the capital of France?", "--max-new-tokens", "12",
-                           "--draft-layers", "1", "--block-size", "4", "--figures", str(tmp_path / "fig"),
+                           "--random-draft", "--draft-layers", "1", "--block-size", "4", "--figures", str(tmp_path / "fig"),
                            "--trace", str(tmp_path / "trace")], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "Paris" in proc.stdout
@@ -62,3 +62,34 @@ def test_generate_command_streams_and_prints_statistics(tmp_path):
         assert line in proc.stdout
     assert "random" in proc.stderr  # it says the draft is random and what to expect
     assert (tmp_path / "fig" / "acceptance.png").is_file() and (tmp_path / "trace" / "trace.json").is_file()
+
+
+def test_the_shipped_draft_is_small_bf16_official_and_accepted_on_held_out_prompts(smollm2):
+    from dflash_ref.checkpoint import load_draft
+    from dflash_ref.distill import TOPICS, HELD_OUT_TOPICS, eval_prompts
+    from dflash_ref.smollm2 import MASK_TOKEN_ID, SHIPPED_DRAFT
+    target, tokenizer, _ = smollm2
+    weights = SHIPPED_DRAFT / "model.safetensors"
+    assert weights.stat().st_size < 20 * 2**20                   # a few MB, not a copy of the target
+    from safetensors import safe_open
+    with safe_open(str(weights), "pt") as f:                      # official names, stored in bf16
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+        assert "fc.weight" in f.keys() and "layers.0.self_attn.q_proj.weight" in f.keys()
+    draft = load_draft(SHIPPED_DRAFT, torch.float32)
+    assert draft.mask_token_id == MASK_TOKEN_ID and draft.config.num_target_layers == target.config.num_hidden_layers
+    prompt = eval_prompts(1)[0]
+    assert any(t in prompt for t in TOPICS[-HELD_OUT_TOPICS:])   # a topic it was not trained on
+    ids = chat_ids(tokenizer, prompt)
+    spec = spec_generate(draft, target, ids, 48, STOP_TOKEN_IDS)
+    assert torch.equal(spec.output_ids, generate(target, ids, 48, STOP_TOKEN_IDS).output_ids)
+    untrained = spec_generate(random_smollm2_draft(target, draft.config.num_hidden_layers, draft.block_size),
+                              target, ids, 48, STOP_TOKEN_IDS)
+    assert len(spec.tokens_per_step) < len(untrained.tokens_per_step)   # fewer target passes than a random draft
+
+
+def test_generate_uses_the_shipped_draft_by_default():
+    proc = subprocess.run([sys.executable, "-m", "dflash_ref", "generate", "--target", "smollm2", "--chat",
+                           "--prompt", "What is the capital of France?", "--max-new-tokens", "12"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "trained SmolLM2 draft" in proc.stderr and "Paris" in proc.stdout
