@@ -11,6 +11,7 @@ correctness, benchmarks report). Each benchmark writes a markdown table and JSON
     ceiling    SmolLM2 + oracle draft per block size: measured speedup over AR vs the ideal
                b · t_step / (t_draft(b) + t_verify(b)), and the τ at which DFlash breaks even here
     memory     cache sizes and peak RSS against generated length (the draft cache stays at the context)
+    trained    the shipped SmolLM2 draft on held-out prompts: τ and speedup over AR per block size
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .timing import measure, summarise  # noqa: F401  (the harness, re-exported)
 BENCHES: dict[str, Callable] = {
     "official": bench_suite.bench_official, "tracing": bench_suite.bench_tracing,
     "blocks": bench_suite.bench_blocks, "ceiling": bench_suite.bench_ceiling, "memory": bench_suite.bench_memory,
+    "trained": bench_suite.bench_trained,
 }
 
 
