@@ -4,12 +4,14 @@ Figure; nothing is shown or saved here (`save_figure` writes deterministic PNGs)
     plot_attention            one step / layer / head: L_q × L_k, context | block boundary marked
     plot_attention_grid       every layer × head of one step
     plot_attention_steps      one layer / head across steps (the context grows, the block slides)
+    plot_attention_compare    the same head of several drafts side by side (trained vs random)
     plot_cache_timeline       target vs draft cache length around every verify / draft and crop
     plot_acceptance           τ per step, and its histogram
     plot_rope_alignment       which position each Q row and K column is rotated by
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Sequence
 
@@ -100,6 +102,27 @@ def plot_attention_steps(trace: Trace, layer: int = 0, head: int = 0, steps: Seq
                  tokens, f"step {s}: τ={r.acceptance_length}", annotate=False)
     fig.suptitle(f"draft layer {layer}, head {head}, step by step", fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def plot_attention_compare(traces: dict[str, Trace], step: int = 0, layers: Sequence[int] = (0,), head: int = 0,
+                           tokens: Sequence[str] | None = None, last_keys: int = 28) -> Figure:
+    """The same head of several drafts side by side (columns), one row per layer, at one step (at
+    step 0 they see the same prompt and x_0, so only their weights differ); the last `last_keys`
+    key columns; rows of each map = the block."""
+    fig = Figure(figsize=(5.2 * len(traces) + 0.8, 3.6 * len(layers)), layout="constrained")
+    axes = fig.subplots(len(layers), len(traces), squeeze=False)
+    for r, layer in enumerate(layers):
+        for ax, (name, trace) in zip(axes[r], traces.items()):
+            record = trace.records[step]
+            weights = trace.attention(step, layer)[head].float().numpy()
+            cut = max(0, weights.shape[1] - last_keys)
+            shown = dataclasses.replace(record, k_position_ids=record.k_position_ids[cut:])
+            im = _heatmap(ax, weights[:, cut:], shown, trace.context_columns(step) - cut, tokens,
+                          f"{name} · layer {layer} · head {head} (step {step}: τ = {record.acceptance_length})",
+                          annotate=False)
+    fig.colorbar(im, ax=axes, fraction=0.02)
+    fig.suptitle("draft attention (white line: context | block); rows = block positions", fontsize=10)
     return fig
 
 

