@@ -214,67 +214,6 @@ def bench_ceiling(repeats: int, out: Path, progress) -> dict:
     return {"ceiling · SmolLM2-135M, oracle draft, 96 tokens": rows}
 
 
-def bench_trained(repeats: int, out: Path, progress) -> dict:
-    """The shipped SmolLM2 draft on held-out prompts (greedy, 96 new tokens): τ and wall-clock speedup
-    over the target's own AR decoding, per block size, all variants interleaved in one run. Every
-    speculative output is checked equal to AR's before anything is timed."""
-    from .checkpoint import load_draft
-    from .distill import eval_prompts
-    from .smollm2 import SHIPPED_DRAFT, STOP_TOKEN_IDS, chat_ids, load_smollm2
-    from .train_cli import acceptance_by_position
-    target, tokenizer = load_smollm2()
-    draft = load_draft(SHIPPED_DRAFT, torch.float32)
-    prompts, n = eval_prompts(8), 96
-    inputs = [chat_ids(tokenizer, p) for p in prompts]
-    blocks = [b for b in (2, 4, 8, 16) if b <= draft.block_size]
-    ar_out = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in inputs]
-    for b in blocks:
-        for ids, expected in zip(inputs, ar_out):
-            if not torch.equal(spec_generate(draft, target, ids, n, STOP_TOKEN_IDS, block_size=b).output_ids, expected):
-                raise AssertionError(f"block size {b}: speculative output differs from AR (lossless broken)")
-    by_block = {b: acceptance_by_position(draft, target, tokenizer, prompts, n, STOP_TOKEN_IDS, block_size=b)
-                for b in blocks}
-    progress("outputs equal AR at every block size; timing")
-    variants = {"AR (target alone)": lambda: [generate(target, ids, n, STOP_TOKEN_IDS) for ids in inputs]}
-    for b in blocks:
-        variants[f"DFlash b={b}"] = lambda b=b: [spec_generate(draft, target, ids, n, STOP_TOKEN_IDS, block_size=b)
-                                                 for ids in inputs]
-    rows = _measure(variants, repeats, progress)
-    rows[0].update({"τ (tokens/step)": 1.0, "accepted/step": 0.0, "speedup vs AR": 1.0})   # AR: one per pass
-    for row in rows[1:]:
-        b = int(row["variant"].split("=")[1])
-        row.update({"τ (tokens/step)": by_block[b][1], "accepted/step": by_block[b][1] - 1,
-                    "speedup vs AR": 1 / row["ratio"]})
-    best = max(blocks, key=lambda b: by_block[b][1])
-    positions = [{"block position k": k + 1, **{f"b={b}": by_block[b][0][k] if k < b - 1 else ""
-                                                for b in blocks}} for k in range(max(blocks) - 1)]
-    _plot_trained(rows[1:], by_block, out / "trained.png")
-    return {f"trained draft · SmolLM2-135M, {len(prompts)} held-out prompts, {n} tokens, greedy": rows,
-            f"accepted fraction per block position (best τ at b={best})": positions}
-
-
-def _plot_trained(rows, by_block, path):
-    from matplotlib.figure import Figure
-
-    from .plots import save_figure
-    fig = Figure(figsize=(9, 3.2))
-    a, c = fig.subplots(1, 2)
-    blocks = [int(r["variant"].split("=")[1]) for r in rows]
-    a.plot(blocks, [r["τ (tokens/step)"] for r in rows], "o-", label="τ (tokens/step)")
-    a.plot(blocks, [r["speedup vs AR"] for r in rows], "s-", label="wall-clock speedup vs AR")
-    a.axhline(1.0, color="grey", lw=0.5)
-    a.set_xscale("log", base=2)
-    a.set_xlabel("block size")
-    a.legend()
-    for b, (by_position, _) in by_block.items():
-        c.plot(range(1, b), by_position, "o-", ms=3, label=f"b={b}")
-    c.set_xlabel("block position k")
-    c.set_ylabel("accepted fraction (held-out)")
-    c.legend()
-    fig.tight_layout()
-    save_figure(fig, path)
-
-
 def _wall(fn) -> float:
     t0 = time.perf_counter()
     fn()
