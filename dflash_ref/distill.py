@@ -50,18 +50,23 @@ HELD_OUT_TOPICS = 12
 
 
 def prompts(split: str = "train") -> list[str]:
-    """'train': every template on the first topics; 'heldout': the last HELD_OUT_TOPICS topics."""
+    """'train': the first topics; 'heldout': the last HELD_OUT_TOPICS topics; every topic × template once.
+
+    Ordered so that any first n prompts spread over all the split's topics: prompt q·N + r is topic r
+    with template (q + r) mod |TEMPLATES| (N topics), so `prompts()[:n]` is never a few topics only."""
     if split not in ("train", "heldout"):
         raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
     topics = TOPICS[:-HELD_OUT_TOPICS] if split == "train" else TOPICS[-HELD_OUT_TOPICS:]
-    return [template.format(t=topic) for topic in topics for template in TEMPLATES]
+    return [TEMPLATES[(q + r) % len(TEMPLATES)].format(t=topic)
+            for q in range(len(TEMPLATES)) for r, topic in enumerate(topics)]
 
 
 def eval_prompts(n: int = 12) -> list[str]:
     """n held-out prompts, spread over the held-out topics and the templates: the i-th takes topic
     i mod N_topics and template (i + i div N_topics) mod N_templates, so no prompt repeats."""
-    held, topics = prompts("heldout"), HELD_OUT_TOPICS
-    return [held[(i % topics) * len(TEMPLATES) + (i + i // topics) % len(TEMPLATES)] for i in range(min(n, len(held)))]
+    topics, k = TOPICS[-HELD_OUT_TOPICS:], len(TEMPLATES)
+    return [TEMPLATES[(i + i // len(topics)) % k].format(t=topics[i % len(topics)])
+            for i in range(min(n, len(topics) * k))]
 
 
 def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path, max_new_tokens: int = 96,

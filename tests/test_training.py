@@ -172,3 +172,17 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
     assert "self-distillation" not in again.stdout              # the data was reused
     assert (tmp_path / "draft" / "model.safetensors").is_file() and (tmp_path / "figures" / "training.png").is_file()
     assert "held-out: mean tokens per step" in again.stdout
+
+
+def test_prompts_split_by_topic_and_any_first_n_spread_over_the_topics():
+    from dflash_ref.distill import HELD_OUT_TOPICS, TEMPLATES, TOPICS, eval_prompts, prompts
+    train, held = prompts("train"), prompts("heldout")
+    assert len(set(train)) == len(train) == (len(TOPICS) - HELD_OUT_TOPICS) * len(TEMPLATES)
+    assert len(set(held)) == len(held) == HELD_OUT_TOPICS * len(TEMPLATES)
+    assert not set(train) & set(held) and set(eval_prompts(len(held))) == set(held)
+    n_topics = len(TOPICS) - HELD_OUT_TOPICS
+    first = train[:n_topics]                                 # one prompt per training topic
+    assert all(any(p == t.format(t=topic) for t in TEMPLATES) for p, topic in zip(first, TOPICS))
+    assert len({p.split(" ")[0] for p in first}) > 3         # and not one template only
+    with pytest.raises(ValueError, match="split"):
+        prompts("test")
