@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--layers", type=int, default=2)
     train.add_argument("--block-size", type=int, default=8)
     train.add_argument("--gamma", type=float, help="loss decay γ (default: the paper's for 8, 10, 16)")
-    train.add_argument("--steps", type=int, default=3500)
+    train.add_argument("--steps", type=int, default=2700)
     train.add_argument("--lr", type=float, default=3e-3)
     train.add_argument("--batch", type=int, default=4, help="sequences per optimiser step")
     train.add_argument("--anchors", type=int, default=32, help="blocks per sequence in one pass")
@@ -52,11 +52,16 @@ def main(argv: list[str] | None = None) -> int:
                        help="the loss's softmax over all V (the paper), not estimated (training.py)")
     train.add_argument("--negatives", type=int, default=4096,
                        help="tokens sampled per step beside the responses' for the softmax estimate")
-    train.add_argument("--prompts", type=int, default=720, help="how many training prompts to distil")
-    train.add_argument("--max-new-tokens", type=int, default=128)
+    train.add_argument("--prompts", type=int, default=1860, help="how many training prompts to distil (all: 1860)")
+    train.add_argument("--max-new-tokens", type=int, default=192, help="longest response distilled")
     train.add_argument("--distill-batch", type=int, default=48, help="prompts per generate() call")
+    train.add_argument("--distill-dtype", choices=["bf16", "fp32"], default="bf16",
+                       help="the target copy that writes the responses (features always come from fp32)")
+    train.add_argument("--init", choices=["random", "target"], default="random",
+                       help="draft layers from noise (the paper) or copied from the target's last layers")
     train.add_argument("--save-every", type=int, default=500)
     train.add_argument("--eval-prompts", type=int, default=12, help="held-out prompts for the final evaluation")
+    train.add_argument("--eval-tokens", type=int, default=128, help="tokens generated per held-out prompt")
     train.add_argument("--figures", default="figures/training", help="where training.png goes")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--resume", action="store_true", help="continue from out/draft and out/state.json")
