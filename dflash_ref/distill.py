@@ -62,11 +62,9 @@ def prompts(split: str = "train") -> list[str]:
 
 
 def eval_prompts(n: int = 12) -> list[str]:
-    """n held-out prompts, spread over the held-out topics and the templates: the i-th takes topic
-    i mod N_topics and template (i + i div N_topics) mod N_templates, so no prompt repeats."""
-    topics, k = TOPICS[-HELD_OUT_TOPICS:], len(TEMPLATES)
-    return [TEMPLATES[(i + i // len(topics)) % k].format(t=topics[i % len(topics)])
-            for i in range(min(n, len(topics) * k))]
+    """The first n held-out prompts: by the order of `prompts`, spread over the held-out topics and the
+    templates (with 12 held-out topics, the i-th is topic i mod 12 with template (i + i div 12) mod 12)."""
+    return prompts("heldout")[:n]
 
 
 def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path, max_new_tokens: int = 96,
