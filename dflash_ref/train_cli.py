@@ -100,7 +100,7 @@ def run(args, say=print) -> int:
                                                              STOP_TOKEN_IDS)
     t0 = time.perf_counter()
     data = [(r["prompt_len"], torch.tensor([r["ids"]])) for r in rows]
-    feats = target_features_batched(target, [ids for _, ids in data], draft.target_layer_ids)
+    feats = target_features_batched(target, [ids for _, ids in data], draft.target_layer_ids, say=say)
     say(f"{len(data)} sequences ({sum(ids.shape[1] - n for n, ids in data)} response tokens), loss softmax over "
         f"{'all tokens' if vocab is None else f'{len(vocab)} response tokens + {args.negatives} sampled'}, "
         f"features in {time.perf_counter() - t0:.0f} s")
@@ -117,7 +117,7 @@ def run(args, say=print) -> int:
         ids, log_weight = (None, None) if vocab is None else \
             sampled_vocabulary(vocab, target.config.vocab_size, args.negatives, g)
         losses.append(train_step(draft, target, batch, weights, optimizer, schedule, vocab=ids,
-                                 vocab_log_weight=log_weight))
+                                 vocab_log_weight=log_weight, bf16=args.train_dtype == "bf16"))
         step += 1
         if step % 25 == 0 or step == args.steps:
             recent = losses[-50:]

@@ -99,9 +99,10 @@ def sampled_vocabulary(always: torch.Tensor, vocab_size: int, num_sampled: int,
 
 
 def target_features_batched(target, sequences: list[torch.Tensor], layer_ids: list[int],
-                            batch_size: int = 16) -> list[torch.Tensor]:
+                            batch_size: int = 16, say=None) -> list[torch.Tensor]:
     """target_features for many (1, T_i) sequences, `batch_size` at a time: sorted by length and
-    right-padded, which changes nothing before the padding (causal attention) → [(1, T_i, k·d)]."""
+    right-padded, which changes nothing before the padding (causal attention) → [(1, T_i, k·d)].
+    `say`, if given, gets a progress line about every 10 % of the sequences."""
     order = sorted(range(len(sequences)), key=lambda i: sequences[i].shape[1])
     out: list[torch.Tensor | None] = [None] * len(sequences)
     for start in range(0, len(order), batch_size):
@@ -113,6 +114,9 @@ def target_features_batched(target, sequences: list[torch.Tensor], layer_ids: li
         features = target_features(target, padded.to(target.device), layer_ids)  # (n, T_max, k·d)
         for row, i in enumerate(group):
             out[i] = features[row:row + 1, :sequences[i].shape[1]].clone()
+        done = start + len(group)
+        if say is not None and (done == len(order) or done // batch_size % max(1, len(order) // batch_size // 10) == 0):
+            say(f"target features: {done}/{len(order)} sequences")
     return out
 
 

@@ -128,6 +128,22 @@ def test_a_batch_step_averages_its_sequences():
     assert train_step(draft, target, items, w, optimizer, schedule) == pytest.approx(expected, rel=1e-5)
 
 
+def test_a_bf16_mixed_precision_step_matches_fp32_to_bf16_precision_and_keeps_fp32_weights():
+    target, draft = make_pair(2, draft_overrides={"block_size": 4})
+    items = [(t, target_features(target, t, draft.target_layer_ids), torch.tensor([4, 10]))
+             for t in (_sequence(target, seed=5), _sequence(target, seed=6))]
+    w = loss_weights(4, gamma=2.0)
+    optimizer, schedule = make_optimizer(draft, lr=0.0, total_steps=10, warmup_steps=1)
+    fp32 = train_step(draft, target, items, w, optimizer, schedule)
+    grads = [p.grad.clone() for p in draft.parameters()]
+    bf16 = train_step(draft, target, items, w, optimizer, schedule, bf16=True)
+    assert bf16 == pytest.approx(fp32, rel=2e-2) and bf16 != fp32              # bf16 products, fp32 loss
+    assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in draft.parameters())
+    cos = torch.nn.functional.cosine_similarity(torch.cat([g.flatten() for g in grads]),
+                                                torch.cat([p.grad.flatten() for p in draft.parameters()]), dim=0)
+    assert cos > 0.99
+
+
 def test_a_tiny_training_run_lowers_the_loss_and_raises_acceptance():
     target, draft = make_pair(3, target_overrides={"vocab_size": 16}, draft_overrides={"block_size": 4})
     data = [_sequence(target, seed=s, new=24) for s in range(6)]
