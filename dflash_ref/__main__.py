@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="the loss's softmax over all V (the paper), not estimated (training.py)")
     train.add_argument("--negatives", type=int, default=4096,
                        help="tokens sampled per step beside the responses' for the softmax estimate")
-    train.add_argument("--prompts", type=int, default=1860, help="how many training prompts to distil (all: 1860)")
+    train.add_argument("--prompts", type=int, default=1860, help="distil the first N training prompts (of 7140)")
     train.add_argument("--max-new-tokens", type=int, default=192, help="longest response distilled")
     train.add_argument("--distill-batch", type=int, default=48, help="prompts per generate() call")
     train.add_argument("--distill-dtype", choices=["bf16", "fp32"], default="bf16",

@@ -114,9 +114,9 @@ def target_features_batched(target, sequences: list[torch.Tensor], layer_ids: li
         features = target_features(target, padded.to(target.device), layer_ids)  # (n, T_max, k·d)
         for row, i in enumerate(group):
             out[i] = features[row:row + 1, :sequences[i].shape[1]].clone()
-        done = start + len(group)
-        if say is not None and (done == len(order) or done // batch_size % max(1, len(order) // batch_size // 10) == 0):
-            say(f"target features: {done}/{len(order)} sequences")
+        group_number, groups = start // batch_size + 1, math.ceil(len(order) / batch_size)
+        if say is not None and (group_number == groups or group_number % math.ceil(groups / 10) == 0):
+            say(f"target features: {start + len(group)}/{len(order)} sequences")
     return out
 
 
@@ -150,7 +150,10 @@ def training_logits(draft, target, token_ids: torch.Tensor, features: torch.Tens
     if vocab_rows is None:
         vocab_rows = target.output_weight()[vocab.to(target.device)]          # (V', d), frozen rows
     logits = F.linear(hidden, vocab_rows.detach())                            # (m, b − 1, V')
-    return (logits if vocab_log_weight is None else logits + vocab_log_weight.to(logits)), labels
+    if vocab_log_weight is None:
+        return logits, labels
+    # in fp32: under bf16 autocast the logits are bf16, and log((V − |R|)/K) rounded to bf16 would bias Z
+    return logits.float() + vocab_log_weight.to(logits.device, torch.float32), labels
 
 
 def dflash_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -182,14 +185,17 @@ def train_step(draft, target, batch, weights: torch.Tensor, optimizer, schedule,
     """One optimiser step on a batch of (token_ids (1, T), features (1, T, k·d), anchors (m,)),
     the loss averaged over its sequences (each backpropagated alone: memory stays one sequence's).
 
-    bf16=True runs the forward under CPU autocast (matrix products in bf16, 2–2.5× faster where the
-    CPU has bf16 instructions; weights, gradients, AdamW and the loss stay fp32): mixed precision."""
+    bf16=True runs the forward under autocast (matrix products in bf16, 2–2.5× faster where the CPU
+    has bf16 instructions; weights, gradients and AdamW stay fp32, the CE is taken in fp32 on the
+    bf16 logits): mixed precision."""
     draft.train()
     optimizer.zero_grad(set_to_none=True)
     rows = None if vocab is None else target.output_weight()[vocab.to(target.device)]   # (V', d), once
+    if rows is not None and bf16:
+        rows = rows.to(torch.bfloat16)            # cast once, not once per sequence by autocast
     total = 0.0
     for token_ids, features, anchors in batch:
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=bf16):
             logits, labels = training_logits(draft, target, token_ids, features, anchors, vocab, vocab_log_weight,
                                              rows)
         loss = dflash_loss(logits, labels, weights) / len(batch)

@@ -97,7 +97,9 @@ def test_the_vocabulary_loss_takes_the_full_logits_columns():
 def test_batched_features_equal_one_sequence_at_a_time():
     target, draft = make_pair(4)
     sequences = [_sequence(target, seed=s, new=n) for s, n in [(0, 5), (1, 17), (2, 9), (3, 12), (4, 3)]]
-    batched = target_features_batched(target, sequences, draft.target_layer_ids, batch_size=2)
+    lines = []
+    batched = target_features_batched(target, sequences, draft.target_layer_ids, batch_size=2, say=lines.append)
+    assert lines[-1] == f"target features: {len(sequences)}/{len(sequences)} sequences"
     for tokens, got in zip(sequences, batched):
         expected = target_features(target, tokens, draft.target_layer_ids)
         assert got.shape == expected.shape     # batched matmuls reduce in another order: fp32 rounding only
@@ -128,15 +130,21 @@ def test_a_batch_step_averages_its_sequences():
     assert train_step(draft, target, items, w, optimizer, schedule) == pytest.approx(expected, rel=1e-5)
 
 
-def test_a_bf16_mixed_precision_step_matches_fp32_to_bf16_precision_and_keeps_fp32_weights():
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_bf16_mixed_precision_step_matches_fp32_to_bf16_precision_and_keeps_fp32_weights(sampled):
     target, draft = make_pair(2, draft_overrides={"block_size": 4})
     items = [(t, target_features(target, t, draft.target_layer_ids), torch.tensor([4, 10]))
              for t in (_sequence(target, seed=5), _sequence(target, seed=6))]
     w = loss_weights(4, gamma=2.0)
+    vocab = {}
+    if sampled:                                          # the train command's path: estimated normaliser
+        always = training_vocabulary([t[0] for t, _, _ in items])
+        ids, log_weight = sampled_vocabulary(always, target.config.vocab_size, 8, torch.Generator().manual_seed(0))
+        vocab = {"vocab": ids, "vocab_log_weight": log_weight}
     optimizer, schedule = make_optimizer(draft, lr=0.0, total_steps=10, warmup_steps=1)
-    fp32 = train_step(draft, target, items, w, optimizer, schedule)
+    fp32 = train_step(draft, target, items, w, optimizer, schedule, **vocab)
     grads = [p.grad.clone() for p in draft.parameters()]
-    bf16 = train_step(draft, target, items, w, optimizer, schedule, bf16=True)
+    bf16 = train_step(draft, target, items, w, optimizer, schedule, bf16=True, **vocab)
     assert bf16 == pytest.approx(fp32, rel=2e-2) and bf16 != fp32              # bf16 products, fp32 loss
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in draft.parameters())
     cos = torch.nn.functional.cosine_similarity(torch.cat([g.flatten() for g in grads]),
