@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="the target copy that writes the responses (features always come from fp32)")
     train.add_argument("--train-dtype", choices=["bf16", "fp32"], default="bf16",
                        help="bf16: mixed precision, the forward under bf16 autocast, weights and AdamW fp32 "
-                            "(default, ~1.6x faster here); fp32: all fp32")
+                            "(default; faster where the CPU has bf16 instructions); fp32: all fp32")
     train.add_argument("--init", choices=["random", "target"], default="random",
                        help="draft layers from noise (the paper) or copied from the target's last layers")
     train.add_argument("--save-every", type=int, default=500)
