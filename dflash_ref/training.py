@@ -140,8 +140,8 @@ def training_logits(draft, target, token_ids: torch.Tensor, features: torch.Tens
     # contiguous: a strided input sends F.linear to a broadcast bmm, 3× slower than mm on a CPU
     hidden = hidden.reshape(len(anchors), b, -1)[:, 1:].contiguous()          # (m, b − 1, d)
     labels = token_ids[0, (anchors[:, None] + offsets[None, 1:])]             # (m, b − 1)
-    if vocab is None:
-        return draft.compute_logits(hidden, target.output_head), labels
+    if vocab is None:  # the frozen lm_head, detached: backward computes no gradient for its V × d matrix
+        return draft.compute_logits(hidden, lambda h: F.linear(h, target.output_weight().detach())), labels
     position_in_vocab = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
     position_in_vocab[vocab] = torch.arange(len(vocab))
     labels = position_in_vocab[labels]

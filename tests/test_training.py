@@ -128,6 +128,7 @@ def test_a_batch_step_averages_its_sequences():
         expected = sum(float(dflash_loss(*training_logits(draft, target, *item), w)) for item in items) / 2
     optimizer, schedule = make_optimizer(draft, lr=0.0, total_steps=10, warmup_steps=1)
     assert train_step(draft, target, items, w, optimizer, schedule) == pytest.approx(expected, rel=1e-5)
+    assert all(p.grad is None for p in target.parameters())      # frozen: no work spent on its gradients
 
 
 @pytest.mark.parametrize("sampled", [False, True])
