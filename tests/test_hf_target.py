@@ -79,3 +79,19 @@ def test_a_device_or_dtype_that_cannot_run_is_refused():
         with pytest.raises(CheckpointError, match="no usable CUDA device"):
             check_device("cuda", torch.bfloat16)
     assert check_device("cpu", torch.bfloat16) == torch.device("cpu")
+
+
+@pytest.mark.parametrize("shape", [(1, 7, 16), (3, 2, 16), (5, 16), (16,)])
+def test_the_head_product_is_the_lm_head_to_float_rounding(shape):
+    """target.output_head (the draft's proposals) computes (W·hᵀ)ᵀ on a CPU (target/head.py): the
+    same numbers as F.linear up to rounding, contiguous, for any leading shape, and with a bias."""
+    from dflash_ref.target.head import head_product
+    g = torch.Generator().manual_seed(0)
+    hidden, weight, bias = torch.randn(shape, generator=g), torch.randn(40, 16, generator=g), torch.randn(40, generator=g)
+    out = head_product(hidden, weight)
+    assert out.shape == (*shape[:-1], 40) and out.is_contiguous()
+    torch.testing.assert_close(out, torch.nn.functional.linear(hidden, weight), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(head_product(hidden, weight, bias), torch.nn.functional.linear(hidden, weight, bias))
+    target, _ = make_pair(0)
+    h = torch.randn(1, 4, target.config.hidden_size, generator=g)
+    torch.testing.assert_close(target.output_head(h), target.lm_head(h), rtol=1e-5, atol=1e-5)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .head import head_product
 from .qwen3 import TargetOutput
 
 
@@ -61,7 +62,8 @@ class HFTarget(nn.Module):
         return self.model.get_input_embeddings()(input_ids)
 
     def output_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.model.get_output_embeddings()(hidden)
+        head = self.model.get_output_embeddings()             # the draft's proposals (target/head.py)
+        return head_product(hidden, head.weight, getattr(head, "bias", None))
 
     def output_weight(self) -> torch.Tensor:
         """The lm_head matrix (V, d): logits = hidden @ output_weight().T (training takes rows of it)."""
