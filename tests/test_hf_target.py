@@ -81,10 +81,11 @@ def test_a_device_or_dtype_that_cannot_run_is_refused():
     assert check_device("cpu", torch.bfloat16) == torch.device("cpu")
 
 
-@pytest.mark.parametrize("shape", [(1, 7, 16), (3, 2, 16), (5, 16), (16,)])
+@pytest.mark.parametrize("shape", [(1, 7, 16), (3, 2, 16), (5, 16), (16,), (1, 65, 16)])
 def test_the_head_product_is_the_lm_head_to_float_rounding(shape):
-    """target.output_head (the draft's proposals) computes (W·hᵀ)ᵀ on a CPU (target/head.py): the
-    same numbers as F.linear up to rounding, contiguous, for any leading shape, and with a bias."""
+    """target.output_head (the draft's proposals) computes (W·hᵀ)ᵀ on a CPU for 2 … 64 rows
+    (target/head.py): the same numbers as F.linear up to rounding, contiguous, for any leading
+    shape, and with a bias."""
     from dflash_ref.target.head import head_product
     g = torch.Generator().manual_seed(0)
     hidden, weight, bias = torch.randn(shape, generator=g), torch.randn(40, 16, generator=g), torch.randn(40, generator=g)
@@ -95,3 +96,28 @@ def test_the_head_product_is_the_lm_head_to_float_rounding(shape):
     target, _ = make_pair(0)
     h = torch.randn(1, 4, target.config.hidden_size, generator=g)
     torch.testing.assert_close(target.output_head(h), target.lm_head(h), rtol=1e-5, atol=1e-5)
+
+
+def test_an_hf_target_gives_its_plain_lm_head_the_rows_first_product():
+    """HFTarget switches a plain bias-free nn.Linear lm_head to RowsFirstLinear in place: same
+    parameter (tying kept), same state dict, logits equal to the unswitched model's up to rounding at
+    1, 8 and 70 rows; rows_first_head=False and a head with a bias are left as they were."""
+    from dflash_ref.target.head import RowsFirstLinear
+    config = transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(0)
+    plain, switched = transformers.LlamaForCausalLM(config).eval(), transformers.LlamaForCausalLM(config).eval()
+    switched.load_state_dict(plain.state_dict())
+    weight, keys = switched.lm_head.weight, set(switched.state_dict())
+    target = HFTarget(switched)
+    assert type(switched.lm_head) is RowsFirstLinear and switched.lm_head.weight is weight
+    assert switched.lm_head.weight is switched.model.embed_tokens.weight and set(switched.state_dict()) == keys
+    assert type(HFTarget(plain, rows_first_head=False).model.lm_head) is torch.nn.Linear
+    for n in (1, 8, 70):
+        ids = torch.randint(0, 300, (1, n), generator=torch.Generator().manual_seed(n))
+        with torch.no_grad():
+            torch.testing.assert_close(target(ids, output_hidden_states=False).logits, plain(ids).logits,
+                                       rtol=1e-5, atol=1e-5)
+    biased = torch.nn.Linear(4, 6)
+    from dflash_ref.target.head import use_rows_first
+    assert not use_rows_first(biased) and type(biased) is torch.nn.Linear
