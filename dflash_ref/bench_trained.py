@@ -14,39 +14,44 @@ from .spec_generate import spec_generate
 def bench_trained(repeats: int, out: Path, progress) -> dict:
     """The shipped SmolLM2 draft on held-out prompts (greedy, 96 new tokens): τ and wall-clock speedup
     over the target's own AR decoding, per block size, all variants interleaved in one run. Every
-    speculative output is checked equal to AR's before anything is timed."""
+    speculative output is checked equal to AR's before anything is timed. One more variant runs the
+    largest block with proposals over all V instead of the draft's vocabulary (draft_vocab.py)."""
     from .checkpoint import load_draft
     from .distill import eval_prompts
     from .smollm2 import SHIPPED_DRAFT, STOP_TOKEN_IDS, chat_ids, load_smollm2
     from .train_cli import acceptance_by_position
     target, tokenizer = load_smollm2()
     draft = load_draft(SHIPPED_DRAFT, torch.float32)
+    all_v = load_draft(SHIPPED_DRAFT, torch.float32)
+    all_v.draft_vocab = None                                  # what an official loader proposes among
     prompts, n = eval_prompts(8), 96
     inputs = [chat_ids(tokenizer, p) for p in prompts]
     blocks = [b for b in (2, 4, 8, 16) if b <= draft.block_size]
     ar_out = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in inputs]
-    by_block = {}
-    for b in blocks:  # one untimed pass per block size gives the statistics and the lossless check
+    spec = {f"DFlash b={b}": (draft, b) for b in blocks}
+    spec[f"DFlash b={blocks[-1]}, proposals over all V"] = (all_v, blocks[-1])
+    stats = {}
+    for name, (d, b) in spec.items():  # one untimed pass each gives the statistics and the lossless check
         outputs = []
-        by_block[b] = acceptance_by_position(draft, target, tokenizer, prompts, n, STOP_TOKEN_IDS, block_size=b,
+        stats[name] = acceptance_by_position(d, target, tokenizer, prompts, n, STOP_TOKEN_IDS, block_size=b,
                                              outputs=outputs)
         if not all(torch.equal(o.output_ids, expected) for o, expected in zip(outputs, ar_out)):
-            raise AssertionError(f"block size {b}: speculative output differs from AR (lossless broken)")
-    progress("outputs equal AR at every block size; timing")
+            raise AssertionError(f"{name}: speculative output differs from AR (lossless broken)")
+    progress("outputs equal AR in every variant; timing")
     variants = {"AR (target alone)": lambda: [generate(target, ids, n, STOP_TOKEN_IDS) for ids in inputs]}
-    for b in blocks:
-        variants[f"DFlash b={b}"] = lambda b=b: [spec_generate(draft, target, ids, n, STOP_TOKEN_IDS, block_size=b)
-                                                 for ids in inputs]
+    for name, (d, b) in spec.items():
+        variants[name] = lambda d=d, b=b: [spec_generate(d, target, ids, n, STOP_TOKEN_IDS, block_size=b)
+                                           for ids in inputs]
     rows = _measure(variants, repeats, progress)
     rows[0].update({"τ (tokens/step)": 1.0, "accepted/step": 0.0, "speedup vs AR": 1.0})   # AR: one per pass
     for row in rows[1:]:
-        b = int(row["variant"].split("=")[1])
-        row.update({"τ (tokens/step)": by_block[b][1], "accepted/step": by_block[b][1] - 1,
-                    "speedup vs AR": 1 / row["ratio"]})
+        tau = stats[row["variant"]][1]
+        row.update({"τ (tokens/step)": tau, "accepted/step": tau - 1, "speedup vs AR": 1 / row["ratio"]})
+    by_block = {b: stats[f"DFlash b={b}"] for b in blocks}
     best = max(blocks, key=lambda b: by_block[b][1])
     positions = [{"block position k": k + 1, **{f"b={b}": by_block[b][0][k] if k < b - 1 else ""
                                                 for b in blocks}} for k in range(max(blocks) - 1)]
-    _plot_trained(rows[1:], by_block, out / "trained.png")
+    _plot_trained(rows[1:len(blocks) + 1], by_block, out / "trained.png")
     return {f"trained draft · SmolLM2-135M, {len(prompts)} held-out prompts, {n} tokens, greedy": rows,
             f"accepted fraction per block position (best τ at b={best})": positions}
 

@@ -18,6 +18,8 @@ from torch import nn
 
 from .config import DraftConfig, Qwen3Config, TargetConfig
 from .draft_model import DFlashDraftModel
+from .draft_vocab import FILE as DRAFT_VOCAB_FILE
+from .draft_vocab import load_draft_vocab, save_draft_vocab
 from .target import Qwen3Target
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -128,7 +130,12 @@ def _load(cls, config_cls, folder, dtype, device, architectures):
 
 def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> DFlashDraftModel:
     """An official-format DFlash draft folder → DFlashDraftModel (dtype: None = the config's)."""
-    return _load(DFlashDraftModel, DraftConfig, folder, dtype, device, {"DFlashDraftModel"})
+    model = _load(DFlashDraftModel, DraftConfig, folder, dtype, device, {"DFlashDraftModel"})
+    try:
+        model.draft_vocab = load_draft_vocab(folder, model.config.vocab_size)   # draft_vocab.json, if any
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    return model
 
 
 def load_target(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> Qwen3Target:
@@ -150,8 +157,13 @@ def _save(model: nn.Module, folder: str | Path, dtype) -> None:
 
 
 def save_draft(model: DFlashDraftModel, folder: str | Path, dtype: torch.dtype | None = None) -> None:
-    """Write config.json + model.safetensors in the official draft format."""
+    """Write config.json + model.safetensors in the official draft format, and draft_vocab.json
+    beside them if the draft has a draft vocabulary (a stale one is removed if it has none)."""
     _save(model, folder, dtype)
+    if getattr(model, "draft_vocab", None) is not None:
+        save_draft_vocab(model.draft_vocab, folder)
+    else:
+        (Path(folder) / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
 
 
 def save_target(model: Qwen3Target, folder: str | Path, dtype: torch.dtype | None = None) -> None:

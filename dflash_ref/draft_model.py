@@ -40,6 +40,9 @@ class DFlashDraftModel(nn.Module):
         self.hook_out = HookPoint()              # (B, L_q, d) after the final norm
         self.hook_logits = HookPoint()           # (B, L_q − 1, V) the proposals' logits (compute_logits)
         name_hook_points(self, "draft")
+        # the token ids its proposals are restricted to (draft_vocab.py), None = all V; not a weight
+        # (the state dict stays the official one): stored beside the checkpoint, used by spec_generate
+        self.draft_vocab: torch.Tensor | None = None
 
     @property
     def block_size(self) -> int:

@@ -5,7 +5,8 @@ draft → verify → accept → crop both caches → slice the new context featu
     step (start = position of the last committed token x_0 = output_ids[start]):
       block  = [x_0, mask, …, mask]                       L_q = min(block_size, max_length − start)
       draft  = draft(embed(block), target_hidden, positions start − L_c … start + L_q − 1)[:, 1:]
-               → γ = L_q − 1 draft tokens; draft cache cropped back to `start` (context stays)
+               → γ = L_q − 1 draft tokens (argmax over the draft's vocabulary if it has one,
+               draft_vocab.py); draft cache cropped back to `start` (context stays)
       verify = target([x_0, d_1, …, d_γ]) → posterior, new hidden states
       accept = τ by cumprod, bonus token (acceptance.py); commit x_0, d_1..d_τ, bonus
       crop target cache to the new start = start + τ + 1; target_hidden = new features[:, :τ + 1]
@@ -13,7 +14,8 @@ draft → verify → accept → crop both caches → slice the new context featu
 Why `[:, 1:]`: block position 0 holds the known token x_0; positions 1..γ are the predictions.
 Output buffer and position rules follow `dflash` 0.1.0 exactly, so both give the same tokens.
 # diff with official: tokens equal to mask_token_id are kept (never stripped), batch size > 1 is
-# refused with a clear error, and no CUDA synchronisation is needed (it runs on the CPU).
+# refused with a clear error, no CUDA synchronisation is needed (it runs on the CPU), and a draft
+# with a draft vocabulary proposes among it only (official: always all V; equally lossless).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ import torch
 from .acceptance import check_sampling, sample, sample_probs, sampling_probs, verify_greedy, \
     verify_match, verify_rejection
 from .compat import check_pair, check_request
+from .draft_vocab import DraftVocabHead
 from .layer_sampling import extract_context_feature
 
 VERIFIERS = ("rejection", "match")
@@ -101,6 +104,9 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
     output_ids = torch.full((1, max_length + 1), draft.mask_token_id, dtype=torch.long, device=device)
     position_ids = torch.arange(max_length + 1, device=device)[None]       # (1, max_length + 1)
     target_cache, draft_cache = target.make_cache(), draft.make_cache()
+    # the draft's proposals over its draft vocabulary if it has one (draft_vocab.py), else all V
+    vocab = getattr(draft, "draft_vocab", None)
+    output_head = target.output_head if vocab is None else DraftVocabHead(target, vocab)
     stop_tokens = torch.tensor(sorted({int(t) for t in stop_token_ids or ()}), dtype=torch.long, device=device)
     result = GenerationOutput(output_ids, prompt_len)
     if max_new_tokens == 0:  # nothing to generate: no prefill, no random draw
@@ -131,7 +137,7 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
             result.num_draft_passes += 1
             draft_after_draft = draft_cache.get_seq_length()
             draft_cache.crop(start)                                           # block K/V go
-            draft_logits = draft.compute_logits(hidden, target.output_head)   # (1, γ, V)
+            draft_logits = draft.compute_logits(hidden, output_head)          # (1, γ, V)
             if temperature > 0 and verifier == "rejection":
                 draft_probs = sampling_probs(draft_logits, temperature, top_p, top_k)
                 block_ids[:, 1:] = sample_probs(draft_probs)

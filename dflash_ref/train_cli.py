@@ -3,7 +3,8 @@
 block position on held-out prompts.
 
     out/data.jsonl           the target's own responses (resumable, distill.py)
-    out/draft/               the draft, official format (config.json + model.safetensors), fp32
+    out/draft/               the draft, official format (config.json + model.safetensors), fp32, and
+                             draft_vocab.json: the training responses' tokens, what it proposes among
     out/draft-bf16/          the same in bf16 at the end (what ships as dflash_ref/drafts/smollm2)
     out/optimizer.safetensors, out/state.json    AdamW moments, step, losses: `--resume` continues
     figures/training/training.png    loss curve and held-out acceptance per block position (--figures)
@@ -98,6 +99,8 @@ def run(args, say=print) -> int:
     draft.train()
     vocab = None if args.full_vocab else training_vocabulary([r["ids"][r["prompt_len"]:] for r in rows],
                                                              STOP_TOKEN_IDS)
+    # proposals over R only at inference (draft_vocab.py): the loss never had another token as a label
+    draft.draft_vocab = vocab
     t0 = time.perf_counter()
     data = [(r["prompt_len"], torch.tensor([r["ids"]])) for r in rows]
     feats = target_features_batched(target, [ids for _, ids in data], draft.target_layer_ids, say=say)

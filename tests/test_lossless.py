@@ -293,6 +293,9 @@ DIST_CASES = {
                               draft="mimic"),
     "far-draft-block-2-top-p": dict(seed=4, vocab=4, n=3, block=2,
                                        sampling=dict(temperature=1.0, top_p=0.7), draft="random", std=1.5),
+    # q = 0 outside the draft vocabulary {0, 2} (draft_vocab.py): still a proposal distribution
+    "far-draft-block-3-draft-vocab": dict(seed=5, vocab=4, n=3, block=3, sampling=dict(temperature=1.0),
+                                          draft="random", std=1.0, draft_vocab=[0, 2]),
 }
 N_SAMPLES = 1200
 TARGET_STD = 0.25
@@ -306,6 +309,8 @@ def build_dist_case(case: dict):
     target, draft = make_pair(seed, target_kw, draft_kw, std=TARGET_STD)
     if case["draft"] == "random":
         _, draft = make_pair(seed + 50, target_kw, draft_kw, std=case["std"])
+    if "draft_vocab" in case:
+        draft.draft_vocab = torch.tensor(case["draft_vocab"])
     prompt = [seed % vocab]
     if case["draft"] == "oracle":
         greedy = generate(target, torch.tensor([prompt]), case["n"]).output_ids[0]
