@@ -19,7 +19,8 @@ transformers = pytest.importorskip("transformers")
 def test_adapter_and_own_target_give_identical_speculative_output(seed, temperature, verifier):
     target, draft = make_pair(seed, target_overrides={"tie_word_embeddings": seed % 2 == 0},
                               draft_overrides={"block_size": 3 + seed % 4})
-    hf_target = HFTarget(official_twins(target, draft)[0])
+    # F.linear as the own target computes it, so that logits are bitwise equal (rows_first: up to rounding)
+    hf_target = HFTarget(official_twins(target, draft)[0], rows_first=False)
     ids = torch.randint(0, 12, (1, 3 + seed), generator=torch.Generator().manual_seed(seed))
     torch.manual_seed(seed)
     own = spec_generate(draft, target, ids, 25, [5], temperature=temperature, verifier=verifier)
@@ -81,28 +82,29 @@ def test_a_device_or_dtype_that_cannot_run_is_refused():
     assert check_device("cpu", torch.bfloat16) == torch.device("cpu")
 
 
-@pytest.mark.parametrize("shape", [(1, 7, 16), (3, 2, 16), (5, 16), (16,), (1, 65, 16)])
-def test_the_head_product_is_the_lm_head_to_float_rounding(shape):
-    """target.output_head (the draft's proposals) computes (W·hᵀ)ᵀ on a CPU for 2 … 64 rows
-    (target/head.py): the same numbers as F.linear up to rounding, contiguous, for any leading
-    shape, and with a bias."""
-    from dflash_ref.target.head import head_product
+@pytest.mark.parametrize("shape", [(1, 7, 16), (3, 2, 16), (5, 16), (16,), (1, 1, 16), (1, 65, 16)])
+def test_the_rows_first_product_is_f_linear_to_float_rounding(shape):
+    """target/linear.py computes x·Wᵀ as (W·xᵀ)ᵀ for 1 … 64 rows (one row as two columns): the same
+    numbers as F.linear up to rounding, contiguous, for any leading shape, with and without a bias;
+    target.output_head (the draft's proposals) is the lm_head."""
+    from dflash_ref.target.linear import linear_product
     g = torch.Generator().manual_seed(0)
-    hidden, weight, bias = torch.randn(shape, generator=g), torch.randn(40, 16, generator=g), torch.randn(40, generator=g)
-    out = head_product(hidden, weight)
+    x, weight, bias = torch.randn(shape, generator=g), torch.randn(40, 16, generator=g), torch.randn(40, generator=g)
+    out = linear_product(x, weight)
     assert out.shape == (*shape[:-1], 40) and out.is_contiguous()
-    torch.testing.assert_close(out, torch.nn.functional.linear(hidden, weight), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(head_product(hidden, weight, bias), torch.nn.functional.linear(hidden, weight, bias))
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(linear_product(x, weight, bias), torch.nn.functional.linear(x, weight, bias),
+                               rtol=1e-5, atol=1e-5)
     target, _ = make_pair(0)
     h = torch.randn(1, 4, target.config.hidden_size, generator=g)
     torch.testing.assert_close(target.output_head(h), target.lm_head(h), rtol=1e-5, atol=1e-5)
 
 
-def test_an_hf_target_gives_its_plain_lm_head_the_rows_first_product():
-    """HFTarget switches a plain bias-free nn.Linear lm_head to RowsFirstLinear in place: same
-    parameter (tying kept), same state dict, logits equal to the unswitched model's up to rounding at
-    1, 8 and 70 rows; rows_first_head=False and a head with a bias are left as they were."""
-    from dflash_ref.target.head import RowsFirstLinear
+def test_an_hf_target_switches_its_plain_linear_layers_to_the_rows_first_product():
+    """HFTarget switches every plain nn.Linear of its model (lm_head included) to RowsFirstLinear in
+    place: same parameters (tying kept), same state dict, logits equal to the unswitched model's up
+    to rounding at 1, 8 and 70 rows; rows_first=False leaves the model as it was."""
+    from dflash_ref.target.linear import RowsFirstLinear
     config = transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
     torch.manual_seed(0)
@@ -110,14 +112,13 @@ def test_an_hf_target_gives_its_plain_lm_head_the_rows_first_product():
     switched.load_state_dict(plain.state_dict())
     weight, keys = switched.lm_head.weight, set(switched.state_dict())
     target = HFTarget(switched)
-    assert type(switched.lm_head) is RowsFirstLinear and switched.lm_head.weight is weight
-    assert switched.lm_head.weight is switched.model.embed_tokens.weight and set(switched.state_dict()) == keys
-    assert type(HFTarget(plain, rows_first_head=False).model.lm_head) is torch.nn.Linear
+    linears = [m for m in switched.modules() if isinstance(m, torch.nn.Linear)]
+    assert len(linears) == 2 * 7 + 1 and all(type(m) is RowsFirstLinear for m in linears)   # q k v o gate up down, head
+    assert switched.lm_head.weight is weight is switched.model.embed_tokens.weight
+    assert set(switched.state_dict()) == keys
+    assert all(type(m) is not RowsFirstLinear for m in HFTarget(plain, rows_first=False).model.modules())
     for n in (1, 8, 70):
         ids = torch.randint(0, 300, (1, n), generator=torch.Generator().manual_seed(n))
         with torch.no_grad():
             torch.testing.assert_close(target(ids, output_hidden_states=False).logits, plain(ids).logits,
                                        rtol=1e-5, atol=1e-5)
-    biased = torch.nn.Linear(4, 6)
-    from dflash_ref.target.head import use_rows_first
-    assert not use_rows_first(biased) and type(biased) is torch.nn.Linear

@@ -6,6 +6,7 @@ A target offers what the loop needs and nothing more:
     target.config                       hidden_size, vocab_size, num_hidden_layers, max_position_embeddings
     target.embed(input_ids)             (B, L) → (B, L, d)      the input embedding, reused by the draft
     target.output_head(hidden)          (B, L, d) → (B, L, V)   the lm_head, reused by the draft
+    target.output_weight()              (V, d)                  its matrix (training; a draft vocabulary)
     target.make_cache()                 a cache with crop(length) / get_seq_length()
     target(input_ids, position_ids, past_key_values, output_hidden_states)
                                         → TargetOutput(logits (B, L, V), hidden_states: L_t + 1 tensors)

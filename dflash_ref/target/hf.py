@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .head import head_product, use_rows_first
+from .linear import linear_product, use_rows_first
 from .qwen3 import TargetOutput
 
 
@@ -38,12 +38,12 @@ class HFCache:
 
 
 class HFTarget(nn.Module):
-    """`rows_first_head` (default on) switches the model's lm_head, if it is a plain bias-free
-    nn.Linear, to target/head.py's RowsFirstLinear in place: the same weights, a faster product on a
-    CPU for 2 … 64 rows (a verify block), the same path for one row (AR). The model's own forward,
-    with whatever it does after the head (soft-capping, scaling), is otherwise untouched."""
+    """`rows_first` (default on) switches the model's plain nn.Linear layers, lm_head included, to
+    target/linear.py's RowsFirstLinear in place: the same weights, the same product up to float
+    rounding, computed the faster way on a CPU for the 1 … 64 rows of decoding (AR's one token and a
+    verify block alike). The model's own forward is otherwise untouched."""
 
-    def __init__(self, model: nn.Module, rows_first_head: bool = True) -> None:
+    def __init__(self, model: nn.Module, rows_first: bool = True) -> None:
         super().__init__()
         config = model.config
         missing = [k for k in ("hidden_size", "vocab_size", "num_hidden_layers", "max_position_embeddings")
@@ -54,8 +54,8 @@ class HFTarget(nn.Module):
                             f"{'missing' if model.get_output_embeddings() is None else 'ok'})")
         self.model = model.eval()
         self.config = config
-        if rows_first_head:
-            use_rows_first(model.get_output_embeddings())
+        if rows_first:
+            use_rows_first(model)
 
     @property
     def device(self) -> torch.device:
@@ -69,8 +69,8 @@ class HFTarget(nn.Module):
         return self.model.get_input_embeddings()(input_ids)
 
     def output_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        head = self.model.get_output_embeddings()             # the draft's proposals (target/head.py)
-        return head_product(hidden, head.weight, getattr(head, "bias", None))
+        head = self.model.get_output_embeddings()             # the draft's proposals (target/linear.py)
+        return linear_product(hidden, head.weight, getattr(head, "bias", None))
 
     def output_weight(self) -> torch.Tensor:
         """The lm_head matrix (V, d): logits = hidden @ output_weight().T (training takes rows of it)."""
