@@ -5,6 +5,8 @@ official `dflash` package and in transformers.
 
 Loading builds the model on the `meta` device (no memory), then reads each shard straight onto
 `device` in `dtype`, so no full float32 copy of a large model is ever held in host memory.
+A draft folder may also hold `draft_vocab.json` (draft_vocab.py): the token ids the draft proposes
+among; the official loader ignores the file and proposes over all V.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from torch import nn
 from .config import DraftConfig, Qwen3Config, TargetConfig
 from .draft_model import DFlashDraftModel
 from .draft_vocab import FILE as DRAFT_VOCAB_FILE
-from .draft_vocab import load_draft_vocab, save_draft_vocab
+from .draft_vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
 from .target import Qwen3Target
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
@@ -161,7 +163,7 @@ def save_draft(model: DFlashDraftModel, folder: str | Path, dtype: torch.dtype |
     beside them if the draft has a draft vocabulary (a stale one is removed if it has none)."""
     _save(model, folder, dtype)
     if getattr(model, "draft_vocab", None) is not None:
-        save_draft_vocab(model.draft_vocab, folder)
+        save_draft_vocab(check_draft_vocab(model.draft_vocab, model.config.vocab_size), folder)
     else:
         (Path(folder) / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
 

@@ -38,7 +38,7 @@ class DFlashDraftModel(nn.Module):
         self.hook_noise_embedding = HookPoint()  # (B, L_q, d)
         self.hook_target_hidden = HookPoint()    # (B, L_c, k·d) the sampled target layers, concatenated
         self.hook_out = HookPoint()              # (B, L_q, d) after the final norm
-        self.hook_logits = HookPoint()           # (B, L_q − 1, V) the proposals' logits (compute_logits)
+        self.hook_logits = HookPoint()           # (B, L_q − 1, V) the proposals' logits (−∞ outside a draft vocabulary)
         name_hook_points(self, "draft")
         # the token ids its proposals are restricted to (draft_vocab.py), None = all V; not a weight
         # (the state dict stays the official one): stored beside the checkpoint, used by spec_generate

@@ -21,14 +21,18 @@ from pathlib import Path
 
 import torch
 
-from .target.head import head_product
+from .target.linear import linear_product
 
 FILE = "draft_vocab.json"
 
 
 def check_draft_vocab(token_ids, vocab_size: int) -> torch.Tensor:
     """Sorted distinct ids in [0, vocab_size), at least one → a 1-D long tensor; anything else raises."""
-    ids = torch.as_tensor(token_ids)
+    try:
+        ids = torch.as_tensor(token_ids)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ValueError(f"a draft vocabulary is a sorted list of integer token ids, got {type(token_ids).__name__}: "
+                         f"{e}") from None
     if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point() or ids.dtype == torch.bool:
         raise ValueError(f"a draft vocabulary is a non-empty 1-D list of integer token ids, got "
                          f"{ids.dtype} of shape {tuple(ids.shape)}")
@@ -46,13 +50,16 @@ class DraftVocabHead:
     −∞ outside V_d. The rows W[V_d] are gathered once (per generate call), not per step."""
 
     def __init__(self, target, token_ids: torch.Tensor) -> None:
-        weight = target.output_weight()                                       # (V, d)
+        try:
+            weight = target.output_weight()                                   # (V, d)
+        except ValueError as e:
+            raise ValueError(f"a draft vocabulary needs the target's lm_head as one matrix: {e}") from None
         self.ids = check_draft_vocab(token_ids, weight.shape[0]).to(weight.device)
         self.rows = weight[self.ids]                                          # (|V_d|, d)
         self.vocab_size = weight.shape[0]
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        sub = head_product(hidden, self.rows)                                 # (…, |V_d|)
+        sub = linear_product(hidden, self.rows)                               # (…, |V_d|)
         full = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))   # (…, V)
         full[..., self.ids] = sub
         return full
@@ -74,5 +81,5 @@ def load_draft_vocab(folder: str | Path, vocab_size: int) -> torch.Tensor | None
         raise ValueError(f"{path} is not a draft vocabulary ({{\"token_ids\": [...]}}): {e}") from None
     try:
         return check_draft_vocab(ids, vocab_size)
-    except (ValueError, TypeError, RuntimeError) as e:
+    except ValueError as e:
         raise ValueError(f"{path}: {e}") from None

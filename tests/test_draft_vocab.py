@@ -12,7 +12,8 @@ from dflash_ref.checkpoint import CheckpointError, load_draft, save_draft
 from dflash_ref.draft_vocab import FILE, DraftVocabHead, check_draft_vocab
 
 
-@pytest.mark.parametrize("ids,problem", [([], "non-empty"), ([[1, 2]], "1-D"), ([0.5, 2.0], "integer"),
+@pytest.mark.parametrize("ids,problem", [([], r"shape \(0,\)"), ([[1, 2]], r"shape \(1, 2\)"),
+                                         ([0.5, 2.0], "torch.float32"), ({0, 2}, "got set"),
                                          ([3, 1], "sorted and distinct"), ([1, 1], "sorted and distinct"),
                                          ([-1, 2], r"\[0, 16\)"), ([2, 16], r"\[0, 16\)")])
 def test_a_bad_draft_vocabulary_is_refused_naming_the_problem(ids, problem):
@@ -35,7 +36,8 @@ def test_the_head_gives_the_lm_heads_logits_on_the_draft_vocabulary_and_minus_in
 
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_speculative_output_with_a_draft_vocabulary_proposes_only_from_it_and_stays_lossless(seed, temperature):
+def test_speculative_output_with_a_draft_vocabulary_proposes_only_from_it(seed, temperature):
+    """Greedy: equal to AR. Sampled: only proposals of V_d (its distribution: test_lossless's chi-square case)."""
     target, draft = make_pair(seed, draft_overrides={"block_size": 4})
     vocab = target.config.vocab_size
     ids = torch.randint(0, vocab, (1, 4), generator=torch.Generator().manual_seed(seed))
@@ -55,6 +57,9 @@ def test_a_draft_vocabulary_is_saved_beside_the_checkpoint_and_checked_on_load(t
     _, draft = make_pair(1)
     save_draft(draft, tmp_path)
     assert load_draft(tmp_path).draft_vocab is None and not (tmp_path / FILE).exists()
+    draft.draft_vocab = torch.tensor([5, 1])
+    with pytest.raises(ValueError, match="sorted and distinct"):
+        save_draft(draft, tmp_path)                                    # refused before it is written
     draft.draft_vocab = torch.tensor([1, 5, 7])
     save_draft(draft, tmp_path)
     assert torch.equal(load_draft(tmp_path).draft_vocab, torch.tensor([1, 5, 7]))

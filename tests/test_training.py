@@ -196,6 +196,10 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
     assert state["step"] == 4 and len(state["losses"]) == 4      # continued, not restarted
     assert "self-distillation" not in again.stdout              # the data was reused
     assert (tmp_path / "draft" / "model.safetensors").is_file() and (tmp_path / "figures" / "training.png").is_file()
+    vocab = json.loads((tmp_path / "draft-bf16" / "draft_vocab.json").read_text())["token_ids"]
+    rows = [r for r in map(json.loads, (tmp_path / "data.jsonl").read_text().splitlines())
+            if len(r["ids"]) - r["prompt_len"] >= 8 + 1]                     # those trained on (block 8)
+    assert set(vocab) == {t for r in rows for t in r["ids"][r["prompt_len"]:]} | {2}   # the responses' tokens + stop
     assert "held-out: mean tokens per step" in again.stdout
 
 

@@ -55,7 +55,9 @@ class ReferenceAdapter:
     name = "reference"
 
     def load(self, bundle: Bundle):
-        return load_target(bundle.target_dir), load_draft(bundle.draft_dir)
+        draft = load_draft(bundle.draft_dir)
+        draft.draft_vocab = None          # bundles compare proposals over all V, as the official package makes them
+        return load_target(bundle.target_dir), draft
 
     def generate(self, draft, target, input_ids: torch.Tensor, inputs: dict, on_step):
         return spec_generate(draft, target, input_ids, inputs["max_new_tokens"],
