@@ -26,7 +26,7 @@ def bench_trained(repeats: int, out: Path, progress) -> dict:
     all_v.draft_vocab = None                                  # what an official loader proposes among
     prompts, n = eval_prompts(8), 96
     inputs = [chat_ids(tokenizer, p) for p in prompts]
-    blocks = [b for b in (2, 4, 8, 16) if b <= draft.block_size]
+    blocks = [b for b in (2, 3, 4, 8, 16) if b <= draft.block_size]
     ar_out = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in inputs]
     spec = {f"DFlash b={b}": (draft, b) for b in blocks}
     spec[f"DFlash b={blocks[-1]}, proposals over all V"] = (all_v, blocks[-1])

@@ -4,8 +4,9 @@ block position on held-out prompts.
 
     out/data.jsonl           the target's own responses (resumable, distill.py)
     out/draft/               the draft, official format (config.json + model.safetensors), fp32, and
-                             draft_vocab.json: the training responses' tokens, what it proposes among
-    out/draft-bf16/          the same in bf16 at the end (what ships as dflash_ref/drafts/smollm2)
+                             draft_vocab.json (not with --full-vocab): the training responses' tokens,
+                             what it proposes among (draft_vocab.py); the held-out evaluation uses it
+    out/draft-bf16/          the same in bf16 at the end, draft_vocab.json too (what ships as drafts/smollm2)
     out/optimizer.safetensors, out/state.json    AdamW moments, step, losses: `--resume` continues
     figures/training/training.png    loss curve and held-out acceptance per block position (--figures)
     out/eval.json                    held-out tokens per step and acceptance per block position
@@ -111,7 +112,9 @@ def run(args, say=print) -> int:
     step, losses, seconds = _load_state(out, draft, optimizer) if args.resume else (0, [], 0.0)
     for _ in range(step):
         schedule.step()
-    weights, g = loss_weights(args.block_size, args.gamma), torch.Generator().manual_seed(args.seed + step)
+    # γ: the paper's for blocks 8, 10, 16; it trains no block 4, for which we take γ = 4 as for 8 (not tuned)
+    gamma = args.gamma if args.gamma is not None else {4: 4.0}.get(args.block_size)
+    weights, g = loss_weights(args.block_size, gamma), torch.Generator().manual_seed(args.seed + step)
     t0 = time.perf_counter() - seconds
     while step < args.steps:
         picks = torch.randint(len(data), (args.batch,), generator=g).tolist()

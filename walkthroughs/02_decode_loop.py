@@ -103,10 +103,11 @@ plot_attention_compare(pair.traces, step=0, layers=[0, 1], head=0, tokens=pair.t
 
 # %% [markdown]
 # The random draft spreads its attention thinly everywhere (softmax of small random scores). The
-# trained one has learnt where to look. In layer 0, head 0, each mask position reads the block
-# position just before it: a "previous position" head inside the block, the only way a mask knows
-# what precedes it. In layer 1, head 0, the masks read mostly the first tokens of the system prompt
-# ("Hugging Face"), and more weakly the words of the question ("What", "heart").
-# This draft is weak (block position 1 is accepted in about 38 % of steps on held-out prompts), so it
-# saves target passes but is not yet faster than the target alone on this CPU (README: "Training a
+# trained one has learnt where to look. In layer 0, head 0, the first mask reads almost only the
+# block's first token ("The", the last committed token): the way a mask learns what precedes it,
+# while that token itself reads the system prompt ("Hugging Face"). In layer 1, head 0, each block
+# position reads one of the last context positions, the `<|im_start|>assistant` header that opens
+# the answer, a position further right for later block positions.
+# This draft is weak (block position 1 is accepted in about 41 % of steps on held-out prompts), so it
+# saves target passes but is only about as fast as the target alone on this CPU (README: "Training a
 # draft").
