@@ -104,14 +104,14 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
     output_ids = torch.full((1, max_length + 1), draft.mask_token_id, dtype=torch.long, device=device)
     position_ids = torch.arange(max_length + 1, device=device)[None]       # (1, max_length + 1)
     target_cache, draft_cache = target.make_cache(), draft.make_cache()
-    # the draft's proposals over its draft vocabulary if it has one (draft_vocab.py), else all V
-    vocab = getattr(draft, "draft_vocab", None)
-    output_head = target.output_head if vocab is None else DraftVocabHead(target, vocab)
     stop_tokens = torch.tensor(sorted({int(t) for t in stop_token_ids or ()}), dtype=torch.long, device=device)
     result = GenerationOutput(output_ids, prompt_len)
     if max_new_tokens == 0:  # nothing to generate: no prefill, no random draw
         result.output_ids = input_ids.clone()
         return result
+    # the draft's proposals over its draft vocabulary if it has one (draft_vocab.py), else all V
+    vocab = getattr(draft, "draft_vocab", None)
+    output_head = target.output_head if vocab is None or block_size == 1 else DraftVocabHead(target, vocab)
 
     out = target(input_ids, position_ids[:, :prompt_len], target_cache,
                  output_hidden_states=block_size > 1, logits_to_keep=1)
