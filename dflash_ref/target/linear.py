@@ -17,8 +17,9 @@ fp32, medians: SmolLM2's 49152 × 576 lm_head alone, F.linear against (W·hᵀ)�
 F.linear is the faster at every count). The whole SmolLM2-135M forward: see `use_rows_first`.
 
 `RowsFirstLinear` is an nn.Linear with this forward; an HFTarget switches its model's plain
-nn.Linear layers to it (so AR decoding and verification both get it), and `linear_product` is what
-the draft's proposals go through (target.output_head, draft_vocab.py).
+nn.Linear layers to it (so AR decoding and verification both get it), the draft model its own
+(draft_model.py), and `linear_product` is what the draft's proposals go through
+(target.output_head, draft_vocab.py).
 """
 from __future__ import annotations
 
