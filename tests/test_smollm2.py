@@ -93,3 +93,17 @@ def test_generate_uses_the_shipped_draft_by_default():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "trained SmolLM2 draft" in proc.stderr and "Paris" in proc.stdout
+
+
+def test_self_distillation_is_the_targets_greedy_decoding_and_restores_its_attention(smollm2, tmp_path):
+    """Batched, left-padded, eager attention (distill.py's default) → each response equals the target's
+    own one-prompt greedy decoding; the model's attention implementation is restored afterwards."""
+    from dflash_ref.distill import self_distill
+    target, tokenizer, _ = smollm2
+    before = target.model.config._attn_implementation
+    rows = self_distill(target, tokenizer, PROMPTS, tmp_path / "data.jsonl", max_new_tokens=12, batch_size=3,
+                        stop_token_id=STOP_TOKEN_IDS[0], say=lambda _: None)
+    assert target.model.config._attn_implementation == before
+    for prompt, row in zip(PROMPTS, rows):
+        expected = generate(target, chat_ids(tokenizer, prompt), 12, STOP_TOKEN_IDS).output_ids[0].tolist()
+        assert row["ids"] == expected and row["prompt_len"] == chat_ids(tokenizer, prompt).shape[1]
