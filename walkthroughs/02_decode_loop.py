@@ -103,11 +103,12 @@ plot_attention_compare(pair.traces, step=0, layers=[0, 1], head=0, tokens=pair.t
 
 # %% [markdown]
 # The random draft spreads its attention thinly everywhere (softmax of small random scores). The
-# trained one has learnt where to look. In layer 0, head 0, the first mask reads almost only the
-# block's first token ("The", the last committed token): the way a mask learns what precedes it,
-# while that token itself reads the system prompt ("Hugging Face"). In layer 1, head 0, each block
-# position reads one of the last context positions, the `<|im_start|>assistant` header that opens
-# the answer, a position further right for later block positions.
+# trained one has learnt where to look. In layer 0, head 0, the first two masks read almost only the
+# block's first token ("The", the last committed token): the way a mask learns what precedes it;
+# that token reads the masks after it (attention inside a block goes both ways), and the last mask
+# also reads the prompt's "human heart". In layer 1, head 0, "The" reads the newline that closes the
+# `<|im_start|>assistant` header, while the masks read the prompt's topic words ("heart", then
+# "human"): what the answer is to be about.
 # This draft is weak (block position 1 is accepted in about 41 % of steps on held-out prompts), so it
 # saves target passes but is only about as fast as the target alone on this CPU (README: "Training a
 # draft").
