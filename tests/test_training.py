@@ -22,6 +22,7 @@ def test_loss_weights_follow_the_paper():
     with pytest.raises(ValueError, match="pass gamma"):
         loss_weights(4)
     assert torch.allclose(loss_weights(4, gamma=1.0), torch.tensor([1.0, math.exp(-1), math.exp(-2)]))
+    assert loss_weights(2).tolist() == [1.0]           # one position: its weight is 1 for any γ
 
 
 def test_block_mask_by_hand():
