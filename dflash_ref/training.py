@@ -3,7 +3,7 @@
 Data: a sequence x_0 … x_{T−1} (prompt + the target's own response) and the target's features
 target_hidden (T, k·d) of the sampled layers at every position (computed once, no gradient).
 
-    anchors   m positions a_j in the response, a_j + b − 1 ≤ T − 1, resampled every epoch
+    anchors   m positions a_j in the response, a_j + b − 1 ≤ T − 1, resampled at every step
     block j   [x_{a_j}, mask, …, mask] at positions a_j … a_j + b − 1; labels x_{a_j+1} … x_{a_j+b−1}
     context   the features of positions p < a_j: exactly what inference holds when x_{a_j} is the
               last committed token (its own features are not known yet)
@@ -11,7 +11,8 @@ target_hidden (T, k·d) of the sampled layers at every position (computed once, 
               block j sees context key p iff p < a_j and the keys of its own block (bidirectional),
               nothing of the other blocks                                    (block_mask)
     loss      Σ_j Σ_{k=1}^{b−1} w_k · CE(logits_{j,k}, x_{a_j+k}) / (m · Σ_k w_k),
-              w_k = exp(−(k − 1)/γ), γ = 7 for b = 16, 5 for b = 10, 4 for b = 8 (the paper's)
+              w_k = exp(−(k − 1)/γ), γ = 7 for b = 16, 5 for b = 10, 4 for b = 8 (the paper's; any
+              other b > 2 must be given its γ: train_cli.py takes γ = 1 for b = 4, measured there)
     frozen    the target's embedding (noise embedding) and lm_head, shared with the draft
     optimiser AdamW, linear warmup then cosine decay to 0, gradient-norm clipping; one step averages
               the loss of several sequences (a batch), each with its own m anchors
@@ -24,7 +25,8 @@ uniformly, every step, from the other V − |R|, each counted (V − |R|)/K time
     Z ≈ Σ_{v∈R} e^{z_v} + (V − |R|)/K · Σ_{v∈sample} e^{z_v}      (log-weight log((V − |R|)/K))
 
 Without the sampled part (softmax over R alone) tokens outside R are never pushed down, and the
-trained draft proposes them at inference (measured: nothing accepted). Inference always uses all V.
+trained draft proposes them at inference (measured: nothing accepted). At inference the draft proposes
+among R (its draft vocabulary, draft_vocab.py) or over all V; the target verifies either way.
 
 The inference draft with its KV cache gives the same logits for a block (tests/test_training.py).
 """
