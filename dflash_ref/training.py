@@ -12,7 +12,7 @@ target_hidden (T, k·d) of the sampled layers at every position (computed once, 
               nothing of the other blocks                                    (block_mask)
     loss      Σ_j Σ_{k=1}^{b−1} w_k · CE(logits_{j,k}, x_{a_j+k}) / (m · Σ_k w_k),
               w_k = exp(−(k − 1)/γ), γ = 7 for b = 16, 5 for b = 10, 4 for b = 8 (the paper's; any
-              other b > 2 must be given its γ: train_cli.py takes γ = 1 for b = 4, measured there)
+              other b > 2 must be given its γ: train_cli.py takes γ = 4 for b = 4)
     frozen    the target's embedding (noise embedding) and lm_head, shared with the draft
     optimiser AdamW, linear warmup then cosine decay to 0, gradient-norm clipping; one step averages
               the loss of several sequences (a batch), each with its own m anchors
