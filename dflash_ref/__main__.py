@@ -108,7 +108,11 @@ def main(argv: list[str] | None = None) -> int:
         print(report.text(verbose=args.verbose))
         return 0 if report.passed else 1
     elif args.command == "train":
-        from .train_cli import run as run_train
+        from .train_cli import block_weights, run as run_train
+        try:
+            block_weights(args)
+        except ValueError as e:
+            parser.error(str(e))
         return run_train(args)
     elif args.command == "notebooks":
         from .notebooks import build

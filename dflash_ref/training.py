@@ -44,12 +44,16 @@ PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
 def loss_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
     """w_k = exp(−(k − 1)/γ) for k = 1 … b − 1: early block positions count most."""
-    if gamma is None and block_size > 2:  # a block of 2 has the one weight w_1 = 1, whatever γ
-        if block_size not in PAPER_GAMMA:
+    if block_size < 2:
+        raise ValueError(f"a block of {block_size} has no position to predict: training needs block_size ≥ 2")
+    if gamma is None:
+        if block_size == 2:      # one weight, w_1 = 1, whatever γ
+            gamma = 1.0
+        elif block_size not in PAPER_GAMMA:
             raise ValueError(f"the paper gives γ for block sizes {sorted(PAPER_GAMMA)}; pass gamma for "
                              f"block size {block_size}")
-        gamma = PAPER_GAMMA[block_size]
-    gamma = 1.0 if gamma is None else gamma
+        else:
+            gamma = PAPER_GAMMA[block_size]
     k = torch.arange(1, block_size, dtype=torch.float32)
     return torch.exp(-(k - 1) / gamma)                                       # (b − 1,)
 

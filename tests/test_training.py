@@ -23,6 +23,8 @@ def test_loss_weights_follow_the_paper():
         loss_weights(4)
     assert torch.allclose(loss_weights(4, gamma=1.0), torch.tensor([1.0, math.exp(-1), math.exp(-2)]))
     assert loss_weights(2).tolist() == [1.0]           # one position: its weight is 1 for any γ
+    with pytest.raises(ValueError, match="no position to predict"):
+        loss_weights(1, gamma=4.0)
 
 
 def test_block_mask_by_hand():
@@ -216,3 +218,14 @@ def test_prompts_split_by_topic_and_any_first_n_spread_over_the_topics():
     assert len({p.split(" ")[0] for p in first}) > 3         # and not one template only
     with pytest.raises(ValueError, match="split"):
         prompts("test")
+
+
+@pytest.mark.parametrize("flags, message", [(["--block-size", "1"], "no position to predict"),
+                                            (["--block-size", "6"], "pass gamma for block size 6")])
+def test_train_command_refuses_an_untrainable_block_before_any_work(tmp_path, capsys, flags, message):
+    from dflash_ref.__main__ import main
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--out", str(out)] + flags)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not out.exists()                                   # nothing loaded, distilled or written
