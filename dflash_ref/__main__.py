@@ -20,6 +20,9 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--verifier", default="rejection", choices=["rejection", "match"])
     p.add_argument("--block-size", type=int, help="override the draft's block size")
+    p.add_argument("--verify-gate", type=float, metavar="θ",
+                   help="verify the whole block only when the draft's c_1·c_2 ≥ θ, else its first proposal "
+                        "alone (verify_gate.py; 0.5 measured best for the SmolLM2 draft on a CPU; default: off)")
     p.add_argument("--draft-layers", type=int, default=3, help="layers of a random draft")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", help="save the trace (draft attention of every step) to this folder")

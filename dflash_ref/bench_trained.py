@@ -10,12 +10,15 @@ from .ar_generate import generate
 from .bench_suite import _measure
 from .spec_generate import spec_generate
 
+VERIFY_GATE = 0.5   # verify_gate.py's θ, chosen on held-out prompts 9…24 (not these 8; README)
+
 
 def bench_trained(repeats: int, out: Path, progress) -> dict:
     """The shipped SmolLM2 draft on held-out prompts (greedy, 96 new tokens): τ and wall-clock speedup
     over the target's own AR decoding, per block size, all variants interleaved in one run. Every
-    speculative output is checked equal to AR's before anything is timed. One more variant runs the
-    largest block with proposals over all V instead of the draft's vocabulary (draft_vocab.py)."""
+    speculative output is checked equal to AR's before anything is timed. Two more variants run the
+    largest block with proposals over all V instead of the draft's vocabulary (draft_vocab.py), and
+    with the verify gate (verify_gate.py); a last table checks the gate's premise, calibration."""
     from .checkpoint import load_draft
     from .distill import eval_prompts
     from .smollm2 import SHIPPED_DRAFT, STOP_TOKEN_IDS, chat_ids, load_smollm2
@@ -28,32 +31,63 @@ def bench_trained(repeats: int, out: Path, progress) -> dict:
     inputs = [chat_ids(tokenizer, p) for p in prompts]
     blocks = [b for b in (2, 3, 4, 8, 16) if b <= draft.block_size]
     ar_out = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in inputs]
-    spec = {f"DFlash b={b}": (draft, b) for b in blocks}
-    spec[f"DFlash b={blocks[-1]}, proposals over all V"] = (all_v, blocks[-1])
+    spec = {f"DFlash b={b}": (draft, b, None) for b in blocks}
+    spec[f"DFlash b={blocks[-1]}, proposals over all V"] = (all_v, blocks[-1], None)
+    spec[f"DFlash b={blocks[-1]}, verify gate θ={VERIFY_GATE}"] = (draft, blocks[-1], VERIFY_GATE)
     stats = {}
-    for name, (d, b) in spec.items():  # one untimed pass each gives the statistics and the lossless check
+    for name, (d, b, gate) in spec.items():  # one untimed pass each: the statistics and the lossless check
         outputs = []
         stats[name] = acceptance_by_position(d, target, tokenizer, prompts, n, STOP_TOKEN_IDS, block_size=b,
-                                             outputs=outputs)
+                                             outputs=outputs, verify_gate=gate)
         if not all(torch.equal(o.output_ids, expected) for o, expected in zip(outputs, ar_out)):
             raise AssertionError(f"{name}: speculative output differs from AR (lossless broken)")
     progress("outputs equal AR in every variant; timing")
     variants = {"AR (target alone)": lambda: [generate(target, ids, n, STOP_TOKEN_IDS) for ids in inputs]}
-    for name, (d, b) in spec.items():
-        variants[name] = lambda d=d, b=b: [spec_generate(d, target, ids, n, STOP_TOKEN_IDS, block_size=b)
-                                           for ids in inputs]
+    for name, (d, b, gate) in spec.items():
+        variants[name] = lambda d=d, b=b, gate=gate: [
+            spec_generate(d, target, ids, n, STOP_TOKEN_IDS, block_size=b, verify_gate=gate) for ids in inputs]
     rows = _measure(variants, repeats, progress)
     rows[0].update({"τ (tokens/step)": 1.0, "accepted/step": 0.0, "speedup vs AR": 1.0})   # AR: one per pass
     for row in rows[1:]:
         tau = stats[row["variant"]][1]
         row.update({"τ (tokens/step)": tau, "accepted/step": tau - 1, "speedup vs AR": 1 / row["ratio"]})
+    calibration = gate_calibration(draft, target, inputs, n, blocks[-1], STOP_TOKEN_IDS)
     by_block = {b: stats[f"DFlash b={b}"] for b in blocks}
     best = max(blocks, key=lambda b: by_block[b][1])
     positions = [{"block position k": k + 1, **{f"b={b}": by_block[b][0][k] if k < b - 1 else ""
                                                 for b in blocks}} for k in range(max(blocks) - 1)]
     _plot_trained(rows[1:len(blocks) + 1], by_block, out / "trained.png")
     return {f"trained draft · SmolLM2-135M, {len(prompts)} held-out prompts, {n} tokens, greedy": rows,
-            f"accepted fraction per block position (best τ at b={best})": positions}
+            f"accepted fraction per block position (best τ at b={best})": positions,
+            f"verify gate: the draft's c_1·c_2 against what the target accepted (b={blocks[-1]}, whole blocks)":
+                calibration}
+
+
+def gate_calibration(draft, target, inputs, n: int, block_size: int, stop: list[int]) -> list[dict]:
+    """Is the draft's confidence c_1·c_2 (verify_gate.py) a probability? Greedy, the whole block
+    verified every step; c_k read at the `draft.hook_logits` hook point. → one row per bin of
+    c_1·c_2: steps, and the fractions in which the target accepted d_1, and d_1 and d_2."""
+    from .hooks import hooks
+    from .verify_gate import draft_confidence
+    pairs = []                                                   # (c_1·c_2, τ) per step with γ ≥ 2
+
+    def read(logits, point):                                     # (1, γ, V), once per decode step
+        c = draft_confidence(logits)                          # (1, γ)
+        confidences.append(float(c[0, 0] * c[0, 1]) if c.shape[1] >= 2 else None)
+
+    with hooks(draft, read, lambda name: name == "draft.hook_logits"):
+        for ids in inputs:
+            confidences = []
+            out = spec_generate(draft, target, ids, n, stop, block_size=block_size)
+            pairs += [(c, tau) for c, tau in zip(confidences, out.acceptance_lengths) if c is not None]
+    edges = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    rows = []
+    for lo, hi in zip(edges, edges[1:]):
+        taus = [tau for c, tau in pairs if lo <= c < hi or (hi == 1.0 and c == 1.0)]
+        rows.append({"c_1·c_2": f"{lo:.1f} … {hi:.1f}", "steps": len(taus),
+                     "d_1 accepted": sum(t >= 1 for t in taus) / max(len(taus), 1),
+                     "d_1 and d_2 accepted": sum(t >= 2 for t in taus) / max(len(taus), 1)})
+    return rows
 
 
 def _plot_trained(rows, by_block, path):

@@ -86,7 +86,8 @@ def run(args) -> int:
     with recording as trace:
         on_step = (lambda r: (trace.on_step(r), stream(r))) if trace is not None else stream
         out = spec_generate(draft, target, ids, args.max_new_tokens, stop, temperature=args.temperature,
-                            block_size=args.block_size, verifier=args.verifier, on_step=on_step)
+                            block_size=args.block_size, verifier=args.verifier, verify_gate=args.verify_gate,
+                            on_step=on_step)
     total = time.perf_counter() - t0
     draft_clock.remove(), target_clock.remove()
     text = tokenizer.decode(out.output_ids[0, prompt_len:].tolist(), skip_special_tokens=True)

@@ -29,6 +29,7 @@ from .acceptance import check_sampling, sample, sample_probs, sampling_probs, ve
 from .compat import check_pair, check_request
 from .draft_vocab import DraftVocabHead
 from .layer_sampling import extract_context_feature
+from .verify_gate import check_gate, gated_verify_size, draft_confidence
 
 VERIFIERS = ("rejection", "match")
 
@@ -38,11 +39,11 @@ class StepRecord:
     """What happened in one decode step (the trace stores one per step)."""
     step: int
     start: int                       # position of x_0, the last committed token
-    block_ids: list[int]             # [x_0, d_1, …, d_γ] as verified (drafted from [x_0, mask, …])
-    q_position_ids: list[int]        # positions of the block (Q): start … start + L_q − 1
+    block_ids: list[int]             # [x_0, d_1, …] as verified (drafted from [x_0, mask, …])
+    q_position_ids: list[int]        # positions of the draft's block (Q): start … start + L_q − 1
     k_position_ids: list[int]        # every key column of the draft's attention: cached context,
                                      # new context, block = 0 … start + L_q − 1
-    draft_tokens: list[int]          # d_1..d_γ
+    draft_tokens: list[int]          # d_1..d_γ, every proposal drafted
     posterior: list[int]             # the target's token at each block position (empty: rejection)
     acceptance_length: int           # τ, accepted draft tokens
     bonus: int                       # the target's token after the accepted run
@@ -54,6 +55,8 @@ class StepRecord:
     target_cache_before: int
     target_cache_after_verify: int   # before its crop
     target_cache_after: int          # after its crop (= new start)
+    verify_size: int = 0             # L, tokens verified: L_q, or 2 where verify_gate shut (0: not recorded,
+                                     # a trace saved before this field existed)
 
 
 @dataclass
@@ -79,18 +82,22 @@ class GenerationOutput:
 def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
                   stop_token_ids: list[int] | None = None, temperature: float = 0.0,
                   top_p: float = 1.0, top_k: int = 0, block_size: int | None = None,
-                  verifier: str = "rejection",
+                  verifier: str = "rejection", verify_gate: float | None = None,
                   on_step: Callable[[StepRecord], None] | None = None) -> GenerationOutput:
     """Generate up to `max_new_tokens` tokens after `input_ids` (1, L) with draft + target.
 
     Lossless: greedy output equals `generate(target, …)`; sampled output has the target's
     distribution with either verifier ("rejection" or "match", see acceptance.py).
+    `verify_gate` θ (an extension, verify_gate.py): verify the whole block only when the draft's
+    confidence in its first two proposals, c_1·c_2, is at least θ, else the first proposal alone;
+    None (the default, the official behaviour) verifies every block whole. Lossless either way.
     `on_step` receives a StepRecord after every decode step (tracing, streaming).
     """
     check_pair(draft, target)
     check_sampling(temperature, top_p, top_k)
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {VERIFIERS}")
+    check_gate(verify_gate)
     block_size = draft.block_size if block_size is None else block_size
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be an integer ≥ 1, got {block_size!r}")
@@ -124,14 +131,14 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
     start = prompt_len
     stopped = bool(torch.isin(output_ids[0, start], stop_tokens))
     while start + 1 < max_length and not stopped:
-        verify_size = min(block_size, max_length - start)
-        block_ids = output_ids[:, start:start + verify_size].clone()          # (1, L_q)
-        ctx_len = target_hidden.shape[1] if verify_size > 1 else 0
+        draft_size = min(block_size, max_length - start)                     # L_q of the draft pass
+        block_ids = output_ids[:, start:start + draft_size].clone()          # (1, L_q)
+        ctx_len = target_hidden.shape[1] if draft_size > 1 else 0
         draft_before, target_before = draft_cache.get_seq_length(), target_cache.get_seq_length()
         draft_after_draft, draft_probs = draft_before, None
-        if verify_size > 1:
+        if draft_size > 1:
             noise_embedding = target.embed(block_ids)                         # (1, L_q, d)
-            hidden = draft(position_ids[:, start - ctx_len:start + verify_size],
+            hidden = draft(position_ids[:, start - ctx_len:start + draft_size],
                            noise_embedding=noise_embedding, target_hidden=target_hidden,
                            past_key_values=draft_cache)[:, 1:]                # (1, γ, d)
             result.num_draft_passes += 1
@@ -143,17 +150,24 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
                 block_ids[:, 1:] = sample_probs(draft_probs)
             else:
                 block_ids[:, 1:] = draft_logits.argmax(dim=-1)
+        proposals = block_ids[:, 1:]                                          # (1, γ) d_1..d_γ, all drafted
+        verify_size = draft_size
+        if verify_gate is not None and draft_size > 2:                        # verify_gate.py
+            confidence = draft_confidence(draft_logits, draft_probs)             # (1, γ)
+            verify_size = gated_verify_size(confidence, draft_size, verify_gate)
+            block_ids = block_ids[:, :verify_size]                            # (1, L_q) → (1, L)
+            draft_probs = draft_probs[:, :verify_size - 1] if draft_probs is not None else None
 
         out = target(block_ids, position_ids[:, start:start + verify_size], target_cache,
                      output_hidden_states=verify_size > 1)
         result.num_target_passes += 1
         target_after_verify = target_cache.get_seq_length()
-        draft_tokens = block_ids[:, 1:]                                       # (1, γ)
+        draft_tokens = block_ids[:, 1:]                                       # (1, L − 1) verified
         posterior = None
         if temperature == 0:
             tau, bonus, posterior = verify_greedy(draft_tokens, out.logits)
         else:
-            target_probs = sampling_probs(out.logits, temperature, top_p, top_k)  # (1, L_q, V)
+            target_probs = sampling_probs(out.logits, temperature, top_p, top_k)  # (1, L, V)
             if verifier == "match":
                 tau, bonus, posterior = verify_match(draft_tokens, target_probs)
             elif verify_size > 1:
@@ -169,7 +183,7 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
             produced, stopped = int(hits[0, 0]) + 1, True
         start += produced
         target_cache.crop(start)                                              # rejected K/V go
-        if verify_size > 1:
+        if draft_size > 1:
             target_hidden = extract_context_feature(out.hidden_states, draft.target_layer_ids)[:, :produced]
         result.acceptance_lengths.append(tau)
         result.tokens_per_step.append(produced)
@@ -177,10 +191,10 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
             on_step(StepRecord(
                 step=len(result.acceptance_lengths) - 1, start=start - produced,
                 block_ids=block_ids[0].tolist(),
-                q_position_ids=list(range(start - produced, start - produced + verify_size)),
-                k_position_ids=list(range(start - produced + verify_size))
-                if verify_size > 1 else [],
-                draft_tokens=draft_tokens[0].tolist(),
+                q_position_ids=list(range(start - produced, start - produced + draft_size)),
+                k_position_ids=list(range(start - produced + draft_size))
+                if draft_size > 1 else [],
+                draft_tokens=proposals[0].tolist(), verify_size=verify_size,
                 posterior=posterior[0].tolist() if posterior is not None else [],
                 acceptance_length=tau, bonus=int(bonus), produced=produced, ctx_len=ctx_len,
                 draft_cache_before=draft_before, draft_cache_after_draft=draft_after_draft,

@@ -48,21 +48,22 @@ def _load_state(out: Path, draft, optimizer) -> tuple[int, list[float], float]:
 
 
 def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens=64, stop=(2,),
-                           block_size: int | None = None, outputs: list | None = None) -> tuple[list[float], float]:
-    """Greedy on each prompt: the fraction of full-block decode steps in which block position k
-    (1 … b − 1) was accepted, and the mean tokens per step over all steps (the paper's τ).
-    Each prompt's GenerationOutput is appended to `outputs` if given."""
+                           block_size: int | None = None, outputs: list | None = None,
+                           verify_gate: float | None = None) -> tuple[list[float], float]:
+    """Greedy on each prompt: the fraction of full-block decode steps (the whole block drafted and
+    verified) in which block position k (1 … b − 1) was accepted, and the mean tokens per step over
+    all steps (the paper's τ). Each prompt's GenerationOutput is appended to `outputs` if given."""
     from .smollm2 import chat_ids
     b = block_size or draft.block_size
     accepted, steps, produced = torch.zeros(b - 1), 0, []
     for prompt in prompt_list:
         records = []
         out = spec_generate(draft, target, chat_ids(tokenizer, prompt), max_new_tokens, list(stop), block_size=b,
-                            on_step=records.append)
+                            verify_gate=verify_gate, on_step=records.append)
         if outputs is not None:
             outputs.append(out)
         for r in records:
-            if len(r.draft_tokens) == b - 1:
+            if len(r.block_ids) == b:
                 accepted[:r.acceptance_length] += 1
                 steps += 1
             produced.append(r.produced)

@@ -281,6 +281,7 @@ class MimicDraft(torch.nn.Module):
         return torch.stack(rows)[None]                                        # (1, γ, V)
 
 
+GATE = 0.3   # θ for the gated case: with this draft some steps pass it and some do not (asserted)
 # seed: the pair's seed; target_std: the target's weight scale (0.25: neither flat nor one-hot);
 # draft: "random" (its own weights at scale `std`, far from the target), "oracle" (proposes the
 # target's greedy path, q one-hot: accepted with probability p(greedy)), "mimic" (q ≈ p, soft).
@@ -296,6 +297,9 @@ DIST_CASES = {
     # q = 0 outside the draft vocabulary {0, 2} (draft_vocab.py): still a proposal distribution
     "far-draft-block-3-draft-vocab": dict(seed=5, vocab=4, n=3, block=3, sampling=dict(temperature=1.0),
                                           draft="random", std=1.0, draft_vocab=[0, 2]),
+    # the verify gate (verify_gate.py) cuts some blocks to [x_0, d_1] and verifies others whole
+    "mimic-draft-block-4-gated": dict(seed=3, vocab=4, n=3, block=4, sampling=dict(temperature=1.0),
+                                      draft="mimic", gate=GATE),
 }
 N_SAMPLES = 1200
 TARGET_STD = 0.25
@@ -327,11 +331,14 @@ def test_sampled_distribution_equals_target(name, verifier):
     target, draft, prompt, stops = build_dist_case(case)
     exact = exact_distribution(target, prompt, case["n"], stops=stops or (), **case["sampling"])
     torch.manual_seed(1234)
-    samples, accepted = [], 0
+    samples, accepted, verified = [], 0, Counter()
     ids = torch.tensor([prompt])
     for _ in range(N_SAMPLES):
         out = spec_generate(draft, target, ids, case["n"], stop_token_ids=stops, verifier=verifier,
-                            block_size=case["block"], **case["sampling"])
+                            block_size=case["block"], verify_gate=case.get("gate"),
+                            on_step=lambda r: verified.update([r.verify_size < len(r.q_position_ids)]
+                                                              if len(r.q_position_ids) > 2 else []),
+                            **case["sampling"])
         samples.append(tuple(new_tokens(out, 1)))
         accepted += sum(out.acceptance_lengths)
     p = chi_square_pvalue(samples, exact)
@@ -342,6 +349,8 @@ def test_sampled_distribution_equals_target(name, verifier):
         assert accepted > 0.3 * N_SAMPLES, "a near-target draft should be accepted often"
     else:
         assert accepted > 0, "some draft tokens should still be accepted"
+    if "gate" in case:   # the gate must have both cut blocks and let whole ones through
+        assert verified[True] > 0.1 * N_SAMPLES and verified[False] > 0.1 * N_SAMPLES, verified
 
 
 # ---------------------------------------------------------------------------------------------
@@ -374,7 +383,9 @@ def one_step_tables(target, draft, prompt: list[int], n: int, sampling: dict):
 def wrong_samples(kind: str, p, q, n: int, count: int, seed: int) -> list[tuple[int, ...]]:
     """Local samplers over the first block: "accept-all" keeps every draft token (the draft's distribution);
     "bonus-from-p" rejects correctly but draws the replacement from p instead of
-    norm(max(p − q, 0)) (a classic bug); "correct" is standard rejection sampling (control)."""
+    norm(max(p − q, 0)) (a classic bug); "correct" is standard rejection sampling (control).
+    "gate-on-max" verifies only d_1 unless c_1·c_2 ≥ GATE with c_k = max q_k (verify_gate.py: correct);
+    "gate-on-draw" takes c_k = q_k(d_k) of the drawn tokens instead (biased: only likely d_2 get verified)."""
     rng, cache = random.Random(seed), {}
     draw = lambda probs: rng.choices(range(len(probs)), weights=probs)[0]  # noqa: E731
 
@@ -388,6 +399,9 @@ def wrong_samples(kind: str, p, q, n: int, count: int, seed: int) -> list[tuple[
     for _ in range(count):
         seq = [draw(p_of([]))]
         drafted = [draw(q[seq[0]][i]) for i in range(n - 1)]
+        if kind.startswith("gate-on-") and len(drafted) >= 2:
+            c = [q[seq[0]][i][drafted[i]] if kind == "gate-on-draw" else max(q[seq[0]][i]) for i in range(2)]
+            drafted = drafted if c[0] * c[1] >= GATE else drafted[:1]
         for i, d in enumerate(drafted):
             target_p, draft_q = p_of(seq), q[seq[0]][i]
             if kind == "accept-all" or rng.random() * draft_q[d] < target_p[d]:
@@ -405,9 +419,10 @@ def wrong_samples(kind: str, p, q, n: int, count: int, seed: int) -> list[tuple[
     return samples
 
 
-@pytest.mark.parametrize("kind, should_pass", [("correct", True), ("accept-all", False),
-                                               ("bonus-from-p", False)])
-@pytest.mark.parametrize("name", ["far-draft-block-4", "mimic-draft-block-4-top-k"])
+@pytest.mark.parametrize("name, kind, should_pass", [
+    *[(name, kind, ok) for name in ("far-draft-block-4", "mimic-draft-block-4-top-k")
+      for kind, ok in (("correct", True), ("accept-all", False), ("bonus-from-p", False))],
+    ("mimic-draft-block-4-gated", "gate-on-max", True), ("mimic-draft-block-4-gated", "gate-on-draw", False)])
 def test_chi_square_has_power(name, kind, should_pass):
     """The goodness-of-fit test used above, at the same sample size, accepts a correct local
     rejection sampler and rejects two wrong ones built from the same draft and target."""

@@ -1,0 +1,110 @@
+"""The verify gate (verify_gate.py): L = b if c_1·c_2 ≥ θ else 2, by hand; lossless in the loop,
+greedy (here) and sampled (test_lossless.py's distribution cases); bad thresholds refused."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import make_pair
+
+from dflash_ref import generate, spec_generate
+from dflash_ref.oracle import OracleDraft
+from dflash_ref.verify_gate import check_gate, gated_verify_size, draft_confidence
+
+pytestmark = pytest.mark.usefixtures("one_thread_module")
+
+
+def test_confidence_by_hand():
+    # logits [0, ln 3, −∞] → softmax [1/4, 3/4, 0]; [ln 2, 0, ln 2] → [2/5, 1/5, 2/5]: c = the largest
+    logits = torch.tensor([[[0.0, math.log(3), -math.inf], [math.log(2), 0.0, math.log(2)]]])
+    assert torch.allclose(draft_confidence(logits), torch.tensor([[0.75, 0.4]]))
+    # sampled proposals: read from the distributions they are drawn from (temperature, top-p applied)
+    probs = torch.tensor([[[0.1, 0.9, 0.0], [0.5, 0.2, 0.3]]])
+    assert torch.equal(draft_confidence(logits, probs), torch.tensor([[0.9, 0.5]]))
+
+
+def test_gated_size_by_hand():
+    c = torch.tensor([[0.9, 0.6, 0.01]])                     # c_1·c_2 = 0.54; c_3 plays no part
+    assert gated_verify_size(c, 4, 0.5) == 4
+    assert gated_verify_size(c, 4, 0.54) == 4                # ≥: the boundary verifies the whole block
+    assert gated_verify_size(c, 4, 0.55) == 2
+    assert gated_verify_size(c, 16, 0.0) == 16               # θ = 0: always whole (the official loop)
+    assert gated_verify_size(torch.ones(1, 3), 4, 1.5) == 2  # θ > 1: never whole
+    assert gated_verify_size(c, 4, None) == 4                # off
+    assert gated_verify_size(torch.tensor([[0.0]]), 2, 0.5) == 2    # a block of 2 has nothing to cut
+
+
+@pytest.mark.parametrize("bad", [-0.1, float("nan"), "0.5", True, [0.5]])
+def test_bad_threshold_is_refused(bad):
+    with pytest.raises(ValueError, match="verify_gate"):
+        check_gate(bad)
+    target, draft = make_pair(0, dict(vocab_size=12), dict(block_size=4))
+    with pytest.raises(ValueError, match="verify_gate"):
+        spec_generate(draft, target, torch.tensor([[1, 2]]), 4, verify_gate=bad)
+
+
+class SteppedConfidenceOracle(OracleDraft):
+    """OracleDraft whose confidence alternates: sure (c ≈ 1) on even steps, unsure (c = 1/V) on odd
+    ones, with the same proposals either way, so the gate's decision is known for every step."""
+
+    def compute_logits(self, hidden, output_head):
+        step = self._steps
+        forced = super().compute_logits(hidden, output_head)                # ±1e4, one-hot
+        return forced if step % 2 == 0 else torch.where(forced > 0, 1e-3, 0.0)
+
+
+@pytest.mark.parametrize("block_size, accept", [(4, None), (5, 1), (3, [2, 0, 1, 2, 2, 0, 1])])
+def test_gate_is_lossless_and_cuts_where_unsure(block_size, accept):
+    target, draft = make_pair(7, dict(vocab_size=24), dict(block_size=block_size))
+    prompt, n = torch.tensor([[3, 11, 5]]), 30
+    ar = generate(target, prompt, n)
+    records = []
+    oracle = SteppedConfidenceOracle(draft, ar.output_ids[0], accept)
+    out = spec_generate(oracle, target, prompt, n, verify_gate=0.5, on_step=records.append)
+    assert torch.equal(out.output_ids, ar.output_ids)
+    for r in records:
+        drafted = len(r.q_position_ids)
+        assert len(r.draft_tokens) == drafted - 1                          # every proposal is recorded
+        expected = drafted if r.step % 2 == 0 or drafted <= 2 else 2
+        assert r.verify_size == len(r.block_ids) == expected
+        assert r.block_ids[1:] == r.draft_tokens[:expected - 1]
+        assert r.acceptance_length <= expected - 1
+        assert r.target_cache_after_verify == r.target_cache_before + expected
+    assert any(r.verify_size == 2 < len(r.q_position_ids) for r in records)   # the gate did shut
+    # the same oracle ungated: the same tokens
+    ungated = spec_generate(OracleDraft(draft, ar.output_ids[0], accept), target, prompt, n)
+    assert torch.equal(ungated.output_ids, ar.output_ids)
+
+
+def test_gate_zero_is_the_official_loop():
+    target, draft = make_pair(2, dict(vocab_size=16), dict(block_size=4))
+    prompt, n = torch.tensor([[1, 2, 3]]), 20
+    plain, gated = spec_generate(draft, target, prompt, n), spec_generate(draft, target, prompt, n, verify_gate=0.0)
+    assert torch.equal(plain.output_ids, gated.output_ids)
+    assert plain.acceptance_lengths == gated.acceptance_lengths
+
+
+@pytest.mark.parametrize("accept", [0, 3])
+def test_gate_calibration_counts_every_step(accept):
+    """bench trained's calibration table: c_1·c_2 read at draft.hook_logits, binned; with an oracle
+    forcing τ, every bin's accepted fractions are known."""
+    from dflash_ref.bench_trained import gate_calibration
+    target, draft = make_pair(5, dict(vocab_size=16), dict(block_size=4))
+    inputs = [torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5]])]
+    continuations = [generate(target, x, 12).output_ids[0] for x in inputs]
+    steps = 0
+    for x, cont in zip(inputs, continuations):
+        records = []
+        spec_generate(OracleDraft(draft, cont, accept), target, x, 12, [], block_size=4, on_step=records.append)
+        steps += sum(len(r.draft_tokens) >= 2 for r in records)
+
+    rows = [gate_calibration(OracleDraft(draft, cont, accept), target, [x], 12, 4, [])   # a fresh oracle each
+            for x, cont in zip(inputs, continuations)]
+    assert sum(r["steps"] for table in rows for r in table) == steps
+    for table in rows:
+        assert [r["c_1·c_2"] for r in table] == ["0.0 … 0.2", "0.2 … 0.4", "0.4 … 0.6", "0.6 … 0.8", "0.8 … 1.0"]
+        for r in table:
+            if r["steps"]:
+                assert r["d_1 accepted"] == (1.0 if accept else 0.0)
+                assert r["d_1 and d_2 accepted"] == (1.0 if accept else 0.0)
