@@ -89,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         run(args.out)
     elif args.command == "generate":
         from .cli_generate import run as run_generate
+        from .verify_gate import check_gate
+        try:
+            check_gate(args.verify_gate)
+        except ValueError as e:
+            parser.error(str(e))
         return run_generate(args)
     elif args.command == "smoke":
         from .smoke import run as run_smoke

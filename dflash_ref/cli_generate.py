@@ -70,9 +70,10 @@ def run(args) -> int:
         ids = chat_ids(tokenizer, args.prompt)
     else:
         ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
-    prompt_len, shown, new = ids.shape[1], [""], []
+    prompt_len, shown, new, cut = ids.shape[1], [""], [], []
 
     def stream(record) -> None:  # print the text committed by each step as soon as it is accepted
+        cut.append(record.verify_size < len(record.q_position_ids))     # the verify gate shut
         if record.step == 0:
             new.append(record.block_ids[0])
         new.extend((record.block_ids[1:record.acceptance_length + 1] + [record.bonus])[:record.produced])
@@ -93,6 +94,8 @@ def run(args) -> int:
     text = tokenizer.decode(out.output_ids[0, prompt_len:].tolist(), skip_special_tokens=True)
     print(text[len(shown[0]):], flush=True)
     report(out, total, draft_clock, target_clock)
+    if args.verify_gate is not None:
+        print(f"verify gate θ = {args.verify_gate}: {sum(cut)} of {len(cut)} steps verified [x_0, d_1] only")
     if trace is not None:
         trace.meta.update(prompt=args.prompt, tokens=tokenizer.convert_ids_to_tokens(out.output_ids[0].tolist()))
         if args.trace:

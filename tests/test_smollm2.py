@@ -45,6 +45,8 @@ def test_speculative_output_equals_greedy_on_chat_prompts(smollm2, prompt):
     ar = generate(target, ids, 24, STOP_TOKEN_IDS)
     spec = spec_generate(draft, target, ids, 24, STOP_TOKEN_IDS)
     assert torch.equal(spec.output_ids, ar.output_ids)
+    gated = spec_generate(draft, target, ids, 24, STOP_TOKEN_IDS, verify_gate=0.5)
+    assert torch.equal(gated.output_ids, ar.output_ids)
     full = spec_generate(OracleDraft(draft, ar.output_ids), target, ids, 24, STOP_TOKEN_IDS)
     assert torch.equal(full.output_ids, ar.output_ids)
     assert len(full.acceptance_lengths) < len(spec.acceptance_lengths)  # whole blocks accepted
@@ -89,10 +91,17 @@ def test_the_shipped_draft_is_small_bf16_official_and_accepted_on_held_out_promp
 
 def test_generate_uses_the_shipped_draft_by_default():
     proc = subprocess.run([sys.executable, "-m", "dflash_ref", "generate", "--target", "smollm2", "--chat",
-                           "--prompt", "What is the capital of France?", "--max-new-tokens", "12"],
-                          capture_output=True, text=True, timeout=600)
+                           "--prompt", "What is the capital of France?", "--max-new-tokens", "12",
+                           "--verify-gate", "0.5"], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "trained SmolLM2 draft" in proc.stderr and "Paris" in proc.stdout
+    assert "verify gate θ = 0.5: " in proc.stdout and "steps verified [x_0, d_1] only" in proc.stdout
+
+
+def test_generate_refuses_a_bad_verify_gate_before_loading_anything():
+    proc = subprocess.run([sys.executable, "-m", "dflash_ref", "generate", "--target", "smollm2",
+                           "--verify-gate", "-1"], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2 and "verify_gate must be" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_self_distillation_is_the_targets_greedy_decoding_and_restores_its_attention(smollm2, tmp_path):
