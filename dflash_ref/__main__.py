@@ -22,7 +22,7 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, help="override the draft's block size")
     p.add_argument("--verify-gate", type=float, metavar="θ",
                    help="verify the whole block only when the draft's c_1·c_2 ≥ θ, else its first proposal "
-                        "alone (verify_gate.py; 0.5 measured best for the SmolLM2 draft on a CPU; default: off)")
+                        "alone (verify_gate.py; bench trained uses 0.5; default: off, every block verified whole)")
     p.add_argument("--draft-layers", type=int, default=3, help="layers of a random draft")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", help="save the trace (draft attention of every step) to this folder")

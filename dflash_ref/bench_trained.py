@@ -64,12 +64,13 @@ def bench_trained(repeats: int, out: Path, progress) -> dict:
 
 
 def gate_calibration(draft, target, inputs, n: int, block_size: int, stop: list[int]) -> list[dict]:
-    """Is the draft's confidence c_1·c_2 (verify_gate.py) a probability? Greedy, the whole block
+    """Does the draft's confidence c_1·c_2 (verify_gate.py) predict acceptance? Greedy, the whole block
     verified every step; c_k read at the `draft.hook_logits` hook point. → one row per bin of
     c_1·c_2: steps, and the fractions in which the target accepted d_1, and d_1 and d_2."""
     from .hooks import hooks
     from .verify_gate import draft_confidence
     pairs = []                                                   # (c_1·c_2, τ) per step with γ ≥ 2
+    confidences = []                                             # c_1·c_2 per step of the current prompt
 
     def read(logits, point):                                     # (1, γ, V), once per decode step
         c = draft_confidence(logits)                          # (1, γ)
@@ -77,7 +78,7 @@ def gate_calibration(draft, target, inputs, n: int, block_size: int, stop: list[
 
     with hooks(draft, read, lambda name: name == "draft.hook_logits"):
         for ids in inputs:
-            confidences = []
+            confidences.clear()
             out = spec_generate(draft, target, ids, n, stop, block_size=block_size)
             pairs += [(c, tau) for c, tau in zip(confidences, out.acceptance_lengths) if c is not None]
     edges = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)

@@ -29,7 +29,7 @@ from .acceptance import check_sampling, sample, sample_probs, sampling_probs, ve
 from .compat import check_pair, check_request
 from .draft_vocab import DraftVocabHead
 from .layer_sampling import extract_context_feature
-from .verify_gate import check_gate, gated_verify_size, draft_confidence
+from .verify_gate import check_gate, draft_confidence, gated_verify_size
 
 VERIFIERS = ("rejection", "match")
 
@@ -153,10 +153,12 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
         proposals = block_ids[:, 1:]                                          # (1, γ) d_1..d_γ, all drafted
         verify_size = draft_size
         if verify_gate is not None and draft_size > 2:                        # verify_gate.py
-            confidence = draft_confidence(draft_logits, draft_probs)             # (1, γ)
+            confidence = draft_confidence(draft_logits[:, :2],                # c_1, c_2: (1, 2)
+                                          draft_probs[:, :2] if draft_probs is not None else None)
             verify_size = gated_verify_size(confidence, draft_size, verify_gate)
             block_ids = block_ids[:, :verify_size]                            # (1, L_q) → (1, L)
-            draft_probs = draft_probs[:, :verify_size - 1] if draft_probs is not None else None
+            if draft_probs is not None:
+                draft_probs = draft_probs[:, :verify_size - 1]                # (1, γ, V) → (1, L − 1, V)
 
         out = target(block_ids, position_ids[:, start:start + verify_size], target_cache,
                      output_hidden_states=verify_size > 1)

@@ -27,6 +27,9 @@ from torch import nn
 from .hooks import HookPoint, hook_points, hooks
 from .spec_generate import StepRecord
 
+FORMAT = "dflash_ref.trace/2"                       # /2: StepRecord.verify_size (the verify gate)
+READABLE = ("dflash_ref.trace/1", FORMAT)            # a /1 trace loads with verify_size = 0
+
 NameFilter = Iterable[str] | Callable[[str], bool] | None
 
 
@@ -115,7 +118,7 @@ class Trace:
         for i, acts in enumerate(self.activations):
             tensors.update({f"step{i:05d}/{k}": v.contiguous() for k, v in acts.items()})
         save_file(tensors, str(folder / "activations.safetensors"))
-        doc = {"format": "dflash_ref.trace/1", "meta": self.meta,
+        doc = {"format": FORMAT, "meta": self.meta,
                "records": [dataclasses.asdict(r) for r in self.records]}
         (folder / "trace.json").write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -126,8 +129,9 @@ class Trace:
             if not (folder / f).is_file():
                 raise FileNotFoundError(f"{folder} is not a saved trace: {f} is missing")
         doc = json.loads((folder / "trace.json").read_text())
-        if doc.get("format") != "dflash_ref.trace/1":
-            raise ValueError(f"{folder}/trace.json has unknown format {doc.get('format')!r}")
+        if doc.get("format") not in READABLE:
+            raise ValueError(f"{folder}/trace.json has unknown format {doc.get('format')!r}; "
+                             f"this version reads {READABLE}")
         trace = cls(doc["meta"])
         trace.records = [StepRecord(**r) for r in doc["records"]]
         trace.activations = [{} for _ in trace.records]

@@ -4,26 +4,30 @@ An extension (neither the paper nor the official code has it; off unless asked f
 The draft always proposes a whole block in one pass; the target need not verify all of it. Where a
 verify of a few tokens costs what one token costs (a GPU: the weights are read once either way),
 verifying everything is free. On this 2-core CPU it is not: a verify of 2 tokens costs one AR step,
-one of 3 or 4 tokens about 1.3–1.4 AR steps (README, "Benchmarks": `bench ceiling`), while the third
-and fourth proposals of a small draft are rarely right. So verify the whole block only when the draft
+one of 4 tokens about 1.4 (README, "Benchmarks": `bench ceiling`) and one of 3 as much or more
+(`target/linear.py`'s table), while the third and fourth proposals of a small draft are rarely right. So verify the whole block only when the draft
 itself says its first two proposals are likely right:
 
     c_k = max_v q_k(v)               the draft's confidence at block position k: the largest
-                                     probability of its distribution there (greedy: q_k(d_k), since
-                                     d_k is the argmax; sampling: of the distribution d_k is drawn from)
+                                     probability of its distribution there (greedy, and the "match"
+                                     verifier at any temperature: the softmax of its logits, so
+                                     c_k = q_k(d_k) for the argmax d_k; the "rejection" verifier: of
+                                     the distribution d_k is drawn from, temperature and top-p/top-k
+                                     applied, so the same θ means a different cut there)
     L   = b     if c_1 · c_2 ≥ θ     the whole block [x_0, d_1, …, d_{b−1}]
           2     otherwise            [x_0, d_1]: the first proposal alone
 
 Lossless for every θ: a shortened block is verified exactly as a block of that size would be, so
 greedy output still equals the target's own, and sampling keeps the target's distribution. For
-sampling this needs c_k to be read from the distributions, not from the sampled tokens: a DFlash
-draft computes every q_k in one parallel pass, before any d_k is drawn, so L is independent of the
-draws and each verified d_k is still distributed as q_k. A gate on q_k(d_k) of the *sampled* d_k
+sampling this needs L to be independent of the drawn d_2 … d_γ (d_1 is verified either way): a
+DFlash draft computes every q_k in one parallel pass, before any d_k is drawn, so a gate on the
+distributions alone leaves each verified d_k distributed as q_k. A gate on q_k(d_k) of the *sampled* d_k
 would let only likely-looking d_2 through to verification, and rejection sampling, which assumes
 d_2 ~ q_2, would then be biased (tests/test_lossless.py caught exactly this: chi-square p = 4e-14).
 θ = 0 verifies every block whole (the official behaviour); θ > 1 never does. The shipped SmolLM2
-draft's c_1 · c_2 is well calibrated (README, "Training a draft": of the steps where it is ≥ 0.8,
-about 80 % accept both proposals; below 0.2, 3 %).
+draft's c_1 · c_2 ranks steps well, though it is no calibrated probability (`bench trained`'s last
+table: where it is ≥ 0.8 the target accepts both proposals in 81 % of the steps, 0.4–0.6 in 24 %,
+below 0.2 in 3 %).
 """
 from __future__ import annotations
 
@@ -46,9 +50,9 @@ def draft_confidence(draft_logits: torch.Tensor, draft_probs: torch.Tensor | Non
     return probs.float().amax(dim=-1)                                        # (1, γ, V) → (1, γ)
 
 
-def gated_verify_size(confidence: torch.Tensor, verify_size: int, threshold: float | None) -> int:
-    """L: `verify_size` (the whole block) if the gate is off, the block has no second proposal, or
-    c_1 · c_2 ≥ θ; else 2. confidence (1, ≥ 2) from `draft_confidence`."""
-    if threshold is None or verify_size <= 2:
-        return verify_size
-    return verify_size if float(confidence[0, 0] * confidence[0, 1]) >= threshold else 2
+def gated_verify_size(confidence: torch.Tensor, draft_size: int, threshold: float | None) -> int:
+    """L: `draft_size` (the whole drafted block) if the gate is off, the block has no second
+    proposal, or c_1 · c_2 ≥ θ; else 2. confidence (1, ≥ 2) from `draft_confidence`."""
+    if threshold is None or draft_size <= 2:
+        return draft_size
+    return draft_size if float(confidence[0, 0] * confidence[0, 1]) >= threshold else 2

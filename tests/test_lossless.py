@@ -281,7 +281,6 @@ class MimicDraft(torch.nn.Module):
         return torch.stack(rows)[None]                                        # (1, γ, V)
 
 
-GATE = 0.3   # θ for the gated case: with this draft some steps pass it and some do not (asserted)
 # seed: the pair's seed; target_std: the target's weight scale (0.25: neither flat nor one-hot);
 # draft: "random" (its own weights at scale `std`, far from the target), "oracle" (proposes the
 # target's greedy path, q one-hot: accepted with probability p(greedy)), "mimic" (q ≈ p, soft).
@@ -297,9 +296,11 @@ DIST_CASES = {
     # q = 0 outside the draft vocabulary {0, 2} (draft_vocab.py): still a proposal distribution
     "far-draft-block-3-draft-vocab": dict(seed=5, vocab=4, n=3, block=3, sampling=dict(temperature=1.0),
                                           draft="random", std=1.0, draft_vocab=[0, 2]),
-    # the verify gate (verify_gate.py) cuts some blocks to [x_0, d_1] and verifies others whole
+    # the verify gate (verify_gate.py, θ = `gate`) cuts some blocks to [x_0, d_1] and verifies others
+    # whole (n = 3: the first block holds 3 tokens, so the gate picks 3 or 2); with this draft, θ = 0.3
+    # lets some blocks through whole and cuts others (asserted)
     "mimic-draft-block-4-gated": dict(seed=3, vocab=4, n=3, block=4, sampling=dict(temperature=1.0),
-                                      draft="mimic", gate=GATE),
+                                      draft="mimic", gate=0.3),
 }
 N_SAMPLES = 1200
 TARGET_STD = 0.25
@@ -380,11 +381,11 @@ def one_step_tables(target, draft, prompt: list[int], n: int, sampling: dict):
     return p, q
 
 
-def wrong_samples(kind: str, p, q, n: int, count: int, seed: int) -> list[tuple[int, ...]]:
+def wrong_samples(kind: str, p, q, n: int, count: int, seed: int, gate: float | None = None) -> list[tuple[int, ...]]:
     """Local samplers over the first block: "accept-all" keeps every draft token (the draft's distribution);
     "bonus-from-p" rejects correctly but draws the replacement from p instead of
     norm(max(p − q, 0)) (a classic bug); "correct" is standard rejection sampling (control).
-    "gate-on-max" verifies only d_1 unless c_1·c_2 ≥ GATE with c_k = max q_k (verify_gate.py: correct);
+    "gate-on-max" verifies only d_1 unless c_1·c_2 ≥ `gate` with c_k = max q_k (verify_gate.py: correct);
     "gate-on-draw" takes c_k = q_k(d_k) of the drawn tokens instead (biased: only likely d_2 get verified)."""
     rng, cache = random.Random(seed), {}
     draw = lambda probs: rng.choices(range(len(probs)), weights=probs)[0]  # noqa: E731
@@ -401,7 +402,7 @@ def wrong_samples(kind: str, p, q, n: int, count: int, seed: int) -> list[tuple[
         drafted = [draw(q[seq[0]][i]) for i in range(n - 1)]
         if kind.startswith("gate-on-") and len(drafted) >= 2:
             c = [q[seq[0]][i][drafted[i]] if kind == "gate-on-draw" else max(q[seq[0]][i]) for i in range(2)]
-            drafted = drafted if c[0] * c[1] >= GATE else drafted[:1]
+            drafted = drafted if c[0] * c[1] >= gate else drafted[:1]
         for i, d in enumerate(drafted):
             target_p, draft_q = p_of(seq), q[seq[0]][i]
             if kind == "accept-all" or rng.random() * draft_q[d] < target_p[d]:
@@ -430,7 +431,7 @@ def test_chi_square_has_power(name, kind, should_pass):
     target, draft, prompt, _ = build_dist_case(case)
     exact = exact_distribution(target, prompt, case["n"], **case["sampling"])
     p_fn, q = one_step_tables(target, draft, prompt, case["n"], case["sampling"])
-    samples = wrong_samples(kind, p_fn, q, case["n"], N_SAMPLES, seed=7)
+    samples = wrong_samples(kind, p_fn, q, case["n"], N_SAMPLES, seed=7, gate=case.get("gate"))
     impossible = sum(s not in exact for s in samples)  # a sequence of probability 0: fails outright
     p = 0.0 if impossible else chi_square_pvalue(samples, exact)
     print(f"power {name}/{kind}: chi-square p = {p:.4g} ({impossible} impossible sequences)")

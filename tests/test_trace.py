@@ -129,6 +129,26 @@ def test_save_load_round_trip_is_bit_identical(tmp_path):
         Trace.load(tmp_path / "missing")
 
 
+def test_a_trace_saved_before_the_verify_gate_still_loads(tmp_path):
+    """Format /1 had no StepRecord.verify_size: it loads as 0 ("not recorded"); an unknown format is refused."""
+    import json
+    _, _, _, _, trace = traced_run(1, {"block_size": 4}, [3, 0, 1])
+    trace.save(tmp_path / "t")
+    doc = json.loads((tmp_path / "t" / "trace.json").read_text())
+    assert doc["format"] == "dflash_ref.trace/2" and all(r["verify_size"] == len(r["q_position_ids"]) for r in doc["records"])
+    doc["format"] = "dflash_ref.trace/1"
+    for r in doc["records"]:
+        del r["verify_size"]
+    (tmp_path / "t" / "trace.json").write_text(json.dumps(doc))
+    back = Trace.load(tmp_path / "t")
+    assert [r.verify_size for r in back.records] == [0] * len(trace.records)
+    assert [r.block_ids for r in back.records] == [r.block_ids for r in trace.records]
+    doc["format"] = "dflash_ref.trace/9"
+    (tmp_path / "t" / "trace.json").write_text(json.dumps(doc))
+    with pytest.raises(ValueError, match="unknown format"):
+        Trace.load(tmp_path / "t")
+
+
 def test_every_plot_returns_a_figure():
     _, _, _, out, trace = traced_run(1, {"block_size": 6}, [5, 0, 2, 5, 1])
     figures = [plot_attention(trace, 1, 0, 0), plot_attention_grid(trace, 0), plot_attention_steps(trace),

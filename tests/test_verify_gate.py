@@ -25,10 +25,10 @@ def test_confidence_by_hand():
 
 
 def test_gated_size_by_hand():
-    c = torch.tensor([[0.9, 0.6, 0.01]])                     # c_1·c_2 = 0.54; c_3 plays no part
-    assert gated_verify_size(c, 4, 0.5) == 4
-    assert gated_verify_size(c, 4, 0.54) == 4                # ≥: the boundary verifies the whole block
-    assert gated_verify_size(c, 4, 0.55) == 2
+    c = torch.tensor([[0.5, 0.75, 0.01]])                    # c_1·c_2 = 0.375 exactly; c_3 plays no part
+    assert gated_verify_size(c, 4, 0.3) == 4
+    assert gated_verify_size(c, 4, 0.375) == 4               # ≥: the boundary verifies the whole block
+    assert gated_verify_size(c, 4, 0.376) == 2
     assert gated_verify_size(c, 16, 0.0) == 16               # θ = 0: always whole (the official loop)
     assert gated_verify_size(torch.ones(1, 3), 4, 1.5) == 2  # θ > 1: never whole
     assert gated_verify_size(c, 4, None) == 4                # off
@@ -77,34 +77,44 @@ def test_gate_is_lossless_and_cuts_where_unsure(block_size, accept):
     assert torch.equal(ungated.output_ids, ar.output_ids)
 
 
-def test_gate_zero_is_the_official_loop():
+def test_gate_zero_verifies_every_block_whole():
     target, draft = make_pair(2, dict(vocab_size=16), dict(block_size=4))
     prompt, n = torch.tensor([[1, 2, 3]]), 20
-    plain, gated = spec_generate(draft, target, prompt, n), spec_generate(draft, target, prompt, n, verify_gate=0.0)
+    records = []
+    plain = spec_generate(draft, target, prompt, n)
+    gated = spec_generate(draft, target, prompt, n, verify_gate=0.0, on_step=records.append)
     assert torch.equal(plain.output_ids, gated.output_ids)
     assert plain.acceptance_lengths == gated.acceptance_lengths
+    assert all(r.verify_size == len(r.block_ids) == len(r.q_position_ids) for r in records)
 
 
-@pytest.mark.parametrize("accept", [0, 3])
-def test_gate_calibration_counts_every_step(accept):
-    """bench trained's calibration table: c_1·c_2 read at draft.hook_logits, binned; with an oracle
-    forcing τ, every bin's accepted fractions are known."""
+def test_gate_calibration_bins_by_hand():
+    """bench trained's calibration table: c_1·c_2 read at draft.hook_logits and binned. Here a hook
+    attached first sets the logits the table reads (c_k = 0.95 on even draft passes, 0.5 on odd
+    ones: c_1·c_2 = 0.9025 and 0.25) and an oracle sets τ (2 on even steps, 0 on odd ones)."""
     from dflash_ref.bench_trained import gate_calibration
+    from dflash_ref.hooks import hooks
     target, draft = make_pair(5, dict(vocab_size=16), dict(block_size=4))
-    inputs = [torch.tensor([[1, 2, 3]]), torch.tensor([[4, 5]])]
-    continuations = [generate(target, x, 12).output_ids[0] for x in inputs]
-    steps = 0
-    for x, cont in zip(inputs, continuations):
-        records = []
-        spec_generate(OracleDraft(draft, cont, accept), target, x, 12, [], block_size=4, on_step=records.append)
-        steps += sum(len(r.draft_tokens) >= 2 for r in records)
+    prompt, n, accept = torch.tensor([[1, 2, 3]]), 14, [2, 0] * 10
+    continuation = generate(target, prompt, n).output_ids[0]
+    passes = [0]
 
-    rows = [gate_calibration(OracleDraft(draft, cont, accept), target, [x], 12, 4, [])   # a fresh oracle each
-            for x, cont in zip(inputs, continuations)]
-    assert sum(r["steps"] for table in rows for r in table) == steps
-    for table in rows:
-        assert [r["c_1·c_2"] for r in table] == ["0.0 … 0.2", "0.2 … 0.4", "0.4 … 0.6", "0.6 … 0.8", "0.8 … 1.0"]
-        for r in table:
-            if r["steps"]:
-                assert r["d_1 accepted"] == (1.0 if accept else 0.0)
-                assert r["d_1 and d_2 accepted"] == (1.0 if accept else 0.0)
+    def set_confidence(logits, point):                       # (1, γ, V) → the same shape
+        c = 0.95 if passes[0] % 2 == 0 else 0.5
+        passes[0] += 1
+        out = torch.zeros_like(logits)
+        out[..., 0] = math.log(c * (logits.shape[-1] - 1) / (1 - c))   # softmax's largest entry = c
+        return out
+
+    records = []
+    spec_generate(OracleDraft(draft, continuation, accept), target, prompt, n, [], block_size=4,
+                  on_step=records.append)
+    whole = [r for r in records if len(r.draft_tokens) >= 2]  # steps the table counts
+    with hooks(draft, set_confidence, lambda name: name == "draft.hook_logits"):
+        table = gate_calibration(OracleDraft(draft, continuation, accept), target, [prompt], n, 4, [])
+    assert [r["c_1·c_2"] for r in table] == ["0.0 … 0.2", "0.2 … 0.4", "0.4 … 0.6", "0.6 … 0.8", "0.8 … 1.0"]
+    rows = {r["c_1·c_2"]: r for r in table}
+    assert rows["0.8 … 1.0"]["steps"] == sum(r.step % 2 == 0 for r in whole) > 0
+    assert rows["0.2 … 0.4"]["steps"] == sum(r.step % 2 == 1 for r in whole) > 0
+    assert sum(r["steps"] for r in table) == len(whole)
+    assert rows["0.8 … 1.0"]["d_1 and d_2 accepted"] == 1.0 and rows["0.2 … 0.4"]["d_1 accepted"] == 0.0
