@@ -73,8 +73,8 @@ def gate_calibration(draft, target, inputs, n: int, block_size: int, stop: list[
     confidences = []                                             # c_1·c_2 per step of the current prompt
 
     def read(logits, point):                                     # (1, γ, V), once per decode step
-        c = draft_confidence(logits)                          # (1, γ)
-        confidences.append(float(c[0, 0] * c[0, 1]) if c.shape[1] >= 2 else None)
+        c = draft_confidence(logits[:, :2])                      # (1, min(γ, 2))
+        confidences.append(float(c[0, 0] * c[0, 1]) if c.shape[1] == 2 else None)
 
     with hooks(draft, read, lambda name: name == "draft.hook_logits"):
         for ids in inputs:

@@ -5,8 +5,9 @@ The draft always proposes a whole block in one pass; the target need not verify 
 verify of a few tokens costs what one token costs (a GPU: the weights are read once either way),
 verifying everything is free. On this 2-core CPU it is not: a verify of 2 tokens costs one AR step,
 one of 4 tokens about 1.4 (README, "Benchmarks": `bench ceiling`) and one of 3 as much or more
-(`target/linear.py`'s table), while the third and fourth proposals of a small draft are rarely right. So verify the whole block only when the draft
-itself says its first two proposals are likely right:
+(`target/linear.py`'s table), while the third and fourth proposals of a small draft are rarely
+right. So verify the whole block only when the draft itself says its first two proposals are
+likely right:
 
     c_k = max_v q_k(v)               the draft's confidence at block position k: the largest
                                      probability of its distribution there (greedy, and the "match"
@@ -21,9 +22,10 @@ Lossless for every θ: a shortened block is verified exactly as a block of that 
 greedy output still equals the target's own, and sampling keeps the target's distribution. For
 sampling this needs L to be independent of the drawn d_2 … d_γ (d_1 is verified either way): a
 DFlash draft computes every q_k in one parallel pass, before any d_k is drawn, so a gate on the
-distributions alone leaves each verified d_k distributed as q_k. A gate on q_k(d_k) of the *sampled* d_k
-would let only likely-looking d_2 through to verification, and rejection sampling, which assumes
-d_2 ~ q_2, would then be biased (tests/test_lossless.py caught exactly this: chi-square p = 4e-14).
+distributions alone leaves each verified d_k distributed as q_k. A gate on q_k(d_k) of the
+*sampled* d_k would let only likely-looking d_2 through to verification, and rejection sampling,
+which assumes d_2 ~ q_2, would then be biased (tests/test_lossless.py caught exactly this:
+chi-square p = 4e-14).
 θ = 0 verifies every block whole (the official behaviour); θ > 1 never does. The shipped SmolLM2
 draft's c_1 · c_2 ranks steps well, though it is no calibrated probability (`bench trained`'s last
 table: where it is ≥ 0.8 the target accepts both proposals in 81 % of the steps, 0.4–0.6 in 24 %,
