@@ -135,7 +135,8 @@ def test_a_trace_saved_before_the_verify_gate_still_loads(tmp_path):
     _, _, _, _, trace = traced_run(1, {"block_size": 4}, [3, 0, 1])
     trace.save(tmp_path / "t")
     doc = json.loads((tmp_path / "t" / "trace.json").read_text())
-    assert doc["format"] == "dflash_ref.trace/2" and all(r["verify_size"] == len(r["q_position_ids"]) for r in doc["records"])
+    assert doc["format"] == "dflash_ref.trace/2"
+    assert all(r["verify_size"] == len(r["q_position_ids"]) for r in doc["records"])
     doc["format"] = "dflash_ref.trace/1"
     for r in doc["records"]:
         del r["verify_size"]

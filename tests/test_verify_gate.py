@@ -10,7 +10,7 @@ from conftest import make_pair
 
 from dflash_ref import generate, spec_generate
 from dflash_ref.oracle import OracleDraft
-from dflash_ref.verify_gate import check_gate, gated_verify_size, draft_confidence
+from dflash_ref.verify_gate import check_gate, draft_confidence, gated_verify_size
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
