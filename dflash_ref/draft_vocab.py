@@ -7,7 +7,7 @@
 Lossless either way: the target verifies every proposal, and for rejection sampling a q that is
 zero outside V_d is still a proposal distribution (the residual max(p − q, 0) covers the rest).
 What it buys: the proposals' product over the lm_head shrinks by V / |V_d| (SmolLM2 with the
-tokens of its training responses: 49152 / 8886 ≈ 5.5×). What it costs: a token outside V_d is never
+tokens of its training responses: 49152 / 13083 ≈ 3.8×). What it costs: a token outside V_d is never
 proposed, so a run of accepted tokens ends there. A trained draft whose loss only ever had V_d
 among its labels (training.py's sampled vocabulary) almost never proposes such a token correctly.
 
