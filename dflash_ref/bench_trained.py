@@ -34,11 +34,18 @@ def bench_trained(repeats: int, out: Path, progress) -> dict:
     spec = {f"DFlash b={b}": (draft, b, None) for b in blocks}
     spec[f"DFlash b={blocks[-1]}, proposals over all V"] = (all_v, blocks[-1], None)
     spec[f"DFlash b={blocks[-1]}, verify gate θ={VERIFY_GATE}"] = (draft, blocks[-1], VERIFY_GATE)
-    stats = {}
+    stats, calibration = {}, None
     for name, (d, b, gate) in spec.items():  # one untimed pass each: the statistics and the lossless check
         outputs = []
-        stats[name] = acceptance_by_position(d, target, tokenizer, prompts, n, STOP_TOKEN_IDS, block_size=b,
-                                             outputs=outputs, verify_gate=gate)
+
+        def run(d=d, b=b, gate=gate, outputs=outputs):
+            return acceptance_by_position(d, target, tokenizer, prompts, n, STOP_TOKEN_IDS, block_size=b,
+                                          outputs=outputs, verify_gate=gate)
+        if name == f"DFlash b={blocks[-1]}":     # the whole block verified every step: the gate's premise
+            stats[name], confidences = confidence_log(d, run)
+            calibration = gate_calibration(confidences, outputs)
+        else:
+            stats[name] = run()
         if not all(torch.equal(o.output_ids, expected) for o, expected in zip(outputs, ar_out)):
             raise AssertionError(f"{name}: speculative output differs from AR (lossless broken)")
     progress("outputs equal AR in every variant; timing")
@@ -51,7 +58,6 @@ def bench_trained(repeats: int, out: Path, progress) -> dict:
     for row in rows[1:]:
         tau = stats[row["variant"]][1]
         row.update({"τ (tokens/step)": tau, "accepted/step": tau - 1, "speedup vs AR": 1 / row["ratio"]})
-    calibration = gate_calibration(draft, target, inputs, n, blocks[-1], STOP_TOKEN_IDS)
     by_block = {b: stats[f"DFlash b={b}"] for b in blocks}
     best = max(blocks, key=lambda b: by_block[b][1])
     positions = [{"block position k": k + 1, **{f"b={b}": by_block[b][0][k] if k < b - 1 else ""
@@ -63,24 +69,33 @@ def bench_trained(repeats: int, out: Path, progress) -> dict:
                 calibration}
 
 
-def gate_calibration(draft, target, inputs, n: int, block_size: int, stop: list[int]) -> list[dict]:
-    """Does the draft's confidence c_1·c_2 (verify_gate.py) predict acceptance? Greedy, the whole block
-    verified every step; c_k read at the `draft.hook_logits` hook point. → one row per bin of
-    c_1·c_2: steps, and the fractions in which the target accepted d_1, and d_1 and d_2."""
+def confidence_log(draft, run) -> tuple[object, list[float | None]]:
+    """(run()'s result, c_1·c_2 (verify_gate.py) of every pass `draft` made while it ran, in order, None
+    where a pass drafted fewer than 2 positions), read at the `draft.hook_logits` hook point."""
     from .hooks import hooks
     from .verify_gate import draft_confidence
-    pairs = []                                                   # (c_1·c_2, τ) per step with γ ≥ 2
-    confidences = []                                             # c_1·c_2 per step of the current prompt
+    log = []
 
-    def read(logits, point):                                     # (1, γ, V), once per decode step
+    def read(logits, point):                                     # (1, γ, V), once per draft pass
         c = draft_confidence(logits[:, :2])                      # (1, min(γ, 2))
-        confidences.append(float(c[0, 0] * c[0, 1]) if c.shape[1] == 2 else None)
+        log.append(float(c[0, 0] * c[0, 1]) if c.shape[1] == 2 else None)
 
     with hooks(draft, read, lambda name: name == "draft.hook_logits"):
-        for ids in inputs:
-            confidences.clear()
-            out = spec_generate(draft, target, ids, n, stop, block_size=block_size)
-            pairs += [(c, tau) for c, tau in zip(confidences, out.acceptance_lengths) if c is not None]
+        result = run()
+    return result, log
+
+
+def gate_calibration(confidences: list[float | None], outputs: list) -> list[dict]:
+    """Does the draft's confidence c_1·c_2 predict acceptance? `outputs`: greedy GenerationOutputs, one
+    per prompt, the whole block verified every step; `confidences`: c_1·c_2 of their draft passes in
+    the same order (`confidence_log`; a step without a draft pass comes only last in a prompt). → one
+    row per bin of c_1·c_2: steps, and the fractions in which the target accepted d_1, and d_1 and d_2."""
+    pairs, rest = [], list(confidences)                          # (c_1·c_2, τ) per step with γ ≥ 2
+    for out in outputs:
+        mine, rest = rest[:out.num_draft_passes], rest[out.num_draft_passes:]
+        pairs += [(c, tau) for c, tau in zip(mine, out.acceptance_lengths) if c is not None]
+    if rest:
+        raise ValueError(f"{len(rest)} confidences left over: they do not belong to these outputs' draft passes")
     edges = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     rows = []
     for lo, hi in zip(edges, edges[1:]):

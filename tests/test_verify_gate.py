@@ -92,7 +92,7 @@ def test_gate_calibration_bins_by_hand():
     """bench trained's calibration table: c_1·c_2 read at draft.hook_logits and binned. Here a hook
     attached first sets the logits the table reads (c_k = 0.95 on even draft passes, 0.5 on odd
     ones: c_1·c_2 = 0.9025 and 0.25) and an oracle sets τ (2 on even steps, 0 on odd ones)."""
-    from dflash_ref.bench_trained import gate_calibration
+    from dflash_ref.bench_trained import confidence_log, gate_calibration
     from dflash_ref.hooks import hooks
     target, draft = make_pair(5, dict(vocab_size=16), dict(block_size=4))
     prompt, n, accept = torch.tensor([[1, 2, 3]]), 14, [2, 0] * 10
@@ -110,11 +110,33 @@ def test_gate_calibration_bins_by_hand():
     spec_generate(OracleDraft(draft, continuation, accept), target, prompt, n, [], block_size=4,
                   on_step=records.append)
     whole = [r for r in records if len(r.draft_tokens) >= 2]  # steps the table counts
+    oracle = OracleDraft(draft, continuation, accept)
     with hooks(draft, set_confidence, lambda name: name == "draft.hook_logits"):
-        table = gate_calibration(OracleDraft(draft, continuation, accept), target, [prompt], n, 4, [])
+        output, confidences = confidence_log(oracle, lambda: spec_generate(oracle, target, prompt, n, [],
+                                                                           block_size=4))
+    assert len(confidences) == passes[0] == output.num_draft_passes
+    table = gate_calibration(confidences, [output])
     assert [r["c_1·c_2"] for r in table] == ["0.0 … 0.2", "0.2 … 0.4", "0.4 … 0.6", "0.6 … 0.8", "0.8 … 1.0"]
     rows = {r["c_1·c_2"]: r for r in table}
     assert rows["0.8 … 1.0"]["steps"] == sum(r.step % 2 == 0 for r in whole) > 0
     assert rows["0.2 … 0.4"]["steps"] == sum(r.step % 2 == 1 for r in whole) > 0
     assert sum(r["steps"] for r in table) == len(whole)
     assert rows["0.8 … 1.0"]["d_1 and d_2 accepted"] == 1.0 and rows["0.2 … 0.4"]["d_1 accepted"] == 0.0
+
+
+def test_gate_calibration_splits_confidences_between_prompts():
+    """The confidences of several prompts come as one list: each prompt takes as many as it made
+    draft passes (a last step without a pass gets none), by hand: prompt 1 has 3 passes for 4 steps,
+    prompt 2 2 passes for 2 steps; a pass with γ < 2 logs None and is not counted."""
+    from types import SimpleNamespace
+
+    from dflash_ref.bench_trained import gate_calibration
+    outputs = [SimpleNamespace(num_draft_passes=3, acceptance_lengths=[2, 0, 1, 0]),
+               SimpleNamespace(num_draft_passes=2, acceptance_lengths=[3, 1])]
+    rows = {r["c_1·c_2"]: r for r in gate_calibration([0.9, 0.1, None, 0.85, 0.3], outputs)}
+    assert [rows[k]["steps"] for k in rows] == [1, 1, 0, 0, 2]
+    assert rows["0.8 … 1.0"]["d_1 and d_2 accepted"] == 1.0                 # τ 2 and 3
+    assert rows["0.2 … 0.4"]["d_1 accepted"] == 1.0 and rows["0.2 … 0.4"]["d_1 and d_2 accepted"] == 0.0
+    assert rows["0.0 … 0.2"]["d_1 accepted"] == 0.0
+    with pytest.raises(ValueError, match="left over"):
+        gate_calibration([0.9, 0.1, None, 0.85, 0.3, 0.5], outputs)
