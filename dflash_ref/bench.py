@@ -44,13 +44,29 @@ def markdown(rows: list[dict], title: str) -> str:
     return "\n".join(lines)
 
 
+def machine_speed(repeats: int = 15) -> str:
+    """One fixed product timed on this machine, so that tables run on different machines can be told
+    apart: the ratios depend on it (a machine that streams weights slower makes the target's step
+    dearer and a verify of a few tokens relatively cheaper). SmolLM2's lm_head shape, fp32, two
+    columns (target/linear.py's way for one row): (49152, 576) · (576, 2), 113 MB of weights read."""
+    weight, x = torch.randn(49152, 576), torch.randn(576, 2)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        weight @ x                                                           # (49152, 2)
+        times.append(time.perf_counter() - t0)
+    median = sorted(times)[repeats // 2]
+    return f"probe {median * 1e3:.1f} ms ({weight.numel() * 4 / median / 1e9:.0f} GB/s: 49152×576 fp32 by 2 columns)"
+
+
 def run(names: list[str], repeats: int, out: str | Path, say=print) -> dict:
     """Run the named benchmarks; their results replace those of the same names in out/bench.json
     (others stay), and out/bench.md is rewritten from all of them."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     machine = (f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} torch threads, "
-               f"torch {torch.__version__}, Python {platform.python_version()}")
+               f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, "
+               f"{machine_speed()}")
     saved = out / "bench.json"
     report = json.loads(saved.read_text()) if saved.is_file() else {"results": {}}
     for name in names:

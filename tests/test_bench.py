@@ -1,8 +1,12 @@
 """The benchmark harness reports ratios correctly (no timing is asserted: benchmarks report)."""
 from __future__ import annotations
 
+import json
+import time
+
 import torch
 
+from dflash_ref import bench
 from dflash_ref.bench import markdown
 from dflash_ref.bench_suite import without_hook_support
 from dflash_ref.hooks import HookPoint, hooks
@@ -41,3 +45,17 @@ def test_stopwatch_counts_forwards_and_detaches():
     clock.remove()
     layer(torch.ones(1, 2))
     assert clock.calls == 2 and clock.seconds >= 0
+
+
+def test_run_writes_tables_with_the_machine_they_ran_on(tmp_path, monkeypatch):
+    """bench.run: each benchmark's tables go to bench.json and bench.md under a footer naming the
+    machine, the date and the probe's speed; a second benchmark's run keeps the first one's results."""
+    monkeypatch.setitem(bench.BENCHES, "one", lambda repeats, out, progress: {"first": [{"a": 1.23456}]})
+    monkeypatch.setitem(bench.BENCHES, "two", lambda repeats, out, progress: {"second": [{"b": "x"}]})
+    bench.run(["one"], 2, tmp_path, say=lambda s: None)
+    bench.run(["two"], 3, tmp_path, say=lambda s: None)
+    report = json.loads((tmp_path / "bench.json").read_text())["results"]
+    assert report["one"]["tables"] == {"first": [{"a": 1.23456}]} and report["two"]["repeats"] == 3
+    text = (tmp_path / "bench.md").read_text()
+    assert "### first" in text and "| 1.235 |" in text and "### second" in text
+    assert text.count(time.strftime("%Y-%m-%d")) == 2 and text.count(" GB/s: 49152×576 fp32 by 2 columns)") == 2
