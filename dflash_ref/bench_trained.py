@@ -88,11 +88,16 @@ def confidence_log(draft, run) -> tuple[object, list[float | None]]:
 def gate_calibration(confidences: list[float | None], outputs: list) -> list[dict]:
     """Does the draft's confidence c_1·c_2 predict acceptance? `outputs`: greedy GenerationOutputs, one
     per prompt, the whole block verified every step; `confidences`: c_1·c_2 of their draft passes in
-    the same order (`confidence_log`; a step without a draft pass comes only last in a prompt). → one
-    row per bin of c_1·c_2: steps, and the fractions in which the target accepted d_1, and d_1 and d_2."""
+    the same order (`confidence_log`; one pass per step, so each prompt takes as many as it has steps).
+    → one row per bin of c_1·c_2: steps, and the fractions in which the target accepted d_1, and d_1
+    and d_2."""
     pairs, rest = [], list(confidences)                          # (c_1·c_2, τ) per step with γ ≥ 2
     for out in outputs:
-        mine, rest = rest[:out.num_draft_passes], rest[out.num_draft_passes:]
+        steps = len(out.acceptance_lengths)
+        if out.num_draft_passes != steps or len(rest) < steps:
+            raise ValueError(f"a prompt of {steps} steps made {out.num_draft_passes} draft passes, and "
+                             f"{len(rest)} confidences are left for it: these are not its passes")
+        mine, rest = rest[:steps], rest[steps:]
         pairs += [(c, tau) for c, tau in zip(mine, out.acceptance_lengths) if c is not None]
     if rest:
         raise ValueError(f"{len(rest)} confidences left over: they do not belong to these outputs' draft passes")

@@ -125,13 +125,13 @@ def test_gate_calibration_bins_by_hand():
 
 
 def test_gate_calibration_splits_confidences_between_prompts():
-    """The confidences of several prompts come as one list: each prompt takes as many as it made
-    draft passes (a last step without a pass gets none), by hand: prompt 1 has 3 passes for 4 steps,
-    prompt 2 2 passes for 2 steps; a pass with γ < 2 logs None and is not counted."""
+    """The confidences of several prompts come as one list: each prompt takes one per step (every
+    step makes one draft pass), by hand: prompt 1 has 3 steps, the last a pass of γ = 1 that logs
+    None and is not counted, prompt 2 has 2 steps. Counts that do not match are refused."""
     from types import SimpleNamespace
 
     from dflash_ref.bench_trained import gate_calibration
-    outputs = [SimpleNamespace(num_draft_passes=3, acceptance_lengths=[2, 0, 1, 0]),
+    outputs = [SimpleNamespace(num_draft_passes=3, acceptance_lengths=[2, 0, 1]),
                SimpleNamespace(num_draft_passes=2, acceptance_lengths=[3, 1])]
     rows = {r["c_1·c_2"]: r for r in gate_calibration([0.9, 0.1, None, 0.85, 0.3], outputs)}
     assert [rows[k]["steps"] for k in rows] == [1, 1, 0, 0, 2]
@@ -140,3 +140,8 @@ def test_gate_calibration_splits_confidences_between_prompts():
     assert rows["0.0 … 0.2"]["d_1 accepted"] == 0.0
     with pytest.raises(ValueError, match="left over"):
         gate_calibration([0.9, 0.1, None, 0.85, 0.3, 0.5], outputs)
+    with pytest.raises(ValueError, match="not its passes"):
+        gate_calibration([0.9, 0.1, None, 0.85], outputs)
+    with pytest.raises(ValueError, match="not its passes"):
+        gate_calibration([0.9, 0.1, None, 0.85, 0.3],
+                         [SimpleNamespace(num_draft_passes=2, acceptance_lengths=[2, 0, 1]), outputs[1]])
