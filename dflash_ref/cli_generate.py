@@ -22,10 +22,22 @@ from .timing import Stopwatch
 from .trace import tracing
 
 
+def precision_note(dtype: torch.dtype) -> str | None:
+    """What 'lossless' means at this dtype: None for fp32, else a note for stderr (README, "Use it")."""
+    if dtype == torch.float32:
+        return None
+    return (f"[{str(dtype).removeprefix('torch.')}: the output is the target's own decoding up to its rounding: a "
+            "verify of several tokens rounds differently from one AR step, so where two tokens' logits tie "
+            "within that rounding either may come; float32 is token-identical]")
+
+
 def load_models(args):
     """(target, draft, tokenizer, stop token ids)."""
     dtype = DTYPES[args.dtype]
     device = check_device(args.device, dtype)
+    note = precision_note(dtype)
+    if note:
+        print(note, file=sys.stderr)
     if args.target == "smollm2":
         from .smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, load_smollm2
         target, tokenizer = load_smollm2(dtype)

@@ -64,7 +64,18 @@ def test_generate_command_streams_and_prints_statistics(tmp_path):
     for line in ["mean accepted draft tokens τ", "τ histogram", "draft:", "verify:", "tokens/s"]:
         assert line in proc.stdout
     assert "random" in proc.stderr  # it says the draft is random and what to expect
+    assert "token-identical" not in proc.stderr  # fp32 (the default) needs no note on precision
     assert (tmp_path / "fig" / "acceptance.png").is_file() and (tmp_path / "trace" / "trace.json").is_file()
+
+
+def test_generate_says_what_lossless_means_below_float32():
+    """In bf16 a verify of several tokens rounds differently from one AR step (README, "Use it"):
+    `generate` says so on stderr for every dtype but float32."""
+    from dflash_ref.cli_generate import precision_note
+    assert precision_note(torch.float32) is None
+    for dtype, name in [(torch.bfloat16, "bfloat16"), (torch.float16, "float16")]:
+        note = precision_note(dtype)
+        assert note.startswith(f"[{name}: ") and "float32 is token-identical" in note
 
 
 def test_the_shipped_draft_is_small_bf16_official_and_accepted_on_held_out_prompts(smollm2):
