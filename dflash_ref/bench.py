@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import platform
+import statistics
 import time
 from pathlib import Path
 from typing import Callable
@@ -50,12 +51,7 @@ def machine_speed(repeats: int = 15) -> str:
     dearer and a verify of a few tokens relatively cheaper). SmolLM2's lm_head shape, fp32, two
     columns (target/linear.py's way for one row): (49152, 576) · (576, 2), 113 MB of weights read."""
     weight, x = torch.randn(49152, 576), torch.randn(576, 2)
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        weight @ x                                                           # (49152, 2)
-        times.append(time.perf_counter() - t0)
-    median = sorted(times)[repeats // 2]
+    median = statistics.median(measure({"probe": lambda: weight @ x}, repeats)["probe"])   # (49152, 2)
     return f"probe {median * 1e3:.1f} ms ({weight.numel() * 4 / median / 1e9:.0f} GB/s: 49152×576 fp32 by 2 columns)"
 
 
