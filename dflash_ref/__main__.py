@@ -1,5 +1,6 @@
 """Command line: `python -m dflash_ref COMMAND`, with COMMAND one of
-walkthrough (the main job), generate, smoke, bench, train, notebooks, golden, verify (see README.md)."""
+walkthrough (the main job), generate, smoke, bench, train, evaluate, notebooks, golden, verify (see
+README.md)."""
 from __future__ import annotations
 
 import argparse
@@ -72,6 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     train.add_argument("--figures", default="figures/training", help="where training.png goes")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--resume", action="store_true", help="continue from out/draft and out/state.json")
+    evaluate = sub.add_parser("evaluate", help="a SmolLM2 draft's τ and acceptance per block position on prompt sets")
+    evaluate.add_argument("--draft", help="an official-format draft folder (default: the shipped SmolLM2 draft)")
+    evaluate.add_argument("--sets", nargs="+", default=["heldout:0:12"], metavar="SPLIT:START:COUNT",
+                          help="prompt sets, split train or heldout (default: heldout:0:12, the training "
+                               "run's held-out evaluation)")
+    evaluate.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt")
+    evaluate.add_argument("--block-size", type=int, help="verify blocks of this size (default: the draft's)")
+    evaluate.add_argument("--out", help="write the results here as JSON")
     sub.add_parser("notebooks", help="regenerate and execute walkthroughs/*.ipynb from their .py sources")
     golden = sub.add_parser("golden", help="write the conformance kit's golden bundles (same bytes on a rerun)")
     golden.add_argument("--out", required=True, help="folder for the bundles (one subfolder per scenario)")
@@ -122,6 +131,16 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             parser.error(str(e))
         return run_train(args)
+    elif args.command == "evaluate":
+        from .evaluate import parse_set, run as run_evaluate
+        try:
+            for spec in args.sets:
+                parse_set(spec)
+        except ValueError as e:
+            parser.error(str(e))
+        if args.tokens < 1:
+            parser.error(f"--tokens must be at least 1, got {args.tokens}")
+        run_evaluate(args)
     elif args.command == "notebooks":
         from .notebooks import build
         for path in build():

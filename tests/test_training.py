@@ -229,3 +229,23 @@ def test_train_command_refuses_an_untrainable_block_before_any_work(tmp_path, ca
         main(["train", "--out", str(out)] + flags)
     assert e.value.code == 2 and message in capsys.readouterr().err
     assert not out.exists()                                   # nothing loaded, distilled or written
+
+
+@pytest.mark.parametrize("spec, message", [("foo", "expected SPLIT:START:COUNT"),
+                                           ("test:0:1", "SPLIT one of ['train', 'heldout']"),
+                                           ("train:-1:2", "whole numbers"),
+                                           ("train:0:0", "COUNT must be at least 1"),
+                                           ("heldout:140:12", "prompts 140…151 asked for, but the heldout split "
+                                                              "has 144 (0…143)")])
+def test_evaluate_refuses_a_bad_prompt_set_before_loading_anything(capsys, spec, message):
+    from dflash_ref.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(["evaluate", "--sets", "heldout:0:1", spec])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_evaluate_names_a_missing_draft_folder(tmp_path):
+    from dflash_ref.__main__ import main
+    with pytest.raises(SystemExit, match=f"--draft: no folder {tmp_path / 'nope'}"):
+        main(["evaluate", "--draft", str(tmp_path / "nope")])
