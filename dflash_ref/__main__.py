@@ -132,14 +132,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(e))
         return run_train(args)
     elif args.command == "evaluate":
-        from .evaluate import parse_set, run as run_evaluate
+        from .evaluate import check_arguments, run as run_evaluate
         try:
-            for spec in args.sets:
-                parse_set(spec)
+            check_arguments(args)
         except ValueError as e:
             parser.error(str(e))
-        if args.tokens < 1:
-            parser.error(f"--tokens must be at least 1, got {args.tokens}")
         run_evaluate(args)
     elif args.command == "notebooks":
         from .notebooks import build

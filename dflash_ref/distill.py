@@ -106,6 +106,7 @@ TEMPLATES = ["What is {t}?", "Explain {t} to a child.", "Give three facts about 
              "Write a paragraph about {t}.", "What can we learn from {t}?", "List some interesting things about {t}.",
              "How would you explain {t} to a friend?"]
 HELD_OUT_TOPICS = 12
+SPLITS = ("train", "heldout")
 
 
 def prompts(split: str = "train") -> list[str]:
@@ -113,8 +114,8 @@ def prompts(split: str = "train") -> list[str]:
 
     Ordered so that any first n prompts spread over all the split's topics: prompt q·N + r is topic r
     with template (q + r) mod |TEMPLATES| (N topics), so `prompts()[:n]` is never a few topics only."""
-    if split not in ("train", "heldout"):
-        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
+    if split not in SPLITS:
+        raise ValueError(f"split must be one of {list(SPLITS)}, got {split!r}")
     topics = TOPICS[:-HELD_OUT_TOPICS] if split == "train" else TOPICS[-HELD_OUT_TOPICS:]
     return [TEMPLATES[(q + r) % len(TEMPLATES)].format(t=topic)
             for q in range(len(TEMPLATES)) for r, topic in enumerate(topics)]

@@ -1,8 +1,12 @@
-"""`python -m dflash_ref evaluate`: a SmolLM2 draft's acceptance on named sets of prompts, greedy,
-measured exactly as a training run's held-out evaluation (`train_cli.acceptance_by_position`):
+"""`python -m dflash_ref evaluate`: a SmolLM2 draft's acceptance on named sets of prompts, greedy, in
+fp32, by the procedure of a training run's held-out evaluation (`train_cli.acceptance_by_position`):
 
-    τ      = mean tokens per decode step (accepted draft tokens + the bonus), over all steps
+    τ      = mean tokens per decode step (accepted draft tokens + the bonus), over all the set's steps
     a_k    = fraction of whole-block steps in which block position k (1 … b − 1) was accepted
+
+(`DIR/eval.json` measures the fp32 draft `DIR/draft`; a bf16 folder such as `DIR/draft-bf16` or the
+shipped draft is read into fp32 from bf16-rounded weights, so it can differ slightly: the shipped
+draft gives τ 1.785 here against 1.787 in its run's eval.json.)
 
 A set is SPLIT:START:COUNT, the prompts distill.prompts(SPLIT)[START:START + COUNT]: `train` has 7140
 prompts over 595 topics (the shipped draft was trained on the first 5580, the defaults on the first
@@ -15,19 +19,18 @@ topics it knows (README, "Training a draft")."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
-
-SPLITS = ("train", "heldout")
 
 
 def parse_set(spec: str) -> tuple[str, int, int]:
     """'SPLIT:START:COUNT' → (split, start, count), or a ValueError naming what is wrong."""
-    from .distill import prompts
-    parts = spec.split(":")
-    if len(parts) != 3 or parts[0] not in SPLITS or not all(p.isdigit() for p in parts[1:]):
+    from .distill import SPLITS, prompts
+    found = re.fullmatch(r"(\w+):(\d+):(\d+)", spec, re.ASCII)
+    if not found or found[1] not in SPLITS:
         raise ValueError(f"prompt set {spec!r}: expected SPLIT:START:COUNT with SPLIT one of {list(SPLITS)} "
                          "and START, COUNT whole numbers, e.g. heldout:0:12")
-    split, start, count = parts[0], int(parts[1]), int(parts[2])
+    split, start, count = found[1], int(found[2]), int(found[3])
     available = len(prompts(split))
     if count < 1:
         raise ValueError(f"prompt set {spec!r}: COUNT must be at least 1")
@@ -37,30 +40,51 @@ def parse_set(spec: str) -> tuple[str, int, int]:
     return split, start, count
 
 
+def check_arguments(args) -> None:
+    """What can be refused before loading anything: the sets (each valid, none twice), --tokens, --out."""
+    parsed = [parse_set(spec) for spec in args.sets]
+    twice = sorted({spec for spec, key in zip(args.sets, parsed) if parsed.count(key) > 1})
+    if twice:
+        raise ValueError(f"prompt sets {twice} name the same prompts more than once")
+    if args.tokens < 1:
+        raise ValueError(f"--tokens must be at least 1, got {args.tokens}")
+    if args.block_size is not None and args.block_size < 2:
+        raise ValueError(f"--block-size must be at least 2 (the bonus token and one proposal), got {args.block_size}")
+    if args.out and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):
+        raise ValueError(f"--out {args.out}: needs a file path in an existing folder")
+
+
 def run(args, say=print) -> dict:
     """Evaluate args.draft (default: the shipped draft) on each of args.sets; write args.out if given."""
     import torch
     from . import distill
     from .checkpoint import CheckpointError, load_draft
+    from .compat import IncompatibleModels, check_pair
     from .smollm2 import SHIPPED_DRAFT, STOP_TOKEN_IDS, load_smollm2
     from .train_cli import acceptance_by_position
-    sets = [parse_set(s) for s in args.sets]
     folder = Path(args.draft) if args.draft else SHIPPED_DRAFT
     try:
         draft = load_draft(folder, torch.float32)
     except CheckpointError as e:
         raise SystemExit(f"--draft: {e}") from None
-    block_size = args.block_size or draft.block_size
-    if not 2 <= block_size <= draft.block_size:
+    block_size = draft.block_size if args.block_size is None else args.block_size
+    if block_size > draft.block_size:
         raise SystemExit(f"--block-size {block_size}: this draft drafts blocks of 2 … {draft.block_size} tokens")
     target, tokenizer = load_smollm2()
+    try:
+        check_pair(draft, target)
+    except IncompatibleModels as e:
+        raise SystemExit(f"--draft {folder} does not fit SmolLM2-135M: {e}") from None
     results = {"draft": str(folder), "block_size": block_size, "tokens": args.tokens, "sets": {}}
-    for spec, (split, start, count) in zip(args.sets, sets):
+    for spec in args.sets:
+        split, start, count = parse_set(spec)
         chosen = distill.prompts(split)[start:start + count]
-        with torch.no_grad():
+        try:
             by_position, tau = acceptance_by_position(draft, target, tokenizer, chosen, args.tokens,
                                                       STOP_TOKEN_IDS, block_size)
-        results["sets"][spec] = {"tau": tau, "acceptance_by_position": by_position, "prompts": chosen}
+        except ValueError as e:                      # e.g. --tokens past SmolLM2's positions (compat.check_request)
+            raise SystemExit(f"prompt set {spec}: {e}") from None
+        results["sets"][spec] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": chosen}
         say(f"{spec:>20}  τ {tau:.3f}  acceptance by block position "
             f"{', '.join(f'{a:.3f}' for a in by_position)}")
     if args.out:

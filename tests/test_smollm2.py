@@ -118,8 +118,9 @@ def test_generate_refuses_a_bad_verify_gate_before_loading_anything():
 
 
 def test_evaluate_counts_what_spec_generate_does_on_the_named_prompts(smollm2, tmp_path):
-    """`evaluate` on two one-prompt sets: τ is the mean of spec_generate's tokens per step with the shipped
-    draft on exactly those prompts, acceptance per block position falls with the position, JSON written."""
+    """`evaluate` on a two-prompt and a one-prompt set, against spec_generate's step records with the
+    shipped draft on exactly those prompts: τ pools the set's steps (not a mean of per-prompt means),
+    a_k is the share of whole-block steps with at least k proposals accepted; JSON written."""
     import json
     from dflash_ref.__main__ import main
     from dflash_ref.checkpoint import load_draft
@@ -127,17 +128,20 @@ def test_evaluate_counts_what_spec_generate_does_on_the_named_prompts(smollm2, t
     from dflash_ref.smollm2 import SHIPPED_DRAFT
     target, tokenizer, _ = smollm2
     out = tmp_path / "eval.json"
-    assert main(["evaluate", "--sets", "heldout:3:1", "train:5:1", "--tokens", "24", "--out", str(out)]) == 0
+    assert main(["evaluate", "--sets", "heldout:3:2", "train:5:1", "--tokens", "24", "--out", str(out)]) == 0
     results = json.loads(out.read_text())
-    assert results["block_size"] == 4 and list(results["sets"]) == ["heldout:3:1", "train:5:1"]
+    assert results["block_size"] == 4 and list(results["sets"]) == ["heldout:3:2", "train:5:1"]
     draft = load_draft(SHIPPED_DRAFT, torch.float32)
-    for spec, prompt in (("heldout:3:1", prompts("heldout")[3]), ("train:5:1", prompts("train")[5])):
+    for spec, chosen in (("heldout:3:2", prompts("heldout")[3:5]), ("train:5:1", prompts("train")[5:6])):
         got = results["sets"][spec]
-        assert got["prompts"] == [prompt]
-        steps = spec_generate(draft, target, chat_ids(tokenizer, prompt), 24, STOP_TOKEN_IDS).tokens_per_step
-        assert got["tau"] == pytest.approx(sum(steps) / len(steps))
-        a = got["acceptance_by_position"]
-        assert len(a) == 3 and 1 >= a[0] >= a[1] >= a[2] >= 0
+        assert got["prompts"] == chosen
+        records = []
+        for prompt in chosen:
+            spec_generate(draft, target, chat_ids(tokenizer, prompt), 24, STOP_TOKEN_IDS, on_step=records.append)
+        assert got["tokens_per_step"] == pytest.approx(sum(r.produced for r in records) / len(records))
+        whole = [r.acceptance_length for r in records if len(r.block_ids) == 4]
+        assert got["acceptance_by_position"] == pytest.approx([sum(a >= k for a in whole) / len(whole)
+                                                               for k in (1, 2, 3)])
 
 
 def test_self_distillation_is_the_targets_greedy_decoding_and_restores_its_attention(smollm2, tmp_path):

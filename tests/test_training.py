@@ -231,21 +231,27 @@ def test_train_command_refuses_an_untrainable_block_before_any_work(tmp_path, ca
     assert not out.exists()                                   # nothing loaded, distilled or written
 
 
-@pytest.mark.parametrize("spec, message", [("foo", "expected SPLIT:START:COUNT"),
-                                           ("test:0:1", "SPLIT one of ['train', 'heldout']"),
-                                           ("train:-1:2", "whole numbers"),
-                                           ("train:0:0", "COUNT must be at least 1"),
-                                           ("heldout:140:12", "prompts 140…151 asked for, but the heldout split "
-                                                              "has 144 (0…143)")])
-def test_evaluate_refuses_a_bad_prompt_set_before_loading_anything(capsys, spec, message):
+@pytest.mark.parametrize("sets, extra, message", [
+    (["foo"], [], "expected SPLIT:START:COUNT"),
+    (["test:0:1"], [], "SPLIT one of ['train', 'heldout']"),
+    (["train:-1:2"], [], "whole numbers"),
+    (["train:\u00b2:1"], [], "whole numbers"),                      # a superscript digit is no number here
+    (["train:0:0"], [], "COUNT must be at least 1"),
+    (["heldout:140:12"], [], "prompts 140…151 asked for, but the heldout split has 144 (0…143)"),
+    (["heldout:0:12", "heldout:00:12"], [], "name the same prompts more than once"),
+    (["heldout:0:1"], ["--tokens", "0"], "--tokens must be at least 1"),
+    (["heldout:0:1"], ["--block-size", "0"], "--block-size must be at least 2"),
+    (["heldout:0:1"], ["--out", "/no/such/folder/eval.json"], "needs a file path in an existing folder")])
+def test_evaluate_refuses_bad_arguments_before_loading_anything(capsys, sets, extra, message):
     from dflash_ref.__main__ import main
     with pytest.raises(SystemExit) as e:
-        main(["evaluate", "--sets", "heldout:0:1", spec])
+        main(["evaluate", "--sets", *sets, *extra])
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and "Traceback" not in err
 
 
 def test_evaluate_names_a_missing_draft_folder(tmp_path):
+    import re
     from dflash_ref.__main__ import main
-    with pytest.raises(SystemExit, match=f"--draft: no folder {tmp_path / 'nope'}"):
+    with pytest.raises(SystemExit, match=re.escape(f"--draft: no folder {tmp_path / 'nope'}")):
         main(["evaluate", "--draft", str(tmp_path / "nope")])
