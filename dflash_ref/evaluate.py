@@ -69,13 +69,17 @@ def run(args, say=print) -> dict:
         raise SystemExit(f"--draft: {e}") from None
     block_size = draft.block_size if args.block_size is None else args.block_size
     if block_size > draft.block_size:
-        raise SystemExit(f"--block-size {block_size}: this draft drafts blocks of 2 … {draft.block_size} tokens")
+        # allowed, as in spec_generate and `generate --block-size`: the draft runs any block length (its
+        # attention has no size of its own), but positions past its training block never had a label
+        say(f"--block-size {block_size}: this draft was trained on blocks of {draft.block_size}; positions "
+            f"{draft.block_size} … {block_size - 1} were never trained")
     target, tokenizer = load_smollm2()
     try:
         check_pair(draft, target)
     except IncompatibleModels as e:
         raise SystemExit(f"--draft {folder} does not fit SmolLM2-135M: {e}") from None
-    results = {"draft": str(folder), "block_size": block_size, "tokens": args.tokens, "sets": {}}
+    results = {"draft": str(folder), "block_size": block_size, "trained_block_size": draft.block_size,
+               "tokens": args.tokens, "sets": {}}
     for spec in args.sets:
         split, start, count = parse_set(spec)
         chosen = distill.prompts(split)[start:start + count]

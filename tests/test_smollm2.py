@@ -144,6 +144,19 @@ def test_evaluate_counts_what_spec_generate_does_on_the_named_prompts(smollm2, t
                                                                for k in (1, 2, 3)])
 
 
+def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_path, capsys):
+    """A block-4 draft at --block-size 6, as spec_generate allows: five positions measured, the JSON keeps
+    both sizes, and the run says which positions were never trained."""
+    import json
+    from dflash_ref.__main__ import main
+    out = tmp_path / "eval.json"
+    assert main(["evaluate", "--sets", "heldout:0:1", "--tokens", "16", "--block-size", "6", "--out", str(out)]) == 0
+    assert "trained on blocks of 4; positions 4 … 5 were never trained" in capsys.readouterr().out
+    results = json.loads(out.read_text())
+    assert (results["block_size"], results["trained_block_size"]) == (6, 4)
+    assert len(results["sets"]["heldout:0:1"]["acceptance_by_position"]) == 5
+
+
 def test_self_distillation_is_the_targets_greedy_decoding_and_restores_its_attention(smollm2, tmp_path):
     """Batched, left-padded, eager attention (distill.py's default) → each response equals the target's
     own one-prompt greedy decoding; the model's attention implementation is restored afterwards."""
