@@ -145,16 +145,28 @@ def test_evaluate_counts_what_spec_generate_does_on_the_named_prompts(smollm2, t
 
 
 def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_path, capsys):
-    """A block-4 draft at --block-size 6, as spec_generate allows: five positions measured, the JSON keeps
-    both sizes, and the run says which positions were never trained."""
+    """A block-4 draft at --block-size 6, as spec_generate allows: the five positions are those of
+    spec_generate's 6-token steps, the JSON keeps both sizes, and the run says which positions were
+    never trained (one position at --block-size 5)."""
     import json
     from dflash_ref.__main__ import main
+    from dflash_ref.checkpoint import load_draft
+    from dflash_ref.distill import prompts
+    from dflash_ref.smollm2 import SHIPPED_DRAFT
+    target, tokenizer, _ = smollm2
     out = tmp_path / "eval.json"
-    assert main(["evaluate", "--sets", "heldout:0:1", "--tokens", "16", "--block-size", "6", "--out", str(out)]) == 0
+    assert main(["evaluate", "--sets", "heldout:0:1", "--tokens", "24", "--block-size", "6", "--out", str(out)]) == 0
     assert "trained on blocks of 4; positions 4 … 5 were never trained" in capsys.readouterr().out
     results = json.loads(out.read_text())
     assert (results["block_size"], results["trained_block_size"]) == (6, 4)
-    assert len(results["sets"]["heldout:0:1"]["acceptance_by_position"]) == 5
+    records = []
+    spec_generate(load_draft(SHIPPED_DRAFT, torch.float32), target, chat_ids(tokenizer, prompts("heldout")[0]), 24,
+                  STOP_TOKEN_IDS, block_size=6, on_step=records.append)
+    whole = [r.acceptance_length for r in records if len(r.block_ids) == 6]
+    assert whole and results["sets"]["heldout:0:1"]["acceptance_by_position"] == pytest.approx(
+        [sum(a >= k for a in whole) / len(whole) for k in range(1, 6)])
+    assert main(["evaluate", "--sets", "heldout:0:1", "--tokens", "1", "--block-size", "5"]) == 0
+    assert "trained on blocks of 4; position 4 was never trained" in capsys.readouterr().out
 
 
 def test_self_distillation_is_the_targets_greedy_decoding_and_restores_its_attention(smollm2, tmp_path):
