@@ -73,7 +73,8 @@ def run(args, say=print) -> dict:
         # attention has no size of its own), but positions past its training block never had a label
         untrained = (f"position {block_size - 1} was" if block_size == draft.block_size + 1
                      else f"positions {draft.block_size} … {block_size - 1} were")
-        say(f"--block-size {block_size}: this draft was trained on blocks of {draft.block_size}; {untrained} never trained")
+        say(f"--block-size {block_size}: this draft was trained on blocks of {draft.block_size}; "
+            f"{untrained} never trained")
     target, tokenizer = load_smollm2()
     try:
         check_pair(draft, target)

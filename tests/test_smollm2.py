@@ -117,6 +117,14 @@ def test_generate_refuses_a_bad_verify_gate_before_loading_anything():
     assert proc.returncode == 2 and "verify_gate must be" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def _acceptance_by_position(records, b):
+    """a_k from spec_generate's step records: the share of whole-block (b-token) steps with at least k
+    proposals accepted, k = 1 … b − 1 (there must be such steps)."""
+    whole = [r.acceptance_length for r in records if len(r.block_ids) == b]
+    assert whole, f"no {b}-token step among {len(records)}"
+    return [sum(a >= k for a in whole) / len(whole) for k in range(1, b)]
+
+
 def test_evaluate_counts_what_spec_generate_does_on_the_named_prompts(smollm2, tmp_path):
     """`evaluate` on a two-prompt and a one-prompt set, against spec_generate's step records with the
     shipped draft on exactly those prompts: τ pools the set's steps (not a mean of per-prompt means),
@@ -139,9 +147,7 @@ def test_evaluate_counts_what_spec_generate_does_on_the_named_prompts(smollm2, t
         for prompt in chosen:
             spec_generate(draft, target, chat_ids(tokenizer, prompt), 24, STOP_TOKEN_IDS, on_step=records.append)
         assert got["tokens_per_step"] == pytest.approx(sum(r.produced for r in records) / len(records))
-        whole = [r.acceptance_length for r in records if len(r.block_ids) == 4]
-        assert got["acceptance_by_position"] == pytest.approx([sum(a >= k for a in whole) / len(whole)
-                                                               for k in (1, 2, 3)])
+        assert got["acceptance_by_position"] == pytest.approx(_acceptance_by_position(records, 4))
 
 
 def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_path, capsys):
@@ -162,9 +168,8 @@ def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_
     records = []
     spec_generate(load_draft(SHIPPED_DRAFT, torch.float32), target, chat_ids(tokenizer, prompts("heldout")[0]), 24,
                   STOP_TOKEN_IDS, block_size=6, on_step=records.append)
-    whole = [r.acceptance_length for r in records if len(r.block_ids) == 6]
-    assert whole and results["sets"]["heldout:0:1"]["acceptance_by_position"] == pytest.approx(
-        [sum(a >= k for a in whole) / len(whole) for k in range(1, 6)])
+    got = results["sets"]["heldout:0:1"]["acceptance_by_position"]
+    assert got == pytest.approx(_acceptance_by_position(records, 6))
     assert main(["evaluate", "--sets", "heldout:0:1", "--tokens", "1", "--block-size", "5"]) == 0
     assert "trained on blocks of 4; position 4 was never trained" in capsys.readouterr().out
 
