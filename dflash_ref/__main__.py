@@ -43,6 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("names", nargs="*", help="official tracing blocks ceiling memory trained (default: all)")
     bench.add_argument("--repeats", type=int, default=7)
     bench.add_argument("--out", default="figures/bench")
+    bench.add_argument("--draft", help="bench trained: this official-format SmolLM2 draft folder instead of the "
+                                       "shipped one (give --out elsewhere to keep figures/bench's results)")
     train = sub.add_parser("train", help="self-distil SmolLM2 and train a draft with the paper's recipe")
     train.add_argument("--out", required=True, help="folder for data, checkpoints, state and plots")
     train.add_argument("--layers", type=int, default=2)
@@ -108,12 +110,16 @@ def main(argv: list[str] | None = None) -> int:
         from .smoke import run as run_smoke
         run_smoke(args.size)
     elif args.command == "bench":
-        from .bench import BENCHES, run as run_bench
+        from .bench import BENCHES, check_draft_option, run as run_bench
         args.names = args.names or list(BENCHES)
         unknown = sorted(set(args.names) - set(BENCHES))
         if unknown:
             parser.error(f"unknown benchmark(s) {unknown}; choose from {sorted(BENCHES)}")
-        run_bench(args.names, args.repeats, args.out)
+        try:
+            check_draft_option(args.names, args.draft)
+        except ValueError as e:
+            parser.error(str(e))
+        run_bench(args.names, args.repeats, args.out, draft=args.draft)
     elif args.command == "golden":
         from .conformance.golden import generate_golden
         for path in generate_golden(args.out, args.only):

@@ -11,7 +11,8 @@ correctness, benchmarks report). Each benchmark writes a markdown table and JSON
     ceiling    SmolLM2 + oracle draft per block size: measured speedup over AR vs the ideal
                b · t_step / (t_draft(b) + t_verify(b)), and the τ at which DFlash breaks even here
     memory     cache sizes and peak RSS against generated length (the draft cache stays at the context)
-    trained    the shipped SmolLM2 draft on held-out prompts: τ and speedup over AR per block size
+    trained    the shipped SmolLM2 draft (or --draft DIR) on held-out prompts: τ and speedup over AR
+               per block size
 """
 from __future__ import annotations
 
@@ -55,9 +56,18 @@ def machine_speed(repeats: int = 15) -> str:
     return f"probe {median * 1e3:.1f} ms ({weight.numel() * 4 / median / 1e9:.0f} GB/s: 49152×576 fp32 by 2 columns)"
 
 
-def run(names: list[str], repeats: int, out: str | Path, say=print) -> dict:
+def check_draft_option(names: list[str], draft: str | Path | None) -> None:
+    """A draft folder is for `trained` alone: refuse one given to a run without it (ValueError)."""
+    if draft is not None and "trained" not in names:
+        raise ValueError(f"--draft {draft}: only the trained benchmark measures a draft folder, and it is "
+                         f"not among those asked for ({', '.join(names)})")
+
+
+def run(names: list[str], repeats: int, out: str | Path, say=print, draft: str | Path | None = None) -> dict:
     """Run the named benchmarks; their results replace those of the same names in out/bench.json
-    (others stay), and out/bench.md is rewritten from all of them."""
+    (others stay), and out/bench.md is rewritten from all of them. `draft`: the folder `trained`
+    measures instead of the shipped draft (the others take none)."""
+    check_draft_option(names, draft)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     machine = (f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} torch threads, "
@@ -68,7 +78,8 @@ def run(names: list[str], repeats: int, out: str | Path, say=print) -> dict:
     for name in names:
         say(f"== bench {name} ==")
         t0 = time.perf_counter()
-        tables = BENCHES[name](repeats, out=out, progress=lambda s, n=name: say(f"   {n}: {s}"))
+        options = {"draft": draft} if name == "trained" and draft is not None else {}
+        tables = BENCHES[name](repeats, out=out, progress=lambda s, n=name: say(f"   {n}: {s}"), **options)
         report["results"][name] = {"machine": machine, "repeats": repeats, "tables": tables}
         for title, rows in tables.items():
             say(markdown(rows, title))

@@ -1,5 +1,5 @@
-"""`python -m dflash_ref bench trained`: the shipped SmolLM2 draft against the target alone, on
-held-out prompts (harness and reporting: bench.py; the other benchmarks: bench_suite.py)."""
+"""`python -m dflash_ref bench trained [--draft DIR]`: the shipped (or another) SmolLM2 draft against
+the target alone, on held-out prompts (harness and reporting: bench.py; the other benchmarks: bench_suite.py)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,19 +13,21 @@ from .spec_generate import spec_generate
 VERIFY_GATE = 0.5   # verify_gate.py's θ, chosen on held-out prompts 9…24 (not these 8; README)
 
 
-def bench_trained(repeats: int, out: Path, progress) -> dict:
-    """The shipped SmolLM2 draft on held-out prompts (greedy, 96 new tokens): τ and wall-clock speedup
-    over the target's own AR decoding, per block size, all variants interleaved in one run. Every
+def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = None) -> dict:
+    """A trained SmolLM2 draft (`draft`, an official-format folder; default: the shipped one) on
+    held-out prompts (greedy, 96 new tokens): τ and wall-clock speedup over the target's own AR
+    decoding, per block size up to the draft's, all variants interleaved in one run. Every
     speculative output is checked equal to AR's before anything is timed. Two more variants run the
     largest block with proposals over all V instead of the draft's vocabulary (draft_vocab.py), and
     with the verify gate (verify_gate.py); a last table checks the gate's premise, calibration."""
-    from .checkpoint import load_draft
     from .distill import eval_prompts
+    from .evaluate import check_fits, open_draft
     from .smollm2 import SHIPPED_DRAFT, STOP_TOKEN_IDS, chat_ids, load_smollm2
     from .train_cli import acceptance_by_position
+    draft, folder = open_draft(draft)
     target, tokenizer = load_smollm2()
-    draft = load_draft(SHIPPED_DRAFT, torch.float32)
-    all_v = load_draft(SHIPPED_DRAFT, torch.float32)
+    check_fits(draft, folder, target)
+    all_v, _ = open_draft(folder)
     all_v.draft_vocab = None                                  # what an official loader proposes among
     prompts, n = eval_prompts(8), 96
     inputs = [chat_ids(tokenizer, p) for p in prompts]
@@ -63,7 +65,8 @@ def bench_trained(repeats: int, out: Path, progress) -> dict:
     positions = [{"block position k": k + 1, **{f"b={b}": by_block[b][0][k] if k < b - 1 else ""
                                                 for b in blocks}} for k in range(max(blocks) - 1)]
     _plot_trained(rows[1:len(blocks) + 1], by_block, out / "trained.png")
-    return {f"trained draft · SmolLM2-135M, {len(prompts)} held-out prompts, {n} tokens, greedy": rows,
+    which = "trained draft" if folder == SHIPPED_DRAFT else f"draft {folder}"
+    return {f"{which} · SmolLM2-135M, {len(prompts)} held-out prompts, {n} tokens, greedy": rows,
             f"accepted fraction per block position (best τ at b={best})": positions,
             f"verify gate: the draft's c_1·c_2 against what the target accepted (b={blocks[-1]}, whole blocks)":
                 calibration}

@@ -54,19 +54,34 @@ def check_arguments(args) -> None:
         raise ValueError(f"--out {args.out}: needs a file path in an existing folder")
 
 
-def run(args, say=print) -> dict:
-    """Evaluate args.draft (default: the shipped draft) on each of args.sets; write args.out if given."""
+def open_draft(folder: str | Path | None):
+    """--draft FOLDER (default: the shipped SmolLM2 draft) in fp32 → (draft, folder); a bad folder ends
+    the command with the checkpoint's own message (checkpoint.CheckpointError) instead of a traceback."""
     import torch
-    from . import distill
     from .checkpoint import CheckpointError, load_draft
-    from .compat import IncompatibleModels, check_pair
-    from .smollm2 import SHIPPED_DRAFT, STOP_TOKEN_IDS, load_smollm2
-    from .train_cli import acceptance_by_position
-    folder = Path(args.draft) if args.draft else SHIPPED_DRAFT
+    from .smollm2 import SHIPPED_DRAFT
+    folder = Path(folder) if folder else SHIPPED_DRAFT
     try:
-        draft = load_draft(folder, torch.float32)
+        return load_draft(folder, torch.float32), folder
     except CheckpointError as e:
         raise SystemExit(f"--draft: {e}") from None
+
+
+def check_fits(draft, folder: Path, target) -> None:
+    """End the command, naming the folder and the mismatch, if the draft does not fit SmolLM2 (compat.py)."""
+    from .compat import IncompatibleModels, check_pair
+    try:
+        check_pair(draft, target)
+    except IncompatibleModels as e:
+        raise SystemExit(f"--draft {folder} does not fit SmolLM2-135M: {e}") from None
+
+
+def run(args, say=print) -> dict:
+    """Evaluate args.draft (default: the shipped draft) on each of args.sets; write args.out if given."""
+    from . import distill
+    from .smollm2 import STOP_TOKEN_IDS, load_smollm2
+    from .train_cli import acceptance_by_position
+    draft, folder = open_draft(args.draft)
     block_size = draft.block_size if args.block_size is None else args.block_size
     if block_size > draft.block_size:
         # allowed, as in spec_generate and `generate --block-size`: the draft runs any block length (its
@@ -76,10 +91,7 @@ def run(args, say=print) -> dict:
         say(f"--block-size {block_size}: this draft was trained on blocks of {draft.block_size}; "
             f"{untrained} never trained")
     target, tokenizer = load_smollm2()
-    try:
-        check_pair(draft, target)
-    except IncompatibleModels as e:
-        raise SystemExit(f"--draft {folder} does not fit SmolLM2-135M: {e}") from None
+    check_fits(draft, folder, target)
     results = {"draft": str(folder), "block_size": block_size, "trained_block_size": draft.block_size,
                "tokens": args.tokens, "sets": {}}
     for spec in args.sets:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import re
 
+import pytest
 import torch
 
 from dflash_ref import bench
@@ -59,3 +60,31 @@ def test_run_writes_tables_with_the_machine_they_ran_on(tmp_path, monkeypatch):
     text = (tmp_path / "bench.md").read_text()
     assert "### first" in text and "| 1.235 |" in text and "### second" in text
     assert len(re.findall(r"Python [\d.]+, \d{4}-\d\d-\d\d, probe [\d.]+ ms \(\d+ GB/s: 49152×576 fp32 by 2 columns\);", text)) == 2
+
+
+def test_run_hands_a_draft_folder_to_trained_alone(tmp_path, monkeypatch):
+    """bench.run(draft=...): `trained` gets the folder, a benchmark beside it in the same run gets none,
+    and without a folder `trained` is called as before (its default, the shipped draft)."""
+    calls = []
+    for name in ("trained", "one"):
+        monkeypatch.setitem(bench.BENCHES, name,
+                            lambda repeats, out, progress, n=name, **kw: calls.append((n, kw)) or {})
+    bench.run(["one", "trained"], 1, tmp_path, say=lambda s: None, draft="runs/r10/draft-bf16")
+    bench.run(["trained"], 1, tmp_path, say=lambda s: None)
+    assert calls == [("one", {}), ("trained", {"draft": "runs/r10/draft-bf16"}), ("trained", {})]
+
+
+def test_bench_refuses_a_draft_folder_without_the_trained_benchmark(capsys, tmp_path):
+    from dflash_ref.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "official", "memory", "--draft", "some/draft", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err
+    assert "--draft some/draft: only the trained benchmark measures a draft folder" in err
+    assert "(official, memory)" in err and not list(tmp_path.iterdir())     # refused before anything ran
+
+
+def test_bench_trained_names_a_missing_draft_folder(tmp_path):
+    from dflash_ref.__main__ import main
+    with pytest.raises(SystemExit, match=re.escape(f"--draft: no folder {tmp_path / 'nope'}")):
+        main(["bench", "trained", "--draft", str(tmp_path / "nope"), "--out", str(tmp_path / "out")])
