@@ -2,6 +2,7 @@
 the target alone, on held-out prompts (harness and reporting: bench.py; the other benchmarks: bench_suite.py)."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -20,14 +21,14 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
     speculative output is checked equal to AR's before anything is timed. Two more variants run the
     largest block with proposals over all V instead of the draft's vocabulary (draft_vocab.py), and
     with the verify gate (verify_gate.py); a last table checks the gate's premise, calibration."""
+    from .cli_generate import check_fits, open_draft
     from .distill import eval_prompts
-    from .evaluate import check_fits, open_draft
     from .smollm2 import SHIPPED_DRAFT, STOP_TOKEN_IDS, chat_ids, load_smollm2
     from .train_cli import acceptance_by_position
     draft, folder = open_draft(draft)
     target, tokenizer = load_smollm2()
     check_fits(draft, folder, target)
-    all_v, _ = open_draft(folder)
+    all_v = copy.deepcopy(draft)
     all_v.draft_vocab = None                                  # what an official loader proposes among
     prompts, n = eval_prompts(8), 96
     inputs = [chat_ids(tokenizer, p) for p in prompts]

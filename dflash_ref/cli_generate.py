@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import DTYPES, check_device, load_draft, load_target
+from .checkpoint import DTYPES, CheckpointError, check_device, load_draft, load_target
+from .compat import IncompatibleModels, check_pair
+from .draft_model import DFlashDraftModel
 from .spec_generate import spec_generate
 from .timing import Stopwatch
 from .trace import tracing
@@ -29,6 +31,27 @@ def precision_note(dtype: torch.dtype) -> str | None:
     return (f"[{str(dtype).removeprefix('torch.')}: the output is the target's own decoding up to its rounding: a "
             "verify of several tokens rounds differently from one AR step, so where two tokens' logits tie "
             "within that rounding either may come; float32 is token-identical]")
+
+
+def open_draft(folder: str | Path | None, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu") -> tuple[DFlashDraftModel, Path]:
+    """--draft FOLDER (default: the shipped SmolLM2 draft) → (draft, folder); a bad folder ends the
+    command with the checkpoint's own message (checkpoint.CheckpointError) instead of a traceback.
+    generate, evaluate and bench trained all read --draft here."""
+    from .smollm2 import SHIPPED_DRAFT
+    folder = Path(folder) if folder else SHIPPED_DRAFT
+    try:
+        return load_draft(folder, dtype, device), folder
+    except CheckpointError as e:
+        raise SystemExit(f"--draft: {e}") from None
+
+
+def check_fits(draft, folder: Path, target, target_name: str = "SmolLM2-135M") -> None:
+    """End the command, naming the folder and the mismatch, if the draft does not fit the target (compat.py)."""
+    try:
+        check_pair(draft, target)
+    except IncompatibleModels as e:
+        raise SystemExit(f"--draft {folder} does not fit {target_name}: {e}") from None
 
 
 def load_models(args):
@@ -65,7 +88,8 @@ def load_models(args):
         print(f"[draft: the trained SmolLM2 draft shipped in {SHIPPED_DRAFT}]", file=sys.stderr)
         draft = load_draft(SHIPPED_DRAFT, dtype, device)
     elif args.draft:
-        draft = load_draft(args.draft, dtype, device)
+        draft, folder = open_draft(args.draft, dtype, device)
+        check_fits(draft, folder, target, "SmolLM2-135M" if args.target == "smollm2" else f"the target {args.target}")
     else:
         from .random_draft import random_draft
         print(f"[a random {args.draft_layers}-layer draft; its proposals are noise, so expect "

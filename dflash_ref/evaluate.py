@@ -54,31 +54,10 @@ def check_arguments(args) -> None:
         raise ValueError(f"--out {args.out}: needs a file path in an existing folder")
 
 
-def open_draft(folder: str | Path | None):
-    """--draft FOLDER (default: the shipped SmolLM2 draft) in fp32 → (draft, folder); a bad folder ends
-    the command with the checkpoint's own message (checkpoint.CheckpointError) instead of a traceback."""
-    import torch
-    from .checkpoint import CheckpointError, load_draft
-    from .smollm2 import SHIPPED_DRAFT
-    folder = Path(folder) if folder else SHIPPED_DRAFT
-    try:
-        return load_draft(folder, torch.float32), folder
-    except CheckpointError as e:
-        raise SystemExit(f"--draft: {e}") from None
-
-
-def check_fits(draft, folder: Path, target) -> None:
-    """End the command, naming the folder and the mismatch, if the draft does not fit SmolLM2 (compat.py)."""
-    from .compat import IncompatibleModels, check_pair
-    try:
-        check_pair(draft, target)
-    except IncompatibleModels as e:
-        raise SystemExit(f"--draft {folder} does not fit SmolLM2-135M: {e}") from None
-
-
 def run(args, say=print) -> dict:
     """Evaluate args.draft (default: the shipped draft) on each of args.sets; write args.out if given."""
     from . import distill
+    from .cli_generate import check_fits, open_draft
     from .smollm2 import STOP_TOKEN_IDS, load_smollm2
     from .train_cli import acceptance_by_position
     draft, folder = open_draft(args.draft)

@@ -174,18 +174,23 @@ def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_
     assert "trained on blocks of 4; position 4 was never trained" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("command", [["evaluate", "--sets", "heldout:0:1"], ["bench", "trained", "--out", "OUT"]])
-def test_a_draft_for_another_target_is_refused_by_name(smollm2, tmp_path, command):
-    """evaluate and bench trained load --draft the same way (evaluate.open_draft, check_fits): a draft
-    made for another target ends the command naming the folder and the mismatch, before any decoding."""
+@pytest.mark.parametrize("command", [["evaluate", "--sets", "heldout:0:1"], ["bench", "trained", "--out", "OUT"],
+                                     ["generate", "--target", "smollm2", "--prompt", "hi"]])
+def test_a_bad_draft_folder_is_refused_by_name(smollm2, tmp_path, command):
+    """generate, evaluate and bench trained read --draft the same way (cli_generate.open_draft,
+    check_fits): a missing folder, or a draft made for another target, ends the command naming the
+    folder (and the mismatch), before any decoding."""
     from conftest import make_pair
     from dflash_ref.__main__ import main
     from dflash_ref.checkpoint import save_draft
+    command = [str(tmp_path / "bench") if a == "OUT" else a for a in command]
     _, other = make_pair()                                      # a draft for a 32-wide, 12-token target
     save_draft(other, tmp_path / "other")
     with pytest.raises(SystemExit, match=re.escape(f"--draft {tmp_path / 'other'} does not fit SmolLM2-135M: "
                                                    "draft hidden_size 32 != target hidden_size 576")):
-        main([str(tmp_path / "bench") if a == "OUT" else a for a in command] + ["--draft", str(tmp_path / "other")])
+        main(command + ["--draft", str(tmp_path / "other")])
+    with pytest.raises(SystemExit, match=re.escape(f"--draft: no folder {tmp_path / 'nope'}")):
+        main(command + ["--draft", str(tmp_path / "nope")])
 
 
 def test_self_distillation_is_the_targets_greedy_decoding_and_restores_its_attention(smollm2, tmp_path):
