@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .train_config import add_train_arguments
+
 
 def _generate_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `generate` (here, so that building the parser imports no torch)."""
@@ -46,35 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--draft", help="bench trained: this official-format SmolLM2 draft folder instead of the "
                                        "shipped one (give --out elsewhere to keep figures/bench's results)")
     train = sub.add_parser("train", help="self-distil SmolLM2 and train a draft with the paper's recipe")
-    train.add_argument("--out", required=True, help="folder for data, checkpoints, state and plots")
-    train.add_argument("--layers", type=int, default=2)
-    train.add_argument("--block-size", type=int, default=4)
-    train.add_argument("--gamma", type=float,
-                       help="loss decay γ (default: the paper's for blocks 8, 10, 16; 4 for block 4, ours)")
-    train.add_argument("--steps", type=int, default=4400)
-    train.add_argument("--lr", type=float, default=3e-3)
-    train.add_argument("--batch", type=int, default=8, help="sequences per optimiser step")
-    train.add_argument("--anchors", type=int, default=32, help="blocks per sequence in one pass")
-    train.add_argument("--full-vocab", action="store_true",
-                       help="the loss's softmax over all V (the paper), not estimated (training.py)")
-    train.add_argument("--negatives", type=int, default=4096,
-                       help="tokens sampled per step beside the responses' for the softmax estimate")
-    train.add_argument("--prompts", type=int, default=1860, help="distil the first N training prompts (of 7140)")
-    train.add_argument("--max-new-tokens", type=int, default=192, help="longest response distilled")
-    train.add_argument("--distill-batch", type=int, default=48, help="prompts per generate() call")
-    train.add_argument("--distill-dtype", choices=["bf16", "fp32"], default="bf16",
-                       help="the target copy that writes the responses (features always come from fp32)")
-    train.add_argument("--train-dtype", choices=["bf16", "fp32"], default="bf16",
-                       help="bf16: mixed precision, the forward under bf16 autocast, weights and AdamW fp32 "
-                            "(default; faster where the CPU has bf16 instructions); fp32: all fp32")
-    train.add_argument("--init", choices=["random", "target"], default="random",
-                       help="draft layers from noise (the paper) or copied from the target's last layers")
-    train.add_argument("--save-every", type=int, default=500)
-    train.add_argument("--eval-prompts", type=int, default=12, help="held-out prompts for the final evaluation")
-    train.add_argument("--eval-tokens", type=int, default=128, help="tokens generated per held-out prompt")
-    train.add_argument("--figures", default="figures/training", help="where training.png goes")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--resume", action="store_true", help="continue from out/draft and out/state.json")
+    add_train_arguments(train)
     evaluate = sub.add_parser("evaluate", help="a SmolLM2 draft's τ and acceptance per block position on prompt sets")
     evaluate.add_argument("--draft", help="an official-format draft folder (default: the shipped SmolLM2 draft)")
     evaluate.add_argument("--sets", nargs="+", default=["heldout:0:12"], metavar="SPLIT:START:COUNT",
@@ -131,12 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         print(report.text(verbose=args.verbose))
         return 0 if report.passed else 1
     elif args.command == "train":
-        from .train_cli import block_weights, run as run_train
+        from .train_cli import check_options, run as run_train
+        from .train_config import resolve
         try:
-            block_weights(args)
+            options = check_options(resolve(args))
         except ValueError as e:
             parser.error(str(e))
-        return run_train(args)
+        return run_train(argparse.Namespace(out=args.out, resume=args.resume, **options))
     elif args.command == "evaluate":
         from .evaluate import check_arguments, run as run_evaluate
         try:

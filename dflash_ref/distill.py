@@ -127,6 +127,50 @@ def eval_prompts(n: int = 12) -> list[str]:
     return prompts("heldout")[:n]
 
 
+class DataFileError(ValueError):
+    """A data.jsonl that does not belong to the prompts or the length asked for; names file and line."""
+
+
+def read_responses(out: Path, prompt_list: list[str], max_new_tokens: int, stop_token_id: int = 2,
+                   say=print) -> list[dict]:
+    """The rows already in `out` that answer the first prompts of `prompt_list`, checked line by line:
+    row i must answer prompt i, and its response must end where a run with `max_new_tokens` ends
+    it (at the stop token within the limit, else at exactly the limit), so that a file distilled
+    from other prompts or with another limit is refused instead of mixed in. A last line cut short
+    (a run stopped while writing) is dropped from the file; rows past `prompt_list` are left unused."""
+    if not out.is_file():
+        return []
+    lines = out.read_text().splitlines(keepends=True)
+    rows = []
+    for n, line in enumerate(lines, 1):
+        try:
+            row = json.loads(line)
+            if not (isinstance(row, dict) and isinstance(row.get("prompt"), str) and
+                    isinstance(row.get("prompt_len"), int) and isinstance(row.get("ids"), list)):
+                raise ValueError("not a row {prompt, prompt_len, ids}")
+        except ValueError as e:
+            if n == len(lines) and not line.endswith("\n"):
+                say(f"{out}: line {n} was cut short (a stopped run); dropped, distilling it again")
+                out.write_text("".join(lines[:-1]))
+                break
+            raise DataFileError(f"{out} line {n} is not a response row ({e}); use another --out") from None
+        rows.append(row)
+    for n, (row, prompt) in enumerate(zip(rows, prompt_list), 1):
+        if row["prompt"] != prompt:
+            raise DataFileError(f"{out} line {n} answers {row['prompt']!r}, but training prompt {n} is {prompt!r}: "
+                                f"the file was distilled from other prompts; use another --out")
+        response = row["ids"][row["prompt_len"]:]
+        stopped = stop_token_id in response
+        if len(response) > max_new_tokens or (not stopped and len(response) != max_new_tokens):
+            raise DataFileError(f"{out} line {n} holds a response of {len(response)} tokens "
+                                f"{'ending at the stop token' if stopped else 'cut without a stop token'}, which "
+                                f"a run with --max-new-tokens {max_new_tokens} does not write: the file was "
+                                f"distilled with another limit; pass that --max-new-tokens or use another --out")
+    if len(rows) > len(prompt_list):
+        say(f"{out}: using the first {len(prompt_list)} of its {len(rows)} responses")
+    return rows[:len(prompt_list)]
+
+
 def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path, max_new_tokens: int = 96,
                  batch_size: int = 16, stop_token_id: int = 2, say=print,
                  attention: str | None = "eager") -> list[dict]:
@@ -139,7 +183,7 @@ def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path, max
     took 39.7 / 38.2 s with "sdpa" and 25.6 s with "eager" (193 / 201 against 300 tokens/s).
     Either is the target's own greedy decoding; in bf16 their roundings differ, so the texts may."""
     out = Path(out)
-    done = [json.loads(line) for line in out.read_text().splitlines()] if out.is_file() else []
+    done = read_responses(out, prompt_list, max_new_tokens, stop_token_id, say)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:  # SmolLM2's GGUF tokenizer has none; pads are masked out anyway
         tokenizer.pad_token = tokenizer.convert_ids_to_tokens(0)

@@ -8,6 +8,8 @@ block position on held-out prompts.
                              what it proposes among (draft_vocab.py); the held-out evaluation uses it
     out/draft-bf16/          the same in bf16 at the end, draft_vocab.json too (what ships as drafts/smollm2)
     out/optimizer.safetensors, out/state.json    AdamW moments, step, losses: `--resume` continues
+    out/train_config.json    every option of the run (train_config.py): what --resume holds it to, and
+                             a file --config can start another run from
     figures/training/training.png    loss curve and held-out acceptance per block position (--figures)
     out/eval.json                    held-out tokens per step and acceptance per block position
 """
@@ -20,8 +22,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from . import distill
-from .checkpoint import load_draft, save_draft
+from . import distill, train_config
+from .checkpoint import CheckpointError, load_draft, save_draft
 from .draft_init import init_from_target
 from .spec_generate import spec_generate
 from .training import (loss_weights, make_optimizer, sample_anchors, sampled_vocabulary, target_features_batched,
@@ -78,14 +80,22 @@ def progress(step: int, total: int, loss: float, seconds: float) -> str:
             f"{seconds / 60:.1f} min, ~{eta / 60:.1f} min left")
 
 
-def block_weights(args) -> torch.Tensor:
-    """The loss weights w_k for `args.block_size` and `args.gamma`; ValueError for a block size that
-    cannot be trained or has no γ (checked before any work: `__main__` turns it into a usage error)."""
+def block_weights(block_size: int, gamma: float | None) -> torch.Tensor:
+    """The loss weights w_k for the block size and γ; ValueError for a block size that cannot be
+    trained or has no γ (checked before any work: `check_options`)."""
     # γ: the paper's for blocks 8, 10, 16; it trains no block 4, for which we take γ = 4 as for block 8.
     # γ = 1 was measured against it (README, "Training a draft"): better after 1000 steps, no better in a
     # whole from-scratch run (held-out τ 1.648 against 1.659), so the default stays.
-    gamma = args.gamma if args.gamma is not None else {4: 4.0}.get(args.block_size)
-    return loss_weights(args.block_size, gamma)
+    return loss_weights(block_size, gamma if gamma is not None else {4: 4.0}.get(block_size))
+
+
+def check_options(options: dict) -> dict:
+    """`train_config.check_values` with this package's prompt counts, and the block's loss weights:
+    everything that can be refused before the target is loaded (`__main__` makes it a usage error)."""
+    train_config.check_values(options, heldout_prompts=len(distill.prompts("heldout")),
+                              training_prompts=len(distill.prompts("train")))
+    block_weights(options["block_size"], options["gamma"])
+    return options
 
 
 def run(args, say=print) -> int:
@@ -93,17 +103,31 @@ def run(args, say=print) -> int:
     from .smollm2 import STOP_TOKEN_IDS, load_smollm2, random_smollm2_draft
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    train_config.save(out, vars(args))
     torch.manual_seed(args.seed)
     started = time.perf_counter()
     target, tokenizer = load_smollm2()
     # the responses come from a bf16 copy of the target by default (1.5× faster here); features and
     # evaluation use the fp32 target that inference uses
     generator = load_smollm2(torch.bfloat16)[0] if args.distill_dtype == "bf16" else target
-    rows = distill.self_distill(generator, tokenizer, distill.prompts("train")[:args.prompts], out / "data.jsonl",
-                                args.max_new_tokens, batch_size=args.distill_batch, say=say)
+    try:
+        rows = distill.self_distill(generator, tokenizer, distill.prompts("train")[:args.prompts],
+                                    out / "data.jsonl", args.max_new_tokens, batch_size=args.distill_batch, say=say)
+    except distill.DataFileError as e:
+        raise SystemExit(str(e)) from None
     rows = [r for r in rows if len(r["ids"]) - r["prompt_len"] >= args.block_size + 1]
+    if not rows:
+        raise SystemExit(f"none of the {args.prompts} responses has the {args.block_size + 1} tokens one block of "
+                         f"{args.block_size} needs (an anchor and its labels); distil more prompts")
     if args.resume:
-        draft = load_draft(out / "draft")
+        try:
+            draft = load_draft(out / "draft")
+        except CheckpointError as e:
+            raise SystemExit(f"--resume: {e}") from None
+        found = {"layers": draft.config.num_hidden_layers, "block_size": draft.block_size}
+        wrong = [f"{k} {v} (asked {getattr(args, k)})" for k, v in found.items() if v != getattr(args, k)]
+        if wrong:      # a run from before train_config.json, resumed with other options
+            raise SystemExit(f"--resume: the draft in {out / 'draft'} has {', '.join(wrong)}")
     else:
         draft = random_smollm2_draft(target, args.layers, args.block_size, args.seed)
         if args.init == "target":
@@ -123,7 +147,7 @@ def run(args, say=print) -> int:
     step, losses, seconds = _load_state(out, draft, optimizer) if args.resume else (0, [], 0.0)
     for _ in range(step):
         schedule.step()
-    weights, g = block_weights(args), torch.Generator().manual_seed(args.seed + step)
+    weights, g = block_weights(args.block_size, args.gamma), torch.Generator().manual_seed(args.seed + step)
     t0 = time.perf_counter() - seconds
     while step < args.steps:
         picks = torch.randint(len(data), (args.batch,), generator=g).tolist()

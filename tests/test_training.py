@@ -193,7 +193,12 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
     assert first.returncode == 0, first.stderr[-2000:]
     assert len((tmp_path / "data.jsonl").read_text().splitlines()) == 4
     assert json.loads((tmp_path / "state.json").read_text())["step"] == 2
-    again = subprocess.run(base + ["--steps", "4", "--resume"], capture_output=True, text=True, timeout=600)
+    saved = json.loads((tmp_path / "train_config.json").read_text())
+    assert (saved["layers"], saved["block_size"], saved["prompts"], saved["steps"]) == (1, 8, 4, 2)
+    changed = subprocess.run(base[:6] + ["--resume", "--layers", "2"], capture_output=True, text=True, timeout=600)
+    assert changed.returncode == 2 and "layers (the run has 1, asked 2)" in changed.stderr
+    # the saved options carry the run on: only --out, --resume and the new length are given
+    again = subprocess.run(base[:6] + ["--resume", "--steps", "4"], capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["step"] == 4 and len(state["losses"]) == 4      # continued, not restarted
@@ -204,6 +209,11 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
             if len(r["ids"]) - r["prompt_len"] >= 8 + 1]                     # those trained on (block 8)
     assert set(vocab) == {t for r in rows for t in r["ids"][r["prompt_len"]:]} | {2}   # the responses' tokens + stop
     assert "held-out: mean tokens per step" in again.stdout
+    # a run from before train_config.json: the checkpoint's own shape is checked instead
+    (tmp_path / "train_config.json").unlink()
+    older = subprocess.run(base + ["--steps", "4", "--resume", "--layers", "2"], capture_output=True, text=True,
+                           timeout=600)
+    assert older.returncode == 1 and f"the draft in {tmp_path / 'draft'} has layers 1 (asked 2)" in older.stderr
 
 
 def test_prompts_split_by_topic_and_any_first_n_spread_over_the_topics():

@@ -1,0 +1,186 @@
+"""The options of `python -m dflash_ref train`: their defaults, a JSON config file (`--config`), the
+copy every run keeps (`out/train_config.json`) and what `--resume` may change. No torch here, so
+that building the command line stays cheap.
+
+Where an option's value comes from, the later winning:
+
+    DEFAULTS  <  out/train_config.json (with --resume)  <  --config FILE  <  the command line
+
+A resumed run is the run that was started: options that shape the data, the draft or the
+optimisation (everything but RESUME_MAY_CHANGE) must equal the saved ones, or nothing starts.
+`--steps` may grow (the cosine schedule is then laid over the new total from the step reached).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+
+CONFIG_NAME = "train_config.json"
+
+DEFAULTS = {"layers": 2, "block_size": 4, "gamma": None, "steps": 4400, "lr": 3e-3, "batch": 8, "anchors": 32,
+            "full_vocab": False, "negatives": 4096, "prompts": 1860, "max_new_tokens": 192, "distill_batch": 48,
+            "distill_dtype": "bf16", "train_dtype": "bf16", "init": "random", "save_every": 500,
+            "eval_prompts": 12, "eval_tokens": 128, "figures": "figures/training", "seed": 0}
+CHOICES = {"distill_dtype": ("bf16", "fp32"), "train_dtype": ("bf16", "fp32"), "init": ("random", "target")}
+# how long the run goes on, how often it saves, how it is evaluated and where its plot goes
+RESUME_MAY_CHANGE = frozenset({"steps", "save_every", "eval_prompts", "eval_tokens", "figures"})
+
+
+class TrainOptionError(ValueError):
+    """An option, a config file or a resume that cannot give a sound run; the message names it."""
+
+
+def add_train_arguments(p: argparse.ArgumentParser) -> None:
+    """The `train` subcommand's arguments. Every option defaults to None here, so that what was given
+    (on the command line) can be told from what was not; DEFAULTS fills the rest (resolve)."""
+    def option(name: str, help: str = "", **kw) -> None:
+        key = name.replace("-", "_")
+        shown = "" if DEFAULTS[key] is None or isinstance(DEFAULTS[key], bool) else f" (default: {DEFAULTS[key]})"
+        p.add_argument(f"--{name}", default=None, help=(help + shown).strip(), **kw)
+    p.add_argument("--out", required=True, help="folder for data, checkpoints, state and plots")
+    p.add_argument("--config", help="a JSON file of options ({\"layers\": 4, \"steps\": 5600, …}; the names of "
+                                    "these options); options on the command line win over it")
+    p.add_argument("--resume", action="store_true",
+                   help=f"continue the run in --out from its checkpoint, with the options in its {CONFIG_NAME}")
+    option("layers", "draft layers", type=int)
+    option("block-size", "block size b", type=int)
+    option("gamma", "loss decay γ (default: the paper's for blocks 8, 10, 16; 4 for block 4, ours)", type=float)
+    option("steps", "optimiser steps in all (a resumed run may raise it)", type=int)
+    option("lr", "peak learning rate", type=float)
+    option("batch", "sequences per optimiser step", type=int)
+    option("anchors", "blocks per sequence in one pass", type=int)
+    option("full-vocab", "the loss's softmax over all V (the paper), not estimated (training.py)",
+           action="store_true")
+    option("negatives", "tokens sampled per step beside the responses' for the softmax estimate", type=int)
+    option("prompts", "distil the first N training prompts (of 7140)", type=int)
+    option("max-new-tokens", "longest response distilled", type=int)
+    option("distill-batch", "prompts per generate() call", type=int)
+    option("distill-dtype", "the target copy that writes the responses (features always come from fp32)",
+           choices=CHOICES["distill_dtype"])
+    option("train-dtype", "bf16: mixed precision, the forward under bf16 autocast, weights and AdamW fp32 "
+                          "(faster where the CPU has bf16 instructions); fp32: all fp32",
+           choices=CHOICES["train_dtype"])
+    option("init", "draft layers from noise (the paper) or copied from the target's last layers",
+           choices=CHOICES["init"])
+    option("save-every", "steps between checkpoints", type=int)
+    option("eval-prompts", "held-out prompts for the final evaluation", type=int)
+    option("eval-tokens", "tokens generated per held-out prompt", type=int)
+    option("figures", "where training.png goes")
+    option("seed", "seed of the draft's initialisation, the anchors and the batches", type=int)
+
+
+def read_config_file(path: str | Path) -> dict:
+    """A JSON object of options, keys as the option names (`block-size` or `block_size`); unknown
+    keys and values of the wrong kind are refused, naming the file and the key."""
+    path = Path(path)
+    if not path.is_file():
+        raise TrainOptionError(f"--config: no file {path}")
+    try:
+        raw = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TrainOptionError(f"--config {path} is not JSON: {e}") from None
+    if not isinstance(raw, dict):
+        raise TrainOptionError(f"--config {path} must hold a JSON object of options, not a {type(raw).__name__}")
+    options = {str(k).replace("-", "_"): v for k, v in raw.items()}
+    unknown = sorted(set(options) - set(DEFAULTS))
+    if unknown:
+        raise TrainOptionError(f"--config {path}: unknown option(s) {unknown}; known: {sorted(DEFAULTS)}")
+    for key, value in options.items():
+        _check_kind(key, value, f"--config {path}")
+    return options
+
+
+def _check_kind(key: str, value, where: str) -> None:
+    default = DEFAULTS[key]
+    if key == "gamma":
+        ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
+        kind = "a number or null"
+    elif isinstance(default, bool):
+        ok, kind = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, kind = isinstance(value, int) and not isinstance(value, bool), "a whole number"
+    elif isinstance(default, float):
+        ok, kind = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    else:
+        ok, kind = isinstance(value, str), "a string"
+    if not ok:
+        raise TrainOptionError(f"{where}: {key} must be {kind}, got {value!r}")
+    if key in CHOICES and value not in CHOICES[key]:
+        raise TrainOptionError(f"{where}: {key} must be one of {list(CHOICES[key])}, got {value!r}")
+
+
+def check_values(options: dict, heldout_prompts: int, training_prompts: int) -> None:
+    """Ranges that would otherwise fail deep in torch, divide by zero, or train on nothing."""
+    def at_least(key: str, low: int) -> None:
+        if options[key] < low:
+            raise TrainOptionError(f"--{key.replace('_', '-')} must be at least {low}, got {options[key]}")
+    for key in ("layers", "steps", "batch", "anchors", "distill_batch", "save_every", "eval_tokens"):
+        at_least(key, 1)
+    at_least("negatives", 0)
+    if not (math.isfinite(options["lr"]) and options["lr"] > 0):
+        raise TrainOptionError(f"--lr must be a positive number, got {options['lr']}")
+    if options["gamma"] is not None and not (math.isfinite(options["gamma"]) and options["gamma"] > 0):
+        raise TrainOptionError(f"--gamma must be a positive number, got {options['gamma']}")
+    if not 1 <= options["prompts"] <= training_prompts:
+        raise TrainOptionError(f"--prompts must lie in 1…{training_prompts} (the training prompts written), "
+                               f"got {options['prompts']}")
+    if not 1 <= options["eval_prompts"] <= heldout_prompts:
+        raise TrainOptionError(f"--eval-prompts must lie in 1…{heldout_prompts} (the held-out prompts), "
+                               f"got {options['eval_prompts']}")
+    if options["max_new_tokens"] < options["block_size"] + 1:
+        # a response of r tokens holds anchors only if r ≥ b + 1 (training.sample_anchors)
+        raise TrainOptionError(f"--max-new-tokens {options['max_new_tokens']} leaves no response long enough "
+                               f"for one block of {options['block_size']} (it needs ≥ block size + 1 = "
+                               f"{options['block_size'] + 1})")
+
+
+def resolve(args: argparse.Namespace) -> dict:
+    """The run's options: DEFAULTS, then (with --resume) the run's saved config, then --config, then
+    what the command line gave. Refuses a resume of nothing, a resume that changes the run, and a
+    fresh start over a folder that holds a run. Reads files only; writes nothing."""
+    out = Path(args.out)
+    given = {k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None}
+    requested = {**(read_config_file(args.config) if args.config else {}), **given}
+    state = out / "state.json"
+    if not args.resume:
+        if state.is_file():
+            raise TrainOptionError(f"{out} already holds a training run ({_step_of(state)}); add --resume to "
+                                   f"continue it, delete {state} to train again from step 0 on its data, or "
+                                   f"choose another --out")
+        return {**DEFAULTS, **requested}
+    if not state.is_file():
+        raise TrainOptionError(f"--resume: {out} holds no training run to continue (no {state.name}); "
+                               f"leave out --resume to start one")
+    saved_path = out / CONFIG_NAME
+    if not saved_path.is_file():       # a run from before train_config.json: the draft's own config is checked later
+        return {**DEFAULTS, **requested}
+    try:
+        saved = json.loads(saved_path.read_text())
+    except json.JSONDecodeError as e:
+        raise TrainOptionError(f"--resume: {saved_path} is not JSON: {e}") from None
+    saved = {k: v for k, v in saved.items() if k in DEFAULTS}
+    changed = [f"{k} (the run has {saved.get(k, DEFAULTS[k])!r}, asked {v!r})" for k, v in sorted(requested.items())
+               if k not in RESUME_MAY_CHANGE and v != saved.get(k, DEFAULTS[k])]
+    if changed:
+        raise TrainOptionError(f"--resume: {out} was started with other options: {'; '.join(changed)}. A resumed "
+                               f"run may change only {sorted(RESUME_MAY_CHANGE)}; choose another --out for a new run")
+    options = {**DEFAULTS, **saved, **requested}
+    if options["steps"] < (step := json.loads(state.read_text()).get("step", 0)):
+        raise TrainOptionError(f"--resume: {out} is at step {step}, past --steps {options['steps']}")
+    return options
+
+
+def _step_of(state: Path) -> str:
+    try:
+        return f"at step {json.loads(state.read_text())['step']}"
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return f"its {state.name}"
+
+
+def save(out: Path, options: dict) -> Path:
+    """Write the run's options to out/train_config.json (the file --resume and --config read)."""
+    path = Path(out) / CONFIG_NAME
+    path.write_text(json.dumps({k: options[k] for k in DEFAULTS}, indent=1) + "\n")
+    return path

@@ -1,0 +1,195 @@
+"""`train`'s options: a config file, the copy a run keeps, what --resume may change, and the refusals
+that come before any model is loaded; the data file's checks (distill.read_responses)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_ref import distill
+from dflash_ref.__main__ import main
+from dflash_ref.train_config import (CONFIG_NAME, DEFAULTS, RESUME_MAY_CHANGE, TrainOptionError, add_train_arguments,
+                                     read_config_file, resolve, save)
+
+SHIPPED = Path(__file__).resolve().parents[1] / "dflash_ref" / "drafts" / "smollm2"
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    add_train_arguments(p)
+    return p.parse_args(list(argv))
+
+
+def write(path: Path, obj) -> Path:
+    path.write_text(json.dumps(obj))
+    return path
+
+
+def started_run(out: Path, step: int = 10, **options) -> Path:
+    """A folder as a run leaves it: its options and a state at `step`."""
+    out.mkdir(parents=True, exist_ok=True)
+    save(out, {**DEFAULTS, **options})
+    write(out / "state.json", {"step": step, "losses": [], "seconds": 1.0})
+    return out
+
+
+def test_defaults_then_config_file_then_command_line(tmp_path):
+    config = write(tmp_path / "c.json", {"layers": 4, "block-size": 8, "steps": 100, "full_vocab": True})
+    options = resolve(parse("--out", str(tmp_path / "run"), "--config", str(config), "--steps", "7"))
+    assert options == {**DEFAULTS, "layers": 4, "block_size": 8, "steps": 7, "full_vocab": True}
+    assert resolve(parse("--out", str(tmp_path / "run"))) == DEFAULTS
+    assert not (tmp_path / "run").exists()                          # resolving writes nothing
+
+
+def test_a_saved_config_is_a_config_file(tmp_path):
+    options = {**DEFAULTS, "layers": 3, "gamma": 2.5, "lr": 1e-3}
+    assert read_config_file(save(tmp_path, options)) == options
+
+
+@pytest.mark.parametrize("content, message", [
+    ({"layer": 4}, "unknown option(s) ['layer']"),
+    ({"layers": "4"}, "layers must be a whole number, got '4'"),
+    ({"layers": 4.0}, "layers must be a whole number"),
+    ({"full-vocab": 1}, "full_vocab must be true or false"),
+    ({"lr": True}, "lr must be a number"),
+    ({"init": "zeros"}, "init must be one of ['random', 'target']"),
+    ({"gamma": "4"}, "gamma must be a number or null"),
+    ([4, 2], "must hold a JSON object of options, not a list"),
+    ("{not json", "is not JSON")])
+def test_a_bad_config_file_is_refused_by_name(tmp_path, content, message):
+    path = tmp_path / "c.json"
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    with pytest.raises(TrainOptionError) as e:
+        read_config_file(path)
+    assert message in str(e.value) and str(path) in str(e.value)
+
+
+def test_resume_takes_the_saved_options_and_lets_the_run_grow(tmp_path):
+    out = started_run(tmp_path / "run", layers=4, prompts=5580, steps=100)
+    options = resolve(parse("--out", str(out), "--resume"))
+    assert options["layers"] == 4 and options["prompts"] == 5580 and options["steps"] == 100
+    grown = resolve(parse("--out", str(out), "--resume", "--steps", "200", "--eval-prompts", "24", "--layers", "4"))
+    assert grown["steps"] == 200 and grown["eval_prompts"] == 24 and grown["layers"] == 4
+    assert {"steps", "save_every", "eval_prompts", "eval_tokens", "figures"} == RESUME_MAY_CHANGE
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--layers", "2"], "layers (the run has 4, asked 2)"),
+    (["--lr", "0.001", "--batch", "4"], "batch (the run has 8, asked 4); lr (the run has 0.003, asked 0.001)"),
+    (["--steps", "5"], "is at step 10, past --steps 5"),
+])
+def test_resume_refuses_a_changed_run(tmp_path, argv, message):
+    out = started_run(tmp_path / "run", layers=4, steps=100)
+    with pytest.raises(TrainOptionError) as e:
+        resolve(parse("--out", str(out), "--resume", *argv))
+    assert message in str(e.value)
+
+
+def test_resume_checks_the_config_file_too(tmp_path):
+    out = started_run(tmp_path / "run", layers=4)
+    config = write(tmp_path / "c.json", {"block_size": 8})
+    with pytest.raises(TrainOptionError, match=r"block_size \(the run has 4, asked 8\)"):
+        resolve(parse("--out", str(out), "--resume", "--config", str(config)))
+
+
+def test_nothing_to_resume_and_a_run_in_the_way_are_refused(tmp_path):
+    with pytest.raises(TrainOptionError, match="holds no training run to continue"):
+        resolve(parse("--out", str(tmp_path / "empty"), "--resume"))
+    out = started_run(tmp_path / "run", step=250)
+    with pytest.raises(TrainOptionError, match="already holds a training run \\(at step 250\\); add --resume"):
+        resolve(parse("--out", str(out)))
+    (tmp_path / "seeded").mkdir()                         # a folder seeded with a data file only is no run
+    (tmp_path / "seeded" / "data.jsonl").write_text("")
+    assert resolve(parse("--out", str(tmp_path / "seeded")))["prompts"] == DEFAULTS["prompts"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--steps", "0"], "--steps must be at least 1, got 0"),
+    (["--batch", "0"], "--batch must be at least 1"),
+    (["--anchors", "0"], "--anchors must be at least 1"),
+    (["--save-every", "0"], "--save-every must be at least 1"),
+    (["--layers", "0"], "--layers must be at least 1"),
+    (["--negatives", "-1"], "--negatives must be at least 0"),
+    (["--distill-batch", "0"], "--distill-batch must be at least 1"),
+    (["--lr", "0"], "--lr must be a positive number"),
+    (["--lr", "nan"], "--lr must be a positive number"),
+    (["--gamma", "-1"], "--gamma must be a positive number"),
+    (["--prompts", "0"], "--prompts must lie in 1…7140"),
+    (["--prompts", "7141"], "--prompts must lie in 1…7140"),
+    (["--eval-prompts", "145"], "--eval-prompts must lie in 1…144"),
+    (["--max-new-tokens", "4"], "leaves no response long enough for one block of 4"),
+    (["--block-size", "8", "--max-new-tokens", "8"], "it needs ≥ block size + 1 = 9"),
+    (["--config", "/no/such/config.json"], "--config: no file /no/such/config.json"),
+    (["--resume"], "holds no training run to continue")])
+def test_train_refuses_bad_options_before_any_work(tmp_path, capsys, flags, message):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--out", str(out)] + flags)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and "Traceback" not in err
+    assert not out.exists()                                   # nothing loaded, distilled or written
+
+
+def test_the_shipped_drafts_options_are_a_config_for_its_run():
+    """drafts/smollm2/train_config.json: the README's command for the shipped draft (the defaults plus
+    --prompts 5580 --steps 5600), readable by --config, and the draft's own shape."""
+    options = read_config_file(SHIPPED / CONFIG_NAME)
+    assert {k: v for k, v in options.items() if v != DEFAULTS[k]} == {"prompts": 5580, "steps": 5600}
+    draft = json.loads((SHIPPED / "config.json").read_text())
+    assert (draft["num_hidden_layers"], draft["block_size"]) == (options["layers"], options["block_size"])
+
+
+# the data file: distill.read_responses
+
+def rows_for(prompt_list, max_new_tokens=6, stop=2):
+    """Rows as self_distill writes them: 3 prompt tokens, then a stopped or a cut response."""
+    return [{"prompt": p, "prompt_len": 3, "ids": [7, 8, 9] + ([5, 6, stop] if i % 2 else [5] * max_new_tokens)}
+            for i, p in enumerate(prompt_list)]
+
+
+def write_rows(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_the_data_file_is_read_back_for_the_prompts_asked():
+    prompts = distill.prompts("train")[:5]
+    assert distill.read_responses(Path("/no/such/data.jsonl"), prompts, 6) == []
+
+
+def test_rows_past_the_prompts_asked_are_left_unused(tmp_path):
+    prompts, said = distill.prompts("train")[:5], []
+    path = write_rows(tmp_path / "data.jsonl", rows_for(prompts))
+    assert distill.read_responses(path, prompts[:2], 6, say=said.append) == rows_for(prompts)[:2]
+    assert said == [f"{path}: using the first 2 of its 5 responses"]
+    assert distill.read_responses(path, prompts + distill.prompts("train")[5:9], 6) == rows_for(prompts)
+
+
+def test_a_last_line_cut_short_is_dropped_from_the_file(tmp_path):
+    prompts = distill.prompts("train")[:3]
+    path = write_rows(tmp_path / "data.jsonl", rows_for(prompts[:2]))
+    whole = path.read_text()
+    path.write_text(whole + json.dumps(rows_for(prompts)[2])[:20])         # a run stopped while writing
+    said = []
+    assert distill.read_responses(path, prompts, 6, say=said.append) == rows_for(prompts)[:2]
+    assert path.read_text() == whole and "line 3 was cut short" in said[0]
+
+
+@pytest.mark.parametrize("damage, message", [
+    (lambda rows: rows.__setitem__(1, {**rows[1], "prompt": "Something else?"}),
+     "line 2 answers 'Something else?', but training prompt 2 is"),
+    (lambda rows: rows.__setitem__(0, {**rows[0], "ids": [7, 8, 9, 5, 5]}),      # cut at 2: another limit
+     "line 1 holds a response of 2 tokens cut without a stop token, which a run with --max-new-tokens 6"),
+    (lambda rows: rows.__setitem__(1, {**rows[1], "ids": [7, 8, 9] + [5] * 7 + [2]}),   # longer than the limit
+     "line 2 holds a response of 8 tokens ending at the stop token"),
+    (lambda rows: rows.__setitem__(0, {"prompt": "x"}), "line 1 is not a response row")])
+def test_a_data_file_from_other_prompts_or_another_limit_is_refused(tmp_path, damage, message):
+    prompts = distill.prompts("train")[:3]
+    rows = rows_for(prompts)
+    damage(rows)
+    path = write_rows(tmp_path / "data.jsonl", rows)
+    with pytest.raises(distill.DataFileError) as e:
+        distill.read_responses(path, prompts, 6)
+    assert message in str(e.value) and str(path) in str(e.value)
