@@ -57,6 +57,8 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt")
     evaluate.add_argument("--block-size", type=int, help="verify blocks of this size (default: the draft's)")
     evaluate.add_argument("--out", help="write the results here as JSON")
+    evaluate.add_argument("--by-template", action="store_true",
+                          help="also report each set split by the prompts' template (distill.TEMPLATES)")
     sub.add_parser("notebooks", help="regenerate and execute walkthroughs/*.ipynb from their .py sources")
     golden = sub.add_parser("golden", help="write the conformance kit's golden bundles (same bytes on a rerun)")
     golden.add_argument("--out", required=True, help="folder for the bundles (one subfolder per scenario)")

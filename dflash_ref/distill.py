@@ -121,6 +121,16 @@ def prompts(split: str = "train") -> list[str]:
             for q in range(len(TEMPLATES)) for r, topic in enumerate(topics)]
 
 
+def template_of(prompt: str) -> str:
+    """The template a prompt of either split was written from, e.g. "What is {t}?"; ValueError for a
+    prompt not written here."""
+    for template in TEMPLATES:
+        head, tail = template.split("{t}")
+        if prompt.startswith(head) and prompt.endswith(tail) and prompt[len(head):len(prompt) - len(tail)] in TOPICS:
+            return template
+    raise ValueError(f"{prompt!r} is none of the prompts written here (distill.TEMPLATES × distill.TOPICS)")
+
+
 def eval_prompts(n: int = 12) -> list[str]:
     """The first n held-out prompts: by the order of `prompts`, spread over the held-out topics and the
     templates (with 12 held-out topics, the i-th is topic i mod 12 with template (i + i div 12) mod 12)."""

@@ -15,7 +15,8 @@ prompts over 595 topics (the shipped draft was trained on the first 5580, the de
     python -m dflash_ref evaluate --sets heldout:0:12 train:0:12 train:3000:12 train:6000:12
 
 sets held-out prompts beside prompts the shipped draft was trained on and prompts it never saw on
-topics it knows (README, "Training a draft")."""
+topics it knows (README, "Training a draft"). `--by-template` also reports each set split by the
+prompts' template ("What is {t}?", "Write a short poem about {t}.", …) from the same decoding runs."""
 from __future__ import annotations
 
 import json
@@ -54,6 +55,24 @@ def check_arguments(args) -> None:
         raise ValueError(f"--out {args.out}: needs a file path in an existing folder")
 
 
+def by_template(chosen: list[str], records: list[list], block_size: int, say=print) -> dict:
+    """τ and a_k of each template's prompts in a set (their steps pooled, as for the set), printed
+    from the highest τ down: which kinds of answer the draft predicts, and which it does not."""
+    from .distill import template_of
+    from .train_cli import tally
+    groups: dict[str, list] = {}
+    for prompt, steps in zip(chosen, records):
+        groups.setdefault(template_of(prompt), []).append(steps)
+    found = {}
+    for template, runs in groups.items():
+        by_position, tau = tally([step for steps in runs for step in steps], block_size)
+        found[template] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": len(runs)}
+    for template, r in sorted(found.items(), key=lambda item: -item[1]["tokens_per_step"]):
+        say(f"{'':>22}τ {r['tokens_per_step']:.3f}  {', '.join(f'{a:.3f}' for a in r['acceptance_by_position'])}"
+            f"  {r['prompts']:>3} × {template}")
+    return found
+
+
 def run(args, say=print) -> dict:
     """Evaluate args.draft (default: the shipped draft) on each of args.sets; write args.out if given."""
     from . import distill
@@ -76,14 +95,17 @@ def run(args, say=print) -> dict:
     for spec in args.sets:
         split, start, count = parse_set(spec)
         chosen = distill.prompts(split)[start:start + count]
+        records = []
         try:
             by_position, tau = acceptance_by_position(draft, target, tokenizer, chosen, args.tokens,
-                                                      STOP_TOKEN_IDS, block_size)
+                                                      STOP_TOKEN_IDS, block_size, records=records)
         except ValueError as e:                      # e.g. --tokens past SmolLM2's positions (compat.check_request)
             raise SystemExit(f"prompt set {spec}: {e}") from None
         results["sets"][spec] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": chosen}
         say(f"{spec:>20}  τ {tau:.3f}  acceptance by block position "
             f"{', '.join(f'{a:.3f}' for a in by_position)}")
+        if getattr(args, "by_template", False):
+            results["sets"][spec]["by_template"] = by_template(chosen, records, block_size, say)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
         say(f"wrote {args.out}")

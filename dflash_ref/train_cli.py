@@ -51,25 +51,33 @@ def _load_state(out: Path, draft, optimizer) -> tuple[int, list[float], float]:
 
 def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens=64, stop=(2,),
                            block_size: int | None = None, outputs: list | None = None,
-                           verify_gate: float | None = None) -> tuple[list[float], float]:
+                           verify_gate: float | None = None,
+                           records: list | None = None) -> tuple[list[float], float]:
     """Greedy on each prompt: the fraction of full-block decode steps (the whole block drafted and
     verified) in which block position k (1 … b − 1) was accepted, and the mean tokens per step over
-    all steps (the paper's τ). Each prompt's GenerationOutput is appended to `outputs` if given."""
+    all steps (the paper's τ): `tally` of every step. Each prompt's GenerationOutput is appended to
+    `outputs` and its list of step records to `records`, if given."""
     from .smollm2 import chat_ids
     b = block_size or draft.block_size
-    accepted, steps, produced = torch.zeros(b - 1), 0, []
+    steps = []
     for prompt in prompt_list:
-        records = []
+        mine = []
         out = spec_generate(draft, target, chat_ids(tokenizer, prompt), max_new_tokens, list(stop), block_size=b,
-                            verify_gate=verify_gate, on_step=records.append)
+                            verify_gate=verify_gate, on_step=mine.append)
         if outputs is not None:
             outputs.append(out)
-        for r in records:
-            if len(r.block_ids) == b:
-                accepted[:r.acceptance_length] += 1
-                steps += 1
-            produced.append(r.produced)
-    return (accepted / max(steps, 1)).tolist(), sum(produced) / max(len(produced), 1)
+        if records is not None:
+            records.append(mine)
+        steps += mine
+    return tally(steps, b)
+
+
+def tally(steps, block_size: int) -> tuple[list[float], float]:
+    """From spec_generate's step records: a_k = the share of whole-block steps (all b tokens verified)
+    with at least k proposals accepted, k = 1 … b − 1, and τ = tokens produced per step, pooled."""
+    whole = [r.acceptance_length for r in steps if len(r.block_ids) == block_size]
+    by_position = [sum(a >= k for a in whole) / max(len(whole), 1) for k in range(1, block_size)]
+    return by_position, sum(r.produced for r in steps) / max(len(steps), 1)
 
 
 def progress(step: int, total: int, loss: float, seconds: float) -> str:

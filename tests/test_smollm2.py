@@ -150,6 +150,31 @@ def test_evaluate_counts_what_spec_generate_does_on_the_named_prompts(smollm2, t
         assert got["acceptance_by_position"] == pytest.approx(_acceptance_by_position(records, 4))
 
 
+def test_evaluate_by_template_splits_a_set_as_separate_sets_would(smollm2, tmp_path, capsys):
+    """--by-template: each template's τ and a_k, from the set's own decoding runs, equal what
+    evaluating that template's prompts as sets of their own gives; printed highest τ first."""
+    import json
+    from dflash_ref.__main__ import main
+    from dflash_ref.distill import prompts, template_of
+    split, together, apart = tmp_path / "split.json", tmp_path / "together.json", tmp_path / "apart.json"
+    assert main(["evaluate", "--sets", "heldout:0:2", "--tokens", "16", "--by-template", "--out", str(split)]) == 0
+    printed = capsys.readouterr().out
+    assert main(["evaluate", "--sets", "heldout:0:1", "heldout:1:1", "--tokens", "16", "--out", str(apart)]) == 0
+    assert main(["evaluate", "--sets", "heldout:0:2", "--tokens", "16", "--out", str(together)]) == 0
+    by_template = json.loads(split.read_text())["sets"]["heldout:0:2"]["by_template"]
+    alone = json.loads(apart.read_text())["sets"]
+    first, second = prompts("heldout")[:2]
+    assert list(by_template) == [template_of(first), template_of(second)] and template_of(first) != template_of(second)
+    for spec, prompt in (("heldout:0:1", first), ("heldout:1:1", second)):
+        mine = by_template[template_of(prompt)]
+        assert mine["prompts"] == 1 and mine["tokens_per_step"] == pytest.approx(alone[spec]["tokens_per_step"])
+        assert mine["acceptance_by_position"] == pytest.approx(alone[spec]["acceptance_by_position"])
+    assert "by_template" not in json.loads(together.read_text())["sets"]["heldout:0:2"]
+    lines = [line for line in printed.splitlines() if " × " in line]
+    taus = [float(line.split()[1]) for line in lines]
+    assert len(lines) == 2 and taus == sorted(taus, reverse=True)
+
+
 def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_path, capsys):
     """A block-4 draft at --block-size 6, as spec_generate allows: the five positions are those of
     spec_generate's 6-token steps, the JSON keeps both sizes, and the run says which positions were

@@ -230,6 +230,16 @@ def test_prompts_split_by_topic_and_any_first_n_spread_over_the_topics():
         prompts("test")
 
 
+def test_every_prompt_names_the_template_it_was_written_from():
+    from dflash_ref.distill import HELD_OUT_TOPICS, TEMPLATES, TOPICS, prompts, template_of
+    for split, topics in (("train", TOPICS[:-HELD_OUT_TOPICS]), ("heldout", TOPICS[-HELD_OUT_TOPICS:])):
+        written = prompts(split)
+        assert [template_of(p) for p in written] == [TEMPLATES[(i // len(topics) + i % len(topics)) % len(TEMPLATES)]
+                                                     for i in range(len(written))]
+    with pytest.raises(ValueError, match="none of the prompts written here"):
+        template_of("What is love?")
+
+
 @pytest.mark.parametrize("flags, message", [(["--block-size", "1"], "no position to predict"),
                                             (["--block-size", "6"], "pass gamma for block size 6")])
 def test_train_command_refuses_an_untrainable_block_before_any_work(tmp_path, capsys, flags, message):
