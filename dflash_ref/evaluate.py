@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 
@@ -95,10 +96,14 @@ def run(args, say=print) -> dict:
     for spec in args.sets:
         split, start, count = parse_set(spec)
         chosen = distill.prompts(split)[start:start + count]
-        records = []
+        records, started = [], time.perf_counter()
+
+        def done(i: int) -> None:                  # a progress line per 12 prompts of a longer set
+            if i % 12 == 0 and i < count:
+                say(f"{spec}: {i}/{count} prompts, {time.perf_counter() - started:.0f} s")
         try:
             by_position, tau = acceptance_by_position(draft, target, tokenizer, chosen, args.tokens,
-                                                      STOP_TOKEN_IDS, block_size, records=records)
+                                                      STOP_TOKEN_IDS, block_size, records=records, done=done)
         except ValueError as e:                      # e.g. --tokens past SmolLM2's positions (compat.check_request)
             raise SystemExit(f"prompt set {spec}: {e}") from None
         results["sets"][spec] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": chosen}

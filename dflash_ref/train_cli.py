@@ -52,15 +52,15 @@ def _load_state(out: Path, draft, optimizer) -> tuple[int, list[float], float]:
 def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens=64, stop=(2,),
                            block_size: int | None = None, outputs: list | None = None,
                            verify_gate: float | None = None,
-                           records: list | None = None) -> tuple[list[float], float]:
+                           records: list | None = None, done=None) -> tuple[list[float], float]:
     """Greedy on each prompt: the fraction of full-block decode steps (the whole block drafted and
     verified) in which block position k (1 … b − 1) was accepted, and the mean tokens per step over
     all steps (the paper's τ): `tally` of every step. Each prompt's GenerationOutput is appended to
-    `outputs` and its list of step records to `records`, if given."""
+    `outputs` and its list of step records to `records`, if given; `done(i)` is called after the i-th."""
     from .smollm2 import chat_ids
     b = block_size or draft.block_size
     steps = []
-    for prompt in prompt_list:
+    for i, prompt in enumerate(prompt_list, 1):
         mine = []
         out = spec_generate(draft, target, chat_ids(tokenizer, prompt), max_new_tokens, list(stop), block_size=b,
                             verify_gate=verify_gate, on_step=mine.append)
@@ -69,6 +69,8 @@ def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens
         if records is not None:
             records.append(mine)
         steps += mine
+        if done is not None:
+            done(i)
     return tally(steps, b)
 
 

@@ -175,6 +175,13 @@ def test_evaluate_by_template_splits_a_set_as_separate_sets_would(smollm2, tmp_p
     assert len(lines) == 2 and taus == sorted(taus, reverse=True)
 
 
+def test_evaluate_reports_progress_on_a_long_set(smollm2, capsys):
+    from dflash_ref.__main__ import main
+    assert main(["evaluate", "--sets", "heldout:0:25", "--tokens", "1"]) == 0
+    progress = [line.split(",")[0] for line in capsys.readouterr().out.splitlines() if " prompts, " in line]
+    assert progress == ["heldout:0:25: 12/25 prompts", "heldout:0:25: 24/25 prompts"]
+
+
 def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_path, capsys):
     """A block-4 draft at --block-size 6, as spec_generate allows: the five positions are those of
     spec_generate's 6-token steps, the JSON keeps both sizes, and the run says which positions were
