@@ -59,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--out", help="write the results here as JSON")
     evaluate.add_argument("--by-template", action="store_true",
                           help="also report each set split by the prompts' template (distill.TEMPLATES)")
+    evaluate.add_argument("--teacher-forced", action="store_true",
+                          help="measure at every position of the target's own greedy responses instead of decoding, "
+                               "split by the target's confidence (teacher_forced.py)")
     sub.add_parser("notebooks", help="regenerate and execute walkthroughs/*.ipynb from their .py sources")
     golden = sub.add_parser("golden", help="write the conformance kit's golden bundles (same bytes on a rerun)")
     golden.add_argument("--out", required=True, help="folder for the bundles (one subfolder per scenario)")

@@ -181,19 +181,18 @@ def read_responses(out: Path, prompt_list: list[str], max_new_tokens: int, stop_
     return rows[:len(prompt_list)]
 
 
-def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path, max_new_tokens: int = 96,
+def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path | None, max_new_tokens: int = 96,
                  batch_size: int = 16, stop_token_id: int = 2, say=print,
                  attention: str | None = "eager") -> list[dict]:
     """Greedy responses of a transformers-backed target (HFTarget) for every prompt, appended to
-    `out` (JSON lines) batch by batch; a rerun continues where the file ends.
+    `out` (JSON lines) batch by batch; a rerun continues where the file ends. `out=None`: returned only.
 
     `attention`: the model's attention implementation while it generates (restored afterwards;
     None keeps its own). "eager" by default: batched decoding sends one query row per sequence,
     for which this torch's CPU SDPA kernel is slow: SmolLM2 in bf16, 48 prompts × 160 tokens,
     took 39.7 / 38.2 s with "sdpa" and 25.6 s with "eager" (193 / 201 against 300 tokens/s).
     Either is the target's own greedy decoding; in bf16 their roundings differ, so the texts may."""
-    out = Path(out)
-    done = read_responses(out, prompt_list, max_new_tokens, stop_token_id, say)
+    done = [] if out is None else read_responses(Path(out), prompt_list, max_new_tokens, stop_token_id, say)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:  # SmolLM2's GGUF tokenizer has none; pads are masked out anyway
         tokenizer.pad_token = tokenizer.convert_ids_to_tokens(0)
@@ -220,8 +219,9 @@ def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path, max
                 if stop_token_id in ids[prompt_len:]:
                     ids = ids[:prompt_len + ids[prompt_len:].index(stop_token_id) + 1]
                 rows.append({"prompt": prompt, "prompt_len": prompt_len, "ids": ids})
-            with out.open("a") as f:
-                f.writelines(json.dumps(r) + "\n" for r in rows)
+            if out is not None:
+                with Path(out).open("a") as f:
+                    f.writelines(json.dumps(r) + "\n" for r in rows)
             done += rows
             say(f"self-distillation: {len(done)}/{len(prompt_list)} responses, {time.perf_counter() - t0:.0f} s")
     finally:

@@ -16,7 +16,9 @@ prompts over 595 topics (the shipped draft was trained on the first 5580, the de
 
 sets held-out prompts beside prompts the shipped draft was trained on and prompts it never saw on
 topics it knows (README, "Training a draft"). `--by-template` also reports each set split by the
-prompts' template ("What is {t}?", "Write a short poem about {t}.", …) from the same decoding runs."""
+prompts' template ("What is {t}?", "Write a short poem about {t}.", …) from the same decoding runs.
+`--teacher-forced` measures instead at every position of the target's own greedy responses to the
+set's prompts, split by the target's confidence (teacher_forced.py): about a minute for 48 prompts."""
 from __future__ import annotations
 
 import json
@@ -52,6 +54,12 @@ def check_arguments(args) -> None:
         raise ValueError(f"--tokens must be at least 1, got {args.tokens}")
     if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be at least 2 (the bonus token and one proposal), got {args.block_size}")
+    if getattr(args, "teacher_forced", False):
+        both = [flag for flag, given in (("--by-template", getattr(args, "by_template", False)),
+                                         ("--block-size", args.block_size is not None)) if given]
+        if both:
+            raise ValueError(f"--teacher-forced measures the draft's own block size over all prompts together; "
+                             f"it takes no {' or '.join(both)}")
     if args.out and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):
         raise ValueError(f"--out {args.out}: needs a file path in an existing folder")
 
@@ -71,6 +79,27 @@ def by_template(chosen: list[str], records: list[list], block_size: int, say=pri
     for template, r in sorted(found.items(), key=lambda item: -item[1]["tokens_per_step"]):
         say(f"{'':>22}τ {r['tokens_per_step']:.3f}  {', '.join(f'{a:.3f}' for a in r['acceptance_by_position'])}"
             f"  {r['prompts']:>3} × {template}")
+    return found
+
+
+def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str], tokens: int, say=print) -> dict:
+    """The target's greedy responses to `chosen` (fp32, not stored), then teacher_forced.py on them."""
+    from .distill import self_distill
+    from .smollm2 import STOP_TOKEN_IDS
+    from .teacher_forced import teacher_forced
+    rows = self_distill(target, tokenizer, chosen, None, tokens, batch_size=16, stop_token_id=STOP_TOKEN_IDS[0],
+                        say=say)
+    found = {**teacher_forced(draft, target, rows), "prompts": chosen}
+    if not found["anchors"]:
+        raise SystemExit(f"prompt set {spec}: no response of {tokens} tokens or fewer holds a whole block of "
+                         f"{draft.block_size}; raise --tokens")
+    say(f"{spec:>20}  teacher-forced τ {found['tokens_per_step']:.3f} over {found['anchors']} anchors; acceptance "
+        f"by block position {', '.join(f'{a:.3f}' for a in found['acceptance_by_position'])}")
+    for b in found["by_confidence"]:
+        if b["anchors"]:
+            low, high = b["confidence"]
+            say(f"{'':>22}target confidence [{low}, {high}{']' if b['closed'] else ')'}: {100 * b['share']:4.1f} % "
+                f"of anchors, τ {b['tokens_per_step']:.3f}, {', '.join(f'{a:.3f}' for a in b['acceptance_by_position'])}")
     return found
 
 
@@ -96,6 +125,9 @@ def run(args, say=print) -> dict:
     for spec in args.sets:
         split, start, count = parse_set(spec)
         chosen = distill.prompts(split)[start:start + count]
+        if getattr(args, "teacher_forced", False):
+            results["sets"][spec] = measure_teacher_forced(draft, target, tokenizer, spec, chosen, args.tokens, say)
+            continue
         records, started = [], time.perf_counter()
 
         def done(i: int) -> None:                  # a progress line per 12 prompts of a longer set

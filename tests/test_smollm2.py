@@ -182,6 +182,26 @@ def test_evaluate_reports_progress_on_a_long_set(smollm2, capsys):
     assert progress == ["heldout:0:25: 12/25 prompts", "heldout:0:25: 24/25 prompts"]
 
 
+def test_evaluate_teacher_forced_on_the_targets_own_responses(smollm2, tmp_path, capsys):
+    """--teacher-forced: every anchor of the fp32 target's greedy responses counted once, its bins
+    partition them, and the anchors are those a whole block of 4 fits after (the responses' lengths)."""
+    import json
+    from dflash_ref.__main__ import main
+    from dflash_ref.distill import prompts, self_distill
+    target, tokenizer, _ = smollm2
+    out = tmp_path / "tf.json"
+    assert main(["evaluate", "--teacher-forced", "--sets", "heldout:0:2", "--tokens", "16", "--out", str(out)]) == 0
+    assert "heldout:0:2  teacher-forced τ" in capsys.readouterr().out
+    got = json.loads(out.read_text())["sets"]["heldout:0:2"]
+    rows = self_distill(target, tokenizer, prompts("heldout")[:2], None, 16, stop_token_id=STOP_TOKEN_IDS[0],
+                        say=lambda _: None)
+    assert got["anchors"] == sum(max(0, len(r["ids"]) - 3 - r["prompt_len"]) for r in rows) > 0
+    assert sum(b["anchors"] for b in got["by_confidence"]) == got["anchors"]
+    assert sum(b["share"] for b in got["by_confidence"]) == pytest.approx(1)
+    a = got["acceptance_by_position"]
+    assert got["tokens_per_step"] == pytest.approx(1 + sum(a)) and a == sorted(a, reverse=True)
+
+
 def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_path, capsys):
     """A block-4 draft at --block-size 6, as spec_generate allows: the five positions are those of
     spec_generate's 6-token steps, the JSON keeps both sizes, and the run says which positions were
