@@ -18,7 +18,7 @@ sets held-out prompts beside prompts the shipped draft was trained on and prompt
 topics it knows (README, "Training a draft"). `--by-template` also reports each set split by the
 prompts' template ("What is {t}?", "Write a short poem about {t}.", …) from the same decoding runs.
 `--teacher-forced` measures instead at every position of the target's own greedy responses to the
-set's prompts, split by the target's confidence (teacher_forced.py): about a minute for 48 prompts."""
+set's prompts, split by the target's confidence (teacher_forced.py): about 1.5 min for 48 prompts."""
 from __future__ import annotations
 
 import json
