@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--teacher-forced", action="store_true",
                           help="measure at every position of the target's own greedy responses instead of decoding, "
                                "split by the target's confidence (teacher_forced.py)")
+    evaluate.add_argument("--figures", help="with --teacher-forced: write each set's plot to this folder")
     sub.add_parser("notebooks", help="regenerate and execute walkthroughs/*.ipynb from their .py sources")
     golden = sub.add_parser("golden", help="write the conformance kit's golden bundles (same bytes on a rerun)")
     golden.add_argument("--out", required=True, help="folder for the bundles (one subfolder per scenario)")

@@ -54,6 +54,8 @@ def check_arguments(args) -> None:
         raise ValueError(f"--tokens must be at least 1, got {args.tokens}")
     if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be at least 2 (the bonus token and one proposal), got {args.block_size}")
+    if getattr(args, "figures", None) and not getattr(args, "teacher_forced", False):
+        raise ValueError("--figures draws the teacher-forced measure: give it with --teacher-forced")
     if getattr(args, "teacher_forced", False):
         both = [flag for flag, given in (("--by-template", getattr(args, "by_template", False)),
                                          ("--block-size", args.block_size is not None)) if given]
@@ -82,11 +84,14 @@ def by_template(chosen: list[str], records: list[list], block_size: int, say=pri
     return found
 
 
-def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str], tokens: int, say=print) -> dict:
-    """The target's greedy responses to `chosen` (fp32, not stored), then teacher_forced.py on them."""
+def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str], tokens: int, say=print,
+                           figures: str | None = None, folder: Path | None = None) -> dict:
+    """The target's greedy responses to `chosen` (fp32, not stored), then teacher_forced.py on them;
+    with `figures`, its plot as FIGURES/teacher_forced_SPLIT_START_COUNT.png."""
     from .distill import self_distill
     from .smollm2 import STOP_TOKEN_IDS
-    from .teacher_forced import teacher_forced
+    from .plots import save_figure
+    from .teacher_forced import plot, teacher_forced
     rows = self_distill(target, tokenizer, chosen, None, tokens, batch_size=16, stop_token_id=STOP_TOKEN_IDS[0],
                         say=say)
     found = {**teacher_forced(draft, target, rows), "prompts": chosen}
@@ -100,6 +105,11 @@ def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str
             low, high = b["confidence"]
             say(f"{'':>22}target confidence [{low}, {high}{']' if b['closed'] else ')'}: {100 * b['share']:4.1f} % "
                 f"of anchors, τ {b['tokens_per_step']:.3f}, {', '.join(f'{a:.3f}' for a in b['acceptance_by_position'])}")
+    if figures:
+        name = f"{folder.parent.name}/{folder.name}" if folder else "draft"
+        title = f"{name}, {spec}: teacher-forced τ {found['tokens_per_step']:.3f} over {found['anchors']} anchors"
+        path = Path(figures) / ("teacher_forced_" + spec.replace(":", "_") + ".png")
+        say(f"wrote {save_figure(plot(found, title), path)}")
     return found
 
 
@@ -126,7 +136,8 @@ def run(args, say=print) -> dict:
         split, start, count = parse_set(spec)
         chosen = distill.prompts(split)[start:start + count]
         if getattr(args, "teacher_forced", False):
-            results["sets"][spec] = measure_teacher_forced(draft, target, tokenizer, spec, chosen, args.tokens, say)
+            results["sets"][spec] = measure_teacher_forced(draft, target, tokenizer, spec, chosen, args.tokens, say,
+                                                           getattr(args, "figures", None), folder)
             continue
         records, started = [], time.perf_counter()
 

@@ -77,3 +77,27 @@ def teacher_forced(draft, target, rows: list[dict], edges=CONFIDENCE_EDGES) -> d
                                         "share": chosen.float().mean().item() if len(leads) else None,
                                         **summary(leads[chosen], draft.block_size)})
     return result
+
+
+def plot(result: dict, title: str = ""):
+    """Per bin of the target's confidence c_a: the share of anchors (bars) and the draft's a_k
+    (lines, k = 1 … b − 1), from `teacher_forced`'s result. Returns a matplotlib Figure."""
+    from matplotlib.figure import Figure
+    bins = [b for b in result["by_confidence"] if b["anchors"]]
+    labels = [f"[{b['confidence'][0]}, {b['confidence'][1]}{']' if b['closed'] else ')'}" for b in bins]
+    fig = Figure(figsize=(7.5, 3.6))
+    ax = fig.subplots()
+    x = range(len(bins))
+    ax.bar(x, [b["share"] for b in bins], color="0.85", label="share of anchors")
+    for k in range(len(bins[0]["acceptance_by_position"]) if bins else 0):
+        ax.plot(x, [b["acceptance_by_position"][k] for b in bins], marker="o", label=f"a_{k + 1}")
+    ax.set_xticks(list(x), labels)
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("target's confidence c_a in the token after the anchor")
+    ax.set_ylabel("fraction")
+    ax.set_title(title or f"teacher-forced τ {result['tokens_per_step']:.3f} over {result['anchors']} anchors",
+                 fontsize=9)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+

@@ -190,8 +190,10 @@ def test_evaluate_teacher_forced_on_the_targets_own_responses(smollm2, tmp_path,
     from dflash_ref.distill import prompts, self_distill
     target, tokenizer, _ = smollm2
     out = tmp_path / "tf.json"
-    assert main(["evaluate", "--teacher-forced", "--sets", "heldout:0:2", "--tokens", "16", "--out", str(out)]) == 0
+    assert main(["evaluate", "--teacher-forced", "--sets", "heldout:0:2", "--tokens", "16", "--out", str(out),
+                 "--figures", str(tmp_path / "fig")]) == 0
     assert "heldout:0:2  teacher-forced τ" in capsys.readouterr().out
+    assert (tmp_path / "fig" / "teacher_forced_heldout_0_2.png").stat().st_size > 10_000
     got = json.loads(out.read_text())["sets"]["heldout:0:2"]
     rows = self_distill(target, tokenizer, prompts("heldout")[:2], None, 16, stop_token_id=STOP_TOKEN_IDS[0],
                         say=lambda _: None)
