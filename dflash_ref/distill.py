@@ -146,11 +146,18 @@ def read_responses(out: Path, prompt_list: list[str], max_new_tokens: int, stop_
     """The rows already in `out` that answer the first prompts of `prompt_list`, checked line by line:
     row i must answer prompt i, and its response must end where a run with `max_new_tokens` ends
     it (at the stop token within the limit, else at exactly the limit), so that a file distilled
-    from other prompts or with another limit is refused instead of mixed in. A last line cut short
-    (a run stopped while writing) is dropped from the file; rows past `prompt_list` are left unused."""
+    from other prompts or with another limit is refused instead of mixed in. A last line without its
+    end of line (a run stopped while writing) is dropped from the file; rows past `prompt_list` are
+    left unused."""
     if not out.is_file():
         return []
     lines = out.read_text().splitlines(keepends=True)
+    if lines and not lines[-1].endswith("\n"):
+        # a run stopped while writing its last line: whole or not, the line is dropped (rows are appended
+        # after it, so a line kept without its newline would join the next one)
+        say(f"{out}: line {len(lines)} has no end of line (a stopped run); dropped, distilling it again")
+        lines.pop()
+        out.write_text("".join(lines))
     rows = []
     for n, line in enumerate(lines, 1):
         try:
@@ -159,10 +166,6 @@ def read_responses(out: Path, prompt_list: list[str], max_new_tokens: int, stop_
                     isinstance(row.get("prompt_len"), int) and isinstance(row.get("ids"), list)):
                 raise ValueError("not a row {prompt, prompt_len, ids}")
         except ValueError as e:
-            if n == len(lines) and not line.endswith("\n"):
-                say(f"{out}: line {n} was cut short (a stopped run); dropped, distilling it again")
-                out.write_text("".join(lines[:-1]))
-                break
             raise DataFileError(f"{out} line {n} is not a response row ({e}); use another --out") from None
         rows.append(row)
     for n, (row, prompt) in enumerate(zip(rows, prompt_list), 1):

@@ -45,7 +45,9 @@ def parse_set(spec: str) -> tuple[str, int, int]:
 
 
 def check_arguments(args) -> None:
-    """What can be refused before loading anything: the sets (each valid, none twice), --tokens, --out."""
+    """What can be refused before loading anything: the sets (each valid, none twice), --tokens,
+    --block-size, --figures without --teacher-forced, --teacher-forced with --by-template or
+    --block-size, and --out."""
     parsed = [parse_set(spec) for spec in args.sets]
     twice = sorted({spec for spec, key in zip(args.sets, parsed) if parsed.count(key) > 1})
     if twice:
@@ -54,10 +56,10 @@ def check_arguments(args) -> None:
         raise ValueError(f"--tokens must be at least 1, got {args.tokens}")
     if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be at least 2 (the bonus token and one proposal), got {args.block_size}")
-    if getattr(args, "figures", None) and not getattr(args, "teacher_forced", False):
+    if args.figures and not args.teacher_forced:
         raise ValueError("--figures draws the teacher-forced measure: give it with --teacher-forced")
-    if getattr(args, "teacher_forced", False):
-        both = [flag for flag, given in (("--by-template", getattr(args, "by_template", False)),
+    if args.teacher_forced:
+        both = [flag for flag, given in (("--by-template", args.by_template),
                                          ("--block-size", args.block_size is not None)) if given]
         if both:
             raise ValueError(f"--teacher-forced measures the draft's own block size over all prompts together; "
@@ -91,7 +93,7 @@ def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str
     from .distill import self_distill
     from .smollm2 import STOP_TOKEN_IDS
     from .plots import save_figure
-    from .teacher_forced import plot, teacher_forced
+    from .teacher_forced import bin_label, plot, teacher_forced
     rows = self_distill(target, tokenizer, chosen, None, tokens, batch_size=16, stop_token_id=STOP_TOKEN_IDS[0],
                         say=say)
     found = {**teacher_forced(draft, target, rows), "prompts": chosen}
@@ -102,8 +104,7 @@ def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str
         f"by block position {', '.join(f'{a:.3f}' for a in found['acceptance_by_position'])}")
     for b in found["by_confidence"]:
         if b["anchors"]:
-            low, high = b["confidence"]
-            say(f"{'':>22}target confidence [{low}, {high}{']' if b['closed'] else ')'}: {100 * b['share']:4.1f} % "
+            say(f"{'':>22}target confidence {bin_label(b)}: {100 * b['share']:4.1f} % "
                 f"of anchors, τ {b['tokens_per_step']:.3f}, {', '.join(f'{a:.3f}' for a in b['acceptance_by_position'])}")
     if figures:
         name = f"{folder.parent.name}/{folder.name}" if folder else "draft"
@@ -135,9 +136,9 @@ def run(args, say=print) -> dict:
     for spec in args.sets:
         split, start, count = parse_set(spec)
         chosen = distill.prompts(split)[start:start + count]
-        if getattr(args, "teacher_forced", False):
+        if args.teacher_forced:
             results["sets"][spec] = measure_teacher_forced(draft, target, tokenizer, spec, chosen, args.tokens, say,
-                                                           getattr(args, "figures", None), folder)
+                                                           args.figures, folder)
             continue
         records, started = [], time.perf_counter()
 
@@ -152,7 +153,7 @@ def run(args, say=print) -> dict:
         results["sets"][spec] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": chosen}
         say(f"{spec:>20}  τ {tau:.3f}  acceptance by block position "
             f"{', '.join(f'{a:.3f}' for a in by_position)}")
-        if getattr(args, "by_template", False):
+        if args.by_template:
             results["sets"][spec]["by_template"] = by_template(chosen, records, block_size, say)
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1) + "\n")

@@ -29,6 +29,12 @@ from .training import training_logits
 CONFIDENCE_EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
 
 
+def bin_label(b: dict) -> str:
+    """"[low, high)" for a bin of `teacher_forced`'s by_confidence, "[low, high]" for the last one."""
+    low, high = b["confidence"]
+    return f"[{low}, {high}{']' if b['closed'] else ')'}"
+
+
 def summary(leads: torch.Tensor, block_size: int) -> dict:
     """τ_tf and a_k from the leading-match counts L_a (m,)."""
     k = torch.arange(1, block_size)
@@ -84,7 +90,7 @@ def plot(result: dict, title: str = ""):
     (lines, k = 1 … b − 1), from `teacher_forced`'s result. Returns a matplotlib Figure."""
     from matplotlib.figure import Figure
     bins = [b for b in result["by_confidence"] if b["anchors"]]
-    labels = [f"[{b['confidence'][0]}, {b['confidence'][1]}{']' if b['closed'] else ')'}" for b in bins]
+    labels = [bin_label(b) for b in bins]
     fig = Figure(figsize=(7.5, 3.6))
     ax = fig.subplots()
     x = range(len(bins))

@@ -113,7 +113,6 @@ def run(args, say=print) -> int:
     from .smollm2 import STOP_TOKEN_IDS, load_smollm2, random_smollm2_draft
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    train_config.save(out, vars(args))
     torch.manual_seed(args.seed)
     started = time.perf_counter()
     target, tokenizer = load_smollm2()
@@ -127,8 +126,8 @@ def run(args, say=print) -> int:
         raise SystemExit(str(e)) from None
     rows = [r for r in rows if len(r["ids"]) - r["prompt_len"] >= args.block_size + 1]
     if not rows:
-        raise SystemExit(f"none of the {args.prompts} responses has the {args.block_size + 1} tokens one block of "
-                         f"{args.block_size} needs (an anchor and its labels); distil more prompts")
+        raise SystemExit(f"none of the {args.prompts} responses has the {args.block_size + 1} tokens that training "
+                         f"with blocks of {args.block_size} keeps; distil more prompts")
     if args.resume:
         try:
             draft = load_draft(out / "draft")
@@ -142,6 +141,9 @@ def run(args, say=print) -> int:
         draft = random_smollm2_draft(target, args.layers, args.block_size, args.seed)
         if args.init == "target":
             init_from_target(draft, target)
+    # the run's options, once the data and (on a resume) the draft were found to fit them: a refused
+    # resume leaves the saved options as they were
+    train_config.save(out, vars(args))
     draft.train()
     vocab = None if args.full_vocab else training_vocabulary([r["ids"][r["prompt_len"]:] for r in rows],
                                                              STOP_TOKEN_IDS)

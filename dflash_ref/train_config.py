@@ -51,8 +51,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     option("lr", "peak learning rate", type=float)
     option("batch", "sequences per optimiser step", type=int)
     option("anchors", "blocks per sequence in one pass", type=int)
-    option("full-vocab", "the loss's softmax over all V (the paper), not estimated (training.py)",
-           action="store_true")
+    option("full-vocab", "the loss's softmax over all V (the paper), not estimated (training.py); "
+                         "--no-full-vocab undoes a --config's true", action=argparse.BooleanOptionalAction)
     option("negatives", "tokens sampled per step beside the responses' for the softmax estimate", type=int)
     option("prompts", "distil the first N training prompts (of 7140)", type=int)
     option("max-new-tokens", "longest response distilled", type=int)
@@ -71,24 +71,25 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     option("seed", "seed of the draft's initialisation, the anchors and the batches", type=int)
 
 
-def read_config_file(path: str | Path) -> dict:
+def read_config_file(path: str | Path, role: str = "--config") -> dict:
     """A JSON object of options, keys as the option names (`block-size` or `block_size`); unknown
-    keys and values of the wrong kind are refused, naming the file and the key."""
+    keys and values of the wrong kind are refused, naming the file and the key. `role` says whose
+    file it is in the messages (--config, or --resume for a run's own train_config.json)."""
     path = Path(path)
     if not path.is_file():
-        raise TrainOptionError(f"--config: no file {path}")
+        raise TrainOptionError(f"{role}: no file {path}")
     try:
         raw = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise TrainOptionError(f"--config {path} is not JSON: {e}") from None
+        raise TrainOptionError(f"{role} {path} is not JSON: {e}") from None
     if not isinstance(raw, dict):
-        raise TrainOptionError(f"--config {path} must hold a JSON object of options, not a {type(raw).__name__}")
+        raise TrainOptionError(f"{role} {path} must hold a JSON object of options, not a {type(raw).__name__}")
     options = {str(k).replace("-", "_"): v for k, v in raw.items()}
     unknown = sorted(set(options) - set(DEFAULTS))
     if unknown:
-        raise TrainOptionError(f"--config {path}: unknown option(s) {unknown}; known: {sorted(DEFAULTS)}")
+        raise TrainOptionError(f"{role} {path}: unknown option(s) {unknown}; known: {sorted(DEFAULTS)}")
     for key, value in options.items():
-        _check_kind(key, value, f"--config {path}")
+        _check_kind(key, value, f"{role} {path}")
     return options
 
 
@@ -115,7 +116,7 @@ def check_values(options: dict, heldout_prompts: int, training_prompts: int) -> 
     """Ranges that would otherwise fail deep in torch, divide by zero, or train on nothing."""
     def at_least(key: str, low: int) -> None:
         if options[key] < low:
-            raise TrainOptionError(f"--{key.replace('_', '-')} must be at least {low}, got {options[key]}")
+            raise TrainOptionError(f"{_flag(key)} must be at least {low}, got {options[key]}")
     for key in ("layers", "steps", "batch", "anchors", "distill_batch", "save_every", "eval_tokens"):
         at_least(key, 1)
     at_least("negatives", 0)
@@ -130,10 +131,11 @@ def check_values(options: dict, heldout_prompts: int, training_prompts: int) -> 
         raise TrainOptionError(f"--eval-prompts must lie in 1…{heldout_prompts} (the held-out prompts), "
                                f"got {options['eval_prompts']}")
     if options["max_new_tokens"] < options["block_size"] + 1:
-        # a response of r tokens holds anchors only if r ≥ b + 1 (training.sample_anchors)
+        # train_cli trains on responses of at least b + 1 tokens (it always has: the shipped draft's data
+        # was chosen so); sample_anchors itself would take one of b
         raise TrainOptionError(f"--max-new-tokens {options['max_new_tokens']} leaves no response long enough "
-                               f"for one block of {options['block_size']} (it needs ≥ block size + 1 = "
-                               f"{options['block_size'] + 1})")
+                               f"to train on with blocks of {options['block_size']} (training keeps responses of "
+                               f"at least block size + 1 = {options['block_size'] + 1} tokens)")
 
 
 def resolve(args: argparse.Namespace) -> dict:
@@ -146,37 +148,45 @@ def resolve(args: argparse.Namespace) -> dict:
     state = out / "state.json"
     if not args.resume:
         if state.is_file():
-            raise TrainOptionError(f"{out} already holds a training run ({_step_of(state)}); add --resume to "
+            step = _step(state)
+            where = f"its {state.name}" if step is None else f"at step {step}"
+            raise TrainOptionError(f"{out} already holds a training run ({where}); add --resume to "
                                    f"continue it, delete {state} to train again from step 0 on its data, or "
                                    f"choose another --out")
         return {**DEFAULTS, **requested}
     if not state.is_file():
         raise TrainOptionError(f"--resume: {out} holds no training run to continue (no {state.name}); "
                                f"leave out --resume to start one")
+    step = _step(state)
+    if step is None:
+        raise TrainOptionError(f"--resume: {state} holds no step (a JSON object with \"step\"); the checkpoint "
+                               f"cannot be continued")
     saved_path = out / CONFIG_NAME
-    if not saved_path.is_file():       # a run from before train_config.json: the draft's own config is checked later
-        return {**DEFAULTS, **requested}
-    try:
-        saved = json.loads(saved_path.read_text())
-    except json.JSONDecodeError as e:
-        raise TrainOptionError(f"--resume: {saved_path} is not JSON: {e}") from None
-    saved = {k: v for k, v in saved.items() if k in DEFAULTS}
-    changed = [f"{k} (the run has {saved.get(k, DEFAULTS[k])!r}, asked {v!r})" for k, v in sorted(requested.items())
-               if k not in RESUME_MAY_CHANGE and v != saved.get(k, DEFAULTS[k])]
-    if changed:
+    # a run from before train_config.json has none: train_cli checks its draft's layers and block size
+    saved = read_config_file(saved_path, "--resume") if saved_path.is_file() else {}
+    changed = [f"{_flag(k)} (the run has {saved.get(k, DEFAULTS[k])!r}, asked {v!r})"
+               for k, v in sorted(requested.items()) if k not in RESUME_MAY_CHANGE and v != saved.get(k, DEFAULTS[k])]
+    if changed and saved:
         raise TrainOptionError(f"--resume: {out} was started with other options: {'; '.join(changed)}. A resumed "
-                               f"run may change only {sorted(RESUME_MAY_CHANGE)}; choose another --out for a new run")
+                               f"run may change only {[_flag(k) for k in sorted(RESUME_MAY_CHANGE)]}; choose "
+                               f"another --out for a new run")
     options = {**DEFAULTS, **saved, **requested}
-    if options["steps"] < (step := json.loads(state.read_text()).get("step", 0)):
+    if options["steps"] < step:
         raise TrainOptionError(f"--resume: {out} is at step {step}, past --steps {options['steps']}")
     return options
 
 
-def _step_of(state: Path) -> str:
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _step(state: Path) -> int | None:
+    """The step a state.json records, or None if it records none."""
     try:
-        return f"at step {json.loads(state.read_text())['step']}"
-    except (json.JSONDecodeError, KeyError, TypeError):
-        return f"its {state.name}"
+        step = json.loads(state.read_text())["step"]
+    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError):
+        return None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def save(out: Path, options: dict) -> Path:

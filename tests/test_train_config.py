@@ -10,8 +10,8 @@ import pytest
 
 from dflash_ref import distill
 from dflash_ref.__main__ import main
-from dflash_ref.train_config import (CONFIG_NAME, DEFAULTS, RESUME_MAY_CHANGE, TrainOptionError, add_train_arguments,
-                                     read_config_file, resolve, save)
+from dflash_ref.train_config import (CONFIG_NAME, DEFAULTS, TrainOptionError, add_train_arguments, read_config_file,
+                                     resolve, save)
 
 SHIPPED = Path(__file__).resolve().parents[1] / "dflash_ref" / "drafts" / "smollm2"
 
@@ -72,16 +72,16 @@ def test_resume_takes_the_saved_options_and_lets_the_run_grow(tmp_path):
     assert options["layers"] == 4 and options["prompts"] == 5580 and options["steps"] == 100
     grown = resolve(parse("--out", str(out), "--resume", "--steps", "200", "--eval-prompts", "24", "--layers", "4"))
     assert grown["steps"] == 200 and grown["eval_prompts"] == 24 and grown["layers"] == 4
-    assert {"steps", "save_every", "eval_prompts", "eval_tokens", "figures"} == RESUME_MAY_CHANGE
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--layers", "2"], "layers (the run has 4, asked 2)"),
-    (["--lr", "0.001", "--batch", "4"], "batch (the run has 8, asked 4); lr (the run has 0.003, asked 0.001)"),
+    (["--lr", "0.001", "--batch", "4"], "--batch (the run has 8, asked 4); --lr (the run has 0.003, asked 0.001)"),
+    (["--no-full-vocab"], "--full-vocab (the run has True, asked False)"),
     (["--steps", "5"], "is at step 10, past --steps 5"),
 ])
 def test_resume_refuses_a_changed_run(tmp_path, argv, message):
-    out = started_run(tmp_path / "run", layers=4, steps=100)
+    out = started_run(tmp_path / "run", layers=4, steps=100, full_vocab=True)
     with pytest.raises(TrainOptionError) as e:
         resolve(parse("--out", str(out), "--resume", *argv))
     assert message in str(e.value)
@@ -90,8 +90,39 @@ def test_resume_refuses_a_changed_run(tmp_path, argv, message):
 def test_resume_checks_the_config_file_too(tmp_path):
     out = started_run(tmp_path / "run", layers=4)
     config = write(tmp_path / "c.json", {"block_size": 8})
-    with pytest.raises(TrainOptionError, match=r"block_size \(the run has 4, asked 8\)"):
+    with pytest.raises(TrainOptionError, match=r"--block-size \(the run has 4, asked 8\)"):
         resolve(parse("--out", str(out), "--resume", "--config", str(config)))
+
+
+def test_the_command_line_undoes_a_config_files_switch(tmp_path):
+    config = write(tmp_path / "c.json", {"full_vocab": True})
+    assert resolve(parse("--out", str(tmp_path / "a"), "--config", str(config)))["full_vocab"] is True
+    assert resolve(parse("--out", str(tmp_path / "a"), "--config", str(config), "--no-full-vocab"))["full_vocab"] is False
+
+
+def test_a_run_from_before_train_config_json_is_still_held_to_its_step(tmp_path):
+    out = tmp_path / "old"
+    out.mkdir()
+    write(out / "state.json", {"step": 300, "losses": []})
+    assert resolve(parse("--out", str(out), "--resume", "--layers", "4"))["layers"] == 4   # its draft is checked later
+    with pytest.raises(TrainOptionError, match="is at step 300, past --steps 200"):
+        resolve(parse("--out", str(out), "--resume", "--steps", "200"))
+
+
+@pytest.mark.parametrize("state, config, message", [
+    ({"losses": []}, None, "holds no step"),
+    ("{cut", None, "holds no step"),
+    ({"step": 3}, [1, 2], "--resume {out}/train_config.json must hold a JSON object of options"),
+    ({"step": 3}, {"layers": "2"}, "--resume {out}/train_config.json: layers must be a whole number")])
+def test_a_damaged_run_folder_is_named_not_a_traceback(tmp_path, state, config, message):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "state.json").write_text(state if isinstance(state, str) else json.dumps(state))
+    if config is not None:
+        write(out / CONFIG_NAME, config)
+    with pytest.raises(TrainOptionError) as e:
+        resolve(parse("--out", str(out), "--resume"))
+    assert message.format(out=out) in str(e.value)
 
 
 def test_nothing_to_resume_and_a_run_in_the_way_are_refused(tmp_path):
@@ -119,8 +150,8 @@ def test_nothing_to_resume_and_a_run_in_the_way_are_refused(tmp_path):
     (["--prompts", "0"], "--prompts must lie in 1…7140"),
     (["--prompts", "7141"], "--prompts must lie in 1…7140"),
     (["--eval-prompts", "145"], "--eval-prompts must lie in 1…144"),
-    (["--max-new-tokens", "4"], "leaves no response long enough for one block of 4"),
-    (["--block-size", "8", "--max-new-tokens", "8"], "it needs ≥ block size + 1 = 9"),
+    (["--max-new-tokens", "4"], "leaves no response long enough to train on with blocks of 4"),
+    (["--block-size", "8", "--max-new-tokens", "8"], "at least block size + 1 = 9 tokens"),
     (["--config", "/no/such/config.json"], "--config: no file /no/such/config.json"),
     (["--resume"], "holds no training run to continue")])
 def test_train_refuses_bad_options_before_any_work(tmp_path, capsys, flags, message):
@@ -154,7 +185,7 @@ def write_rows(path: Path, rows) -> Path:
     return path
 
 
-def test_the_data_file_is_read_back_for_the_prompts_asked():
+def test_a_missing_data_file_holds_no_rows():
     prompts = distill.prompts("train")[:5]
     assert distill.read_responses(Path("/no/such/data.jsonl"), prompts, 6) == []
 
@@ -167,14 +198,15 @@ def test_rows_past_the_prompts_asked_are_left_unused(tmp_path):
     assert distill.read_responses(path, prompts + distill.prompts("train")[5:9], 6) == rows_for(prompts)
 
 
-def test_a_last_line_cut_short_is_dropped_from_the_file(tmp_path):
+@pytest.mark.parametrize("cut", [20, None])            # the line cut short, or whole but without its newline
+def test_a_last_line_without_its_end_is_dropped_from_the_file(tmp_path, cut):
     prompts = distill.prompts("train")[:3]
     path = write_rows(tmp_path / "data.jsonl", rows_for(prompts[:2]))
     whole = path.read_text()
-    path.write_text(whole + json.dumps(rows_for(prompts)[2])[:20])         # a run stopped while writing
+    path.write_text(whole + json.dumps(rows_for(prompts)[2])[:cut])         # a run stopped while writing
     said = []
     assert distill.read_responses(path, prompts, 6, say=said.append) == rows_for(prompts)[:2]
-    assert path.read_text() == whole and "line 3 was cut short" in said[0]
+    assert path.read_text() == whole and "line 3 has no end of line" in said[0]
 
 
 @pytest.mark.parametrize("damage, message", [

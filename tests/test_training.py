@@ -214,6 +214,7 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
     older = subprocess.run(base + ["--steps", "4", "--resume", "--layers", "2"], capture_output=True, text=True,
                            timeout=600)
     assert older.returncode == 1 and f"the draft in {tmp_path / 'draft'} has layers 1 (asked 2)" in older.stderr
+    assert not (tmp_path / "train_config.json").exists()      # a refused resume saves no options
 
 
 def test_prompts_split_by_topic_and_any_first_n_spread_over_the_topics():
