@@ -68,6 +68,11 @@ def check_arguments(args) -> None:
         raise ValueError(f"--out {args.out}: needs a file path in an existing folder")
 
 
+def _fractions(values) -> str:
+    """Acceptance fractions as the report prints them: 0.525, 0.252, 0.111."""
+    return ", ".join(f"{a:.3f}" for a in values)
+
+
 def by_template(chosen: list[str], records: list[list], block_size: int, say=print) -> dict:
     """τ and a_k of each template's prompts in a set (their steps pooled, as for the set), printed
     from the highest τ down: which kinds of answer the draft predicts, and which it does not."""
@@ -81,13 +86,13 @@ def by_template(chosen: list[str], records: list[list], block_size: int, say=pri
         by_position, tau = tally([step for steps in runs for step in steps], block_size)
         found[template] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": len(runs)}
     for template, r in sorted(found.items(), key=lambda item: -item[1]["tokens_per_step"]):
-        say(f"{'':>22}τ {r['tokens_per_step']:.3f}  {', '.join(f'{a:.3f}' for a in r['acceptance_by_position'])}"
+        say(f"{'':>22}τ {r['tokens_per_step']:.3f}  {_fractions(r['acceptance_by_position'])}"
             f"  {r['prompts']:>3} × {template}")
     return found
 
 
-def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str], tokens: int, say=print,
-                           figures: str | None = None, folder: Path | None = None) -> dict:
+def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str], tokens: int,
+                           figures: str | None, folder: Path, say=print) -> dict:
     """The target's greedy responses to `chosen` (fp32, not stored), then teacher_forced.py on them;
     with `figures`, its plot as FIGURES/teacher_forced_SPLIT_START_COUNT.png."""
     from .distill import self_distill
@@ -101,14 +106,13 @@ def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str
         raise SystemExit(f"prompt set {spec}: no response of {tokens} tokens or fewer holds a whole block of "
                          f"{draft.block_size}; raise --tokens")
     say(f"{spec:>20}  teacher-forced τ {found['tokens_per_step']:.3f} over {found['anchors']} anchors; acceptance "
-        f"by block position {', '.join(f'{a:.3f}' for a in found['acceptance_by_position'])}")
+        f"by block position {_fractions(found['acceptance_by_position'])}")
     for b in found["by_confidence"]:
         if b["anchors"]:
             say(f"{'':>22}target confidence {bin_label(b)}: {100 * b['share']:4.1f} % "
-                f"of anchors, τ {b['tokens_per_step']:.3f}, {', '.join(f'{a:.3f}' for a in b['acceptance_by_position'])}")
+                f"of anchors, τ {b['tokens_per_step']:.3f}, {_fractions(b['acceptance_by_position'])}")
     if figures:
-        name = f"{folder.parent.name}/{folder.name}" if folder else "draft"
-        title = f"{name}, {spec}: teacher-forced τ {found['tokens_per_step']:.3f} over {found['anchors']} anchors"
+        title = f"{folder.parent.name}/{folder.name}, {spec}: teacher-forced τ {found['tokens_per_step']:.3f} over {found['anchors']} anchors"
         path = Path(figures) / ("teacher_forced_" + spec.replace(":", "_") + ".png")
         say(f"wrote {save_figure(plot(found, title), path)}")
     return found
@@ -137,8 +141,8 @@ def run(args, say=print) -> dict:
         split, start, count = parse_set(spec)
         chosen = distill.prompts(split)[start:start + count]
         if args.teacher_forced:
-            results["sets"][spec] = measure_teacher_forced(draft, target, tokenizer, spec, chosen, args.tokens, say,
-                                                           args.figures, folder)
+            results["sets"][spec] = measure_teacher_forced(draft, target, tokenizer, spec, chosen, args.tokens,
+                                                           args.figures, folder, say)
             continue
         records, started = [], time.perf_counter()
 
@@ -152,7 +156,7 @@ def run(args, say=print) -> dict:
             raise SystemExit(f"prompt set {spec}: {e}") from None
         results["sets"][spec] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": chosen}
         say(f"{spec:>20}  τ {tau:.3f}  acceptance by block position "
-            f"{', '.join(f'{a:.3f}' for a in by_position)}")
+            f"{_fractions(by_position)}")
         if args.by_template:
             results["sets"][spec]["by_template"] = by_template(chosen, records, block_size, say)
     if args.out:

@@ -163,14 +163,15 @@ def resolve(args: argparse.Namespace) -> dict:
                                f"cannot be continued")
     saved_path = out / CONFIG_NAME
     # a run from before train_config.json has none: train_cli checks its draft's layers and block size
-    saved = read_config_file(saved_path, "--resume") if saved_path.is_file() else {}
-    changed = [f"{_flag(k)} (the run has {saved.get(k, DEFAULTS[k])!r}, asked {v!r})"
-               for k, v in sorted(requested.items()) if k not in RESUME_MAY_CHANGE and v != saved.get(k, DEFAULTS[k])]
-    if changed and saved:
+    held = saved_path.is_file()
+    run = {**DEFAULTS, **(read_config_file(saved_path, "--resume") if held else {})}
+    changed = [f"{_flag(k)} (the run has {run[k]!r}, asked {v!r})" for k, v in sorted(requested.items())
+               if held and k not in RESUME_MAY_CHANGE and v != run[k]]
+    if changed:
         raise TrainOptionError(f"--resume: {out} was started with other options: {'; '.join(changed)}. A resumed "
                                f"run may change only {[_flag(k) for k in sorted(RESUME_MAY_CHANGE)]}; choose "
                                f"another --out for a new run")
-    options = {**DEFAULTS, **saved, **requested}
+    options = {**run, **requested}
     if options["steps"] < step:
         raise TrainOptionError(f"--resume: {out} is at step {step}, past --steps {options['steps']}")
     return options
