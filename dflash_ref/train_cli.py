@@ -108,6 +108,20 @@ def check_options(options: dict) -> dict:
     return options
 
 
+def check_lengths(options: dict, tokenizer, max_positions: int) -> None:
+    """--max-new-tokens after the longest training prompt used, and --eval-tokens after the longest
+    held-out one, must fit the target's positions; refused once SmolLM2 is loaded, before any distilling
+    (an --eval-tokens too long would otherwise fail only after training)."""
+    from .smollm2 import chat_ids
+    for key, name, prompt_list in (("max_new_tokens", "training", distill.prompts("train")[:options["prompts"]]),
+                                   ("eval_tokens", "held-out", distill.eval_prompts(options["eval_prompts"]))):
+        longest = max(chat_ids(tokenizer, prompt).shape[1] for prompt in prompt_list)
+        if longest + options[key] > max_positions:
+            raise SystemExit(f"{train_config.flag(key)} {options[key]}: the longest {name} prompt ({longest} tokens) "
+                             f"+ {options[key]} exceeds the target's {max_positions} positions; at most "
+                             f"{max_positions - longest}")
+
+
 def run(args, say=print) -> int:
     from .plots import save_figure
     from .smollm2 import STOP_TOKEN_IDS, load_smollm2, random_smollm2_draft
@@ -116,6 +130,7 @@ def run(args, say=print) -> int:
     torch.manual_seed(args.seed)
     started = time.perf_counter()
     target, tokenizer = load_smollm2()
+    check_lengths(vars(args), tokenizer, target.config.max_position_embeddings)
     # the responses come from a bf16 copy of the target by default (1.5× faster here); features and
     # evaluation use the fp32 target that inference uses
     generator = load_smollm2(torch.bfloat16)[0] if args.distill_dtype == "bf16" else target

@@ -46,7 +46,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"continue the run in --out from its checkpoint, with the options in its {CONFIG_NAME}")
     option("layers", "draft layers", type=int)
     option("block-size", "block size b", type=int)
-    option("gamma", "loss decay γ (default: the paper's for blocks 8, 10, 16; 4 for block 4, ours)", type=float)
+    option("gamma", "loss decay γ (default: the paper's for blocks 8, 10, 16; 4 for block 4, ours); "
+                    "`--gamma default` undoes a --config's number", type=_gamma)
     option("steps", "optimiser steps in all (a resumed run may raise it)", type=int)
     option("lr", "peak learning rate", type=float)
     option("batch", "sequences per optimiser step", type=int)
@@ -69,6 +70,16 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     option("eval-tokens", "tokens generated per held-out prompt", type=int)
     option("figures", "where training.png goes")
     option("seed", "seed of the draft's initialisation, the anchors and the batches", type=int)
+
+
+def _gamma(text: str) -> float | str:
+    """--gamma's value: a number, or `default` (the block size's own γ, as a config file's null)."""
+    if text == "default":
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a number or 'default', got {text!r}") from None
 
 
 def read_config_file(path: str | Path, role: str = "--config") -> dict:
@@ -116,7 +127,7 @@ def check_values(options: dict, heldout_prompts: int, training_prompts: int) -> 
     """Ranges that would otherwise fail deep in torch, divide by zero, or train on nothing."""
     def at_least(key: str, low: int) -> None:
         if options[key] < low:
-            raise TrainOptionError(f"{_flag(key)} must be at least {low}, got {options[key]}")
+            raise TrainOptionError(f"{flag(key)} must be at least {low}, got {options[key]}")
     for key in ("layers", "steps", "batch", "anchors", "distill_batch", "save_every", "eval_tokens"):
         at_least(key, 1)
     at_least("negatives", 0)
@@ -144,6 +155,8 @@ def resolve(args: argparse.Namespace) -> dict:
     fresh start over a folder that holds a run. Reads files only; writes nothing."""
     out = Path(args.out)
     given = {k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None}
+    if given.get("gamma") == "default":
+        given["gamma"] = None                 # the block size's own γ, over a --config's (or a saved) number
     requested = {**(read_config_file(args.config) if args.config else {}), **given}
     state = out / "state.json"
     if not args.resume:
@@ -165,11 +178,11 @@ def resolve(args: argparse.Namespace) -> dict:
     # a run from before train_config.json has none: train_cli checks its draft's layers and block size
     held = saved_path.is_file()
     run = {**DEFAULTS, **(read_config_file(saved_path, "--resume") if held else {})}
-    changed = [f"{_flag(k)} (the run has {run[k]!r}, asked {v!r})" for k, v in sorted(requested.items())
+    changed = [f"{flag(k)} (the run has {run[k]!r}, asked {v!r})" for k, v in sorted(requested.items())
                if held and k not in RESUME_MAY_CHANGE and v != run[k]]
     if changed:
         raise TrainOptionError(f"--resume: {out} was started with other options: {'; '.join(changed)}. A resumed "
-                               f"run may change only {[_flag(k) for k in sorted(RESUME_MAY_CHANGE)]}; choose "
+                               f"run may change only {[flag(k) for k in sorted(RESUME_MAY_CHANGE)]}; choose "
                                f"another --out for a new run")
     options = {**run, **requested}
     if options["steps"] < step:
@@ -177,7 +190,7 @@ def resolve(args: argparse.Namespace) -> dict:
     return options
 
 
-def _flag(key: str) -> str:
+def flag(key: str) -> str:
     return "--" + key.replace("_", "-")
 
 

@@ -258,3 +258,16 @@ def test_self_distillation_is_the_targets_greedy_decoding_and_restores_its_atten
     for prompt, row in zip(PROMPTS, rows):
         expected = generate(target, chat_ids(tokenizer, prompt), 12, STOP_TOKEN_IDS).output_ids[0].tolist()
         assert row["ids"] == expected and row["prompt_len"] == chat_ids(tokenizer, prompt).shape[1]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--eval-tokens", "8160"], "--eval-tokens 8160: the longest held-out prompt (41 tokens) + 8160 exceeds the "
+                                "target's 8192 positions; at most 8151"),
+    (["--prompts", "3", "--max-new-tokens", "8170"], "--max-new-tokens 8170: the longest training prompt")])
+def test_train_refuses_lengths_past_smollm2s_positions_before_distilling(tmp_path, flags, message):
+    """Refused seconds in, once the tokenizer can count the prompts: not after distilling and training."""
+    from dflash_ref.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--out", str(tmp_path / "run")] + flags)
+    assert message in str(e.value.code)
+    assert not (tmp_path / "run" / "data.jsonl").exists()

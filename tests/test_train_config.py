@@ -98,6 +98,15 @@ def test_the_command_line_undoes_a_config_files_switch(tmp_path):
     config = write(tmp_path / "c.json", {"full_vocab": True})
     assert resolve(parse("--out", str(tmp_path / "a"), "--config", str(config)))["full_vocab"] is True
     assert resolve(parse("--out", str(tmp_path / "a"), "--config", str(config), "--no-full-vocab"))["full_vocab"] is False
+    config = write(tmp_path / "g.json", {"gamma": 1.0})
+    assert resolve(parse("--out", str(tmp_path / "a"), "--config", str(config)))["gamma"] == 1.0
+    assert resolve(parse("--out", str(tmp_path / "a"), "--config", str(config), "--gamma", "default"))["gamma"] is None
+
+
+def test_gamma_takes_a_number_or_default_only(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse("--out", "x", "--gamma", "paper")
+    assert e.value.code == 2 and "a number or 'default', got 'paper'" in capsys.readouterr().err
 
 
 def test_a_run_from_before_train_config_json_is_still_held_to_its_step(tmp_path):
