@@ -34,11 +34,18 @@ def visibility_mask(q_len: int, k_len: int, *, is_causal: bool, sliding_window: 
                     device: torch.device) -> torch.Tensor | None:
     """Bool (L_q, L_k), True where query i may see key j; queries are the last L_q key positions.
     None means everything is visible."""
+    return position_rule(torch.arange(k_len - q_len, k_len, device=device), torch.arange(k_len, device=device),
+                         is_causal=is_causal, sliding_window=sliding_window)
+
+
+def position_rule(q_pos: torch.Tensor, k_pos: torch.Tensor, *, is_causal: bool,
+                  sliding_window: int | None) -> torch.Tensor | None:
+    """A layer's own rule on positions: bool (L_q, L_k) from q_pos (L_q,) and k_pos (L_k,); None
+    means everything is visible. Training narrows its block mask by it (training.block_masks)."""
     if not is_causal and sliding_window is None:
         return None
-    q_pos = torch.arange(k_len - q_len, k_len, device=device)[:, None]  # (L_q, 1)
-    k_pos = torch.arange(k_len, device=device)[None, :]                 # (1, L_k)
-    visible = torch.ones(q_len, k_len, dtype=torch.bool, device=device)
+    q_pos, k_pos = q_pos[:, None], k_pos[None, :]                       # (L_q, 1), (1, L_k)
+    visible = torch.ones(q_pos.shape[0], k_pos.shape[1], dtype=torch.bool, device=q_pos.device)
     if is_causal:
         visible &= k_pos <= q_pos
     if sliding_window is not None:
@@ -108,7 +115,8 @@ class KVInjectionAttention(nn.Module):
                 past_key_values: KVCache | None = None, attention_mask: torch.Tensor | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden_states H (B, L_q, d), target_hidden C (B, L_c, d) → (B, L_q, d), weights or None.
-        attention_mask: bool (L_q, L_k) of visible keys, replacing the layer's own rule (training)."""
+        attention_mask: bool (L_q, L_k) of visible keys, replacing the layer's own rule (training, which
+        folds that rule into it: training.block_masks)."""
         q_len = hidden_states.shape[1]
         heads = lambda x: rearrange(x, "b l (h d) -> b h l d", d=self.head_dim)  # noqa: E731
         q = self.hook_q(self.q_norm(heads(self.q_proj(hidden_states))))      # (B, H_q, L_q, d_h)

@@ -65,7 +65,7 @@ class DFlashDraftModel(nn.Module):
     def make_cache(self) -> KVCache:
         return KVCache(self.config.num_hidden_layers)
 
-    def forward(self, position_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
+    def forward(self, position_ids: torch.Tensor, attention_mask: torch.Tensor | list | None = None, *,
                 noise_embedding: torch.Tensor, target_hidden: torch.Tensor,
                 past_key_values: KVCache | None = None, use_cache: bool = False) -> torch.Tensor:
         """noise_embedding (B, L_q, d), target_hidden (B, L_c, k·d), position_ids (B, L_c + L_q)
@@ -73,25 +73,38 @@ class DFlashDraftModel(nn.Module):
 
         position_ids cover the *new* context positions followed by the block's; K/V of earlier
         context come from `past_key_values` (which this call appends to: crop it afterwards).
-        attention_mask: None (the layers' own rule: non-causal) or a bool (L_q, L_k) of visible keys,
-        used by training to put many blocks in one pass (training.py).
+        attention_mask: None (the layers' own rule: non-causal), or a bool (L_q, L_k) of visible keys
+        for every layer, or a list of them, one per layer; training uses it to put many blocks in one
+        pass (training.py).
         """
         self._check_inputs(position_ids, noise_embedding, target_hidden)
-        if attention_mask is not None:
-            cached = past_key_values.get_seq_length() if past_key_values is not None else 0
-            keys = cached + target_hidden.shape[1] + noise_embedding.shape[1]
-            if attention_mask.dtype != torch.bool or tuple(attention_mask.shape) != (noise_embedding.shape[1], keys):
-                raise ValueError(f"attention_mask must be a bool (L_q, L_k) = ({noise_embedding.shape[1]}, {keys}) "
-                                 f"tensor, got {attention_mask.dtype} {tuple(attention_mask.shape)}")
+        masks = self._layer_masks(attention_mask, noise_embedding.shape[1], target_hidden.shape[1], past_key_values)
         if use_cache and past_key_values is None:
             raise ValueError("use_cache=True needs past_key_values (make one with draft.make_cache())")
         hidden_states = self.hook_noise_embedding(noise_embedding)
         context = project_context(self.hook_target_hidden(target_hidden), self.fc, self.hidden_norm,
                                   self.context)                                    # (B, L_c, d)
         position_embeddings = self.rotary_emb(position_ids, hidden_states.dtype)  # (B, L_c + L_q, d_h) ×2
-        for layer in self.layers:
-            hidden_states = layer(hidden_states, context, position_embeddings, past_key_values, attention_mask)
+        for layer, mask in zip(self.layers, masks):
+            hidden_states = layer(hidden_states, context, position_embeddings, past_key_values, mask)
         return self.hook_out(self.norm(hidden_states))
+
+    def _layer_masks(self, attention_mask, q_len: int, ctx_len: int, past_key_values) -> list:
+        """attention_mask as one entry per layer, each None or a checked bool (L_q, L_k)."""
+        n = len(self.layers)
+        if attention_mask is None or isinstance(attention_mask, torch.Tensor):
+            return [attention_mask] * n
+        masks = list(attention_mask)
+        if len(masks) != n:
+            raise ValueError(f"attention_mask: a list of {len(masks)} masks for {n} layers")
+        cached = past_key_values.get_seq_length() if past_key_values is not None else 0
+        keys = cached + ctx_len + q_len
+        for mask in masks:
+            if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and tuple(mask.shape) == (q_len, keys)):
+                raise ValueError(f"attention_mask must be a bool (L_q, L_k) = ({q_len}, {keys}) tensor (or a list of "
+                                 f"them, one per layer), got {getattr(mask, 'dtype', type(mask).__name__)} "
+                                 f"{tuple(getattr(mask, 'shape', ()))}")
+        return masks
 
     def _check_inputs(self, position_ids, noise_embedding, target_hidden) -> None:
         d, k = self.config.hidden_size, len(self.config.target_layer_ids)

@@ -10,6 +10,8 @@ target_hidden (T, k·d) of the sampled layers at every position (computed once, 
     one pass  queries = the m·b block positions; keys = [C at all T positions; the m blocks];
               block j sees context key p iff p < a_j and the keys of its own block (bidirectional),
               nothing of the other blocks                                    (block_mask)
+              (a causal or sliding-window layer narrows that by its own rule on the positions, as
+              inference applies it; the official drafts have none                (block_masks))
     loss      Σ_j Σ_{k=1}^{b−1} w_k · CE(logits_{j,k}, x_{a_j+k}) / (m · Σ_k w_k),
               w_k = exp(−(k − 1)/γ), γ = 7 for b = 16, 5 for b = 10, 4 for b = 8 (the paper's; any
               other b > 2 must be given its γ: train_cli.py takes γ = 4 for b = 4)
@@ -24,6 +26,9 @@ uniformly, every step, from the other V − |R|, each counted (V − |R|)/K time
 
     Z ≈ Σ_{v∈R} e^{z_v} + (V − |R|)/K · Σ_{v∈sample} e^{z_v}      (log-weight log((V − |R|)/K))
 
+an unbiased estimate of Z; its log, which the loss takes, is biased low (E log Ẑ ≤ log E Ẑ), the
+less the more of Z lies in R.
+
 Without the sampled part (softmax over R alone) tokens outside R are never pushed down, and the
 trained draft proposes them at inference (measured: nothing accepted). At inference the draft proposes
 among R (its draft vocabulary, draft_vocab.py) or over all V; the target verifies either way.
@@ -37,6 +42,7 @@ import math
 import torch
 from torch.nn import functional as F
 
+from .attention import position_rule
 from .layer_sampling import extract_context_feature
 
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
@@ -77,6 +83,20 @@ def block_mask(anchors: torch.Tensor, block_size: int, ctx_len: int) -> torch.Te
     sees_context = torch.arange(ctx_len)[None, :] < anchors[block_of_query][:, None]   # (m·b, T)
     sees_block = block_of_query[:, None] == block_of_query[None, :]          # (m·b, m·b)
     return torch.cat([sees_context, sees_block], dim=1)
+
+
+def block_masks(draft, anchors: torch.Tensor, block_size: int, position_ids: torch.Tensor):
+    """block_mask narrowed, layer by layer, by each layer's own rule (a causal or sliding-window
+    layer), evaluated on the positions as inference applies it to its cache, whose key i is position
+    i: one bool (m·b, T + m·b) for all layers when none has a rule of its own, else a list of them.
+    position_ids (T + m·b,): the context's positions, then the blocks'."""
+    ctx_len = len(position_ids) - len(anchors) * block_size
+    mask = block_mask(anchors, block_size, ctx_len)                           # (m·b, T + m·b)
+    rules = [position_rule(position_ids[ctx_len:], position_ids, is_causal=layer.self_attn.is_causal,
+                           sliding_window=layer.self_attn.sliding_window) for layer in draft.layers]
+    if all(rule is None for rule in rules):                                  # the official drafts: non-causal, full
+        return mask
+    return [mask if rule is None else mask & rule for rule in rules]
 
 
 def target_features(target, token_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
@@ -142,7 +162,7 @@ def training_logits(draft, target, token_ids: torch.Tensor, features: torch.Tens
     with torch.no_grad():
         noise_embedding = target.embed(block_ids[None])                       # (1, m·b, d), frozen
     position_ids = torch.cat([torch.arange(seq_len), block_positions])[None]  # (1, T + m·b)
-    hidden = draft(position_ids, block_mask(anchors, b, seq_len), noise_embedding=noise_embedding,
+    hidden = draft(position_ids, block_masks(draft, anchors, b, position_ids[0]), noise_embedding=noise_embedding,
                    target_hidden=features)                                    # (1, m·b, d)
     # contiguous: a strided input sends F.linear to a broadcast bmm, 3× slower than mm on a CPU
     hidden = hidden.reshape(len(anchors), b, -1)[:, 1:].contiguous()          # (m, b − 1, d)

@@ -57,9 +57,17 @@ def _sequence(target, prompt_len=4, new=20, seed=0):
     return generate(target, ids, new).output_ids
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_training_forward_equals_the_inference_draft_with_its_cache(seed):
-    target, draft = make_pair(seed, draft_overrides={"block_size": 4})
+# the official drafts' attention (non-causal, full), and the layer rules DraftConfig also allows, which
+# training folds into its block mask (block_masks): a causal draft, and a sliding window of 3 on layer 0
+# (non-causal: both directions) or on both layers with is_causal
+ATTENTION = {"official": {}, "causal": {"is_causal": True},
+             "sliding": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 3},
+             "sliding causal": {"layer_types": ["sliding_attention"] * 2, "sliding_window": 3, "is_causal": True}}
+
+
+@pytest.mark.parametrize("seed, attention", [(s, "official") for s in range(4)] + [(0, k) for k in list(ATTENTION)[1:]])
+def test_training_forward_equals_the_inference_draft_with_its_cache(seed, attention):
+    target, draft = make_pair(seed, draft_overrides={"block_size": 4, **ATTENTION[attention]})
     tokens = _sequence(target, seed=seed)
     features = target_features(target, tokens, draft.target_layer_ids)
     anchors = torch.tensor([4, 7, 8, 15])
@@ -120,6 +128,47 @@ def test_sampled_vocabulary_estimates_the_normaliser():
     z = torch.randn(20, generator=g)                            # unbiased: E[Z estimate] = Z
     estimates = [torch.logsumexp(z[i] + w, 0) for i, w in (sampled_vocabulary(always, 20, 4, g) for _ in range(4000))]
     assert torch.stack(estimates).exp().mean() == pytest.approx(float(z.exp().sum()), rel=0.02)
+
+
+def test_per_layer_masks_must_be_one_per_layer():
+    target, draft = make_pair(0, draft_overrides={"block_size": 4})
+    tokens = _sequence(target)
+    features = target_features(target, tokens, draft.target_layer_ids)
+    mask = block_mask(torch.tensor([5]), 4, tokens.shape[1])
+    kw = dict(noise_embedding=target.embed(torch.zeros(1, 4, dtype=torch.long)), target_hidden=features)
+    positions = torch.cat([torch.arange(tokens.shape[1]), torch.arange(5, 9)])[None]
+    with pytest.raises(ValueError, match="a list of 1 masks for 2 layers"):
+        draft(positions, [mask], **kw)
+    with pytest.raises(ValueError, match=r"must be a bool \(L_q, L_k\) = \(4, 28\)"):
+        draft(positions, [mask, mask[:, 1:]], **kw)
+    assert torch.equal(draft(positions, [mask, mask], **kw), draft(positions, mask, **kw))
+
+
+def test_the_loss_weighs_each_position_by_hand():
+    # 2 blocks, b − 1 = 2 positions, V = 3; CE_{j,k} = logsumexp(z) − z_label
+    logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]],
+                           [[0.0, 0.0, 3.0], [1.0, 1.0, 1.0]]])
+    labels = torch.tensor([[0, 2], [1, 1]])
+    w = torch.tensor([1.0, 0.25])
+    ce = [[math.log(math.exp(2) + 2) - 2, math.log(math.e + 2)],
+          [math.log(math.exp(3) + 2), math.log(3)]]
+    expected = sum(w[k] * ce[j][k] for j in range(2) for k in range(2)) / (2 * 1.25)
+    assert float(dflash_loss(logits, labels, w)) == pytest.approx(float(expected), rel=1e-6)
+
+
+def test_a_step_clips_the_gradient_and_follows_the_schedule():
+    target, draft = make_pair(2, draft_overrides={"block_size": 4})
+    tokens = _sequence(target, seed=5)
+    item = (tokens, target_features(target, tokens, draft.target_layer_ids), torch.tensor([4, 10]))
+    optimizer, schedule = make_optimizer(draft, lr=0.1, total_steps=10, warmup_steps=4)
+    lrs = []
+    for _ in range(6):
+        lrs.append(optimizer.param_groups[0]["lr"])
+        train_step(draft, target, [item], loss_weights(4, gamma=2.0), optimizer, schedule, max_grad_norm=1e-3)
+        norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in draft.parameters()]))
+        assert float(norm) == pytest.approx(1e-3, rel=1e-4)     # the gradient the step took, clipped
+    assert lrs == pytest.approx([0.1 * warmup_cosine(s, 10, 4) for s in range(6)])
+    assert lrs[:4] == pytest.approx([0.025, 0.05, 0.075, 0.1])
 
 
 def test_a_batch_step_averages_its_sequences():
