@@ -63,18 +63,47 @@ def check_draft_option(names: list[str], draft: str | Path | None) -> None:
                          f"not among those asked for ({', '.join(names)})")
 
 
+def check_options(names: list[str], repeats: int, out: str | Path, draft: str | Path | None = None) -> dict:
+    """Everything a run can be refused for before it measures anything (ValueError): a draft folder
+    without `trained`, --repeats below 1, an --out that cannot be a folder, a bench.json of another
+    kind in it. Makes the folder; returns the earlier results it holds."""
+    check_draft_option(names, draft)
+    if repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {repeats}")
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot make this folder ({e.strerror})") from None
+    return read_report(Path(out) / "bench.json")
+
+
+def read_report(path: Path) -> dict:
+    """The earlier results in out/bench.json, which a run adds to; checked before any benchmark runs
+    (ValueError), so that a file of another kind does not cost a finished benchmark's results."""
+    if not path.is_file():
+        return {"results": {}}
+    try:
+        report = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not JSON ({e}); move it or choose another --out") from None
+    results = report.get("results") if isinstance(report, dict) else None
+    if not isinstance(results, dict) or not all(isinstance(r, dict) and isinstance(r.get("tables"), dict)
+                                                and "machine" in r and "repeats" in r for r in results.values()):
+        raise ValueError(f"{path} is not a bench results file ({{\"results\": {{name: {{machine, repeats, tables}}}}}}); "
+                         f"move it or choose another --out")
+    return report
+
+
 def run(names: list[str], repeats: int, out: str | Path, say=print, draft: str | Path | None = None) -> dict:
     """Run the named benchmarks; their results replace those of the same names in out/bench.json
     (others stay), and out/bench.md is rewritten from all of them. `draft`: the folder `trained`
     measures instead of the shipped draft (the others take none)."""
-    check_draft_option(names, draft)
+    report = check_options(names, repeats, out, draft)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     machine = (f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} torch threads, "
                f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, "
                f"{machine_speed()}")
     saved = out / "bench.json"
-    report = json.loads(saved.read_text()) if saved.is_file() else {"results": {}}
     for name in names:
         say(f"== bench {name} ==")
         t0 = time.perf_counter()

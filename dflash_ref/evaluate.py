@@ -22,6 +22,7 @@ set's prompts, split by the target's confidence (teacher_forced.py): about 1.5 m
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -66,11 +67,16 @@ def check_arguments(args) -> None:
                              f"it takes no {' or '.join(both)}")
     if args.out and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):
         raise ValueError(f"--out {args.out}: needs a file path in an existing folder")
+    if args.out and not os.access(Path(args.out).parent, os.W_OK):
+        raise ValueError(f"--out {args.out}: its folder cannot be written")
+    if args.figures and Path(args.figures).exists() and not Path(args.figures).is_dir():
+        raise ValueError(f"--figures {args.figures} is a file; give a folder")
 
 
-def _fractions(values) -> str:
-    """Acceptance fractions as the report prints them: 0.525, 0.252, 0.111."""
-    return ", ".join(f"{a:.3f}" for a in values)
+def fractions(values, digits: int = 3) -> str:
+    """Acceptance fractions as the reports print them: 0.525, 0.252, 0.111 (n/a: no step verified a
+    whole block)."""
+    return ", ".join("n/a" if a is None else f"{a:.{digits}f}" for a in values)
 
 
 def by_template(chosen: list[str], records: list[list], block_size: int, say=print) -> dict:
@@ -86,7 +92,7 @@ def by_template(chosen: list[str], records: list[list], block_size: int, say=pri
         by_position, tau = tally([step for steps in runs for step in steps], block_size)
         found[template] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": len(runs)}
     for template, r in sorted(found.items(), key=lambda item: -item[1]["tokens_per_step"]):
-        say(f"{'':>22}τ {r['tokens_per_step']:.3f}  {_fractions(r['acceptance_by_position'])}"
+        say(f"{'':>22}τ {r['tokens_per_step']:.3f}  {fractions(r['acceptance_by_position'])}"
             f"  {r['prompts']:>3} × {template}")
     return found
 
@@ -106,11 +112,11 @@ def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str
         raise SystemExit(f"prompt set {spec}: no response of {tokens} tokens or fewer holds a whole block of "
                          f"{draft.block_size}; raise --tokens")
     say(f"{spec:>20}  teacher-forced τ {found['tokens_per_step']:.3f} over {found['anchors']} anchors; acceptance "
-        f"by block position {_fractions(found['acceptance_by_position'])}")
+        f"by block position {fractions(found['acceptance_by_position'])}")
     for b in found["by_confidence"]:
         if b["anchors"]:
             say(f"{'':>22}target confidence {bin_label(b)}: {100 * b['share']:4.1f} % "
-                f"of anchors, τ {b['tokens_per_step']:.3f}, {_fractions(b['acceptance_by_position'])}")
+                f"of anchors, τ {b['tokens_per_step']:.3f}, {fractions(b['acceptance_by_position'])}")
     if figures:
         title = f"{folder.parent.name}/{folder.name}, {spec}: teacher-forced τ {found['tokens_per_step']:.3f} over {found['anchors']} anchors"
         path = Path(figures) / ("teacher_forced_" + spec.replace(":", "_") + ".png")
@@ -156,10 +162,17 @@ def run(args, say=print) -> dict:
             raise SystemExit(f"prompt set {spec}: {e}") from None
         results["sets"][spec] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": chosen}
         say(f"{spec:>20}  τ {tau:.3f}  acceptance by block position "
-            f"{_fractions(by_position)}")
+            f"{fractions(by_position)}")
+        if None in by_position:
+            say(f"{'':>22}(n/a: no step verified a whole block of {block_size}; raise --tokens)")
         if args.by_template:
             results["sets"][spec]["by_template"] = by_template(chosen, records, block_size, say)
     if args.out:
-        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+        text = json.dumps(results, indent=1) + "\n"
+        try:
+            Path(args.out).write_text(text)
+        except OSError as e:                          # the results are not lost with the file
+            print(text)
+            raise SystemExit(f"--out {args.out}: cannot write it ({e.strerror}); the results are printed above")
         say(f"wrote {args.out}")
     return results

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import os
 import time
 import warnings
@@ -28,8 +29,9 @@ from safetensors.torch import load_file, save_file
 
 from . import distill, train_config
 from .checkpoint import CheckpointError, load_draft, save_draft
-from .draft_vocab import FILE as DRAFT_VOCAB_FILE
 from .draft_init import init_from_target
+from .draft_vocab import FILE as DRAFT_VOCAB_FILE
+from .evaluate import fractions
 from .spec_generate import spec_generate
 from .training import (loss_weights, make_optimizer, sample_anchors, sampled_vocabulary, target_features_batched,
                        train_step, training_vocabulary)
@@ -113,10 +115,12 @@ def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens
 
 def tally(steps, block_size: int) -> tuple[list[float], float]:
     """From spec_generate's step records: a_k = the share of whole-block steps (all b tokens verified)
-    with at least k proposals accepted, k = 1 … b − 1, and τ = tokens produced per step, pooled."""
+    with at least k proposals accepted, k = 1 … b − 1 (None when no step verified a whole block: too
+    few tokens asked for one), and τ = tokens produced per step, pooled."""
     whole = [r.acceptance_length for r in steps if len(r.block_ids) == block_size]
-    by_position = [sum(a >= k for a in whole) / max(len(whole), 1) for k in range(1, block_size)]
+    by_position = [sum(a >= k for a in whole) / len(whole) if whole else None for k in range(1, block_size)]
     return by_position, sum(r.produced for r in steps) / max(len(steps), 1)
+
 
 
 def progress(step: int, total: int, loss: float, seconds: float) -> str:
@@ -250,7 +254,7 @@ def run(args, say=print) -> int:
     by_position, tokens_per_step = acceptance_by_position(draft, target, tokenizer, heldout, args.eval_tokens,
                                                           STOP_TOKEN_IDS)
     say(f"held-out: mean tokens per step {tokens_per_step:.2f}; acceptance by block position "
-        f"{[round(x, 2) for x in by_position]}")
+        f"{fractions(by_position, 2)}")
     save_figure(_curves(losses, by_position), figures / "training.png")
     total = time.perf_counter() - started
     (out / "eval.json").write_text(json.dumps({"tokens_per_step": tokens_per_step,
@@ -273,7 +277,7 @@ def _curves(losses, by_position):
     a.set_xlabel("step")
     a.set_ylabel("weighted CE (50-step mean)")
     a.set_yscale("log")
-    b.bar(range(1, len(by_position) + 1), by_position)
+    b.bar(range(1, len(by_position) + 1), [math.nan if a is None else a for a in by_position])
     b.set_xlabel("block position k")
     b.set_ylabel("accepted fraction (held-out)")
     fig.tight_layout()

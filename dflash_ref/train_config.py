@@ -96,6 +96,9 @@ def read_config_file(path: str | Path, role: str = "--config") -> dict:
     if not isinstance(raw, dict):
         raise TrainOptionError(f"{role} {path} must hold a JSON object of options, not a {type(raw).__name__}")
     options = {str(k).replace("-", "_"): v for k, v in raw.items()}
+    if len(options) < len(raw):
+        twice = sorted({k for k in raw if sum(str(j).replace("-", "_") == str(k).replace("-", "_") for j in raw) > 1})
+        raise TrainOptionError(f"{role} {path}: an option given twice, under both spellings: {twice}")
     unknown = sorted(set(options) - set(DEFAULTS))
     if unknown:
         raise TrainOptionError(f"{role} {path}: unknown option(s) {unknown}; known: {sorted(DEFAULTS)}")

@@ -74,6 +74,25 @@ def test_run_hands_a_draft_folder_to_trained_alone(tmp_path, monkeypatch):
     assert calls == [("one", {}), ("trained", {"draft": "runs/r10/draft-bf16"}), ("trained", {})]
 
 
+@pytest.mark.parametrize("repeats, out, saved, message", [
+    (0, "out", None, "--repeats must be at least 1, got 0"),
+    (1, "a_file", None, "cannot make this folder"),
+    (1, "out", "{bad", "bench.json is not JSON"),
+    (1, "out", '{"x": 1}', "bench.json is not a bench results file"),
+    (1, "out", '{"results": {"one": {"tables": {}}}}', "bench.json is not a bench results file")])
+def test_run_refuses_before_any_benchmark_runs(tmp_path, monkeypatch, repeats, out, saved, message):
+    """A run that could not keep its results is refused before it measures anything."""
+    calls = []
+    monkeypatch.setitem(bench.BENCHES, "one", lambda repeats, out, progress: calls.append(1) or {})
+    (tmp_path / "a_file").write_text("")
+    if saved is not None:
+        (tmp_path / out).mkdir()
+        (tmp_path / out / "bench.json").write_text(saved)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        bench.run(["one"], repeats, tmp_path / out, say=lambda s: None)
+    assert not calls
+
+
 def test_bench_refuses_a_draft_folder_without_the_trained_benchmark(capsys, tmp_path):
     from dflash_ref.__main__ import main
     with pytest.raises(SystemExit) as e:

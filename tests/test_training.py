@@ -333,13 +333,29 @@ def test_train_command_refuses_an_untrainable_block_before_any_work(tmp_path, ca
     (["heldout:0:1"], ["--teacher-forced", "--by-template"], "it takes no --by-template"),
     (["heldout:0:1"], ["--teacher-forced", "--block-size", "4"], "it takes no --block-size"),
     (["heldout:0:1"], ["--figures", "fig"], "give it with --teacher-forced"),
-    (["heldout:0:1"], ["--out", "/no/such/folder/eval.json"], "needs a file path in an existing folder")])
-def test_evaluate_refuses_bad_arguments_before_loading_anything(capsys, sets, extra, message):
+    (["heldout:0:1"], ["--out", "/no/such/folder/eval.json"], "needs a file path in an existing folder"),
+    (["heldout:0:1"], ["--teacher-forced", "--figures", "{file}"], "is a file; give a folder")])
+def test_evaluate_refuses_bad_arguments_before_loading_anything(tmp_path, capsys, sets, extra, message):
     from dflash_ref.__main__ import main
+    (tmp_path / "a_file").write_text("")
     with pytest.raises(SystemExit) as e:
-        main(["evaluate", "--sets", *sets, *extra])
+        main(["evaluate", "--sets", *sets, *[x.format(file=tmp_path / "a_file") for x in extra]])
     err = capsys.readouterr().err
     assert e.value.code == 2 and message in err and "Traceback" not in err
+
+
+def test_tally_says_n_a_where_no_step_verified_a_whole_block():
+    from types import SimpleNamespace
+
+    from dflash_ref.evaluate import fractions
+    from dflash_ref.train_cli import tally
+    step = lambda block, accepted: SimpleNamespace(block_ids=[0] * block, acceptance_length=accepted,  # noqa: E731
+                                                   produced=accepted + 1)
+    assert tally([step(4, 2), step(4, 0), step(2, 1)], 4) == ([0.5, 0.5, 0.0], 6 / 3)
+    # a block cut short by the token limit every time: τ is still known, the a_k are not
+    by_position, tau = tally([step(3, 2), step(2, 1)], 4)
+    assert by_position == [None, None, None] and tau == 2.5
+    assert fractions(by_position) == "n/a, n/a, n/a" and fractions([0.5, None], 2) == "0.50, n/a"
 
 
 def test_evaluate_names_a_missing_draft_folder(tmp_path):
