@@ -12,9 +12,10 @@ from .train_config import add_train_arguments
 def _generate_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `generate` (here, so that building the parser imports no torch)."""
     p.add_argument("--target", required=True, help="a Hugging Face model folder, or 'smollm2'")
-    p.add_argument("--draft", help="an official-format DFlash draft folder (default: for smollm2 the trained "
-                                   "draft shipped with the package, otherwise a random draft)")
-    p.add_argument("--random-draft", action="store_true", help="use an untrained random draft")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--draft", help="an official-format DFlash draft folder (default: for smollm2 the trained "
+                                       "draft shipped with the package, otherwise a random draft)")
+    which.add_argument("--random-draft", action="store_true", help="use an untrained random draft")
     p.add_argument("--prompt", default="Explain speculative decoding in one paragraph.")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
     p.add_argument("--device", default="cpu")
@@ -79,26 +80,27 @@ def main(argv: list[str] | None = None) -> int:
         from .walkthrough import run
         run(args.out)
     elif args.command == "generate":
-        from .cli_generate import run as run_generate
+        from .cli_generate import check_arguments as check_generate, run as run_generate
         from .verify_gate import check_gate
         try:
             check_gate(args.verify_gate)
+            check_generate(args)
         except ValueError as e:
-            parser.error(str(e))
+            gen.error(str(e))
         return run_generate(args)
     elif args.command == "smoke":
         from .smoke import run as run_smoke
         run_smoke(args.size)
     elif args.command == "bench":
-        from .bench import BENCHES, check_draft_option, run as run_bench
+        from .bench import BENCHES, check_options as check_bench, run as run_bench
         args.names = args.names or list(BENCHES)
         unknown = sorted(set(args.names) - set(BENCHES))
         if unknown:
-            parser.error(f"unknown benchmark(s) {unknown}; choose from {sorted(BENCHES)}")
+            bench.error(f"unknown benchmark(s) {unknown}; choose from {sorted(BENCHES)}")
         try:
-            check_draft_option(args.names, args.draft)
+            check_bench(args.names, args.repeats, args.out, args.draft)
         except ValueError as e:
-            parser.error(str(e))
+            bench.error(str(e))
         run_bench(args.names, args.repeats, args.out, draft=args.draft)
     elif args.command == "golden":
         from .conformance.golden import generate_golden
@@ -116,14 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         try:
             options = check_options(resolve(args))
         except ValueError as e:
-            parser.error(str(e))
+            train.error(str(e))
         return run_train(argparse.Namespace(out=args.out, resume=args.resume, **options))
     elif args.command == "evaluate":
         from .evaluate import check_arguments, run as run_evaluate
         try:
             check_arguments(args)
         except ValueError as e:
-            parser.error(str(e))
+            evaluate.error(str(e))
         run_evaluate(args)
     elif args.command == "notebooks":
         from .notebooks import build

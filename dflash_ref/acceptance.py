@@ -24,12 +24,14 @@ same seed both implementations give the same tokens.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 
 def check_sampling(temperature: float, top_p: float = 1.0, top_k: int = 0) -> None:
-    if not temperature >= 0:
-        raise ValueError(f"temperature must be ≥ 0, got {temperature}")
+    if not (temperature >= 0 and math.isfinite(temperature)):     # nan fails the first test, inf the second
+        raise ValueError(f"temperature must be ≥ 0 and finite, got {temperature}")
     if not 0 < top_p <= 1:
         raise ValueError(f"top_p must lie in (0, 1], got {top_p}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:

@@ -14,11 +14,11 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .config import DraftConfig, Qwen3Config, TargetConfig
+from .config import ConfigError, DraftConfig, Qwen3Config, TargetConfig
 from .draft_model import DFlashDraftModel
 from .draft_vocab import FILE as DRAFT_VOCAB_FILE
 from .draft_vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
@@ -31,6 +31,11 @@ DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfl
 
 class CheckpointError(ValueError):
     """A checkpoint folder is missing files, or its tensors do not match the model."""
+
+
+class CheckpointConfigError(CheckpointError, ConfigError):
+    """A folder's config.json is invalid: a CheckpointError (the commands catch it) naming the file,
+    and still the ConfigError it was."""
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, config: Qwen3Config) -> torch.dtype:
@@ -61,12 +66,26 @@ def check_device(device: str | torch.device, dtype: torch.dtype) -> torch.device
     return device
 
 
+def _weight_map(path: Path) -> dict[str, str]:
+    """model.safetensors.index.json → its weight_map {tensor name: shard file}."""
+    try:
+        index = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        index = None
+    if not isinstance(index, dict):
+        raise CheckpointError(f"{path} is not a JSON object with a weight_map")
+    weight_map = index.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise CheckpointError(f"{path} has no weight_map")
+    if not all(isinstance(shard, str) for shard in weight_map.values()):
+        raise CheckpointError(f"{path} is not a JSON object with a weight_map (of tensor name → shard file name)")
+    return weight_map
+
+
 def _shards(folder: Path) -> dict[str, list[str]]:
     """shard file → tensor names in it."""
     if (folder / INDEX).is_file():
-        weight_map = json.loads((folder / INDEX).read_text()).get("weight_map")
-        if not isinstance(weight_map, dict) or not weight_map:
-            raise CheckpointError(f"{folder / INDEX} has no weight_map")
+        weight_map = _weight_map(folder / INDEX)
         shards: dict[str, list[str]] = {}
         for name, shard in weight_map.items():
             shards.setdefault(shard, []).append(name)
@@ -82,13 +101,35 @@ def _shards(folder: Path) -> dict[str, list[str]]:
     raise CheckpointError(f"{folder} has neither {SINGLE} nor {INDEX} (found: {found or 'nothing'})")
 
 
-def _check_architecture(folder: Path, expected: set[str]) -> None:
+def config_architectures(folder: Path) -> list[str]:
+    """The `architectures` named in folder/config.json ([] if none), or a CheckpointError naming the file."""
+    path = folder / "config.json"
     try:
-        archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
-    except (json.JSONDecodeError, AttributeError) as e:
-        raise CheckpointError(f"{folder / 'config.json'} is not a valid JSON config: {e}") from None
+        config = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{path} is not a JSON object (not valid JSON: {e})") from None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{path} is not a JSON object (a {type(config).__name__})")
+    archs = config.get("architectures") or []
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise CheckpointError(f"{path}: 'architectures' must be a list of class names, got {archs!r}")
+    return archs
+
+
+def _check_architecture(folder: Path, expected: set[str]) -> None:
+    archs = config_architectures(folder)
     if archs and not set(archs) & expected:
         raise CheckpointError(f"{folder}: architectures {archs} is not one of {sorted(expected)}")
+
+
+def _read_shard(path: Path, dtype: torch.dtype, device: str | torch.device) -> dict[str, torch.Tensor]:
+    """One safetensors file's tensors, in `dtype` on `device`; a damaged file is named."""
+    try:
+        with safe_open(str(path), framework="pt", device=str(device)) as f:
+            return {name: f.get_tensor(name).to(dtype) for name in f.keys()}
+    except SafetensorError as e:
+        reason = str(e).removeprefix("Error while deserializing header: ")
+        raise CheckpointError(f"{path} is not a readable safetensors file ({reason})") from None
 
 
 def load_weights(model: nn.Module, folder: Path, dtype: torch.dtype, device: str | torch.device) -> None:
@@ -97,9 +138,7 @@ def load_weights(model: nn.Module, folder: Path, dtype: torch.dtype, device: str
     tied = getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" in expected
     state: dict[str, torch.Tensor] = {}
     for shard in _shards(folder):
-        with safe_open(str(folder / shard), framework="pt", device=str(device)) as f:
-            for name in f.keys():
-                state[name] = f.get_tensor(name).to(dtype)
+        state.update(_read_shard(folder / shard, dtype, device))
     if tied:
         state.pop("lm_head.weight", None)
         expected.pop("lm_head.weight")
@@ -118,10 +157,15 @@ def load_weights(model: nn.Module, folder: Path, dtype: torch.dtype, device: str
 
 def _load(cls, config_cls, folder, dtype, device, architectures):
     folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise CheckpointError(f"{folder} is a file, not a folder")
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder} has no config.json" if folder.is_dir() else f"no folder {folder}")
     _check_architecture(folder, architectures)
-    config = config_cls.from_json(folder)
+    try:
+        config = config_cls.from_json(folder)
+    except ConfigError as e:
+        raise CheckpointConfigError(f"{folder / 'config.json'}: {e}") from None
     dtype = resolve_dtype(dtype, config)
     device = check_device(device, dtype)
     with torch.device("meta"):

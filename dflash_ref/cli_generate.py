@@ -7,7 +7,7 @@ saves the trace; `--figures DIR` writes its plots.
 """
 from __future__ import annotations
 
-import json
+import math
 import sys
 import time
 from collections import Counter
@@ -16,8 +16,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import DTYPES, CheckpointError, check_device, load_draft, load_target
+from .checkpoint import DTYPES, CheckpointError, check_device, config_architectures, load_draft, load_target
 from .compat import IncompatibleModels, check_pair
+from .config import ConfigError
 from .draft_model import DFlashDraftModel
 from .spec_generate import spec_generate
 from .timing import Stopwatch
@@ -33,6 +34,44 @@ def precision_note(dtype: torch.dtype) -> str | None:
             "within that rounding either may come; float32 is token-identical]")
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def check_output_folder(flag: str, folder: str) -> None:
+    """FOLDER is a folder or can be made one: checked by making it (and removing what was made), so
+    that a file there, or a path no folder can be made at, is refused before the decoding."""
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{flag} {folder} is a file, not a folder")
+    made = [p for p in (path, *path.parents) if not p.exists()]            # deepest first
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"{flag} {folder}: cannot create that folder ({e.strerror})") from None
+    finally:
+        for p in made:
+            if p.is_dir():
+                p.rmdir()
+
+
+def check_arguments(args) -> None:
+    """What can be refused before loading anything (`__main__` makes it a usage error): the numbers,
+    --device, and the --trace and --figures folders."""
+    for flag, value, least in (("--max-new-tokens", args.max_new_tokens, 0), ("--block-size", args.block_size, 1),
+                               ("--draft-layers", args.draft_layers, 1)):
+        if value is not None and value < least:
+            raise ValueError(f"{flag} must be at least {least}, got {value}")
+    if not (args.temperature >= 0 and math.isfinite(args.temperature)):
+        raise ValueError(f"--temperature must be a finite number ≥ 0, got {args.temperature}")
+    try:
+        check_device(args.device, DTYPES[args.dtype])
+    except CheckpointError as e:
+        raise ValueError(f"--device: {e}") from None
+    for flag, folder in (("--trace", args.trace), ("--figures", args.figures)):
+        if folder:
+            check_output_folder(flag, folder)
+
+
 def open_draft(folder: str | Path | None, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> tuple[DFlashDraftModel, Path]:
     """--draft FOLDER (default: the shipped SmolLM2 draft) → (draft, folder); a bad folder ends the
@@ -40,6 +79,8 @@ def open_draft(folder: str | Path | None, dtype: torch.dtype = torch.float32,
     generate, evaluate and bench trained all read --draft here."""
     from .smollm2 import SHIPPED_DRAFT
     folder = Path(folder) if folder else SHIPPED_DRAFT
+    if folder.exists() and not folder.is_dir():
+        raise SystemExit(f"--draft {folder} is a file, not a folder")
     try:
         return load_draft(folder, dtype, device), folder
     except CheckpointError as e:
@@ -52,6 +93,39 @@ def check_fits(draft, folder: Path, target, target_name: str = "SmolLM2-135M") -
         check_pair(draft, target)
     except IncompatibleModels as e:
         raise SystemExit(f"--draft {folder} does not fit {target_name}: {e}") from None
+
+
+def open_target(folder: Path, dtype: torch.dtype, device: torch.device):
+    """--target FOLDER (a Hugging Face model folder) → (target, tokenizer), or the command ends naming
+    the folder and the problem: a Qwen3ForCausalLM runs on the project's own Qwen3, anything else in
+    transformers."""
+    if not (folder / "config.json").is_file():
+        raise SystemExit(f"--target {folder}: no config.json there (a Hugging Face model folder, or 'smollm2')")
+    try:
+        archs = config_architectures(folder)
+    except CheckpointError as e:
+        raise SystemExit(f"--target {e}") from None
+    if "DFlashDraftModel" in archs:
+        raise SystemExit(f"--target {folder}: architectures {archs} is a draft, not a target")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):   # else transformers makes an empty one
+        raise SystemExit(f"--target {folder}: no tokenizer files ({' or '.join(TOKENIZER_FILES)})")
+    from transformers import AutoTokenizer
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--target {folder}: its tokenizer does not load: {e}") from None
+    if "Qwen3ForCausalLM" in archs:
+        try:
+            return load_target(folder, dtype, device), tokenizer              # the project's own Qwen3
+        except CheckpointError as e:
+            raise SystemExit(f"--target: {e}") from None
+    from transformers import AutoModelForCausalLM
+    from .target.hf import HFTarget
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--target {folder}: transformers cannot load it: {e}") from None
+    return HFTarget(model.to(device)), tokenizer
 
 
 def load_models(args):
@@ -67,18 +141,7 @@ def load_models(args):
         target = target.to(device)
         stop, mask = STOP_TOKEN_IDS, MASK_TOKEN_ID
     else:
-        folder = Path(args.target)
-        if not (folder / "config.json").is_file():
-            raise SystemExit(f"--target {folder}: no config.json there (a Hugging Face model folder, or 'smollm2')")
-        archs = json.loads((folder / "config.json").read_text()).get("architectures") or []
-        from transformers import AutoTokenizer
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-        if "Qwen3ForCausalLM" in archs:
-            target = load_target(folder, dtype, device)             # the project's own Qwen3
-        else:
-            from transformers import AutoModelForCausalLM
-            from .target.hf import HFTarget
-            target = HFTarget(AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device))
+        target, tokenizer = open_target(Path(args.target), dtype, device)
         stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         mask = None
     if args.draft and args.random_draft:
@@ -94,18 +157,17 @@ def load_models(args):
         from .random_draft import random_draft
         print(f"[a random {args.draft_layers}-layer draft; its proposals are noise, so expect "
               "τ ≈ 0 — the output is still exactly the target's]", file=sys.stderr)
-        draft = random_draft(target, args.draft_layers, args.block_size or 16, mask, args.seed)
+        try:
+            draft = random_draft(target, args.draft_layers, args.block_size or 16, mask, args.seed)
+        except ConfigError as e:
+            raise SystemExit(f"--random-draft: no random draft fits the target {args.target}: {e}") from None
     return target, draft, tokenizer, stop
 
 
 def run(args) -> int:
     torch.manual_seed(args.seed)
     target, draft, tokenizer, stop = load_models(args)
-    if args.chat:
-        from .smollm2 import chat_ids  # any tokenizer with a chat template
-        ids = chat_ids(tokenizer, args.prompt)
-    else:
-        ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    ids = prompt_ids(tokenizer, args)
     prompt_len, shown, new, cut = ids.shape[1], [""], [], []
 
     def stream(record) -> None:  # print the text committed by each step as soon as it is accepted
@@ -122,9 +184,12 @@ def run(args) -> int:
     recording = tracing(draft, names=["*hook_pattern"]) if args.trace or args.figures else nullcontext()
     with recording as trace:
         on_step = (lambda r: (trace.on_step(r), stream(r))) if trace is not None else stream
-        out = spec_generate(draft, target, ids, args.max_new_tokens, stop, temperature=args.temperature,
-                            block_size=args.block_size, verifier=args.verifier, verify_gate=args.verify_gate,
-                            on_step=on_step)
+        try:
+            out = spec_generate(draft, target, ids, args.max_new_tokens, stop, temperature=args.temperature,
+                                block_size=args.block_size, verifier=args.verifier, verify_gate=args.verify_gate,
+                                on_step=on_step)
+        except ValueError as e:        # the request, refused before any compute (e.g. past the position limit)
+            raise SystemExit(f"generate: {e}") from None
     total = time.perf_counter() - t0
     draft_clock.remove(), target_clock.remove()
     text = tokenizer.decode(out.output_ids[0, prompt_len:].tolist(), skip_special_tokens=True)
@@ -140,6 +205,17 @@ def run(args) -> int:
         if args.figures:
             write_figures(trace, Path(args.figures))
     return 0
+
+
+def prompt_ids(tokenizer, args) -> torch.Tensor:
+    """--prompt as token ids (1, L), in the tokenizer's chat template with --chat."""
+    if not args.chat:
+        return tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+    from .smollm2 import chat_ids  # any tokenizer with a chat template
+    try:
+        return chat_ids(tokenizer, args.prompt)
+    except ValueError as e:        # transformers: this tokenizer has no chat template
+        raise SystemExit(f"--chat: {e}") from None
 
 
 def report(out, total: float, draft_clock: Stopwatch, target_clock: Stopwatch) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -232,15 +233,71 @@ def test_resolve_dtype():
     assert resolve_dtype(None, config) == torch.float32
 
 
-def test_bad_config_values_surface_as_config_errors(draft_folder):
-    config = json.loads((draft_folder / "config.json").read_text())
-    config["num_key_value_heads"] = 3
-    (draft_folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match="num_key_value_heads"):
-        load_draft(draft_folder)
-
-
 def test_corrupt_config_json_names_the_file(draft_folder):
     (draft_folder / "config.json").write_text("{not json")
     with pytest.raises((CheckpointError, ConfigError), match="config.json"):
         load_draft(draft_folder)
+
+
+def edit_config(folder: Path, edit) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["dflash_config"].update(target_layer_ids=[1, 40]), r"target_layer_ids \[1, 40\]"),
+    (lambda c: c["dflash_config"].update(mask_token_id=99), "mask_token_id 99 is outside the vocabulary"),
+    (lambda c: c.update(block_size="4"), "'block_size' must be an integer"),
+    (lambda c: c.update(head_dim=7), "head_dim must be even"),
+    (lambda c: c.update(num_key_value_heads=3), "num_key_value_heads"),
+])
+def test_a_bad_draft_config_is_a_checkpoint_error_naming_the_file(draft_folder, edit, message):
+    """The commands catch CheckpointError: a bad config.json in a folder is one (and still a ConfigError,
+    for callers of the Python API), naming the file and keeping the config's own message."""
+    edit_config(draft_folder, edit)
+    with pytest.raises(CheckpointError, match=f"{draft_folder / 'config.json'}: .*{message}") as e:
+        load_draft(draft_folder)
+    assert isinstance(e.value, ConfigError)
+
+
+def test_a_bad_target_config_is_a_checkpoint_error_naming_the_file(pair, tmp_path):
+    save_target(pair[0], tmp_path)
+    edit_config(tmp_path, lambda c: c.update(hidden_act="gelu"))
+    with pytest.raises(CheckpointError, match=f"{tmp_path / 'config.json'}: hidden_act 'gelu' is not supported"):
+        load_target(tmp_path)
+
+
+@pytest.mark.parametrize("content, reason", [(b"", "header too small"),
+                                             (b"\xff" * 70, "header too large")], ids=["empty", "garbage"])
+def test_a_corrupt_safetensors_file_is_named(draft_folder, content, reason):
+    (draft_folder / "model.safetensors").write_bytes(content)
+    with pytest.raises(CheckpointError, match=re.escape(f"{draft_folder / 'model.safetensors'} is not a "
+                                                        f"readable safetensors file ({reason})")):
+        load_draft(draft_folder)
+
+
+@pytest.mark.parametrize("index", ["{not json", "[1, 2]", '{"weight_map": {"norm.weight": 3}}'])
+def test_an_index_that_is_no_json_object_is_named(draft_folder, index):
+    (draft_folder / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(CheckpointError, match=re.escape(f"{draft_folder / 'model.safetensors.index.json'} is "
+                                                        "not a JSON object with a weight_map")):
+        load_draft(draft_folder)
+
+
+def test_a_file_given_as_a_folder_is_called_a_file(tmp_path):
+    (tmp_path / "p.sh").write_text("echo hi\n")
+    with pytest.raises(CheckpointError, match=re.escape(f"{tmp_path / 'p.sh'} is a file, not a folder")):
+        load_draft(tmp_path / "p.sh")
+
+
+def test_open_draft_ends_the_command_naming_the_folder_or_file(draft_folder, tmp_path):
+    """What generate, evaluate and bench trained print for a --draft that is a file, or whose
+    config.json is bad (cli_generate.open_draft)."""
+    from dflash_ref.cli_generate import open_draft
+    (tmp_path / "p.sh").write_text("echo hi\n")
+    with pytest.raises(SystemExit, match=re.escape(f"--draft {tmp_path / 'p.sh'} is a file, not a folder")):
+        open_draft(tmp_path / "p.sh")
+    edit_config(draft_folder, lambda c: c["dflash_config"].update(target_layer_ids=[1, 40]))
+    with pytest.raises(SystemExit, match=re.escape(f"--draft: {draft_folder / 'config.json'}: target_layer_ids")):
+        open_draft(draft_folder)

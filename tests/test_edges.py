@@ -245,6 +245,7 @@ REQUEST_ERRORS = {
     "float max_new_tokens": (dict(max_new_tokens=3.0), "max_new_tokens"),
     "temperature < 0": (dict(temperature=-0.5), "temperature"),
     "temperature nan": (dict(temperature=float("nan")), "temperature"),
+    "temperature inf": (dict(temperature=float("inf")), "temperature must be ≥ 0 and finite, got inf"),
     "top_p 0": (dict(top_p=0.0), "top_p"),
     "top_p > 1": (dict(top_p=1.5), "top_p"),
     "top_k < 0": (dict(top_k=-1), "top_k"),

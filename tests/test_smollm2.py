@@ -117,6 +117,131 @@ def test_generate_refuses_a_bad_verify_gate_before_loading_anything():
     assert proc.returncode == 2 and "verify_gate must be" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def _usage_error(capsys, argv: list[str]) -> str:
+    """main(argv) ends as a usage error (exit 2, no traceback); its stderr."""
+    from dflash_ref.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-new-tokens", "-1"], "--max-new-tokens must be at least 0, got -1"),
+    (["--block-size", "0"], "--block-size must be at least 1, got 0"),
+    (["--random-draft", "--draft-layers", "0"], "--draft-layers must be at least 1, got 0"),
+    (["--temperature", "-1"], "--temperature must be a finite number ≥ 0, got -1.0"),
+    (["--temperature", "nan"], "--temperature must be a finite number ≥ 0, got nan"),
+    (["--temperature", "inf"], "--temperature must be a finite number ≥ 0, got inf"),
+    (["--device", "foo"], "--device: unknown device 'foo'"),
+    (["--draft", "some/draft", "--random-draft"], "argument --random-draft: not allowed with argument --draft"),
+    (["--trace", "FILE"], "--trace FILE is a file, not a folder"),
+    (["--figures", "FILE"], "--figures FILE is a file, not a folder"),
+    (["--trace", "FILE/sub"], "--trace FILE/sub: cannot create that folder"),
+])
+def test_generate_refuses_bad_arguments_before_loading_anything(tmp_path, capsys, monkeypatch, flags, message):
+    """Checks that need no model are usage errors of `generate` (its own usage line), before the target
+    loads, and --trace / --figures are checked before the decoding that would fill them."""
+    from dflash_ref import cli_generate
+    monkeypatch.setattr(cli_generate, "load_models", lambda args: pytest.fail("the models were loaded"))
+    (tmp_path / "FILE").write_text("not a folder")
+    flags = [a.replace("FILE", str(tmp_path / "FILE")) for a in flags]
+    err = _usage_error(capsys, ["generate", "--target", "smollm2"] + flags)
+    assert err.startswith("usage: python -m dflash_ref generate")
+    assert message.replace("FILE", str(tmp_path / "FILE")) in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["FILE"]          # the check leaves nothing behind
+
+
+def test_generate_checking_an_output_folder_leaves_none_behind(tmp_path, monkeypatch):
+    from dflash_ref import cli_generate
+    from dflash_ref.__main__ import main
+    monkeypatch.setattr(cli_generate, "run", lambda args: 0)
+    assert main(["generate", "--target", "smollm2", "--trace", str(tmp_path / "a" / "b"),
+                 "--figures", str(tmp_path)]) == 0
+    assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize("argv, usage, message", [
+    (["bench", "trained", "--repeats", "0"], "bench", "--repeats must be at least 1, got 0"),
+    (["bench", "trained", "--repeats", "-3"], "bench", "--repeats must be at least 1, got -3"),
+    (["bench", "nope"], "bench", "unknown benchmark(s) ['nope']"),
+    (["bench", "official", "--draft", "d"], "bench", "only the trained benchmark measures a draft folder"),
+    (["generate", "--target", "smollm2", "--verify-gate", "-1"], "generate", "verify_gate must be"),
+    (["evaluate", "--tokens", "0"], "evaluate", "--tokens must be at least 1"),
+    (["train", "--out", "OUT", "--block-size", "1"], "train", "no position to predict"),
+])
+def test_usage_errors_show_the_subcommands_usage(tmp_path, capsys, monkeypatch, argv, usage, message):
+    import importlib
+    for module in ("bench", "cli_generate", "evaluate", "train_cli"):
+        monkeypatch.setattr(importlib.import_module(f"dflash_ref.{module}"), "run",
+                            lambda *args, **kw: pytest.fail("the command ran"))
+    err = _usage_error(capsys, [str(tmp_path / "run") if a == "OUT" else a for a in argv])
+    assert err.startswith(f"usage: python -m dflash_ref {usage} ") and message in err
+    assert not list(tmp_path.iterdir())                                      # refused before any work
+
+
+@pytest.fixture(scope="module")
+def tiny_target(smollm2, tmp_path_factory):
+    """A 4-layer, 64-position Qwen3 folder with SmolLM2's tokenizer: `generate --target` in a second."""
+    from conftest import randomize_
+    from dflash_ref import Qwen3Target, TargetConfig, save_target
+    folder = tmp_path_factory.mktemp("tiny") / "target"
+    config = TargetConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
+    save_target(randomize_(Qwen3Target(config), 0), folder)
+    smollm2[1].save_pretrained(folder)
+    return folder
+
+
+def _broken_copy(tiny_target, tmp_path, case: str) -> str:
+    """A copy of the tiny target folder, broken as `case` says."""
+    import json
+    import shutil
+    folder = tmp_path / case
+    shutil.copytree(tiny_target, folder)
+    config = folder / "config.json"
+    if case == "no weights":
+        (folder / "model.safetensors").unlink()
+    elif case == "bad config":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "hidden_act": "gelu"}))
+    elif case == "config not json":
+        config.write_text("{not json")
+    elif case == "config a list":
+        config.write_text("[1, 2]")
+    elif case == "a draft":
+        config.write_text(json.dumps({**json.loads(config.read_text()), "architectures": ["DFlashDraftModel"]}))
+    elif case == "no tokenizer":
+        for name in ("tokenizer.json", "tokenizer_config.json"):
+            (folder / name).unlink()
+    return str(folder)
+
+
+@pytest.mark.parametrize("case, flags, message", [
+    ("fine", ["--max-new-tokens", "100000"], "exceeds the position limit max_position_embeddings = 64"),
+    ("fine", ["--prompt", ""], "empty prompt: at least one token is needed"),
+    ("no weights", [], "--target: DIR has neither model.safetensors nor model.safetensors.index.json"),
+    ("bad config", [], "--target: DIR/config.json: hidden_act 'gelu' is not supported"),
+    ("config not json", [], "--target DIR/config.json is not a JSON object"),
+    ("config a list", [], "--target DIR/config.json is not a JSON object"),
+    ("a draft", [], "--target DIR: architectures ['DFlashDraftModel'] is a draft, not a target"),
+    ("no tokenizer", [], "--target DIR: no tokenizer files (tokenizer.json or tokenizer_config.json)"),
+])
+def test_generate_ends_a_bad_target_or_request_with_its_message(tiny_target, tmp_path, case, flags, message):
+    from dflash_ref.__main__ import main
+    folder = str(tiny_target) if case == "fine" else _broken_copy(tiny_target, tmp_path, case)
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--target", folder, "--prompt", "hi", "--max-new-tokens", "4"] + flags)
+    assert message.replace("DIR", folder) in str(e.value.code)
+
+
+def test_generate_runs_on_a_qwen3_folder(tiny_target, capsys):
+    from dflash_ref.__main__ import main
+    assert main(["generate", "--target", str(tiny_target), "--prompt", "hi", "--max-new-tokens", "6",
+                 "--draft-layers", "1", "--block-size", "3"]) == 0
+    assert "generated 6 tokens" in capsys.readouterr().out
+
+
 def _acceptance_by_position(records, b):
     """a_k from spec_generate's step records: the share of whole-block (b-token) steps with at least k
     proposals accepted, k = 1 … b − 1 (there must be such steps)."""
