@@ -25,7 +25,7 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
     from .distill import eval_prompts
     from .smollm2 import SHIPPED_DRAFT, STOP_TOKEN_IDS, chat_ids, load_smollm2
     from .train_cli import acceptance_by_position
-    draft, folder = open_draft(draft)
+    draft, folder = open_draft(draft, proposing=True)
     target, tokenizer = load_smollm2()
     check_fits(draft, folder, target)
     all_v = copy.deepcopy(draft)

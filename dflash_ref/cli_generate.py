@@ -73,18 +73,23 @@ def check_arguments(args) -> None:
 
 
 def open_draft(folder: str | Path | None, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> tuple[DFlashDraftModel, Path]:
+               device: str | torch.device = "cpu", proposing: bool = False) -> tuple[DFlashDraftModel, Path]:
     """--draft FOLDER (default: the shipped SmolLM2 draft) → (draft, folder); a bad folder ends the
     command with the checkpoint's own message (checkpoint.CheckpointError) instead of a traceback.
-    generate, evaluate and bench trained all read --draft here."""
+    generate, evaluate and bench trained all read --draft here. `proposing`: a measure of acceptance
+    at the draft's own block size, which a block of 1 (the anchor alone) cannot give."""
     from .smollm2 import SHIPPED_DRAFT
     folder = Path(folder) if folder else SHIPPED_DRAFT
     if folder.exists() and not folder.is_dir():
         raise SystemExit(f"--draft {folder} is a file, not a folder")
     try:
-        return load_draft(folder, dtype, device), folder
+        draft = load_draft(folder, dtype, device)
     except CheckpointError as e:
         raise SystemExit(f"--draft: {e}") from None
+    if proposing and draft.block_size < 2:
+        raise SystemExit(f"--draft {folder}: its block_size {draft.block_size} holds no proposal (a block is the "
+                         f"anchor and b − 1 proposals), so there is no acceptance to measure")
+    return draft, folder
 
 
 def check_fits(draft, folder: Path, target, target_name: str = "SmolLM2-135M") -> None:

@@ -130,7 +130,7 @@ def run(args, say=print) -> dict:
     from .cli_generate import check_fits, open_draft
     from .smollm2 import STOP_TOKEN_IDS, load_smollm2
     from .train_cli import acceptance_by_position
-    draft, folder = open_draft(args.draft)
+    draft, folder = open_draft(args.draft, proposing=args.block_size is None)
     block_size = draft.block_size if args.block_size is None else args.block_size
     if block_size > draft.block_size:
         # allowed, as in spec_generate and `generate --block-size`: the draft runs any block length (its

@@ -358,6 +358,25 @@ def test_tally_says_n_a_where_no_step_verified_a_whole_block():
     assert fractions(by_position) == "n/a, n/a, n/a" and fractions([0.5, None], 2) == "0.50, n/a"
 
 
+def test_evaluate_and_bench_refuse_a_draft_that_proposes_nothing(tmp_path):
+    """A block-1 draft config loads (the anchor alone), but has no acceptance to measure."""
+    import json
+    import re
+    import shutil
+
+    from dflash_ref.__main__ import main
+    from dflash_ref.smollm2 import SHIPPED_DRAFT
+    folder = tmp_path / "block1"
+    shutil.copytree(SHIPPED_DRAFT, folder)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "block_size": 1}))
+    message = re.escape(f"--draft {folder}: its block_size 1 holds no proposal")
+    for argv in (["evaluate", "--draft", str(folder)], ["bench", "trained", "--draft", str(folder), "--out",
+                                                        str(tmp_path / "bench")]):
+        with pytest.raises(SystemExit, match=message):
+            main(argv)
+
+
 def test_evaluate_names_a_missing_draft_folder(tmp_path):
     import re
     from dflash_ref.__main__ import main
