@@ -8,6 +8,7 @@ saves the trace; `--figures DIR` writes its plots.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections import Counter
@@ -40,7 +41,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 def check_output_folder(flag: str, folder: str) -> None:
     """FOLDER is a folder or can be made one: checked by making it (and removing what was made), so
     that a file there, or a path no folder can be made at, is refused before the decoding."""
-    path = Path(folder)
+    path = Path(os.path.abspath(folder))               # x/../y: its parents are x and y's, not x/..
     if path.exists() and not path.is_dir():
         raise ValueError(f"{flag} {folder} is a file, not a folder")
     made = [p for p in (path, *path.parents) if not p.exists()]            # deepest first
@@ -80,8 +81,6 @@ def open_draft(folder: str | Path | None, dtype: torch.dtype = torch.float32,
     at the draft's own block size, which a block of 1 (the anchor alone) cannot give."""
     from .smollm2 import SHIPPED_DRAFT
     folder = Path(folder) if folder else SHIPPED_DRAFT
-    if folder.exists() and not folder.is_dir():
-        raise SystemExit(f"--draft {folder} is a file, not a folder")
     try:
         draft = load_draft(folder, dtype, device)
     except CheckpointError as e:
@@ -117,8 +116,8 @@ def open_target(folder: Path, dtype: torch.dtype, device: torch.device):
     from transformers import AutoTokenizer
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"--target {folder}: its tokenizer does not load: {e}") from None
+    except (OSError, ValueError, KeyError, TypeError) as e:       # transformers' own, for damaged files
+        raise SystemExit(f"--target {folder}: its tokenizer does not load: {type(e).__name__}: {e}") from None
     if "Qwen3ForCausalLM" in archs:
         try:
             return load_target(folder, dtype, device), tokenizer              # the project's own Qwen3

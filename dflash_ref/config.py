@@ -103,9 +103,9 @@ class Qwen3Config:
         if len(self.layer_types) != self.num_hidden_layers:
             raise ConfigError(f"layer_types has {len(self.layer_types)} entries for "
                               f"{self.num_hidden_layers} layers")
-        bad = set(self.layer_types) - {"full_attention", "sliding_attention"}
+        bad = [t for t in self.layer_types if t not in ("full_attention", "sliding_attention")]
         if bad:
-            raise ConfigError(f"unknown layer_types {sorted(bad)}")
+            raise ConfigError(f"unknown layer_types {bad}")
         if self.sliding_window is not None:  # None on a sliding layer: causal, no window (official)
             _int({"sliding_window": self.sliding_window}, "sliding_window")
 
@@ -123,6 +123,9 @@ class Qwen3Config:
             raise ConfigError("attention_bias=true is not supported (Qwen3 has no attention biases)")
         hidden, heads = _int(d, "hidden_size"), _int(d, "num_attention_heads")
         layer_types = d.get("layer_types")
+        dtype = d.get("dtype", d.get("torch_dtype"))
+        if dtype is not None and not isinstance(dtype, str):
+            raise ConfigError(f"config field 'dtype' must be a name such as \"bfloat16\", got {dtype!r}")
         if layer_types is None and d.get("use_sliding_window"):
             raise ConfigError("use_sliding_window without layer_types is not supported")
         return dict(
@@ -134,10 +137,10 @@ class Qwen3Config:
             rms_norm_eps=_float(d, "rms_norm_eps", 1e-6), rope_theta=_rope_theta(d),
             max_position_embeddings=_int(d, "max_position_embeddings", default=40960),
             tie_word_embeddings=d.get("tie_word_embeddings", False),
-            layer_types=list(layer_types) if layer_types is not None else None,
+            layer_types=list(layer_types) if isinstance(layer_types, (list, tuple)) else layer_types,
             # transformers' rule: the window counts only when use_sliding_window (default: yes)
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
-            dtype=d.get("dtype", d.get("torch_dtype")),
+            dtype=dtype,
         )
 
     @classmethod

@@ -92,9 +92,9 @@ class DFlashDraftModel(nn.Module):
     def _layer_masks(self, attention_mask, q_len: int, ctx_len: int, past_key_values) -> list:
         """attention_mask as one entry per layer, each None or a checked bool (L_q, L_k)."""
         n = len(self.layers)
-        if attention_mask is None or isinstance(attention_mask, torch.Tensor):
-            return [attention_mask] * n
-        masks = list(attention_mask)
+        if attention_mask is None:
+            return [None] * n
+        masks = [attention_mask] * n if isinstance(attention_mask, torch.Tensor) else list(attention_mask)
         if len(masks) != n:
             raise ValueError(f"attention_mask: a list of {len(masks)} masks for {n} layers")
         cached = past_key_values.get_seq_length() if past_key_values is not None else 0

@@ -48,21 +48,19 @@ def _save_state(out: Path, draft, optimizer, generator: torch.Generator, step: i
     moments = {f"{names[id(p)]}.{k}": v.contiguous() for group in optimizer.param_groups for p in group["params"]
                for k, v in optimizer.state.get(p, {}).items() if k in ("exp_avg", "exp_avg_sq")}
     save_file(moments, str(out / "optimizer.safetensors.saving"))
+    digests = {"draft/model.safetensors": _sha256(staging / "model.safetensors"),     # of what is about to be
+               "optimizer.safetensors": _sha256(out / "optimizer.safetensors.saving")}  # renamed into place
     (out / "draft").mkdir(exist_ok=True)
+    (out / "draft" / DRAFT_VOCAB_FILE).unlink(missing_ok=True)     # as save_draft: none left from before
     for f in sorted(staging.iterdir()):
         os.replace(f, out / "draft" / f.name)
-    if not (staging / DRAFT_VOCAB_FILE).exists():
-        (out / "draft" / DRAFT_VOCAB_FILE).unlink(missing_ok=True)      # as save_draft: no stale vocabulary
     staging.rmdir()
     os.replace(out / "optimizer.safetensors.saving", out / "optimizer.safetensors")
     state = {"step": step, "warmup_steps": warmup_steps, "seconds": seconds, "losses": losses,
              "generator": base64.b64encode(bytes(generator.get_state().tolist())).decode("ascii"),
-             "sha256": {name: _sha256(out / name) for name in CHECKPOINT_FILES}}
+             "sha256": digests}
     (out / "state.json.saving").write_text(json.dumps(state) + "\n")
     os.replace(out / "state.json.saving", out / "state.json")
-
-
-CHECKPOINT_FILES = ("draft/model.safetensors", "optimizer.safetensors")
 
 
 def _sha256(path: Path) -> str:
@@ -227,7 +225,8 @@ def run(args, say=print) -> int:
         for _ in range(step):
             schedule.step()
     # batches, anchors and sampled tokens: the generator goes on where the checkpoint left it, so a run
-    # stopped and resumed draws what an uninterrupted one would (runs from before: reseeded by the step)
+    # stopped and resumed draws what an uninterrupted one would (runs from before: reseeded by the step,
+    # and their warmup is 5 % of the --steps given now)
     weights, g = block_weights(args.block_size, args.gamma), torch.Generator().manual_seed(args.seed + step)
     if "generator" in state:
         g.set_state(torch.tensor(list(base64.b64decode(state["generator"])), dtype=torch.uint8))

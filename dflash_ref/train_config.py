@@ -89,16 +89,18 @@ def read_config_file(path: str | Path, role: str = "--config") -> dict:
     path = Path(path)
     if not path.is_file():
         raise TrainOptionError(f"{role}: no file {path}")
+    pairs = []                                      # every key as written: json.loads would keep the last
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(path.read_text(), object_pairs_hook=lambda kv: pairs.append(kv) or dict(kv))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise TrainOptionError(f"{role} {path} is not JSON: {e}") from None
     if not isinstance(raw, dict):
         raise TrainOptionError(f"{role} {path} must hold a JSON object of options, not a {type(raw).__name__}")
+    keys = [k for k, _ in pairs[-1]]                # the outermost object is the last one closed
     options = {str(k).replace("-", "_"): v for k, v in raw.items()}
-    if len(options) < len(raw):
-        twice = sorted({k for k in raw if sum(str(j).replace("-", "_") == str(k).replace("-", "_") for j in raw) > 1})
-        raise TrainOptionError(f"{role} {path}: an option given twice, under both spellings: {twice}")
+    if len({k.replace("-", "_") for k in keys}) < len(keys):
+        twice = sorted({k for k in keys if sum(j.replace("-", "_") == k.replace("-", "_") for j in keys) > 1})
+        raise TrainOptionError(f"{role} {path}: an option given more than once: {twice}")
     unknown = sorted(set(options) - set(DEFAULTS))
     if unknown:
         raise TrainOptionError(f"{role} {path}: unknown option(s) {unknown}; known: {sorted(DEFAULTS)}")

@@ -251,6 +251,10 @@ def edit_config(folder: Path, edit) -> None:
     (lambda c: c.update(block_size="4"), "'block_size' must be an integer"),
     (lambda c: c.update(head_dim=7), "head_dim must be even"),
     (lambda c: c.update(num_key_value_heads=3), "num_key_value_heads"),
+    (lambda c: c.update(layer_types=5), "'layer_types' must be a list, got 5"),
+    (lambda c: c.update(layer_types=[["full_attention"], "full_attention"]),
+     re.escape("unknown layer_types [['full_attention']]")),
+    (lambda c: c.update(dtype=[1]), re.escape("'dtype' must be a name such as \"bfloat16\", got [1]")),
 ])
 def test_a_bad_draft_config_is_a_checkpoint_error_naming_the_file(draft_folder, edit, message):
     """The commands catch CheckpointError: a bad config.json in a folder is one (and still a ConfigError,
@@ -296,7 +300,7 @@ def test_open_draft_ends_the_command_naming_the_folder_or_file(draft_folder, tmp
     config.json is bad (cli_generate.open_draft)."""
     from dflash_ref.cli_generate import open_draft
     (tmp_path / "p.sh").write_text("echo hi\n")
-    with pytest.raises(SystemExit, match=re.escape(f"--draft {tmp_path / 'p.sh'} is a file, not a folder")):
+    with pytest.raises(SystemExit, match=re.escape(f"--draft: {tmp_path / 'p.sh'} is a file, not a folder")):
         open_draft(tmp_path / "p.sh")
     edit_config(draft_folder, lambda c: c["dflash_config"].update(target_layer_ids=[1, 40]))
     with pytest.raises(SystemExit, match=re.escape(f"--draft: {draft_folder / 'config.json'}: target_layer_ids")):

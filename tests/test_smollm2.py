@@ -159,7 +159,8 @@ def test_generate_checking_an_output_folder_leaves_none_behind(tmp_path, monkeyp
     monkeypatch.setattr(cli_generate, "run", lambda args: 0)
     assert main(["generate", "--target", "smollm2", "--trace", str(tmp_path / "a" / "b"),
                  "--figures", str(tmp_path)]) == 0
-    assert not (tmp_path / "a").exists()
+    assert main(["generate", "--target", "smollm2", "--trace", str(tmp_path / "x" / ".." / "y")]) == 0
+    assert not (tmp_path / "a").exists() and not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
 
 
 @pytest.mark.parametrize("argv, usage, message", [

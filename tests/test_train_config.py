@@ -56,7 +56,8 @@ def test_a_saved_config_is_a_config_file(tmp_path):
     ({"lr": True}, "lr must be a number"),
     ({"init": "zeros"}, "init must be one of ['random', 'target']"),
     ({"gamma": "4"}, "gamma must be a number or null"),
-    ('{"block-size": 8, "block_size": 16}', "an option given twice, under both spellings: ['block-size', 'block_size']"),
+    ('{"block-size": 8, "block_size": 16}', "an option given more than once: ['block-size', 'block_size']"),
+    ('{"steps": 1, "steps": 2}', "an option given more than once: ['steps']"),
     ([4, 2], "must hold a JSON object of options, not a list"),
     ("{not json", "is not JSON")])
 def test_a_bad_config_file_is_refused_by_name(tmp_path, content, message):

@@ -142,6 +142,9 @@ def test_per_layer_masks_must_be_one_per_layer():
     with pytest.raises(ValueError, match=r"must be a bool \(L_q, L_k\) = \(4, 28\)"):
         draft(positions, [mask, mask[:, 1:]], **kw)
     assert torch.equal(draft(positions, [mask, mask], **kw), draft(positions, mask, **kw))
+    for wrong in (mask.float(), mask[:, 1:]):                      # one mask for all layers is checked too
+        with pytest.raises(ValueError, match=r"must be a bool \(L_q, L_k\) = \(4, 28\)"):
+            draft(positions, wrong, **kw)
 
 
 def test_the_loss_weighs_each_position_by_hand():
@@ -265,6 +268,11 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
     assert json.loads((whole / "state.json").read_text())["losses"] == state["losses"]
     resumed, straight = (load_file(str(d / "draft" / "model.safetensors")) for d in (tmp_path, whole))
     assert all(torch.equal(resumed[k], straight[k]) for k in straight)
+    assert (tmp_path / "draft" / "draft_vocab.json").is_file()   # the checkpoint's draft keeps its vocabulary
+    # a resume that raises --steps keeps the run's warmup (1 step: 5 % of 2), not 5 % of the new 40
+    grown = subprocess.run(base[:6] + ["--resume", "--steps", "40"], capture_output=True, text=True, timeout=600)
+    assert grown.returncode == 0, grown.stderr[-2000:]
+    assert json.loads((tmp_path / "state.json").read_text())["warmup_steps"] == 1
     assert (tmp_path / "draft" / "model.safetensors").is_file() and (tmp_path / "figures" / "training.png").is_file()
     vocab = json.loads((tmp_path / "draft-bf16" / "draft_vocab.json").read_text())["token_ids"]
     rows = [r for r in map(json.loads, (tmp_path / "data.jsonl").read_text().splitlines())
@@ -273,14 +281,14 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
     assert "held-out: mean tokens per step" in again.stdout
     # a run from before train_config.json: the checkpoint's own shape is checked instead
     (tmp_path / "train_config.json").unlink()
-    older = subprocess.run(base + ["--steps", "4", "--resume", "--layers", "2"], capture_output=True, text=True,
+    older = subprocess.run(base + ["--steps", "40", "--resume", "--layers", "2"], capture_output=True, text=True,
                            timeout=600)
     assert older.returncode == 1 and f"the draft in {tmp_path / 'draft'} has layers 1 (asked 2)" in older.stderr
     assert not (tmp_path / "train_config.json").exists()      # a refused resume saves no options
     # a checkpoint cut while saving (the optimizer file newer than state.json) is named, not continued
     with open(tmp_path / "optimizer.safetensors", "ab") as f:
         f.write(b" ")
-    cut = subprocess.run(base + ["--steps", "6", "--resume"], capture_output=True, text=True, timeout=600)
+    cut = subprocess.run(base + ["--steps", "50", "--resume"], capture_output=True, text=True, timeout=600)
     assert cut.returncode == 1 and f"{tmp_path / 'optimizer.safetensors'} is not the file" in cut.stderr
     assert "stopped while saving" in cut.stderr and "self-distillation" not in cut.stdout
 
