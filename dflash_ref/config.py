@@ -96,6 +96,8 @@ class Qwen3Config:
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
         _bool(self.tie_word_embeddings, "tie_word_embeddings")
+        if not isinstance(self.dtype, (str, type(None))):
+            raise ConfigError(f"config field 'dtype' must be a name such as \"bfloat16\", got {self.dtype!r}")
         if self.layer_types is None:  # one spelling for "all full attention": configs compare equal
             self.layer_types = ["full_attention"] * self.num_hidden_layers
         if not isinstance(self.layer_types, list):
@@ -123,9 +125,6 @@ class Qwen3Config:
             raise ConfigError("attention_bias=true is not supported (Qwen3 has no attention biases)")
         hidden, heads = _int(d, "hidden_size"), _int(d, "num_attention_heads")
         layer_types = d.get("layer_types")
-        dtype = d.get("dtype", d.get("torch_dtype"))
-        if dtype is not None and not isinstance(dtype, str):
-            raise ConfigError(f"config field 'dtype' must be a name such as \"bfloat16\", got {dtype!r}")
         if layer_types is None and d.get("use_sliding_window"):
             raise ConfigError("use_sliding_window without layer_types is not supported")
         return dict(
@@ -140,7 +139,7 @@ class Qwen3Config:
             layer_types=list(layer_types) if isinstance(layer_types, (list, tuple)) else layer_types,
             # transformers' rule: the window counts only when use_sliding_window (default: yes)
             sliding_window=d.get("sliding_window") if d.get("use_sliding_window", True) else None,
-            dtype=dtype,
+            dtype=d.get("dtype", d.get("torch_dtype")),
         )
 
     @classmethod
@@ -149,9 +148,7 @@ class Qwen3Config:
 
     @classmethod
     def from_json(cls, path: str | Path):
-        path = Path(path)
-        if path.is_dir():
-            path = path / "config.json"
+        path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)     # a folder or its config.json
         if not path.is_file():
             raise FileNotFoundError(f"no config.json at {path}")
         try:
@@ -185,9 +182,8 @@ class TargetConfig(Qwen3Config):
         return {"architectures": ["Qwen3ForCausalLM"], **super().to_dict()}
 
 
-_UNSUPPORTED_DRAFT_KEYS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0,
-                           "final_logit_softcapping": None, "conv_kernel_size": None,
-                           "selector_rank": None}
+_UNSUPPORTED_DRAFT_KEYS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None,
+                           "conv_kernel_size": None, "selector_rank": None}
 
 
 @dataclass

@@ -7,7 +7,8 @@ block position on held-out prompts.
                              draft_vocab.json (not with --full-vocab): the training responses' tokens,
                              what it proposes among (draft_vocab.py); the held-out evaluation uses it
     out/draft-bf16/          the same in bf16 at the end, draft_vocab.json too (what ships as drafts/smollm2)
-    out/optimizer.safetensors, out/state.json    AdamW moments, step, losses: `--resume` continues
+    out/optimizer.safetensors, out/state.json    AdamW moments, step, losses, the batch generator:
+                             `--resume` continues exactly (train_state.py)
     out/train_config.json    every option of the run (train_config.py): what --resume holds it to, and
                              a file --config can start another run from
     figures/training/training.png    loss curve and held-out acceptance per block position (--figures)
@@ -15,75 +16,21 @@ block position on held-out prompts.
 """
 from __future__ import annotations
 
-import base64
-import hashlib
 import json
 import math
-import os
 import time
-import warnings
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from . import distill, train_config
 from .checkpoint import CheckpointError, load_draft, save_draft
 from .draft_init import init_from_target
-from .draft_vocab import FILE as DRAFT_VOCAB_FILE
 from .evaluate import fractions
 from .spec_generate import spec_generate
+from .train_state import batch_generator, read_state, resume_optimizer, save_state
 from .training import (loss_weights, make_optimizer, sample_anchors, sampled_vocabulary, target_features_batched,
                        train_step, training_vocabulary)
-
-
-def _save_state(out: Path, draft, optimizer, generator: torch.Generator, step: int, warmup_steps: int,
-                losses: list[float], seconds: float) -> None:
-    """The checkpoint: the draft, AdamW's moments, and state.json (step, warmup, the generator's state,
-    losses), each file written whole under a temporary name and then renamed, state.json last; it
-    records the SHA-256 of the other two, so a run stopped between the renames is caught on resume."""
-    staging = out / "draft.saving"
-    save_draft(draft, staging)
-    names = {id(p): n for n, p in draft.named_parameters()}
-    moments = {f"{names[id(p)]}.{k}": v.contiguous() for group in optimizer.param_groups for p in group["params"]
-               for k, v in optimizer.state.get(p, {}).items() if k in ("exp_avg", "exp_avg_sq")}
-    save_file(moments, str(out / "optimizer.safetensors.saving"))
-    digests = {"draft/model.safetensors": _sha256(staging / "model.safetensors"),     # of what is about to be
-               "optimizer.safetensors": _sha256(out / "optimizer.safetensors.saving")}  # renamed into place
-    (out / "draft").mkdir(exist_ok=True)
-    (out / "draft" / DRAFT_VOCAB_FILE).unlink(missing_ok=True)     # as save_draft: none left from before
-    for f in sorted(staging.iterdir()):
-        os.replace(f, out / "draft" / f.name)
-    staging.rmdir()
-    os.replace(out / "optimizer.safetensors.saving", out / "optimizer.safetensors")
-    state = {"step": step, "warmup_steps": warmup_steps, "seconds": seconds, "losses": losses,
-             "generator": base64.b64encode(bytes(generator.get_state().tolist())).decode("ascii"),
-             "sha256": digests}
-    (out / "state.json.saving").write_text(json.dumps(state) + "\n")
-    os.replace(out / "state.json.saving", out / "state.json")
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _read_state(out: Path) -> dict:
-    """state.json, checked against the files it was written with (runs from before the check record none)."""
-    state = json.loads((out / "state.json").read_text())
-    for name, digest in state.get("sha256", {}).items():
-        if not (out / name).is_file() or _sha256(out / name) != digest:
-            raise SystemExit(f"--resume: {out / name} is not the file {out / 'state.json'} was saved with (step "
-                             f"{state['step']}): the run was stopped while saving its checkpoint, which cannot be "
-                             f"continued exactly; start again in another --out (its data.jsonl can be copied)")
-    return state
-
-
-def _load_moments(out: Path, draft, optimizer, step: int) -> None:
-    moments = load_file(str(out / "optimizer.safetensors"))
-    for name, p in draft.named_parameters():
-        if f"{name}.exp_avg" in moments:
-            optimizer.state[p] = {"step": torch.tensor(float(step)),
-                                  "exp_avg": moments[f"{name}.exp_avg"], "exp_avg_sq": moments[f"{name}.exp_avg_sq"]}
 
 
 def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens=64, stop=(2,),
@@ -174,7 +121,7 @@ def run(args, say=print) -> int:
     started = time.perf_counter()
     target, tokenizer = load_smollm2()
     check_lengths(vars(args), tokenizer, target.config.max_position_embeddings)
-    state = _read_state(out) if args.resume else {"step": 0, "losses": [], "seconds": 0.0}
+    state = read_state(out) if args.resume else {"step": 0, "losses": [], "seconds": 0.0}
     # the responses come from a bf16 copy of the target by default (1.5× faster here); features and
     # evaluation use the fp32 target that inference uses
     generator = load_smollm2(torch.bfloat16)[0] if args.distill_dtype == "bf16" else target
@@ -215,21 +162,13 @@ def run(args, say=print) -> int:
         f"{'all tokens' if vocab is None else f'{len(vocab)} response tokens + {args.negatives} sampled'}, "
         f"features in {time.perf_counter() - t0:.0f} s")
     step, losses, seconds = state["step"], state["losses"], state.get("seconds", 0.0)
-    # the warmup the run started with (5 % of its --steps then), also when a resume raises --steps
+    # the warmup the run started with (5 % of its --steps then), also when a resume raises --steps (runs
+    # from before state.json kept it: 5 % of the --steps given now)
     warmup_steps = state.get("warmup_steps", max(1, args.steps // 20))
     optimizer, schedule = make_optimizer(draft, args.lr, args.steps, warmup_steps)
     if args.resume:
-        _load_moments(out, draft, optimizer, step)
-    with warnings.catch_warnings():      # fast-forwarding the schedule: no optimiser step is missing
-        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
-        for _ in range(step):
-            schedule.step()
-    # batches, anchors and sampled tokens: the generator goes on where the checkpoint left it, so a run
-    # stopped and resumed draws what an uninterrupted one would (runs from before: reseeded by the step,
-    # and their warmup is 5 % of the --steps given now)
-    weights, g = block_weights(args.block_size, args.gamma), torch.Generator().manual_seed(args.seed + step)
-    if "generator" in state:
-        g.set_state(torch.tensor(list(base64.b64decode(state["generator"])), dtype=torch.uint8))
+        resume_optimizer(out, draft, optimizer, schedule, step)
+    weights, g = block_weights(args.block_size, args.gamma), batch_generator(state, args.seed)
     t0 = time.perf_counter() - seconds
     while step < args.steps:
         picks = torch.randint(len(data), (args.batch,), generator=g).tolist()
@@ -244,7 +183,7 @@ def run(args, say=print) -> int:
             recent = losses[-50:]
             say(progress(step, args.steps, sum(recent) / len(recent), time.perf_counter() - t0))
         if step % args.save_every == 0 or step == args.steps:
-            _save_state(out, draft.eval(), optimizer, g, step, warmup_steps, losses, time.perf_counter() - t0)
+            save_state(out, draft.eval(), optimizer, g, step, warmup_steps, losses, time.perf_counter() - t0)
             draft.train()
     draft.eval()
     save_draft(draft, out / "draft-bf16", torch.bfloat16)      # what ships: official format, bf16
