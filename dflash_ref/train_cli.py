@@ -67,7 +67,6 @@ def tally(steps, block_size: int) -> tuple[list[float], float]:
     return by_position, sum(r.produced for r in steps) / max(len(steps), 1)
 
 
-
 def progress(step: int, total: int, loss: float, seconds: float) -> str:
     """One progress-bar line: [#####.....] step/total, loss, elapsed and estimated remaining time."""
     filled = round(20 * step / total)
