@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 
 from . import bench_suite, bench_trained
+from .cli_generate import make_folder
 from .timing import measure, summarise  # noqa: F401  (the harness, re-exported)
 
 BENCHES: dict[str, Callable] = {
@@ -70,10 +71,7 @@ def check_options(names: list[str], repeats: int, out: str | Path, draft: str | 
     check_draft_option(names, draft)
     if repeats < 1:
         raise ValueError(f"--repeats must be at least 1, got {repeats}")
-    try:
-        Path(out).mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"--out {out}: cannot make this folder ({e.strerror})") from None
+    make_folder("--out", out)
     return read_report(Path(out) / "bench.json")
 
 

@@ -38,17 +38,26 @@ def precision_note(dtype: torch.dtype) -> str | None:
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
-def check_output_folder(flag: str, folder: str) -> None:
-    """FOLDER is a folder or can be made one: checked by making it (and removing what was made), so
-    that a file there, or a path no folder can be made at, is refused before the decoding."""
-    path = Path(os.path.abspath(folder))               # x/../y: its parents are x and y's, not x/..
+def make_folder(flag: str, folder: str | Path) -> None:
+    """Make the folder an option names (and its parents), or a ValueError naming the option: a file
+    there, or a path no folder can be made at. generate checks its folders with it, bench and train
+    make theirs before any work."""
+    path = Path(os.path.abspath(folder))               # x/../y: y, and no x made on the way
     if path.exists() and not path.is_dir():
         raise ValueError(f"{flag} {folder} is a file, not a folder")
-    made = [p for p in (path, *path.parents) if not p.exists()]            # deepest first
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise ValueError(f"{flag} {folder}: cannot create that folder ({e.strerror})") from None
+        raise ValueError(f"{flag} {folder}: cannot make this folder ({e.strerror})") from None
+
+
+def check_output_folder(flag: str, folder: str) -> None:
+    """FOLDER is a folder or can be made one: checked by making it (and removing what was made), so
+    that a file there, or a path no folder can be made at, is refused before the decoding."""
+    path = Path(os.path.abspath(folder))               # as make_folder makes it
+    made = [p for p in (path, *path.parents) if not p.exists()]            # deepest first
+    try:
+        make_folder(flag, folder)
     finally:
         for p in made:
             if p.is_dir():

@@ -108,14 +108,15 @@ def check_lengths(options: dict, tokenizer, max_positions: int) -> None:
 
 
 def run(args, say=print) -> int:
+    from .cli_generate import make_folder
     from .plots import save_figure
     from .smollm2 import STOP_TOKEN_IDS, load_smollm2, random_smollm2_draft
     out, figures = Path(args.out), Path(args.figures)
     for folder, flag in ((out, "--out"), (figures, "--figures")):      # now, not after the training
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise SystemExit(f"{flag} {folder}: cannot make this folder ({e.strerror})") from None
+            make_folder(flag, folder)
+        except ValueError as e:
+            raise SystemExit(str(e)) from None
     torch.manual_seed(args.seed)
     started = time.perf_counter()
     target, tokenizer = load_smollm2()

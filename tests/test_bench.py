@@ -76,7 +76,7 @@ def test_run_hands_a_draft_folder_to_trained_alone(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("repeats, out, saved, message", [
     (0, "out", None, "--repeats must be at least 1, got 0"),
-    (1, "a_file", None, "cannot make this folder"),
+    (1, "a_file", None, "a_file is a file, not a folder"),
     (1, "out", "{bad", "bench.json is not JSON"),
     (1, "out", '{"x": 1}', "bench.json is not a bench results file"),
     (1, "out", '{"results": {"one": {"tables": {}}}}', "bench.json is not a bench results file")])

@@ -138,7 +138,7 @@ def _usage_error(capsys, argv: list[str]) -> str:
     (["--draft", "some/draft", "--random-draft"], "argument --random-draft: not allowed with argument --draft"),
     (["--trace", "FILE"], "--trace FILE is a file, not a folder"),
     (["--figures", "FILE"], "--figures FILE is a file, not a folder"),
-    (["--trace", "FILE/sub"], "--trace FILE/sub: cannot create that folder"),
+    (["--trace", "FILE/sub"], "--trace FILE/sub: cannot make this folder"),
 ])
 def test_generate_refuses_bad_arguments_before_loading_anything(tmp_path, capsys, monkeypatch, flags, message):
     """Checks that need no model are usage errors of `generate` (its own usage line), before the target
