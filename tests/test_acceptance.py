@@ -152,6 +152,17 @@ def test_sample_is_argmax_at_temperature_zero():
     assert drawn.tolist() == [1, 0]
 
 
+@pytest.mark.parametrize("temperature", [1e-320, 1e-45, 1e-39])
+def test_tiny_temperature_is_argmax_not_nan(temperature):
+    """l / T overflows float32 here (and T itself rounds to 0 in float32): the limit, argmax, ties shared."""
+    logits = torch.tensor([[0.1, 2.0, -1.0], [5.0, 0.0, 5.0], [-3.0, -2.0, float("-inf")]])
+    probs = sampling_probs(logits, temperature)
+    assert probs.tolist() == [[0.0, 1.0, 0.0], [0.5, 0.0, 0.5], [0.0, 1.0, 0.0]]
+    assert sampling_probs(logits, temperature, top_k=1)[0].tolist() == [0.0, 1.0, 0.0]
+    torch.manual_seed(0)
+    assert sample(logits[:1], temperature).tolist() == [1]
+
+
 @pytest.mark.parametrize("kwargs,match", [
     (dict(temperature=-0.1), "temperature must be ≥ 0"),
     (dict(temperature=float("nan")), "temperature must be ≥ 0"),

@@ -161,6 +161,21 @@ def test_zero_acceptance_is_still_lossless():
     assert out.acceptance_lengths == [0] * (n - 1) and out.tokens_per_step == [1] * (n - 1)
 
 
+@pytest.mark.parametrize("verifier", ["rejection", "match"])
+@pytest.mark.parametrize("temperature", [1e-320, 1e-30])
+def test_tiny_temperature_decodes_as_greedy(verifier, temperature):
+    """As T → 0 sampling is argmax: a T whose l / T overflows float32 must decode as greedy, not fail."""
+    target, draft = make_pair(5, dict(vocab_size=20), dict(block_size=4))
+    prompt, n = torch.tensor([[4, 7, 1]]), 17
+    greedy = generate(target, prompt, n)
+    torch.manual_seed(0)
+    assert torch.equal(generate(target, prompt, n, temperature=temperature).output_ids, greedy.output_ids)
+    oracle = OracleDraft(draft, greedy.output_ids[0], accept=2)
+    out = spec_generate(oracle, target, prompt, n, temperature=temperature, verifier=verifier)
+    assert torch.equal(out.output_ids, greedy.output_ids)
+    assert max(out.acceptance_lengths) == 2
+
+
 # ---------------------------------------------------------------------------------------------
 # block_size 1 is autoregressive decoding
 # ---------------------------------------------------------------------------------------------
