@@ -4,6 +4,9 @@ fp32, by the procedure of a training run's held-out evaluation (`train_cli.accep
     τ      = mean tokens per decode step (accepted draft tokens + the bonus), over all the set's steps
     a_k    = fraction of whole-block steps in which block position k (1 … b − 1) was accepted
 
+τ pools the steps of all prompts; dflash's benchmark.py instead averages each prompt's tokens per step
+("Average Acceptance length"), printed beside it as "mean of prompts" (`train_cli.mean_of_prompts`).
+
 (`DIR/eval.json` measures the fp32 draft `DIR/draft`; a bf16 folder such as `DIR/draft-bf16` or the
 shipped draft is read into fp32 from bf16-rounded weights, so it can differ slightly: the shipped
 draft gives τ 1.785 here against 1.787 in its run's eval.json.)
@@ -53,8 +56,9 @@ def check_arguments(args) -> None:
     twice = sorted({spec for spec, key in zip(args.sets, parsed) if parsed.count(key) > 1})
     if twice:
         raise ValueError(f"prompt sets {twice} name the same prompts more than once")
-    if args.tokens < 1:
-        raise ValueError(f"--tokens must be at least 1, got {args.tokens}")
+    if args.tokens < 2:
+        raise ValueError(f"--tokens must be at least 2 (the first token is the prefill's; decode steps start at "
+                         f"the second), got {args.tokens}")
     if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be at least 2 (the bonus token and one proposal), got {args.block_size}")
     if args.figures and not args.teacher_forced:
@@ -73,10 +77,15 @@ def check_arguments(args) -> None:
         raise ValueError(f"--figures {args.figures} is a file; give a folder")
 
 
+def number(value: float | None, digits: int = 3) -> str:
+    """A measured value as the reports print it; n/a where nothing was measured (None)."""
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
 def fractions(values, digits: int = 3) -> str:
     """Acceptance fractions as the reports print them: 0.525, 0.252, 0.111 (n/a: no step verified a
     whole block)."""
-    return ", ".join("n/a" if a is None else f"{a:.{digits}f}" for a in values)
+    return ", ".join(number(a, digits) for a in values)
 
 
 def by_template(chosen: list[str], records: list[list], block_size: int, say=print) -> dict:
@@ -91,8 +100,8 @@ def by_template(chosen: list[str], records: list[list], block_size: int, say=pri
     for template, runs in groups.items():
         by_position, tau = tally([step for steps in runs for step in steps], block_size)
         found[template] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": len(runs)}
-    for template, r in sorted(found.items(), key=lambda item: -item[1]["tokens_per_step"]):
-        say(f"{'':>22}τ {r['tokens_per_step']:.3f}  {fractions(r['acceptance_by_position'])}"
+    for template, r in sorted(found.items(), key=lambda item: -(item[1]["tokens_per_step"] or 0)):
+        say(f"{'':>22}τ {number(r['tokens_per_step'])}  {fractions(r['acceptance_by_position'])}"
             f"  {r['prompts']:>3} × {template}")
     return found
 
@@ -129,7 +138,7 @@ def run(args, say=print) -> dict:
     from . import distill
     from .cli_generate import check_fits, open_draft
     from .smollm2 import STOP_TOKEN_IDS, load_smollm2
-    from .train_cli import acceptance_by_position
+    from .train_cli import acceptance_by_position, mean_of_prompts
     draft, folder = open_draft(args.draft, proposing=args.block_size is None)
     block_size = draft.block_size if args.block_size is None else args.block_size
     if block_size > draft.block_size:
@@ -160,8 +169,10 @@ def run(args, say=print) -> dict:
                                                       STOP_TOKEN_IDS, block_size, records=records, done=done)
         except ValueError as e:                      # e.g. --tokens past SmolLM2's positions (compat.check_request)
             raise SystemExit(f"prompt set {spec}: {e}") from None
-        results["sets"][spec] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": chosen}
-        say(f"{spec:>20}  τ {tau:.3f}  acceptance by block position "
+        per_prompt = mean_of_prompts(records)
+        results["sets"][spec] = {"tokens_per_step": tau, "tokens_per_step_mean_of_prompts": per_prompt,
+                                 "acceptance_by_position": by_position, "prompts": chosen}
+        say(f"{spec:>20}  τ {number(tau)} (mean of prompts {number(per_prompt)})  acceptance by block position "
             f"{fractions(by_position)}")
         if None in by_position:
             say(f"{'':>22}(n/a: no step verified a whole block of {block_size}; raise --tokens)")

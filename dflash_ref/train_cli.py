@@ -26,7 +26,7 @@ import torch
 from . import distill, train_config
 from .checkpoint import CheckpointError, load_draft, save_draft
 from .draft_init import init_from_target
-from .evaluate import fractions
+from .evaluate import fractions, number
 from .spec_generate import spec_generate
 from .train_state import batch_generator, read_state, resume_optimizer, save_state
 from .training import (loss_weights, make_optimizer, sample_anchors, sampled_vocabulary, target_features_batched,
@@ -58,13 +58,21 @@ def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens
     return tally(steps, b)
 
 
-def tally(steps, block_size: int) -> tuple[list[float], float]:
+def tally(steps, block_size: int) -> tuple[list[float | None], float | None]:
     """From spec_generate's step records: a_k = the share of whole-block steps (all b tokens verified)
     with at least k proposals accepted, k = 1 … b − 1 (None when no step verified a whole block: too
-    few tokens asked for one), and τ = tokens produced per step, pooled."""
+    few tokens asked for one), and τ = tokens produced per step, the steps pooled (None: no step)."""
     whole = [r.acceptance_length for r in steps if len(r.block_ids) == block_size]
     by_position = [sum(a >= k for a in whole) / len(whole) if whole else None for k in range(1, block_size)]
-    return by_position, sum(r.produced for r in steps) / max(len(steps), 1)
+    return by_position, sum(r.produced for r in steps) / len(steps) if steps else None
+
+
+def mean_of_prompts(records: list[list]) -> float | None:
+    """τ as dflash's benchmark.py averages it ("Average Acceptance length"): each prompt's tokens per
+    step, then the mean over prompts (those with no step left out; None if none has one). `tally`
+    pools the steps instead, so a prompt decoded in many short steps weighs more there."""
+    per_prompt = [sum(r.produced for r in steps) / len(steps) for steps in records if steps]
+    return sum(per_prompt) / len(per_prompt) if per_prompt else None
 
 
 def progress(step: int, total: int, loss: float, seconds: float) -> str:
@@ -191,7 +199,7 @@ def run(args, say=print) -> int:
     heldout = distill.eval_prompts(args.eval_prompts)
     by_position, tokens_per_step = acceptance_by_position(draft, target, tokenizer, heldout, args.eval_tokens,
                                                           STOP_TOKEN_IDS)
-    say(f"held-out: mean tokens per step {tokens_per_step:.2f}; acceptance by block position "
+    say(f"held-out: mean tokens per step {number(tokens_per_step, 2)}; acceptance by block position "
         f"{fractions(by_position, 2)}")
     save_figure(_curves(losses, by_position), figures / "training.png")
     total = time.perf_counter() - started

@@ -133,8 +133,9 @@ def check_values(options: dict, heldout_prompts: int, training_prompts: int) -> 
     def at_least(key: str, low: int) -> None:
         if options[key] < low:
             raise TrainOptionError(f"{flag(key)} must be at least {low}, got {options[key]}")
-    for key in ("layers", "steps", "batch", "anchors", "distill_batch", "save_every", "eval_tokens"):
+    for key in ("layers", "steps", "batch", "anchors", "distill_batch", "save_every"):
         at_least(key, 1)
+    at_least("eval_tokens", 2)                 # the first token is the prefill's; decode steps start at the second
     at_least("negatives", 0)
     if not (math.isfinite(options["lr"]) and options["lr"] > 0):
         raise TrainOptionError(f"--lr must be a positive number, got {options['lr']}")

@@ -169,7 +169,7 @@ def test_generate_checking_an_output_folder_leaves_none_behind(tmp_path, monkeyp
     (["bench", "nope"], "bench", "unknown benchmark(s) ['nope']"),
     (["bench", "official", "--draft", "d"], "bench", "only the trained benchmark measures a draft folder"),
     (["generate", "--target", "smollm2", "--verify-gate", "-1"], "generate", "verify_gate must be"),
-    (["evaluate", "--tokens", "0"], "evaluate", "--tokens must be at least 1"),
+    (["evaluate", "--tokens", "1"], "evaluate", "--tokens must be at least 2 (the first token is the prefill's"),
     (["train", "--out", "OUT", "--block-size", "1"], "train", "no position to predict"),
 ])
 def test_usage_errors_show_the_subcommands_usage(tmp_path, capsys, monkeypatch, argv, usage, message):
@@ -253,8 +253,9 @@ def _acceptance_by_position(records, b):
 
 def test_evaluate_counts_what_spec_generate_does_on_the_named_prompts(smollm2, tmp_path):
     """`evaluate` on a two-prompt and a one-prompt set, against spec_generate's step records with the
-    shipped draft on exactly those prompts: τ pools the set's steps (not a mean of per-prompt means),
-    a_k is the share of whole-block steps with at least k proposals accepted; JSON written."""
+    shipped draft on exactly those prompts: τ pools the set's steps, and beside it the mean of per-prompt
+    means (dflash's benchmark.py); a_k is the share of whole-block steps with at least k proposals
+    accepted; JSON written."""
     import json
     from dflash_ref.__main__ import main
     from dflash_ref.checkpoint import load_draft
@@ -269,10 +270,12 @@ def test_evaluate_counts_what_spec_generate_does_on_the_named_prompts(smollm2, t
     for spec, chosen in (("heldout:3:2", prompts("heldout")[3:5]), ("train:5:1", prompts("train")[5:6])):
         got = results["sets"][spec]
         assert got["prompts"] == chosen
-        records = []
+        records, per_prompt = [], []
         for prompt in chosen:
-            spec_generate(draft, target, chat_ids(tokenizer, prompt), 24, STOP_TOKEN_IDS, on_step=records.append)
+            out = spec_generate(draft, target, chat_ids(tokenizer, prompt), 24, STOP_TOKEN_IDS, on_step=records.append)
+            per_prompt.append(sum(out.tokens_per_step) / len(out.tokens_per_step))
         assert got["tokens_per_step"] == pytest.approx(sum(r.produced for r in records) / len(records))
+        assert got["tokens_per_step_mean_of_prompts"] == pytest.approx(sum(per_prompt) / len(per_prompt))
         assert got["acceptance_by_position"] == pytest.approx(_acceptance_by_position(records, 4))
 
 
@@ -303,7 +306,7 @@ def test_evaluate_by_template_splits_a_set_as_separate_sets_would(smollm2, tmp_p
 
 def test_evaluate_reports_progress_on_a_long_set(smollm2, capsys):
     from dflash_ref.__main__ import main
-    assert main(["evaluate", "--sets", "heldout:0:25", "--tokens", "1"]) == 0
+    assert main(["evaluate", "--sets", "heldout:0:25", "--tokens", "2"]) == 0
     progress = [line.split(",")[0] for line in capsys.readouterr().out.splitlines() if " prompts, " in line]
     assert progress == ["heldout:0:25: 12/25 prompts", "heldout:0:25: 24/25 prompts"]
 
@@ -349,7 +352,7 @@ def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_
                   STOP_TOKEN_IDS, block_size=6, on_step=records.append)
     got = results["sets"]["heldout:0:1"]["acceptance_by_position"]
     assert got == pytest.approx(_acceptance_by_position(records, 6))
-    assert main(["evaluate", "--sets", "heldout:0:1", "--tokens", "1", "--block-size", "5"]) == 0
+    assert main(["evaluate", "--sets", "heldout:0:1", "--tokens", "2", "--block-size", "5"]) == 0
     assert "trained on blocks of 4; position 4 was never trained" in capsys.readouterr().out
 
 

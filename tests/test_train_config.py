@@ -155,6 +155,7 @@ def test_nothing_to_resume_and_a_run_in_the_way_are_refused(tmp_path):
     (["--layers", "0"], "--layers must be at least 1"),
     (["--negatives", "-1"], "--negatives must be at least 0"),
     (["--distill-batch", "0"], "--distill-batch must be at least 1"),
+    (["--eval-tokens", "1"], "--eval-tokens must be at least 2, got 1"),
     (["--lr", "0"], "--lr must be a positive number"),
     (["--lr", "nan"], "--lr must be a positive number"),
     (["--gamma", "-1"], "--gamma must be a positive number"),

@@ -336,7 +336,7 @@ def test_train_command_refuses_an_untrainable_block_before_any_work(tmp_path, ca
     (["train:0:0"], [], "COUNT must be at least 1"),
     (["heldout:140:12"], [], "prompts 140…151 asked for, but the heldout split has 144 (0…143)"),
     (["heldout:0:12", "heldout:00:12"], [], "name the same prompts more than once"),
-    (["heldout:0:1"], ["--tokens", "0"], "--tokens must be at least 1"),
+    (["heldout:0:1"], ["--tokens", "1"], "--tokens must be at least 2"),
     (["heldout:0:1"], ["--block-size", "0"], "--block-size must be at least 2"),
     (["heldout:0:1"], ["--teacher-forced", "--by-template"], "it takes no --by-template"),
     (["heldout:0:1"], ["--teacher-forced", "--block-size", "4"], "it takes no --block-size"),
@@ -364,6 +364,20 @@ def test_tally_says_n_a_where_no_step_verified_a_whole_block():
     by_position, tau = tally([step(3, 2), step(2, 1)], 4)
     assert by_position == [None, None, None] and tau == 2.5
     assert fractions(by_position) == "n/a, n/a, n/a" and fractions([0.5, None], 2) == "0.50, n/a"
+    assert tally([], 4) == ([None, None, None], None)        # no step at all: no τ either, not 0
+
+
+def test_mean_of_prompts_is_the_official_benchmarks_average_not_the_pooled_one():
+    """dflash's benchmark.py averages each request's tokens per step; `tally` pools the steps."""
+    from types import SimpleNamespace
+
+    from dflash_ref.train_cli import mean_of_prompts, tally
+    step = lambda produced: SimpleNamespace(block_ids=[0] * 4, acceptance_length=produced - 1,  # noqa: E731
+                                            produced=produced)
+    fast, slow = [step(4), step(4), step(3)], [step(1)] * 5              # 11/3 and 1 tokens per step
+    assert mean_of_prompts([fast, slow, []]) == pytest.approx((11 / 3 + 1) / 2)
+    assert tally(fast + slow, 4)[1] == pytest.approx(16 / 8)
+    assert mean_of_prompts([[], []]) is None
 
 
 def test_evaluate_and_bench_refuse_a_draft_that_proposes_nothing(tmp_path):
