@@ -127,7 +127,8 @@ def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str
             say(f"{'':>22}target confidence {bin_label(b)}: {100 * b['share']:4.1f} % "
                 f"of anchors, τ {b['tokens_per_step']:.3f}, {fractions(b['acceptance_by_position'])}")
     if figures:
-        title = f"{folder.parent.name}/{folder.name}, {spec}: teacher-forced τ {found['tokens_per_step']:.3f} over {found['anchors']} anchors"
+        title = (f"{folder.parent.name}/{folder.name}, {spec}: teacher-forced τ {found['tokens_per_step']:.3f} "
+                 f"over {found['anchors']} anchors")
         path = Path(figures) / ("teacher_forced_" + spec.replace(":", "_") + ".png")
         say(f"wrote {save_figure(plot(found, title), path)}")
     return found
@@ -172,8 +173,8 @@ def run(args, say=print) -> dict:
         per_prompt = mean_of_prompts(records)
         results["sets"][spec] = {"tokens_per_step": tau, "tokens_per_step_mean_of_prompts": per_prompt,
                                  "acceptance_by_position": by_position, "prompts": chosen}
-        say(f"{spec:>20}  τ {number(tau)} (mean of prompts {number(per_prompt)})  acceptance by block position "
-            f"{fractions(by_position)}")
+        say(f"{spec:>20}  τ {number(tau)} tokens/step (mean of prompts {number(per_prompt)})  "
+            f"acceptance by block position {fractions(by_position)}")
         if None in by_position:
             say(f"{'':>22}(n/a: no step verified a whole block of {block_size}; raise --tokens)")
         if args.by_template:

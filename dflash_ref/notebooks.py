@@ -1,10 +1,12 @@
 """Regenerate and execute the walkthrough notebooks: `walkthroughs/*.py` (jupytext py:percent) are
 the truth; `walkthroughs/*.ipynb` are generated from them, executed, outputs included.
 
-Needs the `notebooks` extra (jupytext, nbclient, ipykernel).
+Needs the `notebooks` extra (jupytext, nbclient, ipykernel), and walkthrough 03 the official dflash
+0.1.0 (`pip install --no-deps dflash==0.1.0`), whose conformance it runs.
 """
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 WALKTHROUGHS = Path(__file__).resolve().parent.parent / "walkthroughs"
@@ -21,13 +23,33 @@ def execute(source: Path, timeout: int = 600):
     return notebook
 
 
+def _progress_noise(output) -> bool:
+    """A progress bar's stderr chunk (it starts with a carriage return, or is the bare newline that ends
+    it), or tqdm's warning that the kernel has no ipywidgets to draw one with (it names a local path)."""
+    if output.output_type != "stream" or output.name != "stderr":
+        return False
+    return output.text.startswith("\r") or not output.text.strip() or "TqdmWarning: IProgress not found" in output.text
+
+
+def tidy(notebook):
+    """What is committed: cell ids by position (a rebuild changes no id), and no progress-bar noise."""
+    for i, cell in enumerate(notebook.cells):
+        cell.id = f"cell-{i}"
+        if cell.cell_type == "code":
+            cell.outputs = [o for o in cell.outputs if not _progress_noise(o)]
+    return notebook
+
+
 def build(folder: Path = WALKTHROUGHS) -> list[Path]:
     """Write every executed notebook next to its source."""
     import jupytext
 
+    if importlib.util.find_spec("dflash") is None:
+        raise SystemExit("walkthrough 03 runs the official dflash 0.1.0 (its part 5); install it first: "
+                         "pip install --no-deps dflash==0.1.0")
     written = []
     for source in sorted(folder.glob("[0-9]*.py")):
-        notebook = execute(source)
+        notebook = tidy(execute(source))
         target = source.with_suffix(".ipynb")
         jupytext.write(notebook, target, fmt="ipynb")
         written.append(target)
