@@ -45,11 +45,13 @@ def sampling_probs(logits: torch.Tensor, temperature: float, top_p: float = 1.0,
     if not temperature > 0:
         raise ValueError(f"sampling_probs needs temperature > 0, got {temperature} (use argmax for 0)")
     scores = logits.float() / temperature
-    if not torch.isfinite(scores.amax(dim=-1)).all():
-        # T so small that l / T overflows float32 (softmax would take inf − inf = nan): softmax is
-        # shift-invariant, so (l − max l) / T, divided in float64 so that T itself does not round to 0;
-        # as T → 0 this is argmax, ties shared. Above that T, l / T as it was (the official rounding)
-        scores = ((logits.double() - logits.double().amax(dim=-1, keepdim=True)) / temperature).float()
+    finite = torch.isfinite(scores.amax(dim=-1, keepdim=True))                # (…, 1)
+    if not finite.all():
+        # a row where T is so small that l / T overflows float32 (softmax would take inf − inf = nan):
+        # softmax is shift-invariant, so (l − max l) / T, divided in float64 so that T itself does not
+        # round to 0; as T → 0 this is argmax, ties shared. Every other row keeps l / T (the official rounding)
+        shifted = (logits.double() - logits.double().amax(dim=-1, keepdim=True)) / temperature
+        scores = torch.where(finite, scores, shifted.float())
     if 0 < top_k < scores.shape[-1]:
         top = torch.topk(scores, top_k, dim=-1)                              # exactly k, ties included
         scores = torch.full_like(scores, float("-inf")).scatter(-1, top.indices, top.values)

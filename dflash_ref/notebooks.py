@@ -23,12 +23,24 @@ def execute(source: Path, timeout: int = 600):
     return notebook
 
 
-def _progress_noise(output) -> bool:
-    """A progress bar's stderr chunk (it starts with a carriage return, or is the bare newline that ends
-    it), or tqdm's warning that the kernel has no ipywidgets to draw one with (it names a local path)."""
+TQDM_WARNING = "TqdmWarning: IProgress not found"       # the kernel has no ipywidgets; names a local path
+
+
+def _without_progress_noise(output):
+    """A stderr chunk less its progress-bar noise: None for a progress bar's chunk (it starts with a
+    carriage return, or is the bare newline that ends it), tqdm's ipywidgets warning cut out line by
+    line (with the source line Python prints under it), so that a warning sent in the same chunk stays."""
     if output.output_type != "stream" or output.name != "stderr":
-        return False
-    return output.text.startswith("\r") or not output.text.strip() or "TqdmWarning: IProgress not found" in output.text
+        return output
+    if output.text.startswith("\r") or not output.text.strip():
+        return None
+    lines, kept = output.text.splitlines(keepends=True), []
+    for i, line in enumerate(lines):
+        if TQDM_WARNING in line or (i and TQDM_WARNING in lines[i - 1] and line.startswith("  ")):
+            continue
+        kept.append(line)
+    output.text = "".join(kept)
+    return output if output.text.strip() else None
 
 
 def tidy(notebook):
@@ -36,17 +48,17 @@ def tidy(notebook):
     for i, cell in enumerate(notebook.cells):
         cell.id = f"cell-{i}"
         if cell.cell_type == "code":
-            cell.outputs = [o for o in cell.outputs if not _progress_noise(o)]
+            cell.outputs = [o for o in map(_without_progress_noise, cell.outputs) if o is not None]
     return notebook
 
 
 def build(folder: Path = WALKTHROUGHS) -> list[Path]:
     """Write every executed notebook next to its source."""
-    import jupytext
-
     if importlib.util.find_spec("dflash") is None:
         raise SystemExit("walkthrough 03 runs the official dflash 0.1.0 (its part 5); install it first: "
                          "pip install --no-deps dflash==0.1.0")
+    import jupytext
+
     written = []
     for source in sorted(folder.glob("[0-9]*.py")):
         notebook = tidy(execute(source))

@@ -36,7 +36,7 @@ from .training import (loss_weights, make_optimizer, sample_anchors, sampled_voc
 def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens=64, stop=(2,),
                            block_size: int | None = None, outputs: list | None = None,
                            verify_gate: float | None = None,
-                           records: list | None = None, done=None) -> tuple[list[float], float]:
+                           records: list | None = None, done=None) -> tuple[list[float | None], float | None]:
     """Greedy on each prompt: the fraction of full-block decode steps (the whole block drafted and
     verified) in which block position k (1 … b − 1) was accepted, and the mean tokens per step over
     all steps (the paper's τ): `tally` of every step. Each prompt's GenerationOutput is appended to

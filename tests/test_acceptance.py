@@ -159,6 +159,10 @@ def test_tiny_temperature_is_argmax_not_nan(temperature):
     probs = sampling_probs(logits, temperature)
     assert probs.tolist() == [[0.0, 1.0, 0.0], [0.5, 0.0, 0.5], [0.0, 1.0, 0.0]]
     assert sampling_probs(logits, temperature, top_k=1)[0].tolist() == [0.0, 1.0, 0.0]
+    # a row that overflows leaves the others as they were, bit for bit
+    normal = 3 * torch.randn(1, 50, generator=torch.Generator().manual_seed(0))
+    both = torch.cat([normal, torch.full((1, 50), 1e38)])                    # 1e38 / 0.1 overflows
+    assert torch.equal(sampling_probs(both, 0.1)[0], sampling_probs(normal, 0.1)[0])
     torch.manual_seed(0)
     assert sample(logits[:1], temperature).tolist() == [1]
 

@@ -164,7 +164,8 @@ def test_zero_acceptance_is_still_lossless():
 @pytest.mark.parametrize("verifier", ["rejection", "match"])
 @pytest.mark.parametrize("temperature", [1e-320, 1e-30])
 def test_tiny_temperature_decodes_as_greedy(verifier, temperature):
-    """As T → 0 sampling is argmax: a T whose l / T overflows float32 must decode as greedy, not fail."""
+    """As T → 0 sampling is argmax: a T whose l / T overflows float32 (1e-320) must decode as greedy, not
+    fail; 1e-30, which does not overflow with these logits, is the control."""
     target, draft = make_pair(5, dict(vocab_size=20), dict(block_size=4))
     prompt, n = torch.tensor([[4, 7, 1]]), 17
     greedy = generate(target, prompt, n)

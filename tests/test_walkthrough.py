@@ -85,19 +85,24 @@ def test_tidy_numbers_the_cells_and_drops_progress_bars_only():
     from dflash_ref.notebooks import tidy
     stream = lambda name, text: nbformat.v4.new_output("stream", name=name, text=text)  # noqa: E731
     cell = nbformat.v4.new_code_cell("load()")
+    tqdm_warning = ("/x/tqdm/auto.py:21: TqdmWarning: IProgress not found. Please update\n"
+                    "  from .autonotebook import tqdm as notebook_tqdm\n")
     cell.outputs = [stream("stderr", "\rLoading:  50%|█████ "), stream("stderr", "\n"),
-                    stream("stderr", "/x/tqdm/auto.py:21: TqdmWarning: IProgress not found. Please update\n"),
-                    stream("stderr", "a real warning\n"), stream("stdout", "τ 1.79\n")]
+                    stream("stderr", tqdm_warning),
+                    stream("stderr", "/x/y.py:3: UserWarning: real\n  warn()\n" + tqdm_warning + "another\n"),
+                    stream("stdout", "τ 1.79\n")]
     notebook = tidy(nbformat.v4.new_notebook(cells=[nbformat.v4.new_markdown_cell("# x"), cell]))
     assert [c.id for c in notebook.cells] == ["cell-0", "cell-1"]
-    assert [o.text for o in notebook.cells[1].outputs] == ["a real warning\n", "τ 1.79\n"]
+    # a real warning sent in the same chunk as tqdm's stays, with its own source line
+    assert [o.text for o in notebook.cells[1].outputs] == ["/x/y.py:3: UserWarning: real\n  warn()\nanother\n",
+                                                           "τ 1.79\n"]
 
 
-def test_notebooks_command_names_the_missing_official_package(monkeypatch):
+def test_notebooks_command_names_the_missing_official_package(monkeypatch, tmp_path):
     import importlib.util
 
     from dflash_ref import notebooks
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "dflash" else real(name, *a))
     with pytest.raises(SystemExit, match="pip install --no-deps dflash==0.1.0"):
-        notebooks.build()
+        notebooks.build(tmp_path)                # a folder of its own: were the check gone, nothing committed moves
