@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from . import bench_suite, bench_trained
-from .cli_generate import make_folder
+from .folders import make_folder
 from .timing import measure, summarise  # noqa: F401  (the harness, re-exported)
 
 BENCHES: dict[str, Callable] = {

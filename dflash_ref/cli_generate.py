@@ -8,7 +8,6 @@ saves the trace; `--figures DIR` writes its plots.
 from __future__ import annotations
 
 import math
-import os
 import sys
 import time
 from collections import Counter
@@ -21,6 +20,7 @@ from .checkpoint import DTYPES, CheckpointError, check_device, config_architectu
 from .compat import IncompatibleModels, check_pair
 from .config import ConfigError
 from .draft_model import DFlashDraftModel
+from .folders import check_output_folder
 from .spec_generate import spec_generate
 from .timing import Stopwatch
 from .trace import tracing
@@ -36,32 +36,6 @@ def precision_note(dtype: torch.dtype) -> str | None:
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-
-
-def make_folder(flag: str, folder: str | Path) -> None:
-    """Make the folder an option names (and its parents), or a ValueError naming the option: a file
-    there, or a path no folder can be made at. generate checks its folders with it, bench and train
-    make theirs before any work."""
-    path = Path(os.path.abspath(folder))               # x/../y: y, and no x made on the way
-    if path.exists() and not path.is_dir():
-        raise ValueError(f"{flag} {folder} is a file, not a folder")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ValueError(f"{flag} {folder}: cannot make this folder ({e.strerror})") from None
-
-
-def check_output_folder(flag: str, folder: str) -> None:
-    """FOLDER is a folder or can be made one: checked by making it (and removing what was made), so
-    that a file there, or a path no folder can be made at, is refused before the decoding."""
-    path = Path(os.path.abspath(folder))               # as make_folder makes it
-    made = [p for p in (path, *path.parents) if not p.exists()]            # deepest first
-    try:
-        make_folder(flag, folder)
-    finally:
-        for p in made:
-            if p.is_dir():
-                p.rmdir()
 
 
 def check_arguments(args) -> None:

@@ -116,7 +116,7 @@ def check_lengths(options: dict, tokenizer, max_positions: int) -> None:
 
 
 def run(args, say=print) -> int:
-    from .cli_generate import make_folder
+    from .folders import make_folder
     from .plots import save_figure
     from .smollm2 import STOP_TOKEN_IDS, load_smollm2, random_smollm2_draft
     out, figures = Path(args.out), Path(args.figures)
