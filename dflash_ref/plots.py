@@ -17,6 +17,7 @@ from typing import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .spec_generate import StepRecord
 from .trace import Trace
@@ -161,6 +162,9 @@ def plot_acceptance(trace: Trace) -> Figure:
     b.set_xlabel("τ")
     b.set_ylabel("steps")
     b.set_title("histogram of τ", fontsize=9)
+    b.set_xticks(range(gamma + 1))
+    for axis in (a.yaxis, b.yaxis):                 # counts: no 0.5 steps or 1.5 tokens on the ticks
+        axis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     return fig
 

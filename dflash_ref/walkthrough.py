@@ -64,7 +64,7 @@ def decode_loop_example(max_new_tokens: int = 16) -> Example:
 @dataclass
 class Comparison:
     prompt: str
-    tokens: list[str]                   # the prompt and the (shared) output, as tokenizer pieces
+    tokens: list[str]                   # the prompt and the (shared) output, each token's own text
     text: str                           # the output, decoded
     outputs: dict[str, GenerationOutput]
     traces: dict[str, Trace]
@@ -89,7 +89,9 @@ def trained_vs_random_example(max_new_tokens: int = 64) -> Comparison:
         traces[name] = trace
     reference = generate(target, ids, max_new_tokens, STOP_TOKEN_IDS).output_ids
     assert all(torch.equal(o.output_ids, reference) for o in outputs.values()), "speculative output must equal AR"
-    return Comparison(prompt, tokenizer.convert_ids_to_tokens(reference[0].tolist()),
+    # each token decoded alone ("Ġheart" is " heart"), a newline shown as \n: the heatmap's tick labels
+    pieces = [tokenizer.decode([i]).replace("\n", "\\n") for i in reference[0].tolist()]
+    return Comparison(prompt, pieces,
                       tokenizer.decode(reference[0, ids.shape[1]:], skip_special_tokens=True), outputs, traces)
 
 
