@@ -30,6 +30,8 @@ import re
 import time
 from pathlib import Path
 
+from .folders import check_output_folder
+
 
 def parse_set(spec: str) -> tuple[str, int, int]:
     """'SPLIT:START:COUNT' → (split, start, count), or a ValueError naming what is wrong."""
@@ -73,8 +75,8 @@ def check_arguments(args) -> None:
         raise ValueError(f"--out {args.out}: needs a file path in an existing folder")
     if args.out and not os.access(Path(args.out).parent, os.W_OK):
         raise ValueError(f"--out {args.out}: its folder cannot be written")
-    if args.figures and Path(args.figures).exists() and not Path(args.figures).is_dir():
-        raise ValueError(f"--figures {args.figures} is a file; give a folder")
+    if args.figures:
+        check_output_folder("--figures", args.figures)
 
 
 def number(value: float | None, digits: int = 3) -> str:

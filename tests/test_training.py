@@ -342,7 +342,7 @@ def test_train_command_refuses_an_untrainable_block_before_any_work(tmp_path, ca
     (["heldout:0:1"], ["--teacher-forced", "--block-size", "4"], "it takes no --block-size"),
     (["heldout:0:1"], ["--figures", "fig"], "give it with --teacher-forced"),
     (["heldout:0:1"], ["--out", "/no/such/folder/eval.json"], "needs a file path in an existing folder"),
-    (["heldout:0:1"], ["--teacher-forced", "--figures", "{file}"], "is a file; give a folder")])
+    (["heldout:0:1"], ["--teacher-forced", "--figures", "{file}"], "is a file, not a folder")])
 def test_evaluate_refuses_bad_arguments_before_loading_anything(tmp_path, capsys, sets, extra, message):
     from dflash_ref.__main__ import main
     (tmp_path / "a_file").write_text("")
