@@ -100,6 +100,41 @@ def test_the_rows_first_product_is_f_linear_to_float_rounding(shape):
     torch.testing.assert_close(target.output_head(h), target.lm_head(h), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("d_in, pieces", [(1536, 2), (1537, 3), (769, 2), (768, 0)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 6, 7])
+def test_a_rows_first_linear_slices_a_wide_input_for_3_to_6_rows(d_in, pieces, rows):
+    """RowsFirstLinear cuts W's d_in columns into ⌈d_in / 768⌉ contiguous slices for 3 … 6 rows (a
+    faster MKL product on few columns): F.linear's numbers to rounding, with a bias too; no slices
+    for other row counts or d_in ≤ 768; the slices are remade after the weight changes in place or
+    is loaded anew; and a product autograd records keeps the plain path, so the gradient reaches W."""
+    from dflash_ref.target.linear import RowsFirstLinear, use_rows_first
+    g = torch.Generator().manual_seed(rows)
+    layer = torch.nn.Linear(d_in, 24)
+    use_rows_first(layer)
+    assert type(layer) is RowsFirstLinear
+    x = torch.randn(1, rows, d_in, generator=g)
+    with torch.no_grad():
+        out = layer(x)
+        torch.testing.assert_close(out, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
+        sliced = layer._slices(x)
+        assert len(sliced or ()) == (pieces if rows in (3, 4, 6) else 0)
+        if sliced:
+            assert sum(p.shape[1] for p in sliced) == d_in and all(p.is_contiguous() for p in sliced)
+            layer._slices_of_weight = [torch.zeros_like(p) for p in sliced]   # the forward reads them
+            torch.testing.assert_close(layer(x), layer.bias.expand(1, rows, 24))
+            layer._slices_key = None
+            layer.weight.mul_(2)                                        # in place: the slices follow
+            torch.testing.assert_close(layer(x), 2 * out - layer.bias, rtol=1e-5, atol=1e-4)
+            layer.load_state_dict({"weight": torch.zeros(24, d_in), "bias": torch.ones(24)})
+            assert torch.equal(layer(x), torch.ones(1, rows, 24))
+    layer.weight.grad = None
+    (layer(x) ** 2).sum().backward()                                    # grad mode: the plain path
+    reference = torch.nn.Linear(d_in, 24)
+    reference.load_state_dict(layer.state_dict())
+    (reference(x) ** 2).sum().backward()
+    torch.testing.assert_close(layer.weight.grad, reference.weight.grad, rtol=1e-5, atol=1e-5)
+
+
 def test_an_hf_target_switches_its_plain_linear_layers_to_the_rows_first_product():
     """HFTarget switches every plain nn.Linear of its model (lm_head included) to RowsFirstLinear in
     place: same parameters (tying kept), same state dict, logits equal to the unswitched model's up

@@ -1,5 +1,5 @@
 """Linear layers on a CPU: y = x · Wᵀ (+ b), (…, d_in) × (d_out, d_in)ᵀ → (…, d_out), computed by
-whichever of two equal ways is faster for the number of rows.
+whichever of equal ways is faster for the number of rows.
 
 Decoding asks a linear layer for a few rows at a time: one token (AR), a block of b (verification),
 b − 1 proposals (the draft's logits). For those this torch's fp32 CPU `F.linear` is slow: one row
@@ -7,14 +7,29 @@ goes to a matrix-vector kernel that runs at about half the speed of a two-column
 here (2 cores), and 2 … 3 rows cost about that many single rows. The same product written as
 (W · xᵀ)ᵀ, a single row duplicated into two columns, runs on the matrix-matrix kernel:
 
-    rows = 1        y = (W · [x; x]ᵀ)[:, 0]ᵀ             (d_out, 2) → (1, d_out)
-    rows 2 … 64     y = (W · xᵀ)ᵀ                        (d_out, N) → (N, d_out)
+    rows = 1                  y = (W · [x; x]ᵀ)[:, 0]ᵀ               (d_out, 2) → (1, d_out)
+    rows 2 … 64               y = (W · xᵀ)ᵀ                          (d_out, N) → (N, d_out)
+    rows 3 … 6, d_in > 768    y = (Σ_j W[:, S_j] · x[:, S_j]ᵀ)ᵀ        RowsFirstLinear only: the d_in
+                              columns cut into ⌈d_in / 768⌉ slices S_j, each W[:, S_j] copied once
     otherwise, bf16 or autocast, or not on a CPU:   F.linear (the faster there)
 
 They differ by float rounding only (the order of the d_in-term sums). Measured on this 2-core CPU,
 fp32, medians: SmolLM2's 49152 × 576 lm_head alone, F.linear against (W·hᵀ)ᵀ, 2 rows 23.5 / 4.1 ms,
 8 rows 16.9 / 7.6, 64 rows 36.2 / 32.1, 512 rows 207.5 / 272.8 (so that keeps F.linear; in bf16
 F.linear is the faster at every count). The whole SmolLM2-135M forward: see `use_rows_first`.
+
+Why the slices: with 3 … 6 columns MKL's product slows down sharply once d_in passes about 768 on the
+AMD EPYC machines (MKL) this project has run on (SmolLM2's down_proj, 576 × 1536, weights cold, µs):
+
+    rows       1      2      3      4      5      6      8
+    whole    106    105    220    237    282    329    343
+    2 × 768  115    113    153    128    176    256    361
+
+so a SmolLM2 verify of 4 tokens went from 37 to 33.5 ms (an AR step, 1 row, is untouched: 28 ms); a
+Qwen3-0.6B-sized 1024 × 3072 gains with 4 slices of 768 (3 rows 725 → 540, 4 rows 830 → 409). The
+slices are contiguous copies of W[:, S_j] (views of W, strided, run slower than the whole product),
+made once and remade when the weight changes; weights over 2²⁴ elements are not copied (memory), and
+a product that autograd records keeps the plain path (its gradient must reach `weight`).
 
 `RowsFirstLinear` is an nn.Linear with this forward; an HFTarget switches its model's plain
 nn.Linear layers to it (so AR decoding and verification both get it), the draft model its own
@@ -28,19 +43,31 @@ from torch import nn
 from torch.nn import functional as F
 
 ROWS_FIRST = range(1, 65)      # row counts computed as (W·xᵀ)ᵀ (fp32, CPU): faster there, measured above
+SPLIT_ROWS = range(3, 7)       # row counts whose product over a wide d_in goes by slices (measured above)
+SPLIT_WIDTH = 768              # the widest slice of d_in
+SPLIT_MAX_WEIGHT = 1 << 24     # elements; a larger weight is not copied into slices
 
 
-def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x (…, d_in), weight (d_out, d_in), bias (d_out,) or None → (…, d_out), contiguous."""
+def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                   slices: list[torch.Tensor] | None = None) -> torch.Tensor:
+    """x (…, d_in), weight (d_out, d_in), bias (d_out,) or None → (…, d_out), contiguous. `slices`:
+    W's d_in columns cut in order into contiguous (d_out, w_j) pieces (RowsFirstLinear's), used
+    for SPLIT_ROWS rows."""
     rows = x.numel() // max(x.shape[-1], 1)
     if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or rows not in ROWS_FIRST
             or x.shape[-1] != weight.shape[-1] or torch.is_autocast_enabled("cpu")):
         return F.linear(x, weight, bias)   # incl. its own shape errors, and autocast's bf16 products
     flat = x.reshape(rows, x.shape[-1])                                       # (N, d_in)
-    if rows == 1:  # two columns: the matrix-matrix kernel, not the slower matrix-vector one
-        y = (weight @ torch.cat([flat, flat]).T)[:, :1].T                     # (d_out, 2) → (1, d_out)
+    if slices is not None and rows in SPLIT_ROWS:
+        y_t, start = slices[0] @ flat[:, :slices[0].shape[1]].T, slices[0].shape[1]   # (d_out, N)
+        for piece in slices[1:]:                                              # yᵀ += W[:, S_j] · x[:, S_j]ᵀ
+            y_t.addmm_(piece, flat[:, start:start + piece.shape[1]].T)
+            start += piece.shape[1]
+    elif rows == 1:  # two columns: the matrix-matrix kernel, not the slower matrix-vector one
+        y_t = (weight @ torch.cat([flat, flat]).T)[:, :1]                     # (d_out, 2) → (d_out, 1)
     else:
-        y = (weight @ flat.T).T                                               # (d_out, N) → (N, d_out)
+        y_t = weight @ flat.T                                                 # (d_out, N)
+    y = y_t.T                                                                 # (d_out, N) → (N, d_out)
     if bias is not None:
         y = y + bias
     return y.contiguous().reshape(*x.shape[:-1], weight.shape[0])            # (N, d_out) → (…, d_out)
@@ -50,7 +77,23 @@ class RowsFirstLinear(nn.Linear):
     """An nn.Linear whose forward is `linear_product`: the same module, parameters and state dict."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_product(x, self.weight, self.bias)
+        return linear_product(x, self.weight, self.bias, self._slices(x))
+
+    def _slices(self, x: torch.Tensor) -> list[torch.Tensor] | None:
+        """W's d_in columns in ⌈d_in / SPLIT_WIDTH⌉ contiguous slices where linear_product would use
+        them (else None), copied once per weight: remade when the weight is replaced or changed in place."""
+        w = self.weight
+        if (x.numel() // max(x.shape[-1], 1) not in SPLIT_ROWS or w.shape[1] <= SPLIT_WIDTH
+                or w.numel() > SPLIT_MAX_WEIGHT or w.dtype != torch.float32 or w.device.type != "cpu"
+                or (torch.is_grad_enabled() and w.requires_grad)):
+            return None
+        key = (w.data_ptr(), w._version)
+        if getattr(self, "_slices_key", None) != key:
+            with torch.no_grad():
+                pieces = torch.tensor_split(w.detach(), -(-w.shape[1] // SPLIT_WIDTH), dim=1)
+                self._slices_of_weight = [p.contiguous() for p in pieces]     # (d_out, w_j) each
+            self._slices_key = key
+        return self._slices_of_weight
 
 
 def use_rows_first(model: nn.Module) -> int:
