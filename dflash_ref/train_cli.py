@@ -60,11 +60,19 @@ def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens
 
 def tally(steps, block_size: int) -> tuple[list[float | None], float | None]:
     """From spec_generate's step records: a_k = the share of whole-block steps (all b tokens verified)
-    with at least k proposals accepted, k = 1 … b − 1 (None when no step verified a whole block: too
-    few tokens asked for one), and τ = tokens produced per step, the steps pooled (None: no step)."""
-    whole = [r.acceptance_length for r in steps if len(r.block_ids) == block_size]
+    with at least k proposals accepted and emitted, k = 1 … b − 1 (None when no step verified a whole
+    block: too few tokens asked for one), and τ = tokens produced per step, the steps pooled (None: no
+    step). A proposal the target accepted after a stop token is never emitted, so it is not counted:
+    a step emits min(τ, produced) of its accepted proposals (`emitted`)."""
+    whole = [emitted(r.acceptance_length, r.produced) for r in steps if len(r.block_ids) == block_size]
     by_position = [sum(a >= k for a in whole) / len(whole) if whole else None for k in range(1, block_size)]
     return by_position, sum(r.produced for r in steps) / len(steps) if steps else None
+
+
+def emitted(accepted: int, produced: int) -> int:
+    """Accepted proposals that a step emitted: all τ of them, unless a stop token among them (or the
+    token limit) cut the step to `produced` tokens, of which the last may be the bonus."""
+    return min(accepted, produced)
 
 
 def mean_of_prompts(records: list[list]) -> float | None:

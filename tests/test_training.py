@@ -365,6 +365,9 @@ def test_tally_says_n_a_where_no_step_verified_a_whole_block():
     assert by_position == [None, None, None] and tau == 2.5
     assert fractions(by_position) == "n/a, n/a, n/a" and fractions([0.5, None], 2) == "0.50, n/a"
     assert tally([], 4) == ([None, None, None], None)        # no step at all: no τ either, not 0
+    # a stop token as d_1: the target accepted d_2 and d_3 after it, but only d_1 was emitted
+    stopped = SimpleNamespace(block_ids=[0] * 4, acceptance_length=3, produced=1)
+    assert tally([stopped, step(4, 3)], 4) == ([1.0, 0.5, 0.5], 5 / 2)
 
 
 def test_mean_of_prompts_is_the_official_benchmarks_average_not_the_pooled_one():
