@@ -38,6 +38,8 @@ nn.Linear layers to it (so AR decoding and verification both get it), the draft 
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -49,18 +51,19 @@ SPLIT_MAX_WEIGHT = 1 << 24     # elements; a larger weight is not copied into sl
 
 
 def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                   slices: list[torch.Tensor] | None = None) -> torch.Tensor:
-    """x (…, d_in), weight (d_out, d_in), bias (d_out,) or None → (…, d_out), contiguous. `slices`:
-    W's d_in columns cut in order into contiguous (d_out, w_j) pieces (RowsFirstLinear's), used
-    for SPLIT_ROWS rows."""
+                   slices: Callable[[], list[torch.Tensor] | None] | None = None) -> torch.Tensor:
+    """x (…, d_in), weight (d_out, d_in), bias (d_out,) or None → (…, d_out), contiguous. `slices`
+    (RowsFirstLinear's), asked only for SPLIT_ROWS rows on the rows-first path: W's d_in columns cut
+    in order into contiguous (d_out, w_j) pieces, or None for the whole product."""
     rows = x.numel() // max(x.shape[-1], 1)
     if (x.device.type != "cpu" or x.dtype != torch.float32 or weight.dtype != torch.float32 or rows not in ROWS_FIRST
             or x.shape[-1] != weight.shape[-1] or torch.is_autocast_enabled("cpu")):
         return F.linear(x, weight, bias)   # incl. its own shape errors, and autocast's bf16 products
     flat = x.reshape(rows, x.shape[-1])                                       # (N, d_in)
-    if slices is not None and rows in SPLIT_ROWS:
-        y_t, start = slices[0] @ flat[:, :slices[0].shape[1]].T, slices[0].shape[1]   # (d_out, N)
-        for piece in slices[1:]:                                              # yᵀ += W[:, S_j] · x[:, S_j]ᵀ
+    pieces = slices() if slices is not None and rows in SPLIT_ROWS else None
+    if pieces:
+        y_t, start = pieces[0] @ flat[:, :pieces[0].shape[1]].T, pieces[0].shape[1]   # (d_out, N)
+        for piece in pieces[1:]:                                              # yᵀ += W[:, S_j] · x[:, S_j]ᵀ
             y_t.addmm_(piece, flat[:, start:start + piece.shape[1]].T)
             start += piece.shape[1]
     elif rows == 1:  # two columns: the matrix-matrix kernel, not the slower matrix-vector one
@@ -77,18 +80,17 @@ class RowsFirstLinear(nn.Linear):
     """An nn.Linear whose forward is `linear_product`: the same module, parameters and state dict."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_product(x, self.weight, self.bias, self._slices(x))
+        return linear_product(x, self.weight, self.bias, self.slices)
 
-    def _slices(self, x: torch.Tensor) -> list[torch.Tensor] | None:
-        """W's d_in columns in ⌈d_in / SPLIT_WIDTH⌉ contiguous slices where linear_product would use
-        them (else None), copied once per weight: remade when the weight is replaced or changed in place."""
+    def slices(self) -> list[torch.Tensor] | None:
+        """W's d_in columns in ⌈d_in / SPLIT_WIDTH⌉ contiguous slices, copied once per weight (remade
+        when the weight is replaced or changed in place); None for a d_in ≤ SPLIT_WIDTH, a weight over
+        SPLIT_MAX_WEIGHT elements, or a product that autograd records."""
         w = self.weight
-        if (x.numel() // max(x.shape[-1], 1) not in SPLIT_ROWS or w.shape[1] <= SPLIT_WIDTH
-                or w.numel() > SPLIT_MAX_WEIGHT or w.dtype != torch.float32 or w.device.type != "cpu"
-                or (torch.is_grad_enabled() and w.requires_grad)):
+        if w.shape[1] <= SPLIT_WIDTH or w.numel() > SPLIT_MAX_WEIGHT or (torch.is_grad_enabled() and w.requires_grad):
             return None
-        key = (w.data_ptr(), w._version)
-        if getattr(self, "_slices_key", None) != key:
+        key = (w, w._version)   # the tensor itself (not its address, which a new weight may reuse)
+        if getattr(self, "_slices_key", (None, None))[0] is not w or self._slices_key[1] != w._version:
             with torch.no_grad():
                 pieces = torch.tensor_split(w.detach(), -(-w.shape[1] // SPLIT_WIDTH), dim=1)
                 self._slices_of_weight = [p.contiguous() for p in pieces]     # (d_out, w_j) each
