@@ -112,5 +112,6 @@ plot_attention_compare(pair.traces, step=0, layers=[0, 1], head=0, tokens=pair.t
 # ("heart", then "human"): what the answer is to be about.
 # This draft is weak (block position 1 is accepted in about 48 % of steps on held-out prompts), so it
 # saves target passes but is only about 1.3–1.5 times as fast as the target alone on the 2-core
-# machines of 2026-11-30 and 2026-12-01, and 1.1–1.3 times on an earlier one: the ratio follows the
-# machine's memory bandwidth (README: "Training a draft"; `python -m dflash_ref bench trained`).
+# machines of 2026-11-30 and 2026-12-01, and 1.2–1.3 times on machines of an earlier kind: the ratio
+# follows the machine's memory bandwidth and its matrix kernels (README: "Training a draft";
+# `python -m dflash_ref bench trained`).
