@@ -106,8 +106,8 @@ def test_a_rows_first_linear_slices_a_wide_input_for_3_to_6_rows(d_in, pieces, r
     """RowsFirstLinear cuts W's d_in columns into ⌈d_in / 768⌉ contiguous slices for 3 … 6 rows (a
     faster MKL product on few columns): F.linear's numbers to rounding, with a bias too; other row
     counts never read them, and d_in ≤ 768 has none; they are remade after the weight changes in
-    place or is loaded anew; and a product autograd records keeps the plain path, so the gradient
-    reaches W."""
+    place or is loaded anew; and grad mode keeps the plain path, so gradients reach W, and x through a
+    frozen W whose slices inference mode made."""
     from dflash_ref.target.linear import RowsFirstLinear, use_rows_first
     g = torch.Generator().manual_seed(rows)
     layer = torch.nn.Linear(d_in, 24)
@@ -131,8 +131,16 @@ def test_a_rows_first_linear_slices_a_wide_input_for_3_to_6_rows(d_in, pieces, r
             assert torch.equal(layer(x), torch.ones(1, rows, 24))
             layer.weight = torch.nn.Parameter(torch.full((24, d_in), 0.5))   # replaced: the slices follow
             torch.testing.assert_close(layer(x), (x.sum(-1, keepdim=True) / 2 + 1).expand(1, rows, 24))
-    with torch.enable_grad():
-        assert layer.slices() is None                                   # autograd records: the plain path
+    with torch.inference_mode():
+        layer._slices_key = (None, None)
+        layer.slices()                                                  # slices made in inference mode, then
+    layer.weight.requires_grad_(False)                                  # a frozen W, x's gradient wanted:
+    x.requires_grad_(True)                                              # grad mode takes the plain path
+    layer(x).sum().backward()
+    torch.testing.assert_close(x.grad, layer.weight.sum(0).expand_as(x), rtol=1e-5, atol=1e-5)
+    assert layer.slices() is None
+    layer.weight.requires_grad_(True)
+    x = x.detach()
     (layer(x) ** 2).sum().backward()
     reference = torch.nn.Linear(d_in, 24)
     reference.load_state_dict(layer.state_dict())

@@ -29,7 +29,7 @@ so a SmolLM2 verify of 4 tokens went from 37 to 33.5 ms (an AR step, 1 row, is u
 Qwen3-0.6B-sized 1024 × 3072 gains with 4 slices of 768 (3 rows 725 → 540, 4 rows 830 → 409). The
 slices are contiguous copies of W[:, S_j] (views of W, strided, run slower than the whole product),
 made once and remade when the weight changes; weights over 2²⁴ elements are not copied (memory), and
-a product that autograd records keeps the plain path (its gradient must reach `weight`).
+grad mode keeps the plain path (decoding runs in inference mode).
 
 `RowsFirstLinear` is an nn.Linear with this forward; an HFTarget switches its model's plain
 nn.Linear layers to it (so AR decoding and verification both get it), the draft model its own
@@ -85,9 +85,10 @@ class RowsFirstLinear(nn.Linear):
     def slices(self) -> list[torch.Tensor] | None:
         """W's d_in columns in ⌈d_in / SPLIT_WIDTH⌉ contiguous slices, copied once per weight (remade
         when the weight is replaced or changed in place); None for a d_in ≤ SPLIT_WIDTH, a weight over
-        SPLIT_MAX_WEIGHT elements, or a product that autograd records."""
+        SPLIT_MAX_WEIGHT elements, or in grad mode (a gradient must reach `weight`, or reach x through
+        slices that inference mode may have made, which autograd cannot save)."""
         w = self.weight
-        if w.shape[1] <= SPLIT_WIDTH or w.numel() > SPLIT_MAX_WEIGHT or (torch.is_grad_enabled() and w.requires_grad):
+        if w.shape[1] <= SPLIT_WIDTH or w.numel() > SPLIT_MAX_WEIGHT or torch.is_grad_enabled():
             return None
         key = (w, w._version)   # the tensor itself (not its address, which a new weight may reuse)
         if getattr(self, "_slices_key", (None, None))[0] is not w or self._slices_key[1] != w._version:
