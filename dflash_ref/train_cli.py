@@ -70,8 +70,8 @@ def tally(steps, block_size: int) -> tuple[list[float | None], float | None]:
 
 
 def emitted(accepted: int, produced: int) -> int:
-    """Accepted proposals that a step emitted: all τ of them, unless a stop token among them (or the
-    token limit) cut the step to `produced` tokens, of which the last may be the bonus."""
+    """Accepted proposals that a step emitted: all τ of them, unless a stop token among them cut the
+    step to `produced` ≤ τ tokens (the token limit never does: a step drafts only what fits)."""
     return min(accepted, produced)
 
 
