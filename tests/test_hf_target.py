@@ -1,6 +1,8 @@
 """Any transformers causal LM as the target: the adapter must give exactly what the own target gives."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import make_pair, official_twins
@@ -123,17 +125,26 @@ def test_a_rows_first_linear_slices_a_wide_input_for_3_to_6_rows(d_in, pieces, r
             assert sum(p.shape[1] for p in sliced) == d_in and all(p.is_contiguous() for p in sliced)
             layer._slices_of_weight = [torch.zeros_like(p) for p in sliced]   # read by 3 … 6 rows only
             torch.testing.assert_close(layer(x), layer.bias.expand(1, rows, 24) if rows in (3, 4, 6) else out)
-            layer._slices_key = (None, None)
+            layer.forget_slices()
             assert torch.equal(torch.cat(layer.slices(), dim=1), layer.weight)   # made again, from W
             layer.weight.mul_(2)                                        # in place: the slices follow
             torch.testing.assert_close(layer(x), 2 * out - layer.bias, rtol=1e-5, atol=1e-4)
             layer.load_state_dict({"weight": torch.zeros(24, d_in), "bias": torch.ones(24)})
             assert torch.equal(layer(x), torch.ones(1, rows, 24))
             layer.weight = torch.nn.Parameter(torch.full((24, d_in), 0.5))   # replaced: the slices follow
-            torch.testing.assert_close(layer(x), (x.sum(-1, keepdim=True) / 2 + 1).expand(1, rows, 24))
+            torch.testing.assert_close(layer(x), (x.sum(-1, keepdim=True) / 2 + 1).expand(1, rows, 24),
+                                       rtol=1e-5, atol=1e-4)
+            copied = copy.deepcopy(layer)                               # a copy's weight counts versions anew:
+            assert "_slices_of_weight" not in copied.__dict__           # it makes its own slices
+            copied.weight.mul_(3)
+            torch.testing.assert_close(copied(x), (3 * x.sum(-1, keepdim=True) / 2 + 1).expand(1, rows, 24),
+                                       rtol=1e-5, atol=1e-4)
     with torch.inference_mode():
-        layer._slices_key = (None, None)
+        layer.forget_slices()
         layer.slices()                                                  # slices made in inference mode, then
+        made_there = torch.nn.Linear(d_in, 24)                          # a weight made there: no version count,
+        use_rows_first(made_there)                                      # so no slices
+        assert made_there.slices() is None and made_there(x).shape == (1, rows, 24)
     layer.weight.requires_grad_(False)                                  # a frozen W, x's gradient wanted:
     x.requires_grad_(True)                                              # grad mode takes the plain path
     layer(x).sum().backward()

@@ -365,9 +365,17 @@ def test_tally_says_n_a_where_no_step_verified_a_whole_block():
     assert by_position == [None, None, None] and tau == 2.5
     assert fractions(by_position) == "n/a, n/a, n/a" and fractions([0.5, None], 2) == "0.50, n/a"
     assert tally([], 4) == ([None, None, None], None)        # no step at all: no τ either, not 0
-    # a stop token as d_1: the target accepted d_2 and d_3 after it, but only d_1 was emitted
+
+
+def test_tally_counts_only_the_accepted_proposals_a_step_emitted():
+    """A stop token as d_1: the target accepted d_2 and d_3 after it too, but the step emitted d_1 only."""
+    from types import SimpleNamespace
+
+    from dflash_ref.train_cli import emitted, tally
     stopped = SimpleNamespace(block_ids=[0] * 4, acceptance_length=3, produced=1)
-    assert tally([stopped, step(4, 3)], 4) == ([1.0, 0.5, 0.5], 5 / 2)
+    whole = SimpleNamespace(block_ids=[0] * 4, acceptance_length=3, produced=4)
+    assert tally([stopped, whole], 4) == ([1.0, 0.5, 0.5], 5 / 2)
+    assert (emitted(3, 1), emitted(3, 4), emitted(2, 2)) == (1, 3, 2)   # a stop as the bonus keeps all τ
 
 
 def test_mean_of_prompts_is_the_official_benchmarks_average_not_the_pooled_one():

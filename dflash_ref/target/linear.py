@@ -28,8 +28,9 @@ AMD EPYC machines (MKL) this project has run on (SmolLM2's down_proj, 576 × 153
 so a SmolLM2 verify of 4 tokens went from 37 to 33.5 ms (an AR step, 1 row, is untouched: 28 ms); a
 Qwen3-0.6B-sized 1024 × 3072 gains with 4 slices of 768 (3 rows 725 → 540, 4 rows 830 → 409). The
 slices are contiguous copies of W[:, S_j] (views of W, strided, run slower than the whole product),
-made once and remade when the weight changes; weights over 2²⁴ elements are not copied (memory), and
-grad mode keeps the plain path (decoding runs in inference mode).
+made once and remade when the weight changes (`RowsFirstLinear.slices` says what it notices); weights
+over 2²⁴ elements are not copied (memory), and grad mode keeps the plain path (decoding runs in
+inference mode).
 
 `RowsFirstLinear` is an nn.Linear with this forward; an HFTarget switches its model's plain
 nn.Linear layers to it (so AR decoding and verification both get it), the draft model its own
@@ -38,6 +39,7 @@ nn.Linear layers to it (so AR decoding and verification both get it), the draft 
 """
 from __future__ import annotations
 
+import weakref
 from typing import Callable
 
 import torch
@@ -83,20 +85,34 @@ class RowsFirstLinear(nn.Linear):
         return linear_product(x, self.weight, self.bias, self.slices)
 
     def slices(self) -> list[torch.Tensor] | None:
-        """W's d_in columns in ⌈d_in / SPLIT_WIDTH⌉ contiguous slices, copied once per weight (remade
-        when the weight is replaced or changed in place); None for a d_in ≤ SPLIT_WIDTH, a weight over
-        SPLIT_MAX_WEIGHT elements, or in grad mode (a gradient must reach `weight`, or reach x through
-        slices that inference mode may have made, which autograd cannot save)."""
+        """W's d_in columns in ⌈d_in / SPLIT_WIDTH⌉ contiguous slices, copied once per weight and remade
+        when the weight is replaced, reassigned through `.data`, or changed by an in-place op that
+        autograd counts (not by one on `weight.data`, which bypasses the count: call `forget_slices`);
+        None for a d_in ≤ SPLIT_WIDTH, a weight over SPLIT_MAX_WEIGHT elements or made in inference
+        mode (it has no version count), or in grad mode (a gradient must reach `weight`, or reach x
+        through slices that inference mode may have made, which autograd cannot save)."""
         w = self.weight
-        if w.shape[1] <= SPLIT_WIDTH or w.numel() > SPLIT_MAX_WEIGHT or torch.is_grad_enabled():
+        if (w.shape[1] <= SPLIT_WIDTH or w.numel() > SPLIT_MAX_WEIGHT or torch.is_grad_enabled()
+                or w.is_inference()):
             return None
-        key = (w, w._version)   # the tensor itself (not its address, which a new weight may reuse)
-        if getattr(self, "_slices_key", (None, None))[0] is not w or self._slices_key[1] != w._version:
+        # the weight itself, weakly (a replaced one is not kept alive), its storage and its version
+        source, ptr, version = getattr(self, "_slices_key", (None, None, None))
+        if source is None or source() is not w or ptr != w.data_ptr() or version != w._version:
             with torch.no_grad():
                 pieces = torch.tensor_split(w.detach(), -(-w.shape[1] // SPLIT_WIDTH), dim=1)
                 self._slices_of_weight = [p.contiguous() for p in pieces]     # (d_out, w_j) each
-            self._slices_key = key
+            self._slices_key = (weakref.ref(w), w.data_ptr(), w._version)
         return self._slices_of_weight
+
+    def forget_slices(self) -> None:
+        """Drop the cached slices (they are made again from the weight when next needed)."""
+        self.__dict__.pop("_slices_key", None)
+        self.__dict__.pop("_slices_of_weight", None)
+
+    def __getstate__(self) -> dict:
+        """Copies and pickles leave the cached slices out: a copy's weight has its own version count."""
+        state = super().__getstate__()
+        return {k: v for k, v in state.items() if k not in ("_slices_key", "_slices_of_weight")}
 
 
 def use_rows_first(model: nn.Module) -> int:
