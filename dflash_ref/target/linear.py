@@ -1,5 +1,5 @@
 """Linear layers on a CPU: y = x · Wᵀ (+ b), (…, d_in) × (d_out, d_in)ᵀ → (…, d_out), computed by
-whichever of equal ways is faster for the number of rows.
+whichever of several equal ways is faster for the number of rows and the layer's width.
 
 Decoding asks a linear layer for a few rows at a time: one token (AR), a block of b (verification),
 b − 1 proposals (the draft's logits). For those this torch's fp32 CPU `F.linear` is slow: one row
