@@ -35,6 +35,17 @@ def precision_note(dtype: torch.dtype) -> str | None:
             "within that rounding either may come; float32 is token-identical]")
 
 
+def stop_note(output_ids: torch.Tensor, prompt_len: int, stop: list[int], tokenizer, chat: bool) -> str | None:
+    """A note for stderr when the target's first token after the prompt is a stop token (nothing to
+    show; an instruct model given a bare prompt often does this), else None."""
+    first = output_ids[0, prompt_len:prompt_len + 1].tolist()
+    if not first or first[0] not in stop:
+        return None
+    hint = "" if chat else "; an instruct model usually needs its chat template: add --chat"
+    return (f"[the target ended its answer at once: its first token is the stop token "
+            f"{tokenizer.convert_ids_to_tokens(first[0])!r} (id {first[0]}){hint}]")
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 
@@ -181,6 +192,9 @@ def run(args) -> int:
     draft_clock.remove(), target_clock.remove()
     text = tokenizer.decode(out.output_ids[0, prompt_len:].tolist(), skip_special_tokens=True)
     print(text[len(shown[0]):], flush=True)
+    note = stop_note(out.output_ids, prompt_len, stop, tokenizer, args.chat)
+    if note:
+        print(note, file=sys.stderr)
     report(out, total, draft_clock, target_clock)
     if args.verify_gate is not None:
         print(f"verify gate θ = {args.verify_gate}: {sum(cut)} of {len(cut)} steps verified [x_0, d_1] only")

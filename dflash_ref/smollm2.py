@@ -41,6 +41,10 @@ def _load(dtype: torch.dtype):
 
     gguf = smollm2_gguf()
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # the GGUF asks for clean_up_tokenization_spaces, which transformers ignores for this BPE tokenizer (with
+    # a warning at every first decode): False is what it decodes with anyway, said here (the load's own
+    # keyword does not override the GGUF's value)
+    tokenizer.clean_up_tokenization_spaces = False
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
     return HFTarget(model), tokenizer
 

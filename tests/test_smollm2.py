@@ -78,6 +78,27 @@ def test_generate_says_what_lossless_means_below_float32():
         assert note.startswith(f"[{name}: ") and "float32 is token-identical" in note
 
 
+def test_generate_says_why_nothing_came_when_the_first_token_is_a_stop_token():
+    from dflash_ref.cli_generate import stop_note
+
+    class Tokenizer:                                   # only what the note reads
+        def convert_ids_to_tokens(self, i):
+            return {2: "<|im_end|>"}[i]
+    stopped = torch.tensor([[5, 6, 2]])                # prompt of 2, then the stop token at once
+    note = stop_note(stopped, 2, [2], Tokenizer(), chat=False)
+    assert "'<|im_end|>' (id 2)" in note and "add --chat" in note
+    assert "--chat" not in stop_note(stopped, 2, [2], Tokenizer(), chat=True)
+    assert stop_note(torch.tensor([[5, 6, 7, 2]]), 2, [2], Tokenizer(), chat=False) is None   # a token first
+    assert stop_note(torch.tensor([[5, 6]]), 2, [2], Tokenizer(), chat=False) is None         # none made
+    # the command: SmolLM2-Instruct ends a bare prompt at once; it used to print nothing and say nothing
+    proc = subprocess.run([sys.executable, "-m", "dflash_ref", "generate", "--target", "smollm2", "--prompt",
+                           "Write a short poem about the sea.", "--max-new-tokens", "8"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "its first token is the stop token '<|im_end|>' (id 2)" in proc.stderr and "add --chat" in proc.stderr
+    assert "clean_up_tokenization_spaces" not in proc.stderr     # smollm2.py says False, as transformers uses
+
+
 def test_the_shipped_draft_is_small_bf16_official_and_accepted_on_held_out_prompts(smollm2):
     from dflash_ref.checkpoint import load_draft
     from dflash_ref.distill import TOPICS, HELD_OUT_TOPICS, eval_prompts
