@@ -142,13 +142,13 @@ class DataFileError(ValueError):
 
 
 def read_responses(out: Path, prompt_list: list[str], max_new_tokens: int, stop_token_id: int = 2,
-                   say=print) -> list[dict]:
+                   say=print, vocab_size: int | None = None) -> list[dict]:
     """The rows already in `out` that answer the first prompts of `prompt_list`, checked line by line:
     row i must answer prompt i, and its response must end where a run with `max_new_tokens` ends
     it (at the stop token within the limit, else at exactly the limit), so that a file distilled
     from other prompts or with another limit is refused instead of mixed in. A last line without its
     end of line (a run stopped while writing) is dropped from the file; rows past `prompt_list` are
-    left unused."""
+    left unused. Every row holds token ids (in [0, vocab_size) if given) and a prompt_len within them."""
     if not out.is_file():
         return []
     lines = out.read_text().splitlines(keepends=True)
@@ -165,6 +165,13 @@ def read_responses(out: Path, prompt_list: list[str], max_new_tokens: int, stop_
             if not (isinstance(row, dict) and isinstance(row.get("prompt"), str) and
                     isinstance(row.get("prompt_len"), int) and isinstance(row.get("ids"), list)):
                 raise ValueError("not a row {prompt, prompt_len, ids}")
+            ids = row["ids"]
+            if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids):
+                raise ValueError("ids holds something other than token ids (whole numbers ≥ 0)")
+            if vocab_size is not None and ids and max(ids) >= vocab_size:
+                raise ValueError(f"token id {max(ids)} is past the target's vocabulary of {vocab_size}")
+            if not 0 < row["prompt_len"] <= len(ids):
+                raise ValueError(f"prompt_len {row['prompt_len']} does not lie within its {len(ids)} ids")
         except ValueError as e:
             raise DataFileError(f"{out} line {n} is not a response row ({e}); use another --out") from None
         rows.append(row)
@@ -195,7 +202,8 @@ def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path | No
     for which this torch's CPU SDPA kernel is slow: SmolLM2 in bf16, 48 prompts × 160 tokens,
     took 39.7 / 38.2 s with "sdpa" and 25.6 s with "eager" (193 / 201 against 300 tokens/s).
     Either is the target's own greedy decoding; in bf16 their roundings differ, so the texts may."""
-    done = [] if out is None else read_responses(Path(out), prompt_list, max_new_tokens, stop_token_id, say)
+    done = [] if out is None else read_responses(Path(out), prompt_list, max_new_tokens, stop_token_id, say,
+                                                 target.config.vocab_size)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token_id is None:  # SmolLM2's GGUF tokenizer has none; pads are masked out anyway
         tokenizer.pad_token = tokenizer.convert_ids_to_tokens(0)

