@@ -61,8 +61,14 @@ def check_device(device: str | torch.device, dtype: torch.dtype) -> torch.device
         if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
             raise CheckpointError(f"{torch.cuda.get_device_name(device)} cannot compute in bfloat16; "
                                   "use dtype float16 or float32")
-    elif device.type not in ("cpu", "mps"):
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise CheckpointError(f"device {device} asked for, but this torch has no usable MPS device "
+                                  f"(torch {torch.__version__}); use device='cpu'")
+    elif device.type != "cpu":
         raise CheckpointError(f"device type {device.type!r} is not supported (cpu, cuda, mps)")
+    elif device.index not in (None, 0):
+        raise CheckpointError(f"device {device}: the CPU is one device, 'cpu' (or 'cpu:0')")
     return device
 
 
@@ -126,10 +132,14 @@ def _read_shard(path: Path, dtype: torch.dtype, device: str | torch.device) -> d
     """One safetensors file's tensors, in `dtype` on `device`; a damaged file is named."""
     try:
         with safe_open(str(path), framework="pt", device=str(device)) as f:
-            return {name: f.get_tensor(name).to(dtype) for name in f.keys()}
+            stored = {name: f.get_tensor(name) for name in f.keys()}
     except SafetensorError as e:
         reason = str(e).removeprefix("Error while deserializing header: ")
         raise CheckpointError(f"{path} is not a readable safetensors file ({reason})") from None
+    whole = sorted(f"{name} ({t.dtype})" for name, t in stored.items() if not t.is_floating_point())
+    if whole:                     # not weights this model can compute with; a cast would hide it
+        raise CheckpointError(f"{path} holds tensors that are not floating point: {whole}")
+    return {name: t.to(dtype) for name, t in stored.items()}
 
 
 def load_weights(model: nn.Module, folder: Path, dtype: torch.dtype, device: str | torch.device) -> None:
@@ -177,6 +187,9 @@ def _load(cls, config_cls, folder, dtype, device, architectures):
 def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> DFlashDraftModel:
     """An official-format DFlash draft folder → DFlashDraftModel (dtype: None = the config's)."""
     model = _load(DFlashDraftModel, DraftConfig, folder, dtype, device, {"DFlashDraftModel"})
+    broken = [name for name, t in model.state_dict().items() if not bool(torch.isfinite(t).all())]
+    if broken:                    # a damaged draft: its proposals would be NaN, sampling them fails in torch
+        raise CheckpointError(f"{Path(folder)}: tensors holding NaN or infinity: {broken}")
     try:
         model.draft_vocab = load_draft_vocab(folder, model.config.vocab_size)   # draft_vocab.json, if any
     except ValueError as e:

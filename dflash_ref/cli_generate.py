@@ -23,6 +23,7 @@ from .draft_model import DFlashDraftModel
 from .folders import check_output_folder
 from .spec_generate import spec_generate
 from .timing import Stopwatch
+from .train_config import check_seed
 from .trace import tracing
 
 
@@ -56,6 +57,7 @@ def check_arguments(args) -> None:
                                ("--draft-layers", args.draft_layers, 1)):
         if value is not None and value < least:
             raise ValueError(f"{flag} must be at least {least}, got {value}")
+    check_seed(args.seed)
     if not (args.temperature >= 0 and math.isfinite(args.temperature)):
         raise ValueError(f"--temperature must be a finite number ≥ 0, got {args.temperature}")
     try:
@@ -147,7 +149,7 @@ def load_models(args):
     if args.target == "smollm2" and not args.draft and not args.random_draft:
         from .smollm2 import SHIPPED_DRAFT
         print(f"[draft: the trained SmolLM2 draft shipped in {SHIPPED_DRAFT}]", file=sys.stderr)
-        draft = load_draft(SHIPPED_DRAFT, dtype, device)
+        draft, _ = open_draft(None, dtype, device)
     elif args.draft:
         draft, folder = open_draft(args.draft, dtype, device)
         check_fits(draft, folder, target, "SmolLM2-135M" if args.target == "smollm2" else f"the target {args.target}")
@@ -158,7 +160,9 @@ def load_models(args):
         try:
             draft = random_draft(target, args.draft_layers, args.block_size or 16, mask, args.seed)
         except ConfigError as e:
-            raise SystemExit(f"--random-draft: no random draft fits the target {args.target}: {e}") from None
+            raise SystemExit(f"--random-draft: no random draft of --draft-layers {args.draft_layers} fits the target "
+                             f"{args.target}: {e} (a random draft samples as many target layers as it has "
+                             f"layers: fewer --draft-layers may fit)") from None
     return target, draft, tokenizer, stop
 
 

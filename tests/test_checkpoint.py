@@ -181,6 +181,20 @@ def test_unexpected_tensors_are_listed(draft_folder):
         load_draft(draft_folder)
 
 
+def test_whole_number_tensors_are_refused_not_cast(draft_folder):
+    rewrite_weights(draft_folder, lambda state: state.update({"fc.weight": torch.ones(32, 64, dtype=torch.int32)}))
+    with pytest.raises(CheckpointError, match=r"holds tensors that are not floating point: "
+                                              r"\['fc.weight \(torch.int32\)'\]"):
+        load_draft(draft_folder)
+
+
+def test_a_draft_holding_nan_or_infinity_is_refused(draft_folder):
+    """Its proposals would be NaN: greedy decoding ran on silently, sampling failed deep in torch."""
+    rewrite_weights(draft_folder, lambda state: state["fc.weight"].fill_(float("nan")))
+    with pytest.raises(CheckpointError, match=r"tensors holding NaN or infinity: \['fc.weight'\]"):
+        load_draft(draft_folder)
+
+
 def test_wrong_shapes_are_listed(draft_folder):
     rewrite_weights(draft_folder, lambda state: state.update({"fc.weight": torch.zeros(32, 96)}))
     with pytest.raises(CheckpointError, match=r"tensor shapes do not match the config: "

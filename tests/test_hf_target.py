@@ -81,7 +81,13 @@ def test_a_device_or_dtype_that_cannot_run_is_refused():
     if not torch.cuda.is_available():
         with pytest.raises(CheckpointError, match="no usable CUDA device"):
             check_device("cuda", torch.bfloat16)
+    if not torch.backends.mps.is_available():        # it used to pass here and fail inside torch
+        with pytest.raises(CheckpointError, match="no usable MPS device"):
+            check_device("mps", torch.float32)
+    with pytest.raises(CheckpointError, match="the CPU is one device"):
+        check_device("cpu:3", torch.float32)
     assert check_device("cpu", torch.bfloat16) == torch.device("cpu")
+    assert check_device("cpu:0", torch.float32) == torch.device("cpu:0")
 
 
 @pytest.mark.parametrize("shape", [(1, 7, 16), (3, 2, 16), (5, 16), (16,), (1, 1, 16), (1, 65, 16)])
