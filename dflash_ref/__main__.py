@@ -77,7 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("-v", "--verbose", action="store_true", help="one line per tensor")
     args = parser.parse_args(argv)
     if args.command == "walkthrough":
+        from .folders import check_output_folder
         from .walkthrough import run
+        try:
+            check_output_folder("--out", args.out)     # now, not after the examples have run
+        except ValueError as e:
+            walk.error(str(e))
         run(args.out)
     elif args.command == "generate":
         from .cli_generate import check_arguments as check_generate, run as run_generate
@@ -104,12 +109,19 @@ def main(argv: list[str] | None = None) -> int:
         run_bench(args.names, args.repeats, args.out, draft=args.draft)
     elif args.command == "golden":
         from .conformance.golden import generate_golden
-        for path in generate_golden(args.out, args.only):
-            print("wrote", path)
+        try:
+            for path in generate_golden(args.out, args.only):
+                print("wrote", path)
+        except (ValueError, OSError) as e:     # unknown scenarios, an --out that is a file or cannot be made
+            raise SystemExit(f"golden: {e}") from None
     elif args.command == "verify":
         from .conformance.verify import verify as run_verify, verify_dump
-        report = (verify_dump(args.dump, args.bundle, args.allow_missing) if args.dump else
-                  run_verify(args.impl, args.bundle, args.allow_missing))
+        try:      # what cannot be read: the bundles, the dump, or the implementation named (a crashing
+                  # implementation is a result in the report, not an error here)
+            report = (verify_dump(args.dump, args.bundle, args.allow_missing) if args.dump else
+                      run_verify(args.impl, args.bundle, args.allow_missing))
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"verify: {e}") from None
         print(report.text(verbose=args.verbose))
         return 0 if report.passed else 1
     elif args.command == "train":

@@ -115,7 +115,12 @@ def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str
     from .distill import self_distill
     from .smollm2 import STOP_TOKEN_IDS
     from .plots import save_figure
+    from .smollm2 import chat_ids
     from .teacher_forced import bin_label, plot, teacher_forced
+    longest, limit = max(chat_ids(tokenizer, p).shape[1] for p in chosen), target.config.max_position_embeddings
+    if longest + tokens > limit:             # as decoding refuses it (compat.check_request), before generating
+        raise SystemExit(f"prompt set {spec}: its longest prompt ({longest} tokens) + --tokens {tokens} exceeds "
+                         f"SmolLM2's {limit} positions; at most {limit - longest}")
     rows = self_distill(target, tokenizer, chosen, None, tokens, batch_size=16, stop_token_id=STOP_TOKEN_IDS[0],
                         say=say)
     found = {**teacher_forced(draft, target, rows), "prompts": chosen}

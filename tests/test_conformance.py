@@ -426,6 +426,40 @@ def test_a_port_factory_from_the_command_line(golden, tmp_path):
     assert "multiround · step 0 · layer 0 · K context after KNorm" in first
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["verify", "--impl", "reference", "--bundle", "{tmp}/none"], "verify: no golden bundle at {tmp}/none"),
+    (["verify", "--impl", "reference", "--bundle", "{tmp}/badjson"], "verify: {tmp}/badjson/manifest.json is not JSON"),
+    (["verify", "--impl", "reference", "--bundle", "{tmp}/list"],
+     "verify: {tmp}/list/manifest.json is not a JSON object (a list)"),
+    (["verify", "--impl", "reference", "--bundle", "{tmp}/cut"],
+     "verify: {tmp}/cut/expected.safetensors is not a readable safetensors file: its header of"),
+    (["verify", "--impl", "nosuch"], "verify: unknown implementation 'nosuch'"),
+    (["verify", "--impl", "no_such_module:f"], "verify: implementation 'no_such_module:f': cannot import"),
+    (["verify", "--impl", "os:no_such"], "verify: implementation 'os:no_such': os has no factory 'no_such'"),
+    (["verify", "--dump", "{tmp}/none.npz"], "verify: no dump file {tmp}/none.npz"),
+    (["verify", "--dump", "{tmp}/junk.npz"], "verify: {tmp}/junk.npz is not a readable .npz file"),
+    (["golden", "--out", "{tmp}/junk.npz"], "golden: {tmp}/junk.npz is a file, not a folder for the bundles"),
+    (["golden", "--out", "{tmp}/g", "--only", "nosuch"], "golden: unknown scenario(s) ['nosuch']"),
+])
+def test_verify_and_golden_name_what_they_cannot_read(golden, tmp_path, argv, message):
+    """Each of these used to end in a traceback (FileNotFoundError, JSONDecodeError, AttributeError,
+    ModuleNotFoundError, numpy's errors); now the command ends with one line naming the file or name."""
+    import shutil
+
+    from dflash_ref.__main__ import main
+    one = sorted(p for p in Path(golden).iterdir() if (p / "manifest.json").is_file())[0]
+    for name, damage in [("badjson", lambda b: (b / "manifest.json").write_text("{bad")),
+                         ("list", lambda b: (b / "manifest.json").write_text("[1]")),
+                         ("cut", lambda b: (b / "expected.safetensors").write_bytes(
+                             (b / "expected.safetensors").read_bytes()[:100]))]:
+        shutil.copytree(one, tmp_path / name)
+        damage(tmp_path / name)
+    (tmp_path / "junk.npz").write_text("not a zip")
+    with pytest.raises(SystemExit) as e:
+        main([a.replace("{tmp}", str(tmp_path)) for a in argv])
+    assert str(e.value).startswith(message.replace("{tmp}", str(tmp_path))), str(e.value)
+
+
 def test_a_crashing_port_is_reported_not_raised(golden):
     def crash(bundle):
         raise RuntimeError("shape mismatch in my kernel")

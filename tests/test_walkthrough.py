@@ -106,3 +106,14 @@ def test_notebooks_command_names_the_missing_official_package(monkeypatch, tmp_p
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "dflash" else real(name, *a))
     with pytest.raises(SystemExit, match="pip install --no-deps dflash==0.1.0"):
         notebooks.build(tmp_path)                # a folder of its own: were the check gone, nothing committed moves
+
+
+def test_walkthrough_refuses_an_out_that_is_a_file_before_running(tmp_path, capsys, monkeypatch):
+    """It used to run the examples (about 30 s) and then fail with a FileExistsError traceback."""
+    from dflash_ref import walkthrough
+    from dflash_ref.__main__ import main
+    monkeypatch.setattr(walkthrough, "run", lambda *a, **k: pytest.fail("the walkthrough ran"))
+    (tmp_path / "afile").write_text("not a folder")
+    with pytest.raises(SystemExit) as e:
+        main(["walkthrough", "--out", str(tmp_path / "afile")])
+    assert e.value.code == 2 and f"--out {tmp_path / 'afile'} is a file, not a folder" in capsys.readouterr().err

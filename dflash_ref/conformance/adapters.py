@@ -242,5 +242,12 @@ def resolve(spec: str):
     if ":" not in spec:
         raise ValueError(f"unknown implementation {spec!r}: use one of {sorted(ADAPTERS)} or module:factory")
     module, _, attr = spec.partition(":")
-    factory = getattr(importlib.import_module(module), attr)
+    try:
+        found = importlib.import_module(module)
+    except ImportError as e:
+        raise ValueError(f"implementation {spec!r}: cannot import {module!r} ({e})") from None
+    factory = getattr(found, attr, None)
+    if not callable(factory):
+        raise ValueError(f"implementation {spec!r}: {module} has no factory {attr!r} (a callable returning an "
+                         f"adapter or a run function)")
     return factory()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import re
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -125,22 +126,32 @@ _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
 def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
-    """Every tensor of a .safetensors file as a numpy array (BF16 → float32, exact)."""
+    """Every tensor of a .safetensors file as a numpy array (BF16 → float32, exact); a file that is not
+    one (cut short, another format) is a ValueError naming it."""
     data = Path(path).read_bytes()
     n = int.from_bytes(data[:8], "little")
-    header = json.loads(data[8:8 + n])
-    header.pop("__metadata__", None)
-    body, out = data[8 + n:], {}
-    for name, info in header.items():
-        start, end = info["data_offsets"]
-        raw = body[start:end]
-        if info["dtype"] == "BF16":  # the top 16 bits of a float32
-            array = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
-        elif info["dtype"] in _DTYPES:
-            array = np.frombuffer(raw, _DTYPES[info["dtype"]])
-        else:
-            raise ValueError(f"{path}: tensor {name!r} has dtype {info['dtype']}, which this reader does not know")
-        out[name] = array.reshape(tuple(info["shape"])).copy()
+    try:
+        if len(data) < 8 or 8 + n > len(data):
+            raise ValueError(f"its header of {n} bytes does not fit in its {len(data)} bytes")
+        header = json.loads(data[8:8 + n])
+        if not isinstance(header, dict):
+            raise ValueError("its header is not a JSON object")
+        header.pop("__metadata__", None)
+        body, out = data[8 + n:], {}
+        for name, info in header.items():
+            start, end = info["data_offsets"]
+            if not 0 <= start <= end <= len(body):
+                raise ValueError(f"tensor {name!r} lies at bytes {start}…{end} of a body of {len(body)}")
+            raw = body[start:end]
+            if info["dtype"] == "BF16":  # the top 16 bits of a float32
+                array = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
+            elif info["dtype"] in _DTYPES:
+                array = np.frombuffer(raw, _DTYPES[info["dtype"]])
+            else:
+                raise ValueError(f"tensor {name!r} has dtype {info['dtype']}, which this reader does not know")
+            out[name] = array.reshape(tuple(info["shape"])).copy()
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
+        raise ValueError(f"{path} is not a readable safetensors file: {e}") from None
     return out
 
 
@@ -165,9 +176,14 @@ def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
 def read_arrays(path: str | Path) -> dict[str, np.ndarray]:
     """A dump from a port: .safetensors (any writer) or .npz (numpy.savez), keys as in the manifest."""
     path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no dump file {path}")
     if path.suffix == ".npz":
-        with np.load(path, allow_pickle=False) as f:
-            return {k: f[k] for k in f.files}
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                return {k: f[k] for k in f.files}
+        except (OSError, ValueError, zipfile.BadZipFile) as e:
+            raise ValueError(f"{path} is not a readable .npz file: {e}") from None
     return read_safetensors(path)
 
 
@@ -219,7 +235,12 @@ def load_bundle(path: str | Path) -> Bundle:
     manifest_path = path / "manifest.json"
     if not manifest_path.is_file():
         raise FileNotFoundError(f"{path} is not a golden bundle (no manifest.json)")
-    manifest = json.loads(manifest_path.read_text())
+    try:
+        manifest = json.loads(manifest_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{manifest_path} is not JSON: {e}") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{manifest_path} is not a JSON object (a {type(manifest).__name__})")
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{manifest_path} has format {manifest.get('format')!r}, expected {FORMAT!r}")
     return Bundle(path, manifest)

@@ -160,6 +160,8 @@ def generate_golden(out: str | Path, names: list[str] | None = None) -> list[Pat
     unknown = set(names or ()) - {s.name for s in SCENARIOS}
     if unknown:
         raise ValueError(f"unknown scenario(s) {sorted(unknown)}; choose from {[s.name for s in SCENARIOS]}")
+    if Path(out).exists() and not Path(out).is_dir():
+        raise ValueError(f"{out} is a file, not a folder for the bundles")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one reduction order whatever the machine's cores: the same bytes on a rerun
     try:
