@@ -115,12 +115,12 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, OSError) as e:     # unknown scenarios, an --out that is a file or cannot be made
             raise SystemExit(f"golden: {e}") from None
     elif args.command == "verify":
-        from .conformance.verify import verify as run_verify, verify_dump
+        from .conformance.verify import InputError, verify as run_verify, verify_dump
         try:      # what cannot be read: the bundles, the dump, or the implementation named (a crashing
                   # implementation is a result in the report, not an error here)
             report = (verify_dump(args.dump, args.bundle, args.allow_missing) if args.dump else
                       run_verify(args.impl, args.bundle, args.allow_missing))
-        except (ValueError, OSError) as e:
+        except InputError as e:
             raise SystemExit(f"verify: {e}") from None
         print(report.text(verbose=args.verbose))
         return 0 if report.passed else 1

@@ -69,6 +69,8 @@ def check_device(device: str | torch.device, dtype: torch.dtype) -> torch.device
         raise CheckpointError(f"device type {device.type!r} is not supported (cpu, cuda, mps)")
     elif device.index not in (None, 0):
         raise CheckpointError(f"device {device}: the CPU is one device, 'cpu' (or 'cpu:0')")
+    else:
+        device = torch.device("cpu")                 # cpu:0 is the CPU; safetensors takes only "cpu"
     return device
 
 
@@ -187,9 +189,12 @@ def _load(cls, config_cls, folder, dtype, device, architectures):
 def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> DFlashDraftModel:
     """An official-format DFlash draft folder → DFlashDraftModel (dtype: None = the config's)."""
     model = _load(DFlashDraftModel, DraftConfig, folder, dtype, device, {"DFlashDraftModel"})
-    broken = [name for name, t in model.state_dict().items() if not bool(torch.isfinite(t).all())]
+    state = model.state_dict()
+    broken = [name for name, t in state.items() if not bool(torch.isfinite(t).all())]
     if broken:                    # a damaged draft: its proposals would be NaN, sampling them fails in torch
-        raise CheckpointError(f"{Path(folder)}: tensors holding NaN or infinity: {broken}")
+        loaded = next(iter(state.values())).dtype
+        narrow = ", which may be too narrow for the stored values" if loaded == torch.float16 else ""
+        raise CheckpointError(f"{Path(folder)}: tensors holding NaN or infinity as loaded in {loaded}{narrow}: {broken}")
     try:
         model.draft_vocab = load_draft_vocab(folder, model.config.vocab_size)   # draft_vocab.json, if any
     except ValueError as e:

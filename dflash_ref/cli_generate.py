@@ -57,7 +57,7 @@ def check_arguments(args) -> None:
                                ("--draft-layers", args.draft_layers, 1)):
         if value is not None and value < least:
             raise ValueError(f"{flag} must be at least {least}, got {value}")
-    check_seed(args.seed)
+    check_seed(args.seed, -2**63, 2**64)          # what torch.manual_seed takes
     if not (args.temperature >= 0 and math.isfinite(args.temperature)):
         raise ValueError(f"--temperature must be a finite number ≥ 0, got {args.temperature}")
     try:
@@ -149,7 +149,10 @@ def load_models(args):
     if args.target == "smollm2" and not args.draft and not args.random_draft:
         from .smollm2 import SHIPPED_DRAFT
         print(f"[draft: the trained SmolLM2 draft shipped in {SHIPPED_DRAFT}]", file=sys.stderr)
-        draft, _ = open_draft(None, dtype, device)
+        try:
+            draft = load_draft(SHIPPED_DRAFT, dtype, device)
+        except CheckpointError as e:
+            raise SystemExit(f"the shipped SmolLM2 draft: {e}") from None
     elif args.draft:
         draft, folder = open_draft(args.draft, dtype, device)
         check_fits(draft, folder, target, "SmolLM2-135M" if args.target == "smollm2" else f"the target {args.target}")

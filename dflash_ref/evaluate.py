@@ -113,9 +113,8 @@ def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str
     """The target's greedy responses to `chosen` (fp32, not stored), then teacher_forced.py on them;
     with `figures`, its plot as FIGURES/teacher_forced_SPLIT_START_COUNT.png."""
     from .distill import self_distill
-    from .smollm2 import STOP_TOKEN_IDS
     from .plots import save_figure
-    from .smollm2 import chat_ids
+    from .smollm2 import STOP_TOKEN_IDS, chat_ids
     from .teacher_forced import bin_label, plot, teacher_forced
     longest, limit = max(chat_ids(tokenizer, p).shape[1] for p in chosen), target.config.max_position_embeddings
     if longest + tokens > limit:             # as decoding refuses it (compat.check_request), before generating

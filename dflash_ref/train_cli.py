@@ -28,7 +28,7 @@ from .checkpoint import CheckpointError, load_draft, save_draft
 from .draft_init import init_from_target
 from .evaluate import fractions, number
 from .spec_generate import spec_generate
-from .train_state import batch_generator, read_state, resume_optimizer, save_state
+from .train_state import batch_generator, read_moments, read_state, resume_optimizer, save_state
 from .training import (loss_weights, make_optimizer, sample_anchors, sampled_vocabulary, target_features_batched,
                        train_step, training_vocabulary)
 
@@ -166,7 +166,7 @@ def run(args, say=print) -> int:
     check_lengths(vars(args), tokenizer, target.config.max_position_embeddings)
     state = read_state(out) if args.resume else {"step": 0, "losses": [], "seconds": 0.0}
     draft = run_draft(out, args, target)      # before distilling: a checkpoint or --init that cannot work is
-                                              # refused in seconds, not after the data
+    moments = read_moments(out, draft) if args.resume else None   # refused in seconds, not after the data
     # the responses come from a bf16 copy of the target by default (1.5× faster here); features and
     # evaluation use the fp32 target that inference uses
     generator = load_smollm2(torch.bfloat16)[0] if args.distill_dtype == "bf16" else target
@@ -199,7 +199,7 @@ def run(args, say=print) -> int:
     warmup_steps = state.get("warmup_steps", max(1, args.steps // 20))
     optimizer, schedule = make_optimizer(draft, args.lr, args.steps, warmup_steps)
     if args.resume:
-        resume_optimizer(out, draft, optimizer, schedule, step)
+        resume_optimizer(moments, draft, optimizer, schedule, step)
     weights, g = block_weights(args.block_size, args.gamma), batch_generator(state, args.seed)
     t0 = time.perf_counter() - seconds
     while step < args.steps:

@@ -128,10 +128,11 @@ def _check_kind(key: str, value, where: str) -> None:
         raise TrainOptionError(f"{where}: {key} must be one of {list(CHOICES[key])}, got {value!r}")
 
 
-def check_seed(seed: int, name: str = "--seed") -> None:
-    """A seed torch's generators take (with room for train_cli's seed + step)."""
-    if not 0 <= seed < 2**62:
-        raise TrainOptionError(f"{name} must lie in 0…2**62 − 1, got {seed}")
+def check_seed(seed: int, low: int = 0, high: int = 2**62) -> None:
+    """--seed in [low, high): by default a seed torch's generators take with room for train_cli's seed + step
+    (generate passes torch's own range)."""
+    if not low <= seed < high:
+        raise TrainOptionError(f"--seed must lie in {low}…{high - 1}, got {seed}")
 
 
 def check_values(options: dict, heldout_prompts: int, training_prompts: int) -> None:

@@ -25,6 +25,10 @@ from .checkpoint import save_draft
 from .draft_vocab import FILE as DRAFT_VOCAB_FILE
 
 
+HASHED = ("draft/model.safetensors", "optimizer.safetensors")     # the files state.json records digests of
+GENERATOR_STATE_BYTES = torch.Generator().get_state().numel()
+
+
 def save_state(out: Path, draft, optimizer, generator: torch.Generator, step: int, warmup_steps: int,
                 losses: list[float], seconds: float) -> None:
     """The checkpoint: the draft, AdamW's moments, and state.json (step, warmup, the generator's state,
@@ -36,8 +40,9 @@ def save_state(out: Path, draft, optimizer, generator: torch.Generator, step: in
     moments = {f"{names[id(p)]}.{k}": v.contiguous() for group in optimizer.param_groups for p in group["params"]
                for k, v in optimizer.state.get(p, {}).items() if k in ("exp_avg", "exp_avg_sq")}
     save_file(moments, str(out / "optimizer.safetensors.saving"))
-    digests = {"draft/model.safetensors": _sha256(staging / "model.safetensors"),     # of what is about to be
-               "optimizer.safetensors": _sha256(out / "optimizer.safetensors.saving")}  # renamed into place
+    draft_file, optimizer_file = HASHED                          # the digests of what is about to be renamed
+    digests = {draft_file: _sha256(staging / "model.safetensors"),                 # into place
+               optimizer_file: _sha256(out / "optimizer.safetensors.saving")}
     (out / "draft").mkdir(exist_ok=True)
     (out / "draft" / DRAFT_VOCAB_FILE).unlink(missing_ok=True)     # as save_draft: none left from before
     for f in sorted(staging.iterdir()):
@@ -79,6 +84,9 @@ def read_state(out: Path) -> dict:
             ("sha256", lambda v: isinstance(v, dict) and set(v) <= set(HASHED) and all(
                 isinstance(d, str) for d in v.values()), f"an object of SHA-256 digests of {list(HASHED)}")):
         if key in state and not ok(state[key]):
+            if key == "losses" and isinstance(state[key], list):
+                i = next(i for i, x in enumerate(state[key]) if not _number(x))
+                raise refuse(f"has losses[{i}] = {_short(state[key][i])}, not a number")
             raise refuse(f"has {key} = {_short(state[key])}, not {what}")
     for key in ("step", "losses"):                     # every state.json ever written holds these two
         if key not in state:
@@ -92,10 +100,6 @@ def read_state(out: Path) -> dict:
                              f"{state['step']}): the run was stopped while saving its checkpoint, which cannot be "
                              f"continued exactly; start again in another --out (its data.jsonl can be copied)")
     return state
-
-
-HASHED = ("draft/model.safetensors", "optimizer.safetensors")     # the files state.json records digests of
-GENERATOR_STATE_BYTES = torch.Generator().get_state().numel()
 
 
 def _whole(v) -> bool:
@@ -118,23 +122,29 @@ def _short(v) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def resume_optimizer(out: Path, draft, optimizer, schedule, step: int) -> None:
-    """AdamW's moments from the checkpoint, and the schedule brought to `step`."""
+def read_moments(out: Path, draft) -> dict[str, torch.Tensor]:
+    """optimizer.safetensors, checked against the draft it resumes (train_cli reads it before distilling):
+    both AdamW moments of every draft parameter, in the parameter's shape; anything else is refused."""
     path = out / "optimizer.safetensors"
     try:
         moments = load_file(str(path))
     except Exception as e:       # safetensors raises its own error type for a damaged file
         raise SystemExit(f"--resume: {path} is not a readable safetensors file ({e})") from None
+    wrong = [f"{name}.{k} " + (f"{tuple(moments[f'{name}.{k}'].shape)}, not {tuple(p.shape)}"
+                               if f"{name}.{k}" in moments else "missing")
+             for name, p in draft.named_parameters() for k in ("exp_avg", "exp_avg_sq")
+             if f"{name}.{k}" not in moments or moments[f"{name}.{k}"].shape != p.shape]
+    if wrong:
+        raise SystemExit(f"--resume: {path} is not this draft's optimiser state: {', '.join(wrong[:4])}"
+                         f"{f' and {len(wrong) - 4} more' if len(wrong) > 4 else ''}")
+    return moments
+
+
+def resume_optimizer(moments: dict[str, torch.Tensor], draft, optimizer, schedule, step: int) -> None:
+    """AdamW's moments (`read_moments`) into the optimiser, and the schedule brought to `step`."""
     for name, p in draft.named_parameters():
-        if f"{name}.exp_avg" in moments:
-            wrong = [f"{name}.{k} {tuple(moments[f'{name}.{k}'].shape) if f'{name}.{k}' in moments else 'missing'}"
-                     for k in ("exp_avg", "exp_avg_sq")
-                     if f"{name}.{k}" not in moments or moments[f"{name}.{k}"].shape != p.shape]
-            if wrong:
-                raise SystemExit(f"--resume: {path} holds {', '.join(wrong)} for the draft's {name} of shape "
-                                 f"{tuple(p.shape)}: not this draft's optimiser state")
-            optimizer.state[p] = {"step": torch.tensor(float(step)),
-                                  "exp_avg": moments[f"{name}.exp_avg"], "exp_avg_sq": moments[f"{name}.exp_avg_sq"]}
+        optimizer.state[p] = {"step": torch.tensor(float(step)),
+                              "exp_avg": moments[f"{name}.exp_avg"], "exp_avg_sq": moments[f"{name}.exp_avg_sq"]}
     with warnings.catch_warnings():      # fast-forwarding the schedule: no optimiser step is missing
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step")
         for _ in range(step):

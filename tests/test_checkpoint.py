@@ -191,7 +191,7 @@ def test_whole_number_tensors_are_refused_not_cast(draft_folder):
 def test_a_draft_holding_nan_or_infinity_is_refused(draft_folder):
     """Its proposals would be NaN: greedy decoding ran on silently, sampling failed deep in torch."""
     rewrite_weights(draft_folder, lambda state: state["fc.weight"].fill_(float("nan")))
-    with pytest.raises(CheckpointError, match=r"tensors holding NaN or infinity: \['fc.weight'\]"):
+    with pytest.raises(CheckpointError, match=r"tensors holding NaN or infinity as loaded in torch.float32: \['fc.weight'\]"):
         load_draft(draft_folder)
 
 

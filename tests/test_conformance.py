@@ -460,6 +460,19 @@ def test_verify_and_golden_name_what_they_cannot_read(golden, tmp_path, argv, me
     assert str(e.value).startswith(message.replace("{tmp}", str(tmp_path))), str(e.value)
 
 
+def test_a_port_output_that_is_no_array_is_a_failed_check_not_a_crash(golden):
+    from dflash_ref.conformance.adapters import resolve as adapter
+    reference = adapter("reference")
+
+    def ragged(bundle):
+        produced = reference.run(bundle)
+        produced[bundle.entries[0]["key"]] = [[1.0], [2.0, 3.0]]     # no array at all
+        return produced
+    report = verify(ragged, golden)
+    first = report.first_failure
+    assert not report.passed and first.status == "FAIL" and "not an array of numbers" in first.detail, report.text()
+
+
 def test_a_crashing_port_is_reported_not_raised(golden):
     def crash(bundle):
         raise RuntimeError("shape mismatch in my kernel")

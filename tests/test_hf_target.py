@@ -87,7 +87,10 @@ def test_a_device_or_dtype_that_cannot_run_is_refused():
     with pytest.raises(CheckpointError, match="the CPU is one device"):
         check_device("cpu:3", torch.float32)
     assert check_device("cpu", torch.bfloat16) == torch.device("cpu")
-    assert check_device("cpu:0", torch.float32) == torch.device("cpu:0")
+    assert check_device("cpu:0", torch.float32) == torch.device("cpu")    # safetensors takes "cpu" only
+    from dflash_ref import load_draft
+    from dflash_ref.smollm2 import SHIPPED_DRAFT
+    assert load_draft(SHIPPED_DRAFT, device="cpu:0").fc.weight.device == torch.device("cpu")
 
 
 @pytest.mark.parametrize("shape", [(1, 7, 16), (3, 2, 16), (5, 16), (16,), (1, 1, 16), (1, 65, 16)])

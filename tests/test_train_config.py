@@ -157,6 +157,7 @@ def test_nothing_to_resume_and_a_run_in_the_way_are_refused(tmp_path):
     (["--distill-batch", "0"], "--distill-batch must be at least 1"),
     (["--eval-tokens", "1"], "--eval-tokens must be at least 2, got 1"),
     (["--lr", "0"], "--lr must be a positive number"),
+    (["--seed", "-1"], f"--seed must lie in 0…{2**62 - 1}, got -1"),
     (["--lr", "nan"], "--lr must be a positive number"),
     (["--gamma", "-1"], "--gamma must be a positive number"),
     (["--prompts", "0"], "--prompts must lie in 1…7140"),

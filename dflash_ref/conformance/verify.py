@@ -135,7 +135,13 @@ def compare_one(bundle: str, entry: dict, expected: np.ndarray, got) -> Check:
     if got is None:
         check.status, check.detail = "missing", "not produced by the candidate"
         return check
-    got = as_array(got)
+    try:
+        got = as_array(got)
+        if not np.issubdtype(got.dtype, np.number) and got.dtype != np.bool_:
+            raise TypeError(f"of dtype {got.dtype}")
+    except (TypeError, ValueError) as e:     # ragged lists, objects, strings: a result, not a crash of verify
+        check.status, check.detail = "FAIL", f"not an array of numbers ({e})"
+        return check
     if got.shape != expected.shape:
         dropped = _evicted(entry, expected, got)
         if dropped < 0:
@@ -185,10 +191,11 @@ def resolve(impl):
 
 
 def verify(impl, bundle: str | Path | None = None, allow_missing: bool = False) -> Report:
-    """Run a candidate on the bundles at `bundle` (default: the shipped one) and compare."""
-    adapter = resolve(impl)
+    """Run a candidate on the bundles at `bundle` (default: the shipped one) and compare. What cannot be
+    read (the bundles, the implementation named) is an InputError before anything runs."""
+    adapter, bundles = _read_inputs(lambda: resolve(impl), bundle)
     report = Report(getattr(adapter, "name", str(impl)), allow_missing=allow_missing)
-    for b in find_bundles(bundle):
+    for b in bundles:
         try:
             produced = adapter.run(b)
         except Exception as e:  # noqa: BLE001 - a crashing port is a result to report, not to hide
@@ -203,10 +210,25 @@ def verify(impl, bundle: str | Path | None = None, allow_missing: bool = False) 
 
 def verify_dump(path: str | Path, bundle: str | Path | None = None, allow_missing: bool = False) -> Report:
     """Compare a port's dump (keys `{bundle name}/{key}`) with the bundles at `bundle`."""
-    arrays = read_arrays(path)
+    arrays, bundles = _read_inputs(lambda: read_arrays(path), bundle)
     report = Report(f"dump {Path(path).name}", allow_missing=allow_missing)
-    for b in find_bundles(bundle):
+    for b in bundles:
         prefix = b.name + "/"
         report.checks += compare(b, {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
                                  report)
     return report
+
+
+class InputError(ValueError):
+    """A bundle, dump or implementation that cannot be read (the command line prints it in one line)."""
+
+
+def _read_inputs(read_candidate, bundle):
+    """(read_candidate(), the bundles at `bundle` with their expected tensors read), or an InputError."""
+    try:
+        candidate, bundles = read_candidate(), find_bundles(bundle)
+        for b in bundles:
+            b.expected                                    # read now: a damaged file is named before any run
+    except (ValueError, OSError) as e:
+        raise InputError(str(e)) from None
+    return candidate, bundles
