@@ -37,8 +37,8 @@ def precision_note(dtype: torch.dtype) -> str | None:
 
 
 def stop_note(output_ids: torch.Tensor, prompt_len: int, stop: list[int], tokenizer, chat: bool) -> str | None:
-    """A note for stderr when the target's first token after the prompt is a stop token (nothing to
-    show; an instruct model given a bare prompt often does this), else None."""
+    """A note for stderr when the first token after the prompt is a stop token (an instruct model often
+    ends a bare prompt at once), else None."""
     first = output_ids[0, prompt_len:prompt_len + 1].tolist()
     if not first or first[0] not in stop:
         return None
@@ -80,7 +80,7 @@ def open_draft(folder: str | Path | None, dtype: torch.dtype = torch.float32,
     try:
         draft = load_draft(folder, dtype, device)
     except CheckpointError as e:
-        raise SystemExit(f"--draft: {e}") from None
+        raise SystemExit(f"{'--draft' if folder != SHIPPED_DRAFT else 'the shipped SmolLM2 draft'}: {e}") from None
     if proposing and draft.block_size < 2:
         raise SystemExit(f"--draft {folder}: its block_size {draft.block_size} holds no proposal (a block is the "
                          f"anchor and b − 1 proposals), so there is no acceptance to measure")
@@ -149,10 +149,7 @@ def load_models(args):
     if args.target == "smollm2" and not args.draft and not args.random_draft:
         from .smollm2 import SHIPPED_DRAFT
         print(f"[draft: the trained SmolLM2 draft shipped in {SHIPPED_DRAFT}]", file=sys.stderr)
-        try:
-            draft = load_draft(SHIPPED_DRAFT, dtype, device)
-        except CheckpointError as e:
-            raise SystemExit(f"the shipped SmolLM2 draft: {e}") from None
+        draft, _ = open_draft(None, dtype, device)
     elif args.draft:
         draft, folder = open_draft(args.draft, dtype, device)
         check_fits(draft, folder, target, "SmolLM2-135M" if args.target == "smollm2" else f"the target {args.target}")
@@ -164,8 +161,7 @@ def load_models(args):
             draft = random_draft(target, args.draft_layers, args.block_size or 16, mask, args.seed)
         except ConfigError as e:
             raise SystemExit(f"--random-draft: no random draft of --draft-layers {args.draft_layers} fits the target "
-                             f"{args.target}: {e} (a random draft samples as many target layers as it has "
-                             f"layers: fewer --draft-layers may fit)") from None
+                             f"{args.target}: {e} (it samples one target layer per layer: fewer may fit)") from None
     return target, draft, tokenizer, stop
 
 

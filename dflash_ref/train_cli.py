@@ -24,11 +24,10 @@ from pathlib import Path
 import torch
 
 from . import distill, train_config
-from .checkpoint import CheckpointError, load_draft, save_draft
-from .draft_init import init_from_target
+from .checkpoint import save_draft
 from .evaluate import fractions, number
 from .spec_generate import spec_generate
-from .train_state import batch_generator, read_moments, read_state, resume_optimizer, save_state
+from .train_state import batch_generator, read_moments, read_state, resume_optimizer, run_draft, save_state
 from .training import (loss_weights, make_optimizer, sample_anchors, sampled_vocabulary, target_features_batched,
                        train_step, training_vocabulary)
 
@@ -121,33 +120,6 @@ def check_lengths(options: dict, tokenizer, max_positions: int) -> None:
             raise SystemExit(f"{train_config.flag(key)} {options[key]}: the longest {name} prompt ({longest} tokens) "
                              f"+ {options[key]} exceeds the target's {max_positions} positions; at most "
                              f"{max_positions - longest}")
-
-
-def run_draft(out: Path, args, target):
-    """The draft to train: the checkpoint's on a resume (checked against the options: a run from before
-    train_config.json is held to its draft's layers and block size), else a new one, random or with
-    --init target the target's last layers. Whatever cannot be made is refused by name."""
-    from .smollm2 import random_smollm2_draft
-    if args.resume:
-        try:
-            draft = load_draft(out / "draft")
-        except CheckpointError as e:
-            raise SystemExit(f"--resume: {e}") from None
-        found = {"layers": draft.config.num_hidden_layers, "block_size": draft.block_size}
-        wrong = [f"{k} {v} (asked {getattr(args, k)})" for k, v in found.items() if v != getattr(args, k)]
-        if wrong:      # a run from before train_config.json, resumed with other options
-            raise SystemExit(f"--resume: the draft in {out / 'draft'} has {', '.join(wrong)}")
-        return draft
-    if args.init == "target" and args.layers > target.config.num_hidden_layers:
-        raise SystemExit(f"--init target copies the target's last --layers {args.layers} layers, but SmolLM2 has "
-                         f"{target.config.num_hidden_layers}")
-    try:
-        draft = random_smollm2_draft(target, args.layers, args.block_size, args.seed)
-        if args.init == "target":
-            init_from_target(draft, target)
-    except ValueError as e:   # e.g. more layers than the target has (to sample, or to copy)
-        raise SystemExit(f"--layers {args.layers}{' --init target' if args.init == 'target' else ''}: {e}") from None
-    return draft
 
 
 def run(args, say=print) -> int:

@@ -7,7 +7,8 @@ state.json, written so that a resumed run continues exactly as an uninterrupted 
                                 and the SHA-256 of the two weight files it belongs with
 
 Each file is written whole under a temporary name and renamed; state.json goes last, so a run stopped
-while saving leaves a state.json whose hashes do not match, and its resume is refused by name.
+while saving leaves a state.json whose hashes do not match, and its resume is refused by name. A
+resume reads all three (`read_state`, `run_draft`, `read_moments`) before any distilling.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from .checkpoint import save_draft
+from .checkpoint import CheckpointError, load_draft, save_draft
+from .draft_init import init_from_target
 from .draft_vocab import FILE as DRAFT_VOCAB_FILE
 
 
@@ -120,6 +122,33 @@ def _generator_state(v) -> bool:
 def _short(v) -> str:
     text = json.dumps(v)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def run_draft(out: Path, args, target):
+    """The draft to train: the checkpoint's on a resume (checked against the options: a run from before
+    train_config.json is held to its draft's layers and block size), else a new one, random or with
+    --init target the target's last layers. Whatever cannot be made is refused by name."""
+    from .smollm2 import random_smollm2_draft
+    if args.resume:
+        try:
+            draft = load_draft(out / "draft")
+        except CheckpointError as e:
+            raise SystemExit(f"--resume: {e}") from None
+        found = {"layers": draft.config.num_hidden_layers, "block_size": draft.block_size}
+        wrong = [f"{k} {v} (asked {getattr(args, k)})" for k, v in found.items() if v != getattr(args, k)]
+        if wrong:      # a run from before train_config.json, resumed with other options
+            raise SystemExit(f"--resume: the draft in {out / 'draft'} has {', '.join(wrong)}")
+        return draft
+    if args.init == "target" and args.layers > target.config.num_hidden_layers:
+        raise SystemExit(f"--init target copies the target's last --layers {args.layers} layers, but SmolLM2 has "
+                         f"{target.config.num_hidden_layers}")
+    try:
+        draft = random_smollm2_draft(target, args.layers, args.block_size, args.seed)
+        if args.init == "target":
+            init_from_target(draft, target)
+    except ValueError as e:   # e.g. more layers than the target has (to sample, or to copy)
+        raise SystemExit(f"--layers {args.layers}{' --init target' if args.init == 'target' else ''}: {e}") from None
+    return draft
 
 
 def read_moments(out: Path, draft) -> dict[str, torch.Tensor]:

@@ -243,11 +243,7 @@ def resolve(spec: str):
         raise ValueError(f"unknown implementation {spec!r}: use one of {sorted(ADAPTERS)} or module:factory")
     module, _, attr = spec.partition(":")
     try:
-        found = importlib.import_module(module)
-    except ImportError as e:
-        raise ValueError(f"implementation {spec!r}: cannot import {module!r} ({e})") from None
-    factory = getattr(found, attr, None)
-    if not callable(factory):
-        raise ValueError(f"implementation {spec!r}: {module} has no factory {attr!r} (a callable returning an "
-                         f"adapter or a run function)")
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"implementation {spec!r}: no factory {attr!r} in module {module!r} ({e})") from None
     return factory()

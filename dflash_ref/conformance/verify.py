@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import TITLES, Bundle, find_bundles, read_arrays
+from .bundle import TITLES, Bundle, find_bundles
+from .tensorfile import read_arrays
 
 
 @dataclass
