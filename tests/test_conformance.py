@@ -431,6 +431,8 @@ def test_a_port_factory_from_the_command_line(golden, tmp_path):
     (["verify", "--impl", "reference", "--bundle", "{tmp}/badjson"], "verify: {tmp}/badjson/manifest.json is not JSON"),
     (["verify", "--impl", "reference", "--bundle", "{tmp}/list"],
      "verify: {tmp}/list/manifest.json is not a JSON object (a list)"),
+    (["verify", "--impl", "reference", "--bundle", "{tmp}/bare"], "verify: {tmp}/bare/manifest.json lacks ['name', "
+                                                                 "'inputs', 'tensors']"),
     (["verify", "--impl", "reference", "--bundle", "{tmp}/cut"],
      "verify: {tmp}/cut/expected.safetensors is not a readable safetensors file: its header of"),
     (["verify", "--impl", "nosuch"], "verify: unknown implementation 'nosuch'"),
@@ -450,6 +452,7 @@ def test_verify_and_golden_name_what_they_cannot_read(golden, tmp_path, argv, me
     one = sorted(p for p in Path(golden).iterdir() if (p / "manifest.json").is_file())[0]
     for name, damage in [("badjson", lambda b: (b / "manifest.json").write_text("{bad")),
                          ("list", lambda b: (b / "manifest.json").write_text("[1]")),
+                         ("bare", lambda b: (b / "manifest.json").write_text('{"format": "dflash_ref.golden/1"}')),
                          ("cut", lambda b: (b / "expected.safetensors").write_bytes(
                              (b / "expected.safetensors").read_bytes()[:100]))]:
         shutil.copytree(one, tmp_path / name)

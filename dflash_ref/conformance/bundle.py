@@ -176,6 +176,9 @@ def load_bundle(path: str | Path) -> Bundle:
         raise ValueError(f"{manifest_path} is not a JSON object (a {type(manifest).__name__})")
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{manifest_path} has format {manifest.get('format')!r}, expected {FORMAT!r}")
+    missing = [k for k in ("name", "inputs", "tensors") if k not in manifest]      # what Bundle reads
+    if missing:
+        raise ValueError(f"{manifest_path} lacks {missing}")
     return Bundle(path, manifest)
 
 
