@@ -20,6 +20,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from .checkpoint import CheckpointError, load_draft, save_draft
@@ -157,7 +158,7 @@ def read_moments(out: Path, draft) -> dict[str, torch.Tensor]:
     path = out / "optimizer.safetensors"
     try:
         moments = load_file(str(path))
-    except Exception as e:       # safetensors raises its own error type for a damaged file
+    except SafetensorError as e:                       # a damaged file, as checkpoint.py names one
         raise SystemExit(f"--resume: {path} is not a readable safetensors file ({e})") from None
     wrong = [f"{name}.{k} " + (f"{tuple(moments[f'{name}.{k}'].shape)}, not {tuple(p.shape)}"
                                if f"{name}.{k}" in moments else "missing")
