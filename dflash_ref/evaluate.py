@@ -114,9 +114,9 @@ def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str
     with `figures`, its plot as FIGURES/teacher_forced_SPLIT_START_COUNT.png."""
     from .distill import self_distill
     from .plots import save_figure
-    from .smollm2 import STOP_TOKEN_IDS, chat_ids
+    from .smollm2 import STOP_TOKEN_IDS, longest_chat_prompt
     from .teacher_forced import bin_label, plot, teacher_forced
-    longest, limit = max(chat_ids(tokenizer, p).shape[1] for p in chosen), target.config.max_position_embeddings
+    longest, limit = longest_chat_prompt(tokenizer, chosen), target.config.max_position_embeddings
     if longest + tokens > limit:             # as decoding refuses it (compat.check_request), before generating
         raise SystemExit(f"prompt set {spec}: its longest prompt ({longest} tokens) + --tokens {tokens} exceeds "
                          f"SmolLM2's {limit} positions; at most {limit - longest}")

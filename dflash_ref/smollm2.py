@@ -60,6 +60,12 @@ def chat_ids(tokenizer, prompt: str) -> torch.Tensor:
                                          return_tensors="pt", return_dict=True)["input_ids"]
 
 
+def longest_chat_prompt(tokenizer, prompts: list[str]) -> int:
+    """The length in tokens of the longest of `prompts` in the chat template: what a command checks
+    its new tokens against, before generating, so that prompt + tokens fit the target's positions."""
+    return max(chat_ids(tokenizer, prompt).shape[1] for prompt in prompts)
+
+
 def random_smollm2_draft(target: HFTarget, num_hidden_layers: int = 3, block_size: int = 16,
                          seed: int = 0) -> DFlashDraftModel:
     """An untrained draft of SmolLM2's size (proposals are noise: τ ≈ 0, output still lossless)."""

@@ -112,10 +112,10 @@ def check_lengths(options: dict, tokenizer, max_positions: int) -> None:
     """--max-new-tokens after the longest training prompt used, and --eval-tokens after the longest
     held-out one, must fit the target's positions; refused once SmolLM2 is loaded, before any distilling
     (an --eval-tokens too long would otherwise fail only after training)."""
-    from .smollm2 import chat_ids
+    from .smollm2 import longest_chat_prompt
     for key, name, prompt_list in (("max_new_tokens", "training", distill.prompts("train")[:options["prompts"]]),
                                    ("eval_tokens", "held-out", distill.eval_prompts(options["eval_prompts"]))):
-        longest = max(chat_ids(tokenizer, prompt).shape[1] for prompt in prompt_list)
+        longest = longest_chat_prompt(tokenizer, prompt_list)
         if longest + options[key] > max_positions:
             raise SystemExit(f"{train_config.flag(key)} {options[key]}: the longest {name} prompt ({longest} tokens) "
                              f"+ {options[key]} exceeds the target's {max_positions} positions; at most "
