@@ -95,10 +95,10 @@ def check_fits(draft, folder: Path, target, target_name: str = "SmolLM2-135M") -
         raise SystemExit(f"--draft {folder} does not fit {target_name}: {e}") from None
 
 
-def open_target(folder: Path, dtype: torch.dtype, device: torch.device):
+def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen3: bool = True):
     """--target FOLDER (a Hugging Face model folder) → (target, tokenizer), or the command ends naming
-    the folder and the problem: a Qwen3ForCausalLM runs on the project's own Qwen3, anything else in
-    transformers."""
+    the folder and the problem: a Qwen3ForCausalLM runs on the project's own Qwen3 (unless not
+    `own_qwen3`: training distils through transformers' generate), anything else in transformers."""
     if not (folder / "config.json").is_file():
         raise SystemExit(f"--target {folder}: no config.json there (a Hugging Face model folder, or 'smollm2')")
     try:
@@ -114,7 +114,7 @@ def open_target(folder: Path, dtype: torch.dtype, device: torch.device):
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError, KeyError, TypeError) as e:       # transformers' own, for damaged files
         raise SystemExit(f"--target {folder}: its tokenizer does not load: {type(e).__name__}: {e}") from None
-    if "Qwen3ForCausalLM" in archs:
+    if "Qwen3ForCausalLM" in archs and own_qwen3:
         try:
             return load_target(folder, dtype, device), tokenizer              # the project's own Qwen3
         except CheckpointError as e:
@@ -141,8 +141,9 @@ def load_models(args):
         target = target.to(device)
         stop, mask = STOP_TOKEN_IDS, MASK_TOKEN_ID
     else:
+        from .chat_target import folder_stop_ids
         target, tokenizer = open_target(Path(args.target), dtype, device)
-        stop = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        stop = folder_stop_ids(Path(args.target), tokenizer)                  # generation_config.json's, else the tokenizer's
         mask = None
     if args.draft and args.random_draft:
         raise SystemExit("--draft and --random-draft exclude each other")

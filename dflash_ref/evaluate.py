@@ -1,5 +1,6 @@
-"""`python -m dflash_ref evaluate`: a SmolLM2 draft's acceptance on named sets of prompts, greedy, in
-fp32, by the procedure of a training run's held-out evaluation (`train_cli.acceptance_by_position`):
+"""`python -m dflash_ref evaluate`: a SmolLM2 draft's (or, with `--target DIR --draft DIR`, any chat
+model's: chat_target.py) acceptance on named sets of prompts, greedy, in fp32, by the procedure of a
+training run's held-out evaluation (`train_cli.acceptance_by_position`):
 
     τ      = mean tokens per decode step (accepted draft tokens + the bonus), over all the set's steps
     a_k    = fraction of whole-block steps in which block position k (1 … b − 1) was accepted
@@ -53,7 +54,11 @@ def parse_set(spec: str) -> tuple[str, int, int]:
 def check_arguments(args) -> None:
     """What can be refused before loading anything: the sets (each valid, none twice), --tokens,
     --block-size, --figures without --teacher-forced, --teacher-forced with --by-template or
-    --block-size, and --out."""
+    --block-size, --out, and a --target without a --draft (the shipped draft is SmolLM2's)."""
+    from .chat_target import SMOLLM2, check_target_name
+    check_target_name(args.target)
+    if args.target != SMOLLM2 and not args.draft:
+        raise ValueError(f"--target {args.target} needs a --draft trained for it (the shipped draft is SmolLM2's)")
     parsed = [parse_set(spec) for spec in args.sets]
     twice = sorted({spec for spec, key in zip(args.sets, parsed) if parsed.count(key) > 1})
     if twice:
@@ -108,19 +113,20 @@ def by_template(chosen: list[str], records: list[list], block_size: int, say=pri
     return found
 
 
-def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str], tokens: int,
+def measure_teacher_forced(draft, chat, spec: str, chosen: list[str], tokens: int,
                            figures: str | None, folder: Path, say=print) -> dict:
     """The target's greedy responses to `chosen` (fp32, not stored), then teacher_forced.py on them;
-    with `figures`, its plot as FIGURES/teacher_forced_SPLIT_START_COUNT.png."""
+    with `figures`, its plot as FIGURES/teacher_forced_SPLIT_START_COUNT.png. chat: chat_target.ChatTarget."""
     from .distill import self_distill
     from .plots import save_figure
-    from .smollm2 import STOP_TOKEN_IDS, longest_chat_prompt
+    from .smollm2 import longest_chat_prompt
     from .teacher_forced import bin_label, plot, teacher_forced
+    target, tokenizer = chat.model, chat.tokenizer
     longest, limit = longest_chat_prompt(tokenizer, chosen), target.config.max_position_embeddings
     if longest + tokens > limit:             # as decoding refuses it (compat.check_request), before generating
         raise SystemExit(f"prompt set {spec}: its longest prompt ({longest} tokens) + --tokens {tokens} exceeds "
-                         f"SmolLM2's {limit} positions; at most {limit - longest}")
-    rows = self_distill(target, tokenizer, chosen, None, tokens, batch_size=16, stop_token_id=STOP_TOKEN_IDS[0],
+                         f"{chat.label}'s {limit} positions; at most {limit - longest}")
+    rows = self_distill(target, tokenizer, chosen, None, tokens, batch_size=16, stop_token_ids=chat.stop_token_ids,
                         say=say)
     found = {**teacher_forced(draft, target, rows), "prompts": chosen}
     if not found["anchors"]:
@@ -143,8 +149,8 @@ def measure_teacher_forced(draft, target, tokenizer, spec: str, chosen: list[str
 def run(args, say=print) -> dict:
     """Evaluate args.draft (default: the shipped draft) on each of args.sets; write args.out if given."""
     from . import distill
+    from .chat_target import SMOLLM2, open_chat_target
     from .cli_generate import check_fits, open_draft
-    from .smollm2 import STOP_TOKEN_IDS, load_smollm2
     from .train_cli import acceptance_by_position, mean_of_prompts
     draft, folder = open_draft(args.draft, proposing=args.block_size is None)
     block_size = draft.block_size if args.block_size is None else args.block_size
@@ -155,16 +161,17 @@ def run(args, say=print) -> dict:
                      else f"positions {draft.block_size} … {block_size - 1} were")
         say(f"--block-size {block_size}: this draft was trained on blocks of {draft.block_size}; "
             f"{untrained} never trained")
-    target, tokenizer = load_smollm2()
-    check_fits(draft, folder, target)
-    results = {"draft": str(folder), "block_size": block_size, "trained_block_size": draft.block_size,
+    chat = open_chat_target(args.target)
+    target, tokenizer = chat.model, chat.tokenizer
+    check_fits(draft, folder, target, "SmolLM2-135M" if chat.name == SMOLLM2 else chat.label)
+    results = {"target": args.target, "draft": str(folder), "block_size": block_size, "trained_block_size": draft.block_size,
                "tokens": args.tokens, "sets": {}}
     for spec in args.sets:
         split, start, count = parse_set(spec)
         chosen = distill.prompts(split)[start:start + count]
         if args.teacher_forced:
-            results["sets"][spec] = measure_teacher_forced(draft, target, tokenizer, spec, chosen, args.tokens,
-                                                           args.figures, folder, say)
+            results["sets"][spec] = measure_teacher_forced(draft, chat, spec, chosen, args.tokens, args.figures,
+                                                           folder, say)
             continue
         records, started = [], time.perf_counter()
 
@@ -173,8 +180,8 @@ def run(args, say=print) -> dict:
                 say(f"{spec}: {i}/{count} prompts, {time.perf_counter() - started:.0f} s")
         try:
             by_position, tau = acceptance_by_position(draft, target, tokenizer, chosen, args.tokens,
-                                                      STOP_TOKEN_IDS, block_size, records=records, done=done)
-        except ValueError as e:                      # e.g. --tokens past SmolLM2's positions (compat.check_request)
+                                                      chat.stop_token_ids, block_size, records=records, done=done)
+        except ValueError as e:                      # e.g. --tokens past the target's positions (compat.check_request)
             raise SystemExit(f"prompt set {spec}: {e}") from None
         per_prompt = mean_of_prompts(records)
         results["sets"][spec] = {"tokens_per_step": tau, "tokens_per_step_mean_of_prompts": per_prompt,

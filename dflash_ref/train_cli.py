@@ -1,4 +1,5 @@
-"""`python -m dflash_ref train`: self-distil data from SmolLM2, train a draft with the paper's recipe
+"""`python -m dflash_ref train`: self-distil data from SmolLM2 (or `--target DIR`, any transformers chat
+model: chat_target.py), train a draft with the paper's recipe
 (training.py), save official-format checkpoints, resume, and plot the loss and the acceptance per
 block position on held-out prompts.
 
@@ -24,6 +25,7 @@ from pathlib import Path
 import torch
 
 from . import distill, train_config
+from .chat_target import check_target_name, open_chat_target
 from .checkpoint import save_draft
 from .evaluate import fractions, number
 from .spec_generate import spec_generate
@@ -105,12 +107,13 @@ def check_options(options: dict) -> dict:
     train_config.check_values(options, heldout_prompts=len(distill.prompts("heldout")),
                               training_prompts=len(distill.prompts("train")))
     block_weights(options["block_size"], options["gamma"])
+    check_target_name(options["target"])
     return options
 
 
 def check_lengths(options: dict, tokenizer, max_positions: int) -> None:
     """--max-new-tokens after the longest training prompt used, and --eval-tokens after the longest
-    held-out one, must fit the target's positions; refused once SmolLM2 is loaded, before any distilling
+    held-out one, must fit the target's positions; refused once the target is loaded, before any distilling
     (an --eval-tokens too long would otherwise fail only after training)."""
     from .smollm2 import longest_chat_prompt
     for key, name, prompt_list in (("max_new_tokens", "training", distill.prompts("train")[:options["prompts"]]),
@@ -125,7 +128,6 @@ def check_lengths(options: dict, tokenizer, max_positions: int) -> None:
 def run(args, say=print) -> int:
     from .folders import make_folder
     from .plots import save_figure
-    from .smollm2 import STOP_TOKEN_IDS, load_smollm2
     out, figures = Path(args.out), Path(args.figures)
     for folder, flag in ((out, "--out"), (figures, "--figures")):      # now, not after the training
         try:
@@ -134,17 +136,19 @@ def run(args, say=print) -> int:
             raise SystemExit(str(e)) from None
     torch.manual_seed(args.seed)
     started = time.perf_counter()
-    target, tokenizer = load_smollm2()
+    chat = open_chat_target(args.target)
+    target, tokenizer, stop = chat.model, chat.tokenizer, chat.stop_token_ids
     check_lengths(vars(args), tokenizer, target.config.max_position_embeddings)
     state = read_state(out) if args.resume else {"step": 0, "losses": [], "seconds": 0.0}
-    draft = run_draft(out, args, target)      # before distilling: a checkpoint or --init that cannot work is
+    draft = run_draft(out, args, chat)        # before distilling: a checkpoint or --init that cannot work is
     moments = read_moments(out, draft) if args.resume else None   # refused in seconds, not after the data
     # the responses come from a bf16 copy of the target by default (1.5× faster here); features and
     # evaluation use the fp32 target that inference uses
-    generator = load_smollm2(torch.bfloat16)[0] if args.distill_dtype == "bf16" else target
+    generator = chat.copy_in(torch.bfloat16) if args.distill_dtype == "bf16" else target
     try:
         rows = distill.self_distill(generator, tokenizer, distill.prompts("train")[:args.prompts],
-                                    out / "data.jsonl", args.max_new_tokens, batch_size=args.distill_batch, say=say)
+                                    out / "data.jsonl", args.max_new_tokens, batch_size=args.distill_batch,
+                                    stop_token_ids=stop, say=say)
     except distill.DataFileError as e:
         raise SystemExit(str(e)) from None
     rows = [r for r in rows if len(r["ids"]) - r["prompt_len"] >= args.block_size + 1]
@@ -155,8 +159,7 @@ def run(args, say=print) -> int:
     # resume leaves the saved options as they were
     train_config.save(out, vars(args))
     draft.train()
-    vocab = None if args.full_vocab else training_vocabulary([r["ids"][r["prompt_len"]:] for r in rows],
-                                                             STOP_TOKEN_IDS)
+    vocab = None if args.full_vocab else training_vocabulary([r["ids"][r["prompt_len"]:] for r in rows], stop)
     # proposals over R only at inference (draft_vocab.py): the loss never had another token as a label
     draft.draft_vocab = vocab
     t0 = time.perf_counter()
@@ -193,8 +196,7 @@ def run(args, say=print) -> int:
     save_draft(draft, out / "draft-bf16", torch.bfloat16)      # what ships: official format, bf16
     say(f"trained {step} steps in {(time.perf_counter() - t0) / 60:.1f} min; bf16 draft in {out / 'draft-bf16'}")
     heldout = distill.eval_prompts(args.eval_prompts)
-    by_position, tokens_per_step = acceptance_by_position(draft, target, tokenizer, heldout, args.eval_tokens,
-                                                          STOP_TOKEN_IDS)
+    by_position, tokens_per_step = acceptance_by_position(draft, target, tokenizer, heldout, args.eval_tokens, stop)
     say(f"held-out: mean tokens per step {number(tokens_per_step, 2)}; acceptance by block position "
         f"{fractions(by_position, 2)}")
     save_figure(_curves(losses, by_position), figures / "training.png")

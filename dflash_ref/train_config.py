@@ -22,7 +22,7 @@ CONFIG_NAME = "train_config.json"
 DEFAULTS = {"layers": 2, "block_size": 4, "gamma": None, "steps": 4400, "lr": 3e-3, "batch": 8, "anchors": 32,
             "full_vocab": False, "negatives": 4096, "prompts": 1860, "max_new_tokens": 192, "distill_batch": 48,
             "distill_dtype": "bf16", "train_dtype": "bf16", "init": "random", "save_every": 500,
-            "eval_prompts": 12, "eval_tokens": 128, "figures": "figures/training", "seed": 0}
+            "eval_prompts": 12, "eval_tokens": 128, "figures": "figures/training", "seed": 0, "target": "smollm2"}
 CHOICES = {"distill_dtype": ("bf16", "fp32"), "train_dtype": ("bf16", "fp32"), "init": ("random", "target")}
 # how long the run goes on, how often it saves, how it is evaluated and where its plot goes
 RESUME_MAY_CHANGE = frozenset({"steps", "save_every", "eval_prompts", "eval_tokens", "figures"})
@@ -44,6 +44,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                                     "these options); options on the command line win over it")
     p.add_argument("--resume", action="store_true",
                    help=f"continue the run in --out from its checkpoint, with the options in its {CONFIG_NAME}")
+    option("target", "the chat model to distil from and train for: smollm2, or a Hugging Face causal LM folder "
+                     "with a tokenizer and chat template (chat_target.py)")
     option("layers", "draft layers", type=int)
     option("block-size", "block size b", type=int)
     option("gamma", "loss decay γ (default: the paper's for blocks 8, 10, 16; 4 for block 4, ours); "

@@ -125,11 +125,13 @@ def _short(v) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def run_draft(out: Path, args, target):
+def run_draft(out: Path, args, chat):
     """The draft to train: the checkpoint's on a resume (checked against the options: a run from before
     train_config.json is held to its draft's layers and block size), else a new one, random or with
-    --init target the target's last layers. Whatever cannot be made is refused by name."""
-    from .smollm2 import random_smollm2_draft
+    --init target the target's last layers (chat: chat_target.ChatTarget). Whatever cannot be made is
+    refused by name."""
+    from .random_draft import random_draft
+    target = chat.model
     if args.resume:
         try:
             draft = load_draft(out / "draft")
@@ -141,10 +143,10 @@ def run_draft(out: Path, args, target):
             raise SystemExit(f"--resume: the draft in {out / 'draft'} has {', '.join(wrong)}")
         return draft
     if args.init == "target" and args.layers > target.config.num_hidden_layers:
-        raise SystemExit(f"--init target copies the target's last --layers {args.layers} layers, but SmolLM2 has "
+        raise SystemExit(f"--init target copies the target's last --layers {args.layers} layers, but {chat.label} has "
                          f"{target.config.num_hidden_layers}")
     try:
-        draft = random_smollm2_draft(target, args.layers, args.block_size, args.seed)
+        draft = random_draft(target, args.layers, args.block_size, chat.mask_token_id, args.seed)
         if args.init == "target":
             init_from_target(draft, target)
     except ValueError as e:   # e.g. more layers than the target has (to sample, or to copy)

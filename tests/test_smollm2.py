@@ -348,7 +348,7 @@ def test_evaluate_teacher_forced_on_the_targets_own_responses(smollm2, tmp_path,
     assert "heldout:0:2  teacher-forced τ" in capsys.readouterr().out
     assert (tmp_path / "fig" / "teacher_forced_heldout_0_2.png").stat().st_size > 10_000
     got = json.loads(out.read_text())["sets"]["heldout:0:2"]
-    rows = self_distill(target, tokenizer, prompts("heldout")[:2], None, 16, stop_token_id=STOP_TOKEN_IDS[0],
+    rows = self_distill(target, tokenizer, prompts("heldout")[:2], None, 16, stop_token_ids=STOP_TOKEN_IDS,
                         say=lambda _: None)
     assert got["anchors"] == sum(max(0, len(r["ids"]) - 3 - r["prompt_len"]) for r in rows) > 0
     assert sum(b["anchors"] for b in got["by_confidence"]) == got["anchors"]
@@ -405,7 +405,7 @@ def test_self_distillation_is_the_targets_greedy_decoding_and_restores_its_atten
     target, tokenizer, _ = smollm2
     before = target.model.config._attn_implementation
     rows = self_distill(target, tokenizer, PROMPTS, tmp_path / "data.jsonl", max_new_tokens=12, batch_size=3,
-                        stop_token_id=STOP_TOKEN_IDS[0], say=lambda _: None)
+                        stop_token_ids=STOP_TOKEN_IDS, say=lambda _: None)
     assert target.model.config._attn_implementation == before
     for prompt, row in zip(PROMPTS, rows):
         expected = generate(target, chat_ids(tokenizer, prompt), 12, STOP_TOKEN_IDS).output_ids[0].tolist()

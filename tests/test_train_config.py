@@ -228,7 +228,7 @@ def test_a_last_line_without_its_end_is_dropped_from_the_file(tmp_path, cut):
     (lambda rows: rows.__setitem__(0, {**rows[0], "ids": [7, 8, 9, 5, 5]}),      # cut at 2: another limit
      "line 1 holds a response of 2 tokens cut without a stop token, which a run with --max-new-tokens 6"),
     (lambda rows: rows.__setitem__(1, {**rows[1], "ids": [7, 8, 9] + [5] * 7 + [2]}),   # longer than the limit
-     "line 2 holds a response of 8 tokens ending at the stop token"),
+     "line 2 holds a response of 8 tokens ending at a stop token"),
     (lambda rows: rows.__setitem__(0, {"prompt": "x"}), "line 1 is not a response row"),
     # token ids the target cannot embed used to fail raw in torch's embedding, after the features
     (lambda rows: rows[1]["ids"].__setitem__(4, 999999), "line 2 is not a response row (token id 999999 is past "

