@@ -48,9 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument("--out", default="figures/bench")
     bench.add_argument("--draft", help="bench trained: this official-format SmolLM2 draft folder instead of the "
                                        "shipped one (give --out elsewhere to keep figures/bench's results)")
-    train = sub.add_parser("train", help="self-distil SmolLM2 (or --target DIR) and train a draft with the paper's recipe")
+    train = sub.add_parser("train", help="self-distil SmolLM2 (or --target DIR) and train a draft with the "
+                                         "paper's recipe")
     add_train_arguments(train)
-    evaluate = sub.add_parser("evaluate", help="a SmolLM2 draft's τ and acceptance per block position on prompt sets")
+    evaluate = sub.add_parser("evaluate", help="a draft's τ and acceptance per block position on prompt sets")
     evaluate.add_argument("--target", default="smollm2",
                           help="smollm2 (default), or the Hugging Face chat model folder the --draft was trained for")
     evaluate.add_argument("--draft", help="an official-format draft folder (default: the shipped SmolLM2 draft; "

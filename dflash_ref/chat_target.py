@@ -11,8 +11,10 @@ Beside the model, the commands need to know of it:
                      target's frozen embedding, never decoded). SmolLM2: 16 (<empty_output>, a special
                      token chat text never holds). A folder: the first embedding row past the tokenizer's
                      tokens, as the official Qwen3 drafts take (151669 of Qwen3's 151936 rows), else the
-                     last row; a row that is all zeros is passed over (an all-zero input would make every
-                     masked position read the same: their queries would be zero).
+                     last row (where the tokenizer fills the vocabulary, an ordinary token: harmless, since
+                     it is only embedded at the block's masked positions); a row that is all zeros is passed
+                     over (an all-zero input would make every masked position read the same: their
+                     queries would be zero).
 
 A folder always runs in transformers here (`HFTarget`), even a Qwen3 that `generate` runs on the
 project's own Qwen3: distillation batches through transformers' `generate`.
@@ -58,7 +60,7 @@ def check_target_name(name: str) -> None:
 
 def open_chat_target(name: str) -> ChatTarget:
     """Load `smollm2` or a model folder in fp32 on the CPU; a folder that cannot serve ends the command
-    naming it (cli_generate.open_target's checks)."""
+    naming it (cli_generate.open_target's checks, then its chat template, stop ids and output head)."""
     if name == SMOLLM2:
         from .smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, load_smollm2
         model, tokenizer = load_smollm2()
@@ -69,10 +71,17 @@ def open_chat_target(name: str) -> ChatTarget:
     if not getattr(tokenizer, "chat_template", None):
         raise SystemExit(f"--target {name}: its tokenizer has no chat template (the prompts are put to it as "
                          f"a chat turn)")
-    stop = folder_stop_ids(folder, tokenizer)
+    stop, vocab = folder_stop_ids(folder, tokenizer), model.config.vocab_size
     if not stop:
         raise SystemExit(f"--target {name}: neither generation_config.json nor the tokenizer names an end-of-"
                          f"sequence token, so no answer would end")
+    if not all(0 <= t < vocab for t in stop):
+        raise SystemExit(f"--target {name}: its end-of-sequence ids {stop} do not all lie in its vocabulary of {vocab}")
+    try:
+        model.output_weight()
+    except ValueError:
+        raise SystemExit(f"--target {name}: its lm_head has a bias, which training a draft does not take (the loss "
+                         f"uses rows of the lm_head matrix alone, training.py)") from None
     return ChatTarget(name, model, tokenizer, stop, mask_id(model.model.get_input_embeddings().weight, len(tokenizer)))
 
 
@@ -85,7 +94,7 @@ def folder_stop_ids(folder: Path, tokenizer) -> list[int]:
             eos = json.loads(path.read_text()).get("eos_token_id")
         except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
             raise SystemExit(f"--target {path} is not a JSON object: {e}") from None
-    if eos is None:
+    if eos is None or eos == []:
         eos = tokenizer.eos_token_id
     ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):

@@ -143,7 +143,7 @@ def load_models(args):
     else:
         from .chat_target import folder_stop_ids
         target, tokenizer = open_target(Path(args.target), dtype, device)
-        stop = folder_stop_ids(Path(args.target), tokenizer)                  # generation_config.json's, else the tokenizer's
+        stop = folder_stop_ids(Path(args.target), tokenizer)       # generation_config.json's, else the tokenizer's
         mask = None
     if args.draft and args.random_draft:
         raise SystemExit("--draft and --random-draft exclude each other")

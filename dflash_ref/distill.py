@@ -203,6 +203,7 @@ def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path | No
     for which this torch's CPU SDPA kernel is slow: SmolLM2 in bf16, 48 prompts × 160 tokens,
     took 39.7 / 38.2 s with "sdpa" and 25.6 s with "eager" (193 / 201 against 300 tokens/s).
     Either is the target's own greedy decoding; in bf16 their roundings differ, so the texts may."""
+    from transformers import GenerationConfig
     stop = [int(t) for t in stop_token_ids]
     done = [] if out is None else read_responses(Path(out), prompt_list, max_new_tokens, stop, say,
                                                  target.config.vocab_size)
@@ -212,9 +213,12 @@ def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path | No
     pad = tokenizer.pad_token_id
     t0 = time.perf_counter()
     model = target.model
-    previous = model.config._attn_implementation
+    previous, settings = model.config._attn_implementation, model.generation_config
     if attention is not None:
         model.set_attn_implementation(attention)
+    # transformers' defaults alone while it generates: a model folder's generation_config.json (a repetition
+    # penalty, sampling, …) would make the responses other than the target's greedy argmax
+    model.generation_config = GenerationConfig()
     try:
         for i in range(len(done), len(prompt_list), batch_size):
             batch = prompt_list[i:i + batch_size]
@@ -240,4 +244,5 @@ def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path | No
             say(f"self-distillation: {len(done)}/{len(prompt_list)} responses, {time.perf_counter() - t0:.0f} s")
     finally:
         model.set_attn_implementation(previous)
+        model.generation_config = settings
     return done

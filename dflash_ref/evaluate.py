@@ -14,7 +14,8 @@ draft gives τ 1.785 here against 1.787 in its run's eval.json.)
 
 A set is SPLIT:START:COUNT, the prompts distill.prompts(SPLIT)[START:START + COUNT]: `train` has 7140
 prompts over 595 topics (the shipped draft was trained on the first 5580, the defaults on the first
-1860), `heldout` 144 over 12 topics no draft here was trained on. So
+1860), `heldout` 144 over 12 topics no draft here was trained on; SPLIT may also be a prompts file of
+one's own (.txt or .jsonl, prompt_file.py), e.g. `--sets my_prompts.jsonl:0:50`. So
 
     python -m dflash_ref evaluate --sets heldout:0:12 train:0:12 train:3000:12 train:6000:12
 
@@ -35,26 +36,37 @@ from .folders import check_output_folder
 
 
 def parse_set(spec: str) -> tuple[str, int, int]:
-    """'SPLIT:START:COUNT' → (split, start, count), or a ValueError naming what is wrong."""
-    from .distill import SPLITS, prompts
-    found = re.fullmatch(r"(\w+):(\d+):(\d+)", spec, re.ASCII)
-    if not found or found[1] not in SPLITS:
+    """'SPLIT:START:COUNT' → (split, start, count), or a ValueError naming what is wrong. SPLIT is a split
+    of the prompts written here, or a prompts file of one's own (.txt or .jsonl, prompt_file.py)."""
+    from .distill import SPLITS
+    from .prompt_file import SUFFIXES
+    found = re.fullmatch(r"(.+):(\d+):(\d+)", spec, re.ASCII)
+    if not found or not (found[1] in SPLITS or found[1].endswith(SUFFIXES)):
         raise ValueError(f"prompt set {spec!r}: expected SPLIT:START:COUNT with SPLIT one of {list(SPLITS)} "
-                         "and START, COUNT whole numbers, e.g. heldout:0:12")
+                         f"or a prompts file ({' or '.join(SUFFIXES)}), and START, COUNT whole numbers, "
+                         "e.g. heldout:0:12")
     split, start, count = found[1], int(found[2]), int(found[3])
-    available = len(prompts(split))
+    available = len(set_prompts(split))
     if count < 1:
         raise ValueError(f"prompt set {spec!r}: COUNT must be at least 1")
     if start + count > available:
-        raise ValueError(f"prompt set {spec!r}: prompts {start}…{start + count - 1} asked for, but the {split} "
-                         f"split has {available} (0…{available - 1})")
+        where = f"the {split} split" if split in SPLITS else split
+        raise ValueError(f"prompt set {spec!r}: prompts {start}…{start + count - 1} asked for, but {where} "
+                         f"has {available} (0…{available - 1})")
     return split, start, count
 
 
+def set_prompts(split: str) -> list[str]:
+    """All the prompts of a split written here, or of a prompts file."""
+    from .distill import SPLITS, prompts
+    from .prompt_file import read_prompts
+    return prompts(split) if split in SPLITS else read_prompts(split, "--sets")
+
+
 def check_arguments(args) -> None:
-    """What can be refused before loading anything: the sets (each valid, none twice), --tokens,
-    --block-size, --figures without --teacher-forced, --teacher-forced with --by-template or
-    --block-size, --out, and a --target without a --draft (the shipped draft is SmolLM2's)."""
+    """What can be refused before loading anything: the sets (each valid, none twice; no file with
+    --by-template), --tokens, --block-size, --figures without --teacher-forced, --teacher-forced with
+    --by-template or --block-size, --out, and a --target without a --draft (the shipped draft is SmolLM2's)."""
     from .chat_target import SMOLLM2, check_target_name
     check_target_name(args.target)
     if args.target != SMOLLM2 and not args.draft:
@@ -63,6 +75,10 @@ def check_arguments(args) -> None:
     twice = sorted({spec for spec, key in zip(args.sets, parsed) if parsed.count(key) > 1})
     if twice:
         raise ValueError(f"prompt sets {twice} name the same prompts more than once")
+    from .distill import SPLITS
+    files = [spec for spec, (split, _, _) in zip(args.sets, parsed) if split not in SPLITS]
+    if args.by_template and files:
+        raise ValueError(f"--by-template splits the prompts written here by their template; {files[0]} is a file")
     if args.tokens < 2:
         raise ValueError(f"--tokens must be at least 2 (the first token is the prefill's; decode steps start at "
                          f"the second), got {args.tokens}")
@@ -148,7 +164,6 @@ def measure_teacher_forced(draft, chat, spec: str, chosen: list[str], tokens: in
 
 def run(args, say=print) -> dict:
     """Evaluate args.draft (default: the shipped draft) on each of args.sets; write args.out if given."""
-    from . import distill
     from .chat_target import SMOLLM2, open_chat_target
     from .cli_generate import check_fits, open_draft
     from .train_cli import acceptance_by_position, mean_of_prompts
@@ -164,11 +179,11 @@ def run(args, say=print) -> dict:
     chat = open_chat_target(args.target)
     target, tokenizer = chat.model, chat.tokenizer
     check_fits(draft, folder, target, "SmolLM2-135M" if chat.name == SMOLLM2 else chat.label)
-    results = {"target": args.target, "draft": str(folder), "block_size": block_size, "trained_block_size": draft.block_size,
-               "tokens": args.tokens, "sets": {}}
+    results = {"target": args.target, "draft": str(folder), "block_size": block_size,
+               "trained_block_size": draft.block_size, "tokens": args.tokens, "sets": {}}
     for spec in args.sets:
         split, start, count = parse_set(spec)
-        chosen = distill.prompts(split)[start:start + count]
+        chosen = set_prompts(split)[start:start + count]
         if args.teacher_forced:
             results["sets"][spec] = measure_teacher_forced(draft, chat, spec, chosen, args.tokens, args.figures,
                                                            folder, say)

@@ -1,7 +1,7 @@
 """`python -m dflash_ref train`: self-distil data from SmolLM2 (or `--target DIR`, any transformers chat
-model: chat_target.py), train a draft with the paper's recipe
-(training.py), save official-format checkpoints, resume, and plot the loss and the acceptance per
-block position on held-out prompts.
+model: chat_target.py) on the prompts written in distill.py (or `--prompts-file`: prompt_file.py), train a
+draft with the paper's recipe (training.py), save official-format checkpoints, resume, and plot the loss
+and the acceptance per block position on held-out prompts.
 
     out/data.jsonl           the target's own responses (resumable, distill.py)
     out/draft/               the draft, official format (config.json + model.safetensors), fp32, and
@@ -28,6 +28,7 @@ from . import distill, train_config
 from .chat_target import check_target_name, open_chat_target
 from .checkpoint import save_draft
 from .evaluate import fractions, number
+from .prompt_file import heldout_prompts, training_prompts
 from .spec_generate import spec_generate
 from .train_state import batch_generator, read_moments, read_state, resume_optimizer, run_draft, save_state
 from .training import (loss_weights, make_optimizer, sample_anchors, sampled_vocabulary, target_features_batched,
@@ -102,12 +103,18 @@ def block_weights(block_size: int, gamma: float | None) -> torch.Tensor:
 
 
 def check_options(options: dict) -> dict:
-    """`train_config.check_values` with this package's prompt counts, and the block's loss weights:
-    everything that can be refused before the target is loaded (`__main__` makes it a usage error)."""
-    train_config.check_values(options, heldout_prompts=len(distill.prompts("heldout")),
-                              training_prompts=len(distill.prompts("train")))
+    """`train_config.check_values` with the run's prompt counts (its prompt files' or the written ones), the
+    block's loss weights, the --target named and held-out prompts that are trained on: everything that can
+    be refused before the target is loaded (`__main__` makes it a usage error)."""
+    train_config.check_values(options, heldout_prompts=len(heldout_prompts(options)),
+                              training_prompts=len(training_prompts(options)))
     block_weights(options["block_size"], options["gamma"])
     check_target_name(options["target"])
+    trained = set(training_prompts(options)[:options["prompts"]])
+    shared = [p for p in heldout_prompts(options)[:options["eval_prompts"]] if p in trained]
+    if shared:      # the evaluation would not be held out
+        raise train_config.TrainOptionError(f"{len(shared)} of the {options['eval_prompts']} held-out prompts are "
+                                            f"also training prompts, e.g. {shared[0]!r}: hold them out")
     return options
 
 
@@ -116,8 +123,8 @@ def check_lengths(options: dict, tokenizer, max_positions: int) -> None:
     held-out one, must fit the target's positions; refused once the target is loaded, before any distilling
     (an --eval-tokens too long would otherwise fail only after training)."""
     from .smollm2 import longest_chat_prompt
-    for key, name, prompt_list in (("max_new_tokens", "training", distill.prompts("train")[:options["prompts"]]),
-                                   ("eval_tokens", "held-out", distill.eval_prompts(options["eval_prompts"]))):
+    for key, name, prompt_list in (("max_new_tokens", "training", training_prompts(options)[:options["prompts"]]),
+                                   ("eval_tokens", "held-out", heldout_prompts(options)[:options["eval_prompts"]])):
         longest = longest_chat_prompt(tokenizer, prompt_list)
         if longest + options[key] > max_positions:
             raise SystemExit(f"{train_config.flag(key)} {options[key]}: the longest {name} prompt ({longest} tokens) "
@@ -146,7 +153,7 @@ def run(args, say=print) -> int:
     # evaluation use the fp32 target that inference uses
     generator = chat.copy_in(torch.bfloat16) if args.distill_dtype == "bf16" else target
     try:
-        rows = distill.self_distill(generator, tokenizer, distill.prompts("train")[:args.prompts],
+        rows = distill.self_distill(generator, tokenizer, training_prompts(vars(args))[:args.prompts],
                                     out / "data.jsonl", args.max_new_tokens, batch_size=args.distill_batch,
                                     stop_token_ids=stop, say=say)
     except distill.DataFileError as e:
@@ -195,7 +202,7 @@ def run(args, say=print) -> int:
     draft.eval()
     save_draft(draft, out / "draft-bf16", torch.bfloat16)      # what ships: official format, bf16
     say(f"trained {step} steps in {(time.perf_counter() - t0) / 60:.1f} min; bf16 draft in {out / 'draft-bf16'}")
-    heldout = distill.eval_prompts(args.eval_prompts)
+    heldout = heldout_prompts(vars(args))[:args.eval_prompts]
     by_position, tokens_per_step = acceptance_by_position(draft, target, tokenizer, heldout, args.eval_tokens, stop)
     say(f"held-out: mean tokens per step {number(tokens_per_step, 2)}; acceptance by block position "
         f"{fractions(by_position, 2)}")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 from pathlib import Path
 
 CONFIG_NAME = "train_config.json"
@@ -22,10 +23,13 @@ CONFIG_NAME = "train_config.json"
 DEFAULTS = {"layers": 2, "block_size": 4, "gamma": None, "steps": 4400, "lr": 3e-3, "batch": 8, "anchors": 32,
             "full_vocab": False, "negatives": 4096, "prompts": 1860, "max_new_tokens": 192, "distill_batch": 48,
             "distill_dtype": "bf16", "train_dtype": "bf16", "init": "random", "save_every": 500,
-            "eval_prompts": 12, "eval_tokens": 128, "figures": "figures/training", "seed": 0, "target": "smollm2"}
+            "eval_prompts": 12, "eval_tokens": 128, "figures": "figures/training", "seed": 0, "target": "smollm2",
+            "prompts_file": None, "heldout_file": None}
+FILES = ("prompts_file", "heldout_file")        # None: the prompts written in distill.py
+PATHS = ("target", *FILES)                      # kept as absolute paths (but the target "smollm2")
 CHOICES = {"distill_dtype": ("bf16", "fp32"), "train_dtype": ("bf16", "fp32"), "init": ("random", "target")}
 # how long the run goes on, how often it saves, how it is evaluated and where its plot goes
-RESUME_MAY_CHANGE = frozenset({"steps", "save_every", "eval_prompts", "eval_tokens", "figures"})
+RESUME_MAY_CHANGE = frozenset({"steps", "save_every", "eval_prompts", "eval_tokens", "figures", "heldout_file"})
 
 
 class TrainOptionError(ValueError):
@@ -57,7 +61,10 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     option("full-vocab", "the loss's softmax over all V (the paper), not estimated (training.py); "
                          "--no-full-vocab undoes a --config's true", action=argparse.BooleanOptionalAction)
     option("negatives", "tokens sampled per step beside the responses' for the softmax estimate", type=int)
-    option("prompts", "distil the first N training prompts (of 7140)", type=int)
+    option("prompts", "distil the first N training prompts (of the 7140 written; all of a --prompts-file)", type=int)
+    option("prompts-file", "training prompts of your own: .txt (one a line) or .jsonl (prompt, messages or "
+                           "conversations; prompt_file.py)")
+    option("heldout-file", "held-out prompts of your own for the final evaluation, as --prompts-file")
     option("max-new-tokens", "longest response distilled", type=int)
     option("distill-batch", "prompts per generate() call", type=int)
     option("distill-dtype", "the target copy that writes the responses (features always come from fp32)",
@@ -68,7 +75,8 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     option("init", "draft layers from noise (the paper) or copied from the target's last layers",
            choices=CHOICES["init"])
     option("save-every", "steps between checkpoints", type=int)
-    option("eval-prompts", "held-out prompts for the final evaluation", type=int)
+    option("eval-prompts", "held-out prompts for the final evaluation (of a --heldout-file: up to 12 by default)",
+           type=int)
     option("eval-tokens", "tokens generated per held-out prompt", type=int)
     option("figures", "where training.png goes")
     option("seed", "seed of the draft's initialisation, the anchors and the batches", type=int)
@@ -113,7 +121,9 @@ def read_config_file(path: str | Path, role: str = "--config") -> dict:
 
 def _check_kind(key: str, value, where: str) -> None:
     default = DEFAULTS[key]
-    if key == "gamma":
+    if key in FILES:
+        ok, kind = value is None or isinstance(value, str), "a file path or null"
+    elif key == "gamma":
         ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
         kind = "a number or null"
     elif isinstance(default, bool):
@@ -138,7 +148,8 @@ def check_seed(seed: int, low: int = 0, high: int = 2**62) -> None:
 
 
 def check_values(options: dict, heldout_prompts: int, training_prompts: int) -> None:
-    """Ranges that would otherwise fail deep in torch, divide by zero, or train on nothing."""
+    """Ranges that would otherwise fail deep in torch, divide by zero, or train on nothing. The counts:
+    the prompts there are to take from (a --prompts-file's or --heldout-file's, else the written ones)."""
     def at_least(key: str, low: int) -> None:
         if options[key] < low:
             raise TrainOptionError(f"{flag(key)} must be at least {low}, got {options[key]}")
@@ -151,12 +162,11 @@ def check_values(options: dict, heldout_prompts: int, training_prompts: int) -> 
         raise TrainOptionError(f"--lr must be a positive number, got {options['lr']}")
     if options["gamma"] is not None and not (math.isfinite(options["gamma"]) and options["gamma"] > 0):
         raise TrainOptionError(f"--gamma must be a positive number, got {options['gamma']}")
-    if not 1 <= options["prompts"] <= training_prompts:
-        raise TrainOptionError(f"--prompts must lie in 1…{training_prompts} (the training prompts written), "
-                               f"got {options['prompts']}")
-    if not 1 <= options["eval_prompts"] <= heldout_prompts:
-        raise TrainOptionError(f"--eval-prompts must lie in 1…{heldout_prompts} (the held-out prompts), "
-                               f"got {options['eval_prompts']}")
+    for key, count, written, given in (("prompts", training_prompts, "the training prompts written", "prompts_file"),
+                                       ("eval_prompts", heldout_prompts, "the held-out prompts", "heldout_file")):
+        if not 1 <= options[key] <= count:
+            source = f"the prompts in {options[given]}" if options[given] else written
+            raise TrainOptionError(f"{flag(key)} must lie in 1…{count} ({source}), got {options[key]}")
     if options["max_new_tokens"] < options["block_size"] + 1:
         # train_cli trains on responses of at least b + 1 tokens (it always has: the shipped draft's data
         # was chosen so); sample_anchors itself would take one of b
@@ -169,11 +179,15 @@ def resolve(args: argparse.Namespace) -> dict:
     """The run's options: DEFAULTS, then (with --resume) the run's saved config, then --config, then
     what the command line gave. Refuses a resume of nothing, a resume that changes the run, and a
     fresh start over a folder that holds a run. Reads files only; writes nothing."""
+    from .prompt_file import file_counts
     out = Path(args.out)
     given = {k: v for k, v in vars(args).items() if k in DEFAULTS and v is not None}
     if given.get("gamma") == "default":
         given["gamma"] = None                 # the block size's own γ, over a --config's (or a saved) number
     requested = {**(read_config_file(args.config) if args.config else {}), **given}
+    for key in PATHS:     # absolute, so that a run resumes from any folder and `DIR/` is the same as `DIR`
+        if requested.get(key) not in (None, DEFAULTS["target"]):
+            requested[key] = os.path.abspath(requested[key])
     state = out / "state.json"
     if not args.resume:
         if state.is_file():
@@ -182,7 +196,7 @@ def resolve(args: argparse.Namespace) -> dict:
             raise TrainOptionError(f"{out} already holds a training run ({where}); add --resume to "
                                    f"continue it, delete {state} to train again from step 0 on its data, or "
                                    f"choose another --out")
-        return {**DEFAULTS, **requested}
+        return file_counts({**DEFAULTS, **requested}, requested, resumed=False)
     if not state.is_file():
         raise TrainOptionError(f"--resume: {out} holds no training run to continue (no {state.name}); "
                                f"leave out --resume to start one")
@@ -200,7 +214,7 @@ def resolve(args: argparse.Namespace) -> dict:
         raise TrainOptionError(f"--resume: {out} was started with other options: {'; '.join(changed)}. A resumed "
                                f"run may change only {[flag(k) for k in sorted(RESUME_MAY_CHANGE)]}; choose "
                                f"another --out for a new run")
-    options = {**run, **requested}
+    options = file_counts({**run, **requested}, requested, resumed=True)
     if options["steps"] < step:
         raise TrainOptionError(f"--resume: {out} is at step {step}, past --steps {options['steps']}")
     return options

@@ -130,6 +130,7 @@ def run_draft(out: Path, args, chat):
     train_config.json is held to its draft's layers and block size), else a new one, random or with
     --init target the target's last layers (chat: chat_target.ChatTarget). Whatever cannot be made is
     refused by name."""
+    from .compat import IncompatibleModels, check_pair
     from .random_draft import random_draft
     target = chat.model
     if args.resume:
@@ -137,6 +138,10 @@ def run_draft(out: Path, args, chat):
             draft = load_draft(out / "draft")
         except CheckpointError as e:
             raise SystemExit(f"--resume: {e}") from None
+        try:                                                   # a run made for another target
+            check_pair(draft, target)
+        except IncompatibleModels as e:
+            raise SystemExit(f"--resume: the draft in {out / 'draft'} does not fit {chat.label}: {e}") from None
         found = {"layers": draft.config.num_hidden_layers, "block_size": draft.block_size}
         wrong = [f"{k} {v} (asked {getattr(args, k)})" for k, v in found.items() if v != getattr(args, k)]
         if wrong:      # a run from before train_config.json, resumed with other options

@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -113,16 +114,38 @@ def test_train_and_evaluate_a_draft_for_a_folder_target(folder_target, tmp_path,
     spec = spec_generate(draft, chat.model, ids, 20, chat.stop_token_ids)
     assert torch.equal(spec.output_ids, generate(chat.model, ids, 20, chat.stop_token_ids).output_ids)
     # evaluate measures it on the folder's target
-    result = tmp_path / "eval.json"
+    result, mine = tmp_path / "eval.json", tmp_path / "mine.txt"
+    mine.write_text("Why is the sky blue?\nCount to three.\n")
     assert main(["evaluate", "--target", str(folder_target), "--draft", str(out / "draft-bf16"), "--sets",
-                 "heldout:0:2", "--tokens", "16", "--out", str(result)]) == 0
-    assert json.loads(result.read_text())["target"] == str(folder_target)
+                 "heldout:0:2", f"{mine}:1:1", "--tokens", "16", "--out", str(result)]) == 0
+    found = json.loads(result.read_text())
+    assert found["target"] == str(folder_target) and found["sets"][f"{mine}:1:1"]["prompts"] == ["Count to three."]
     # a resume is held to its target
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         main(["train", "--out", str(out), "--resume", "--target", "smollm2", "--steps", "6"])
     assert e.value.code == 2
     assert f"--target (the run has {str(folder_target)!r}, asked 'smollm2')" in capsys.readouterr().err
+
+
+@needs_smollm2
+def test_train_distils_and_evaluates_on_prompt_files_of_ones_own(folder_target, tmp_path):
+    from dflash_ref.__main__ import main
+    mine, held = tmp_path / "mine.txt", tmp_path / "held.jsonl"
+    mine.write_text("Tell me about cats.\nWhat is a prime number?\n\nName a colour.\nWrite a haiku.\n")
+    held.write_text(json.dumps({"messages": [{"role": "user", "content": "Why is the sky blue?"}]}) + "\n"
+                    + json.dumps({"conversations": [{"from": "human", "value": "Count to three."}]}) + "\n")
+    out = tmp_path / "run"
+    flags = TRAIN[:2] + TRAIN[4:-6] + TRAIN[-4:]                       # not --prompts 6, --eval-prompts 2
+    assert "--prompts" not in flags and "--eval-prompts" not in flags
+    assert main(["train", "--target", str(folder_target), "--out", str(out), "--figures", str(out / "fig"),
+                 "--prompts-file", str(mine), "--heldout-file", str(held)] + flags) == 0
+    rows = [json.loads(line) for line in (out / "data.jsonl").read_text().splitlines()]
+    assert [r["prompt"] for r in rows] == ["Tell me about cats.", "What is a prime number?", "Name a colour.",
+                                           "Write a haiku."]            # all of the file, in order
+    assert json.loads((out / "eval.json").read_text())["eval_prompts"] == ["Why is the sky blue?", "Count to three."]
+    saved = json.loads((out / "train_config.json").read_text())
+    assert (saved["prompts"], saved["eval_prompts"], saved["prompts_file"]) == (4, 2, str(mine))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -141,14 +164,78 @@ def test_a_target_that_is_no_folder_or_has_no_draft_is_refused_before_any_work(t
     assert not (tmp_path / "run").exists()
 
 
-@needs_smollm2
-def test_a_folder_target_without_a_chat_template_is_named(folder_target, tmp_path):
-    from dflash_ref.chat_target import open_chat_target
-    bare = tmp_path / "bare"
-    shutil.copytree(folder_target, bare)
-    (bare / "chat_template.jinja").unlink(missing_ok=True)
-    settings = json.loads((bare / "tokenizer_config.json").read_text())
+def _without_chat_template(folder: Path) -> None:
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    settings = json.loads((folder / "tokenizer_config.json").read_text())
     settings.pop("chat_template", None)
-    (bare / "tokenizer_config.json").write_text(json.dumps(settings))
-    with pytest.raises(SystemExit, match=f"--target {bare}: its tokenizer has no chat template"):
-        open_chat_target(str(bare))
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings))
+
+
+def _with_a_biased_lm_head(folder: Path) -> None:
+    """The folder's model replaced by a transformers BertLMHeadModel (its lm_head has a bias)."""
+    from transformers import BertConfig, BertLMHeadModel
+    for weights in folder.glob("*.safetensors"):
+        weights.unlink()
+    BertLMHeadModel(BertConfig(vocab_size=49152, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                               intermediate_size=64, is_decoder=True)).save_pretrained(folder)
+
+
+@needs_smollm2
+@pytest.mark.parametrize("breaking, message", [
+    (_without_chat_template, "its tokenizer has no chat template"),
+    (lambda f: (f / "generation_config.json").write_text('{"eos_token_id": 999999}'),
+     "its end-of-sequence ids [999999] do not all lie in its vocabulary of 49152"),
+    (lambda f: (f / "generation_config.json").write_text('{"eos_token_id": [2, -1]}'),
+     "its end-of-sequence ids [-1, 2] do not all lie in its vocabulary"),
+    (_with_a_biased_lm_head, "its lm_head has a bias, which training a draft does not take")])
+def test_a_folder_target_that_cannot_be_trained_for_is_named_when_loaded(folder_target, tmp_path, breaking, message):
+    """These used to fail raw after distilling and the feature pass (an id past the vocabulary in the training
+    vocabulary, a bias at the first step) or at the first prompt (no chat template)."""
+    from dflash_ref.chat_target import open_chat_target
+    broken = tmp_path / "broken"
+    shutil.copytree(folder_target, broken)
+    breaking(broken)
+    with pytest.raises(SystemExit, match=re.escape(f"--target {broken}: {message}")):
+        open_chat_target(str(broken))
+
+
+@needs_smollm2
+def test_distillation_is_greedy_whatever_the_folders_generation_settings(folder_target, tmp_path):
+    """A folder's generation_config.json may ask for sampling or a repetition penalty (Qwen2.5-Instruct's is
+    1.05); transformers' generate applied them, so the data were not the target's own greedy answers."""
+    from dflash_ref import generate
+    from dflash_ref.chat_target import open_chat_target
+    from dflash_ref.smollm2 import chat_ids
+    tuned = tmp_path / "tuned"
+    shutil.copytree(folder_target, tuned)
+    (tuned / "generation_config.json").write_text(json.dumps({"eos_token_id": [2], "repetition_penalty": 1.3,
+                                                              "do_sample": True, "temperature": 0.7}))
+    chat = open_chat_target(str(tuned))
+    prompts = distill.prompts("train")[:3]
+    rows = distill.self_distill(chat.model, chat.tokenizer, prompts, None, 24, batch_size=1,
+                                stop_token_ids=chat.stop_token_ids, say=lambda _: None)
+    for row, prompt in zip(rows, prompts):
+        ids = chat_ids(chat.tokenizer, prompt)
+        assert row["ids"] == generate(chat.model, ids, 24, chat.stop_token_ids).output_ids[0].tolist()
+    assert chat.model.model.generation_config.repetition_penalty == 1.3      # the model's own, restored
+
+
+@needs_smollm2
+def test_a_run_resumes_from_any_folder_and_only_for_the_target_its_draft_fits(folder_target, tmp_path, monkeypatch,
+                                                                               capsys):
+    from dflash_ref.__main__ import main
+    out = tmp_path / "run"
+    monkeypatch.chdir(folder_target.parent)                     # started with a relative --target DIR/
+    assert main(["train", "--target", folder_target.name + "/", "--out", str(out), "--figures", str(out / "fig")]
+                + TRAIN) == 0
+    assert json.loads((out / "train_config.json").read_text())["target"] == str(folder_target)
+    monkeypatch.chdir(tmp_path)                                 # and resumed from elsewhere, with or without it
+    assert main(["train", "--out", str(out), "--resume", "--steps", "6"]) == 0
+    assert main(["train", "--out", str(out), "--resume", "--steps", "8", "--target", str(folder_target)]) == 0
+    # a run from before train_config.json is not held to a target by its options, but by its draft
+    (out / "train_config.json").unlink()
+    capsys.readouterr()
+    with pytest.raises(SystemExit, match=re.escape(f"--resume: the draft in {out / 'draft'} does not fit SmolLM2: "
+                                                   "draft hidden_size 32 != target hidden_size 576")):
+        main(["train", "--out", str(out), "--resume", "--steps", "10"] + TRAIN[:2])
+    assert "self-distillation" not in capsys.readouterr().out   # refused before distilling

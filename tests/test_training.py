@@ -342,14 +342,21 @@ def test_train_command_refuses_an_untrainable_block_before_any_work(tmp_path, ca
     (["heldout:0:1"], ["--teacher-forced", "--block-size", "4"], "it takes no --block-size"),
     (["heldout:0:1"], ["--figures", "fig"], "give it with --teacher-forced"),
     (["heldout:0:1"], ["--out", "/no/such/folder/eval.json"], "needs a file path in an existing folder"),
-    (["heldout:0:1"], ["--teacher-forced", "--figures", "{file}"], "is a file, not a folder")])
+    (["heldout:0:1"], ["--teacher-forced", "--figures", "{file}"], "is a file, not a folder"),
+    # a prompts file of one's own as a set (prompt_file.py)
+    (["{dir}/nope.txt:0:1"], [], "--sets {dir}/nope.txt: no such file"),
+    (["{dir}/two.txt:1:2"], [], "prompts 1…2 asked for, but {dir}/two.txt has 2 (0…1)"),
+    (["{dir}/two.txt:0:1"], ["--by-template"], "splits the prompts written here by their template; "
+                                               "{dir}/two.txt:0:1 is a file")])
 def test_evaluate_refuses_bad_arguments_before_loading_anything(tmp_path, capsys, sets, extra, message):
     from dflash_ref.__main__ import main
     (tmp_path / "a_file").write_text("")
+    (tmp_path / "two.txt").write_text("What is rain?\nName a colour.\n")
+    names = {"file": tmp_path / "a_file", "dir": tmp_path}
     with pytest.raises(SystemExit) as e:
-        main(["evaluate", "--sets", *sets, *[x.format(file=tmp_path / "a_file") for x in extra]])
+        main(["evaluate", "--sets", *[x.format(**names) for x in sets], *[x.format(**names) for x in extra]])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and message in err and "Traceback" not in err
+    assert e.value.code == 2 and message.format(**names) in err and "Traceback" not in err
 
 
 def test_tally_says_n_a_where_no_step_verified_a_whole_block():
