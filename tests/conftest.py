@@ -17,6 +17,17 @@ def target_config(**overrides) -> TargetConfig:
     return TargetConfig(**kw)
 
 
+def chat_target_folder(folder, tokenizer, num_hidden_layers: int = 4, max_position_embeddings: int = 64):
+    """A tiny random Qwen3 of SmolLM2's vocabulary saved as a Hugging Face folder with `tokenizer` (SmolLM2's,
+    chat template included): a `--target DIR` that loads in a second. → folder"""
+    from dflash_ref import save_target
+    config = target_config(vocab_size=49152, num_hidden_layers=num_hidden_layers,
+                           max_position_embeddings=max_position_embeddings)
+    save_target(randomize_(Qwen3Target(config), 0), folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
 def draft_config(target: TargetConfig | None = None, **overrides) -> DraftConfig:
     target = target or target_config()
     kw = dict(vocab_size=target.vocab_size, hidden_size=target.hidden_size, intermediate_size=64,

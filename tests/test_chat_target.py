@@ -74,14 +74,10 @@ needs_smollm2 = pytest.mark.skipif(
 def folder_target(tmp_path_factory) -> Path:
     """A 4-layer Qwen3 folder of SmolLM2's vocabulary, with SmolLM2's tokenizer (and chat template) and a
     generation_config.json that names <|im_end|> as the end of an answer."""
-    from conftest import randomize_
-    from dflash_ref import Qwen3Target, TargetConfig, save_target
+    from conftest import chat_target_folder
     from dflash_ref.smollm2 import load_smollm2
-    folder = tmp_path_factory.mktemp("chat") / "target"
-    config = TargetConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
-    save_target(randomize_(Qwen3Target(config), 0), folder)
-    load_smollm2()[1].save_pretrained(folder)
+    folder = chat_target_folder(tmp_path_factory.mktemp("chat") / "target", load_smollm2()[1],
+                                max_position_embeddings=128)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}))
     return folder
 

@@ -208,14 +208,8 @@ def test_usage_errors_show_the_subcommands_usage(tmp_path, capsys, monkeypatch, 
 @pytest.fixture(scope="module")
 def tiny_target(smollm2, tmp_path_factory):
     """A 4-layer, 64-position Qwen3 folder with SmolLM2's tokenizer: `generate --target` in a second."""
-    from conftest import randomize_
-    from dflash_ref import Qwen3Target, TargetConfig, save_target
-    folder = tmp_path_factory.mktemp("tiny") / "target"
-    config = TargetConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=64)
-    save_target(randomize_(Qwen3Target(config), 0), folder)
-    smollm2[1].save_pretrained(folder)
-    return folder
+    from conftest import chat_target_folder
+    return chat_target_folder(tmp_path_factory.mktemp("tiny") / "target", smollm2[1])
 
 
 def _broken_copy(tiny_target, tmp_path, case: str) -> str:
@@ -264,6 +258,20 @@ def test_generate_runs_on_a_qwen3_folder(tiny_target, capsys):
     assert main(["generate", "--target", str(tiny_target), "--prompt", "hi", "--max-new-tokens", "6",
                  "--draft-layers", "1", "--block-size", "3"]) == 0
     assert "generated 6 tokens" in capsys.readouterr().out
+
+
+def test_a_random_draft_with_more_layers_than_a_small_target_can_feed_says_fewer_may_fit(smollm2, tmp_path):
+    """The official layer sampling gives a 2-layer target's 2-layer draft the ids [1, −1]; the draft's config
+    refuses them, and `generate --random-draft` says so, with the way out."""
+    from conftest import chat_target_folder
+    from dflash_ref.__main__ import main
+    shallow = chat_target_folder(tmp_path / "shallow", smollm2[1], num_hidden_layers=2)
+    common = ["generate", "--target", str(shallow), "--prompt", "hi", "--max-new-tokens", "4", "--random-draft"]
+    with pytest.raises(SystemExit) as e:
+        main(common + ["--draft-layers", "2"])
+    assert f"no random draft of --draft-layers 2 fits the target {shallow}" in str(e.value.code)
+    assert str(e.value.code).endswith("(it samples one target layer per layer: fewer may fit)")
+    assert main(common + ["--draft-layers", "1"]) == 0                      # and one does
 
 
 def _acceptance_by_position(records, b):
