@@ -1,6 +1,6 @@
 """dflash_ref: an educational, instrumented reference implementation of DFlash.
 
-The package follows the data's walk, one module per equation:
+The modules at the top follow the data's walk, one per equation (README.md beside this file):
 
     layer_sampling  which target layers feed the draft, and reading them (+1 offset)
     context         C = RMSNorm(W_fc · concat[h^(l_1), …, h^(l_k)])
@@ -10,38 +10,39 @@ The package follows the data's walk, one module per equation:
     draft_model     N layers + fc + hidden_norm + norm; the target's embedding and lm_head reused
     acceptance      cumprod acceptance, bonus token, and the two lossless sampling verifiers
     cache           per-layer K/V with append / crop / length
-    spec_generate   prefill → (draft → verify → accept → crop → new context)*
-    target/         an explicit Qwen3 causal LM
+    decoding        AR `generate`, and `spec_generate`: prefill → (draft → verify → accept → crop)*
+
+Tooling lives in subpackages: target/, extensions/, drafts/, training/, bench/, walkthrough/,
+conformance/, cli/.
 """
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING
 
 # Names are imported on first use (PEP 562), so that `dflash_ref.conformance`'s numpy-only bundle
 # reader and comparison can be imported without importing torch.
 _EXPORTS = {
-    "acceptance": ["acceptance_length", "sample", "sampling_probs"], "ar_generate": ["generate"],
-    "cache": ["KVCache"], "checkpoint": ["load_draft", "load_target", "save_draft", "save_target"],
-    "config": ["ConfigError", "DraftConfig", "TargetConfig"], "draft_model": ["DFlashDraftModel"],
-    "layer_sampling": ["build_target_layer_ids", "extract_context_feature"],
-    "spec_generate": ["GenerationOutput", "StepRecord", "spec_generate"], "target": ["Qwen3Target"],
+    "acceptance": ["acceptance_length", "sample", "sampling_probs"], "cache": ["KVCache"],
+    "config": ["ConfigError", "DraftConfig", "TargetConfig"], "decoding": ["GenerationOutput", "generate", "spec_generate"],
+    "draft_model": ["DFlashDraftModel"], "drafts.checkpoint": ["load_draft", "save_draft"],
+    "layer_sampling": ["build_target_layer_ids", "extract_context_feature"], "target": ["Qwen3Target"],
+    "target.checkpoint": ["load_target", "save_target"], "trace": ["StepRecord"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)
 
 if TYPE_CHECKING:
     from .acceptance import acceptance_length, sample, sampling_probs
-    from .ar_generate import generate
     from .cache import KVCache
-    from .checkpoint import load_draft, load_target, save_draft, save_target
     from .config import ConfigError, DraftConfig, TargetConfig
+    from .decoding import GenerationOutput, generate, spec_generate
     from .draft_model import DFlashDraftModel
+    from .drafts.checkpoint import load_draft, save_draft
     from .layer_sampling import build_target_layer_ids, extract_context_feature
-    from .spec_generate import GenerationOutput, StepRecord, spec_generate
     from .target import Qwen3Target
+    from .target.checkpoint import load_target, save_target
+    from .trace import StepRecord
 
 
 def __getattr__(name: str):
@@ -59,16 +60,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-class _Package(types.ModuleType):
-    """Importing the submodule `spec_generate` binds it on the package; keep the function of that name
-    there instead, as the former eager `from .spec_generate import spec_generate` did."""
-
-    def __setattr__(self, name: str, value) -> None:
-        if name in _MODULE_OF and isinstance(value, types.ModuleType):
-            value = getattr(value, name)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .train_config import add_train_arguments
+from .training.options import add_train_arguments
 
 
 def _generate_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,7 +26,7 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--block-size", type=int, help="override the draft's block size")
     p.add_argument("--verify-gate", type=float, metavar="θ",
                    help="verify the whole block only when the draft's c_1·c_2 ≥ θ, else its first proposal "
-                        "alone (verify_gate.py; bench trained uses 0.5; default: off, every block verified whole)")
+                        "alone (extensions/verify_gate.py; bench trained uses 0.5; default: off, every block verified whole)")
     p.add_argument("--draft-layers", type=int, default=3, help="layers of a random draft")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", help="save the trace (draft attention of every step) to this folder")
@@ -63,10 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--block-size", type=int, help="verify blocks of this size (default: the draft's)")
     evaluate.add_argument("--out", help="write the results here as JSON")
     evaluate.add_argument("--by-template", action="store_true",
-                          help="also report each set split by the prompts' template (distill.TEMPLATES)")
+                          help="also report each set split by the prompts' template (prompts.TEMPLATES)")
     evaluate.add_argument("--teacher-forced", action="store_true",
                           help="measure at every position of the target's own greedy responses instead of decoding, "
-                               "split by the target's confidence (teacher_forced.py)")
+                               "split by the target's confidence (training/teacher_forced.py)")
     evaluate.add_argument("--figures", help="with --teacher-forced: write each set's plot to this folder")
     sub.add_parser("notebooks", help="regenerate and execute walkthroughs/*.ipynb from their .py sources")
     golden = sub.add_parser("golden", help="write the conformance kit's golden bundles (same bytes on a rerun)")
@@ -80,17 +80,19 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--allow-missing", action="store_true", help="tensors a candidate lacks do not fail")
     verify.add_argument("-v", "--verbose", action="store_true", help="one line per tensor")
     args = parser.parse_args(argv)
+    # each command's modules are imported when it runs: they import torch, which `--help` and a usage
+    # error need not wait for (the parser above is built from torch-free modules)
     if args.command == "walkthrough":
-        from .folders import check_output_folder
-        from .walkthrough import run
+        from .cli.folders import check_output_folder
+        from .walkthrough.story import run
         try:
             check_output_folder("--out", args.out)     # now, not after the examples have run
         except ValueError as e:
             walk.error(str(e))
         run(args.out)
     elif args.command == "generate":
-        from .cli_generate import check_arguments as check_generate, run as run_generate
-        from .verify_gate import check_gate
+        from .cli.generate import check_arguments as check_generate, run as run_generate
+        from .extensions.verify_gate import check_gate
         try:
             check_gate(args.verify_gate)
             check_generate(args)
@@ -98,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
             gen.error(str(e))
         return run_generate(args)
     elif args.command == "smoke":
-        from .smoke import run as run_smoke
+        from .bench.smoke import run as run_smoke
         run_smoke(args.size)
     elif args.command == "bench":
-        from .bench import BENCHES, check_options as check_bench, run as run_bench
+        from .cli.bench import BENCHES, check_options as check_bench, run as run_bench
         args.names = args.names or list(BENCHES)
         unknown = sorted(set(args.names) - set(BENCHES))
         if unknown:
@@ -129,22 +131,22 @@ def main(argv: list[str] | None = None) -> int:
         print(report.text(verbose=args.verbose))
         return 0 if report.passed else 1
     elif args.command == "train":
-        from .train_cli import check_options, run as run_train
-        from .train_config import resolve
+        from .cli.train import check_options, run as run_train
+        from .training.options import resolve
         try:
             options = check_options(resolve(args))
         except ValueError as e:
             train.error(str(e))
         return run_train(argparse.Namespace(out=args.out, resume=args.resume, **options))
     elif args.command == "evaluate":
-        from .evaluate import check_arguments, run as run_evaluate
+        from .cli.evaluate import check_arguments, run as run_evaluate
         try:
             check_arguments(args)
         except ValueError as e:
             evaluate.error(str(e))
         run_evaluate(args)
     elif args.command == "notebooks":
-        from .notebooks import build
+        from .walkthrough.notebooks import build
         for path in build():
             print("executed", path)
     return 0

@@ -114,3 +114,17 @@ def verify_rejection(draft_tokens: torch.Tensor, target_probs: torch.Tensor, dra
     # p == q leaves no residual mass; then p itself is the right distribution
     residual = residual / total if total > 0 else target_probs[0, tau]
     return tau, sample_probs(residual[None])[0]
+
+
+def verify_block(draft_tokens: torch.Tensor, target_logits: torch.Tensor, draft_probs: torch.Tensor | None,
+                 temperature: float, top_p: float = 1.0, top_k: int = 0, verifier: str = "rejection"):
+    """The verifier a request asks for → (τ, bonus, posterior or None); draft_tokens (1, γ) as verified,
+    target_logits (1, γ + 1, V), draft_probs (1, γ, V) with the rejection verifier when sampling."""
+    if temperature == 0:
+        return verify_greedy(draft_tokens, target_logits)
+    target_probs = sampling_probs(target_logits, temperature, top_p, top_k)   # (1, γ + 1, V)
+    if verifier == "match":
+        return verify_match(draft_tokens, target_probs)
+    if draft_tokens.shape[1] == 0:                # nothing drafted (a block of 1): the bonus is a plain sample
+        return 0, sample_probs(target_probs[:, -1])[0], None
+    return (*verify_rejection(draft_tokens, target_probs, draft_probs), None)

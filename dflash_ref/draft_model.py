@@ -21,7 +21,6 @@ from .draft_layer import DFlashDecoderLayer
 from .hooks import HookPoint, name_hook_points
 from .rmsnorm import RMSNorm
 from .rope import RotaryEmbedding
-from .target.linear import use_rows_first
 
 
 class DFlashDraftModel(nn.Module):
@@ -41,14 +40,9 @@ class DFlashDraftModel(nn.Module):
         self.hook_out = HookPoint()              # (B, L_q, d) after the final norm
         self.hook_logits = HookPoint()           # (B, L_q − 1, V) the proposals' logits (−∞ outside a draft vocabulary)
         name_hook_points(self, "draft")
-        # the token ids its proposals are restricted to (draft_vocab.py), None = all V; not a weight
+        # the token ids its proposals are restricted to (extensions/draft_vocab.py), None = all V; not a weight
         # (the state dict stays the official one): stored beside the checkpoint, used by spec_generate
         self.draft_vocab: torch.Tensor | None = None
-        # its linears (fc, q/k/v/o, MLP) as target/linear.py's RowsFirstLinear: the same weights and
-        # state dict, faster on a CPU for decoding's few rows (SmolLM2-sized 2-layer draft, a block
-        # of 4 after 150 cached positions: 4.9 → 2.7 ms); training's larger or autocast products
-        # keep F.linear
-        use_rows_first(self)
 
     @property
     def block_size(self) -> int:
@@ -75,7 +69,7 @@ class DFlashDraftModel(nn.Module):
         context come from `past_key_values` (which this call appends to: crop it afterwards).
         attention_mask: None (the layers' own rule: non-causal), or a bool (L_q, L_k) of visible keys
         for every layer, or a list of them, one per layer; training uses it to put many blocks in one
-        pass (training.py).
+        pass (training/recipe.py).
         """
         self._check_inputs(position_ids, noise_embedding, target_hidden)
         masks = self._layer_masks(attention_mask, noise_embedding.shape[1], target_hidden.shape[1], past_key_values)

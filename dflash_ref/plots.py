@@ -19,7 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .spec_generate import StepRecord
+from .trace import StepRecord
 from .trace import Trace
 
 CONTEXT_COLOUR, BLOCK_COLOUR = "#1f77b4", "#d62728"

@@ -25,10 +25,34 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .hooks import HookPoint, hook_points, hooks
-from .spec_generate import StepRecord
 
 FORMAT = "dflash_ref.trace/2"                       # /2: StepRecord.verify_size (the verify gate)
 READABLE = ("dflash_ref.trace/1", FORMAT)            # a /1 trace loads with verify_size = 0
+
+
+@dataclasses.dataclass
+class StepRecord:
+    """What happened in one decode step (the trace stores one per step)."""
+    step: int
+    start: int                       # position of x_0, the last committed token
+    block_ids: list[int]             # [x_0, d_1, …] as verified (drafted from [x_0, mask, …])
+    q_position_ids: list[int]        # positions of the draft's block (Q): start … start + L_q − 1
+    k_position_ids: list[int]        # every key column of the draft's attention: cached context,
+                                     # new context, block = 0 … start + L_q − 1
+    draft_tokens: list[int]          # d_1..d_γ, every proposal drafted
+    posterior: list[int]             # the target's token at each block position (empty: rejection)
+    acceptance_length: int           # τ, accepted draft tokens
+    bonus: int                       # the target's token after the accepted run
+    produced: int                    # tokens committed (τ + 1, clipped by max length or a stop token)
+    ctx_len: int                     # L_c, new context features fed to this draft pass
+    draft_cache_before: int
+    draft_cache_after_draft: int     # before its crop
+    draft_cache_after: int           # after its crop (= start)
+    target_cache_before: int
+    target_cache_after_verify: int   # before its crop
+    target_cache_after: int          # after its crop (= new start)
+    verify_size: int = 0             # L, tokens verified: L_q, or 2 where verify_gate shut (0: not recorded,
+                                     # a trace saved before this field existed)
 
 NameFilter = Iterable[str] | Callable[[str], bool] | None
 

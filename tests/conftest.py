@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from dflash_ref import DFlashDraftModel, DraftConfig, Qwen3Target, TargetConfig
-from dflash_ref.random_draft import randomize_  # noqa: F401  (tests import it from here)
-from dflash_ref.timing import one_thread
+from dflash_ref.drafts.random_draft import randomize_  # noqa: F401  (tests import it from here)
+from dflash_ref.bench.timing import one_thread
+from dflash_ref.extensions.linear import use_rows_first
 
 
 def target_config(**overrides) -> TargetConfig:
@@ -71,6 +72,7 @@ def make_pair(seed: int = 0, target_overrides: dict | None = None, draft_overrid
     tc = target_config(**(target_overrides or {}))
     target = randomize_(Qwen3Target(tc), seed, std)
     draft = randomize_(DFlashDraftModel(draft_config(tc, **(draft_overrides or {}))), seed + 10_000, std)
+    use_rows_first(draft)           # as every draft the package makes or loads (extensions/linear.py)
     return target, draft
 
 

@@ -7,11 +7,11 @@ import re
 import pytest
 import torch
 
-from dflash_ref import bench
-from dflash_ref.bench import markdown
-from dflash_ref.bench_suite import without_hook_support
+from dflash_ref.cli import bench
+from dflash_ref.cli.bench import markdown
+from dflash_ref.bench.suite import without_hook_support
 from dflash_ref.hooks import HookPoint, hooks
-from dflash_ref.timing import Stopwatch, measure, summarise
+from dflash_ref.bench.timing import Stopwatch, measure, summarise
 
 
 def test_measure_interleaves_and_summarise_gives_ratios_to_the_baseline():

@@ -1,4 +1,4 @@
-"""`train` and `evaluate` on a chat model other than SmolLM2 (`--target DIR`, chat_target.py): where its
+"""`train` and `evaluate` on a chat model other than SmolLM2 (`--target DIR`, target/chat.py): where its
 answers stop, which token masks the draft's block, and the commands end to end on a tiny Qwen3 folder
 with SmolLM2's tokenizer."""
 from __future__ import annotations
@@ -14,8 +14,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dflash_ref import distill
-from dflash_ref.chat_target import folder_stop_ids, mask_id
+from dflash_ref.training import distill
+from dflash_ref.training import prompts as written
+from dflash_ref.target.folder import folder_stop_ids
+from dflash_ref.target.chat import mask_id
 
 
 @pytest.mark.parametrize("generation_config, eos, expected", [
@@ -52,7 +54,7 @@ def test_the_mask_is_the_first_row_past_the_tokenizer_else_the_last_and_never_a_
 
 
 def test_a_response_ends_at_any_of_the_stop_ids(tmp_path):
-    prompts = distill.prompts("train")[:2]
+    prompts = written.prompts("train")[:2]
     rows = [{"prompt": prompts[0], "prompt_len": 3, "ids": [7, 8, 9, 5, 11]},      # ends at stop id 11
             {"prompt": prompts[1], "prompt_len": 3, "ids": [7, 8, 9, 5, 6, 2]}]    # at stop id 2
     path = tmp_path / "data.jsonl"
@@ -75,7 +77,7 @@ def folder_target(tmp_path_factory) -> Path:
     """A 4-layer Qwen3 folder of SmolLM2's vocabulary, with SmolLM2's tokenizer (and chat template) and a
     generation_config.json that names <|im_end|> as the end of an answer."""
     from conftest import chat_target_folder
-    from dflash_ref.smollm2 import load_smollm2
+    from dflash_ref.target.smollm2 import load_smollm2
     folder = chat_target_folder(tmp_path_factory.mktemp("chat") / "target", load_smollm2()[1],
                                 max_position_embeddings=128)
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2]}))
@@ -90,9 +92,9 @@ TRAIN = ["--layers", "1", "--prompts", "6", "--max-new-tokens", "24", "--steps",
 def test_train_and_evaluate_a_draft_for_a_folder_target(folder_target, tmp_path, capsys):
     from dflash_ref import generate, spec_generate
     from dflash_ref.__main__ import main
-    from dflash_ref.chat_target import open_chat_target
-    from dflash_ref.checkpoint import load_draft
-    from dflash_ref.smollm2 import chat_ids
+    from dflash_ref.target.chat import open_chat_target
+    from dflash_ref.drafts.checkpoint import load_draft
+    from dflash_ref.target.smollm2 import chat_ids
     out = tmp_path / "run"
     assert main(["train", "--target", str(folder_target), "--out", str(out), "--figures", str(out / "fig")]
                 + TRAIN) == 0
@@ -106,7 +108,7 @@ def test_train_and_evaluate_a_draft_for_a_folder_target(folder_target, tmp_path,
     chat = open_chat_target(str(folder_target))
     assert chat.stop_token_ids == [2]
     draft = load_draft(out / "draft-bf16", torch.float32)
-    ids = chat_ids(chat.tokenizer, distill.prompts("heldout")[0])
+    ids = chat_ids(chat.tokenizer, written.prompts("heldout")[0])
     spec = spec_generate(draft, chat.model, ids, 20, chat.stop_token_ids)
     assert torch.equal(spec.output_ids, generate(chat.model, ids, 20, chat.stop_token_ids).output_ids)
     # evaluate measures it on the folder's target
@@ -187,7 +189,7 @@ def _with_a_biased_lm_head(folder: Path) -> None:
 def test_a_folder_target_that_cannot_be_trained_for_is_named_when_loaded(folder_target, tmp_path, breaking, message):
     """These used to fail raw after distilling and the feature pass (an id past the vocabulary in the training
     vocabulary, a bias at the first step) or at the first prompt (no chat template)."""
-    from dflash_ref.chat_target import open_chat_target
+    from dflash_ref.target.chat import open_chat_target
     broken = tmp_path / "broken"
     shutil.copytree(folder_target, broken)
     breaking(broken)
@@ -200,14 +202,14 @@ def test_distillation_is_greedy_whatever_the_folders_generation_settings(folder_
     """A folder's generation_config.json may ask for sampling or a repetition penalty (Qwen2.5-Instruct's is
     1.05); transformers' generate applied them, so the data were not the target's own greedy answers."""
     from dflash_ref import generate
-    from dflash_ref.chat_target import open_chat_target
-    from dflash_ref.smollm2 import chat_ids
+    from dflash_ref.target.chat import open_chat_target
+    from dflash_ref.target.smollm2 import chat_ids
     tuned = tmp_path / "tuned"
     shutil.copytree(folder_target, tuned)
     (tuned / "generation_config.json").write_text(json.dumps({"eos_token_id": [2], "repetition_penalty": 1.3,
                                                               "do_sample": True, "temperature": 0.7}))
     chat = open_chat_target(str(tuned))
-    prompts = distill.prompts("train")[:3]
+    prompts = written.prompts("train")[:3]
     rows = distill.self_distill(chat.model, chat.tokenizer, prompts, None, 24, batch_size=1,
                                 stop_token_ids=chat.stop_token_ids, say=lambda _: None)
     for row, prompt in zip(rows, prompts):

@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from dflash_ref import DraftConfig, Qwen3Target, load_draft, load_target, save_draft, save_target
-from dflash_ref.checkpoint import CheckpointError, resolve_dtype
+from dflash_ref.target.checkpoint import CheckpointError, resolve_dtype
 from dflash_ref.config import ConfigError
 
 
@@ -311,8 +311,8 @@ def test_a_file_given_as_a_folder_is_called_a_file(tmp_path):
 
 def test_open_draft_ends_the_command_naming_the_folder_or_file(draft_folder, tmp_path):
     """What generate, evaluate and bench trained print for a --draft that is a file, or whose
-    config.json is bad (cli_generate.open_draft)."""
-    from dflash_ref.cli_generate import open_draft
+    config.json is bad (drafts/folder.open_draft)."""
+    from dflash_ref.drafts.folder import open_draft
     (tmp_path / "p.sh").write_text("echo hi\n")
     with pytest.raises(SystemExit, match=re.escape(f"--draft: {tmp_path / 'p.sh'} is a file, not a folder")):
         open_draft(tmp_path / "p.sh")

@@ -5,7 +5,6 @@ port's dump is compared the same way.
 """
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from torch import nn
 
 import dflash_ref.acceptance as acceptance_module
 import dflash_ref.attention as attention_module
+import dflash_ref.decoding as loop_module
 import dflash_ref.draft_model as draft_model_module
 import dflash_ref.layer_sampling as layer_sampling_module
 from dflash_ref.cache import KVCache
@@ -29,7 +29,6 @@ from dflash_ref.conformance.bundle import STAGES, key_for, parse_key, walk_order
 from dflash_ref.conformance.golden import SCENARIOS, generate_golden
 from dflash_ref.rope import rotate_half
 
-loop_module = importlib.import_module("dflash_ref.spec_generate")  # the package binds the function's name
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -322,12 +321,12 @@ def matches_summed_not_cumprod(mp):
 
 
 def bonus_from_the_draft(mp):
-    greedy = loop_module.verify_greedy
+    greedy = acceptance_module.verify_greedy
 
     def wrong(draft_tokens, logits):
         tau, bonus, posterior = greedy(draft_tokens, logits)
         return tau, (draft_tokens[0, tau] if tau < draft_tokens.shape[1] else bonus), posterior
-    mp.setattr(loop_module, "verify_greedy", wrong)
+    mp.setattr(acceptance_module, "verify_greedy", wrong)
     return ReferenceAdapter()
 
 

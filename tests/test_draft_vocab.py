@@ -1,4 +1,4 @@
-"""A draft vocabulary (draft_vocab.py): proposals among V_d only, lossless, stored beside the checkpoint."""
+"""A draft vocabulary (extensions/draft_vocab.py): proposals among V_d only, lossless, stored beside the checkpoint."""
 from __future__ import annotations
 
 import json
@@ -8,8 +8,9 @@ import torch
 from conftest import make_pair
 
 from dflash_ref import generate, spec_generate
-from dflash_ref.checkpoint import CheckpointError, load_draft, save_draft
-from dflash_ref.draft_vocab import FILE, DraftVocabHead, check_draft_vocab
+from dflash_ref.target.checkpoint import CheckpointError
+from dflash_ref.drafts.checkpoint import load_draft, save_draft
+from dflash_ref.extensions.draft_vocab import FILE, DraftVocabHead, check_draft_vocab
 
 
 @pytest.mark.parametrize("ids,problem", [([], r"shape \(0,\)"), ([[1, 2]], r"shape \(1, 2\)"),
@@ -75,6 +76,7 @@ def test_a_draft_vocabulary_is_saved_beside_the_checkpoint_and_checked_on_load(t
 
 
 def test_the_shipped_draft_proposes_among_its_training_tokens():
-    from dflash_ref.smollm2 import SHIPPED_DRAFT, STOP_TOKEN_IDS
+    from dflash_ref.drafts.folder import SHIPPED_DRAFT
+    from dflash_ref.target.smollm2 import STOP_TOKEN_IDS
     vocab = load_draft(SHIPPED_DRAFT).draft_vocab
     assert vocab is not None and 1000 < len(vocab) < 49152 and set(STOP_TOKEN_IDS) <= set(vocab.tolist())

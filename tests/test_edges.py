@@ -17,7 +17,7 @@ from conftest import draft_config, make_pair, randomize_, target_config
 
 from dflash_ref import DFlashDraftModel, Qwen3Target, StepRecord, generate, spec_generate
 from dflash_ref.compat import IncompatibleModels
-from dflash_ref.oracle import OracleDraft
+from dflash_ref.drafts.oracle import OracleDraft
 
 VOCAB = 24
 

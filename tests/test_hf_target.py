@@ -8,8 +8,8 @@ import torch
 from conftest import make_pair, official_twins
 
 from dflash_ref import generate, spec_generate
-from dflash_ref.checkpoint import CheckpointError, check_device
-from dflash_ref.oracle import OracleDraft
+from dflash_ref.target.checkpoint import CheckpointError, check_device
+from dflash_ref.drafts.oracle import OracleDraft
 from dflash_ref.target import HFTarget
 from dflash_ref.trace import tracing
 
@@ -41,7 +41,7 @@ def test_adapter_with_full_acceptance_and_a_llama_model():
     for p in llama.parameters():
         torch.nn.init.normal_(p, std=0.4)
     target = HFTarget(llama)
-    from dflash_ref.random_draft import random_draft
+    from dflash_ref.drafts.random_draft import random_draft
     draft = random_draft(target, num_hidden_layers=2, block_size=5)
     ids = torch.tensor([[1, 2, 3]])
     ar = generate(target, ids, 30)
@@ -89,16 +89,16 @@ def test_a_device_or_dtype_that_cannot_run_is_refused():
     assert check_device("cpu", torch.bfloat16) == torch.device("cpu")
     assert check_device("cpu:0", torch.float32) == torch.device("cpu")    # safetensors takes "cpu" only
     from dflash_ref import load_draft
-    from dflash_ref.smollm2 import SHIPPED_DRAFT
+    from dflash_ref.drafts.folder import SHIPPED_DRAFT
     assert load_draft(SHIPPED_DRAFT, device="cpu:0").fc.weight.device == torch.device("cpu")
 
 
 @pytest.mark.parametrize("shape", [(1, 7, 16), (3, 2, 16), (5, 16), (16,), (1, 1, 16), (1, 65, 16)])
 def test_the_rows_first_product_is_f_linear_to_float_rounding(shape):
-    """target/linear.py computes x·Wᵀ as (W·xᵀ)ᵀ for 1 … 64 rows (one row as two columns): the same
+    """extensions/linear.py computes x·Wᵀ as (W·xᵀ)ᵀ for 1 … 64 rows (one row as two columns): the same
     numbers as F.linear up to rounding, contiguous, for any leading shape, with and without a bias;
     target.output_head (the draft's proposals) is the lm_head."""
-    from dflash_ref.target.linear import linear_product
+    from dflash_ref.extensions.linear import linear_product
     g = torch.Generator().manual_seed(0)
     x, weight, bias = torch.randn(shape, generator=g), torch.randn(40, 16, generator=g), torch.randn(40, generator=g)
     out = linear_product(x, weight)
@@ -119,7 +119,7 @@ def test_a_rows_first_linear_slices_a_wide_input_for_3_to_6_rows(d_in, pieces, r
     counts never read them, and d_in ≤ 768 has none; they are remade after the weight changes in
     place or is loaded anew; and grad mode keeps the plain path, so gradients reach W, and x through a
     frozen W whose slices inference mode made."""
-    from dflash_ref.target.linear import RowsFirstLinear, use_rows_first
+    from dflash_ref.extensions.linear import RowsFirstLinear, use_rows_first
     g = torch.Generator().manual_seed(rows)
     layer = torch.nn.Linear(d_in, 24)
     use_rows_first(layer)
@@ -172,7 +172,7 @@ def test_an_hf_target_switches_its_plain_linear_layers_to_the_rows_first_product
     """HFTarget switches every plain nn.Linear of its model (lm_head included) to RowsFirstLinear in
     place: same parameters (tying kept), same state dict, logits equal to the unswitched model's up
     to rounding at 1, 8 and 70 rows; rows_first=False leaves the model as it was."""
-    from dflash_ref.target.linear import RowsFirstLinear
+    from dflash_ref.extensions.linear import RowsFirstLinear
     config = transformers.LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True)
     torch.manual_seed(0)

@@ -23,7 +23,7 @@ from conftest import make_pair
 from scipy.stats import chisquare
 
 from dflash_ref import extract_context_feature, generate, sampling_probs, spec_generate
-from dflash_ref.oracle import OracleDraft
+from dflash_ref.drafts.oracle import OracleDraft
 
 P_MIN = 1e-3  # chi-square threshold: fixed seeds make every p-value deterministic
 
@@ -309,10 +309,10 @@ DIST_CASES = {
                               draft="mimic"),
     "far-draft-block-2-top-p": dict(seed=4, vocab=4, n=3, block=2,
                                        sampling=dict(temperature=1.0, top_p=0.7), draft="random", std=1.5),
-    # q = 0 outside the draft vocabulary {0, 2} (draft_vocab.py): still a proposal distribution
+    # q = 0 outside the draft vocabulary {0, 2} (extensions/draft_vocab.py): still a proposal distribution
     "far-draft-block-3-draft-vocab": dict(seed=5, vocab=4, n=3, block=3, sampling=dict(temperature=1.0),
                                           draft="random", std=1.0, draft_vocab=[0, 2]),
-    # the verify gate (verify_gate.py, θ = `gate`) cuts some blocks to [x_0, d_1] and verifies others
+    # the verify gate (extensions/verify_gate.py, θ = `gate`) cuts some blocks to [x_0, d_1] and verifies others
     # whole (n = 3: the first block holds 3 tokens, so the gate picks 3 or 2); with this draft, θ = 0.3
     # lets some blocks through whole and cuts others (asserted)
     "mimic-draft-block-4-gated": dict(seed=3, vocab=4, n=3, block=4, sampling=dict(temperature=1.0),
@@ -401,7 +401,7 @@ def wrong_samples(kind: str, p, q, n: int, count: int, seed: int, gate: float | 
     """Local samplers over the first block: "accept-all" keeps every draft token (the draft's distribution);
     "bonus-from-p" rejects correctly but draws the replacement from p instead of
     norm(max(p − q, 0)) (a classic bug); "correct" is standard rejection sampling (control).
-    "gate-on-max" verifies only d_1 unless c_1·c_2 ≥ `gate` with c_k = max q_k (verify_gate.py: correct);
+    "gate-on-max" verifies only d_1 unless c_1·c_2 ≥ `gate` with c_k = max q_k (extensions/verify_gate.py: correct);
     "gate-on-draw" takes c_k = q_k(d_k) of the drawn tokens instead (biased: only likely d_2 get verified)."""
     rng, cache = random.Random(seed), {}
     draw = lambda probs: rng.choices(range(len(probs)), weights=probs)[0]  # noqa: E731

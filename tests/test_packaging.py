@@ -1,7 +1,9 @@
-"""Packaging: environment.yml mirrors pyproject.toml (core + test extras), torch pinned in both, and CI
-runs exactly the README's test command."""
+"""Packaging: environment.yml mirrors pyproject.toml (core + test extras), torch pinned in both, CI
+runs exactly the README's test command, and the package keeps its layout: layers imported only
+downwards, no import cycle, imports at module top, short modules, few files at the top."""
 from __future__ import annotations
 
+import ast
 import os
 import re
 from pathlib import Path
@@ -156,3 +158,178 @@ def test_ci_runs_exactly_the_readme_test_command():
     assert code[-1] == command
     assert all(line.startswith(("set ", "cd ")) for line in code[:-1]), code
     assert os.access(ROOT / ".ci" / "run", os.X_OK)
+
+
+# -- the package's layers ------------------------------------------------------------------------
+# Each module may import from its own layer and the layers below it, never from one above, and no
+# module imports itself back through others. `__init__` (a lazy facade, imports by name on first use)
+# stands outside the layers; `__main__` is the command line, the top.
+PACKAGE = ROOT / "dflash_ref"
+LOOP = {"decoding"}                       # the loop: uses the extensions it can switch on
+LAYERS = ["core", "extensions", "loop", "target", "drafts", "training", "apps", "cli"]
+APPS = {"bench", "walkthrough", "conformance"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> str:
+    head = module.split(".")[0]
+    if module in LOOP:
+        return "loop"
+    if head in ("target", "extensions", "drafts", "training", "cli"):
+        return head
+    if head in APPS:
+        return "apps"
+    if head == "__main__":
+        return "cli"
+    return "core"
+
+
+def imports_of(path: Path) -> list[tuple[str, int, bool]]:
+    """(imported dflash_ref module, line, at module top) for every import in the file, resolved
+    against the package (`from . import x` names the module x where x is one)."""
+    module = module_name(path)
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    tree = ast.parse(path.read_text())
+    top = {id(node) for node in tree.body}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+            target = ".".join(base + ([node.module] if node.module else []))
+            names = [f"{target}.{a.name}".lstrip(".") for a in node.names]
+            hits = [n for n in names if (PACKAGE / (n.replace(".", "/") + ".py")).exists()
+                    or (PACKAGE / n.replace(".", "/") / "__init__.py").exists()]
+            found += [(t, node.lineno, id(node) in top) for t in (hits or [target])]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found += [(n.removeprefix("dflash_ref").lstrip("."), node.lineno, id(node) in top)
+                      for n in names if n == "dflash_ref" or n.startswith("dflash_ref.")]
+    return found
+
+
+def package_modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def test_layer_of_by_hand():
+    assert [layer_of(m) for m in ("rope", "decoding", "extensions.linear", "target.hf", "drafts.oracle",
+                                  "training.recipe", "bench.suite", "conformance.verify", "cli.generate",
+                                  "__main__")] == \
+        ["core", "loop", "extensions", "target", "drafts", "training", "apps", "apps", "cli", "cli"]
+
+
+def test_imports_of_resolves_relative_imports():
+    modules = {m for m, _, _ in imports_of(PACKAGE / "cli" / "train.py")}
+    assert {"training.distill", "training.options", "decoding"} - modules == {"decoding"}
+    assert {"training.distill", "drafts.checkpoint", "plots"} <= modules
+    assert ("decoding", True) in {(m, at_top) for m, _, at_top in imports_of(PACKAGE / "training" / "measure.py")}
+
+
+def test_no_module_imports_from_a_layer_above_its_own():
+    rank = {name: i for i, name in enumerate(LAYERS)}
+    upward = []
+    for module, path in package_modules().items():
+        if module == "":
+            continue
+        for target, line, _ in imports_of(path):
+            if target and rank[layer_of(target)] > rank[layer_of(module)]:
+                upward.append(f"{path.relative_to(ROOT)}:{line} ({layer_of(module)}) imports {target} "
+                              f"({layer_of(target)})")
+    assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle a depth-first walk meets, as [a, b, …, a]."""
+    done, path, cycles = set(), [], []
+
+    def visit(m):
+        if m in path:
+            cycles.append(path[path.index(m):] + [m])
+            return
+        if m in done:
+            return
+        path.append(m)
+        for t in sorted(graph[m]):
+            visit(t)
+        path.pop()
+        done.add(m)
+
+    for m in sorted(graph):
+        visit(m)
+    return cycles
+
+
+def test_find_cycles_by_hand():
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c", "a"]]
+
+
+def test_no_import_cycle():
+    graph = {module: {t for t, _, _ in imports_of(path) if t and t != module}
+             for module, path in package_modules().items() if module}
+    graph = {m: {t for t in targets if t in graph} for m, targets in graph.items()}
+    cycles = find_cycles(graph)
+    assert not cycles, "import cycles: " + "; ".join(" → ".join(c) for c in cycles)
+
+
+# function-local imports allowed in the package, each for a stated reason: optional heavy dependencies
+# (the hf, notebooks extras; the official package), and the command line's dispatch (each command's
+# module imports torch: `--help` and usage errors stay fast); conformance.verify reads dumps with numpy
+# alone, so the adapters (torch) come only when an implementation is run
+LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient", "mlx", "mlx_lm"}
+LOCAL_IMPORT_FILES = {"__main__.py", "conformance/verify.py"}
+
+
+def test_imports_sit_at_module_top_but_optional_dependencies():
+    hidden = []
+    for module, path in package_modules().items():
+        rel = path.relative_to(PACKAGE).as_posix()
+        tree = ast.parse(path.read_text())
+        top = {id(node) for node in tree.body}
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in top:
+                continue
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            if getattr(node, "level", 0) == 0 and all(n.split(".")[0] in LOCAL_IMPORT_OK for n in names):
+                continue
+            if rel in LOCAL_IMPORT_FILES or module == "":
+                continue
+            hidden.append(f"{rel}:{node.lineno}")
+    assert not hidden, "function-local imports (move them to the top, or say why they must wait): " + ", ".join(hidden)
+
+
+def test_the_top_of_the_package_holds_the_equations_and_few_files():
+    top = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(top) <= 20, top
+    subpackages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert subpackages == ["bench", "cli", "conformance", "drafts", "extensions", "target", "training", "walkthrough"]
+
+
+def test_modules_stay_under_250_lines():
+    long = [f"{p.relative_to(ROOT)} ({n})" for p in PACKAGE.rglob("*.py")
+            if (n := p.read_text().count("\n")) > 250]
+    assert not long, long
+
+
+def test_readme_fits_its_readers_and_its_links_resolve():
+    """README.md ≤ 300 lines (long material sits beside what it explains), every relative link in it,
+    the package's README and the figures' READMEs exists, and so does every module the two READMEs of
+    the walk (README.md, dflash_ref/README.md) name by a path's tail, e.g. `decoding.py`."""
+    assert (ROOT / "README.md").read_text().count("\n") <= 300
+    modules = [f.as_posix() for d in ("dflash_ref", "tests") for f in (ROOT / d).rglob("*.py")]
+    missing = []
+    for doc in [ROOT / "README.md", PACKAGE / "README.md", PACKAGE / "conformance" / "README.md",
+                ROOT / "figures" / "bench" / "README.md", ROOT / "figures" / "training" / "README.md"]:
+        text = doc.read_text()
+        for link in re.findall(r"\]\(([^)#]+)\)", text):
+            if not link.startswith("http") and not (doc.parent / link).exists():
+                missing.append(f"{doc.relative_to(ROOT)}: {link}")
+        pattern = r"`([\w/]+\.py)`" if doc.parent in (ROOT, PACKAGE) else r"`((?:dflash_ref|tests)/[\w/]+\.py)`"
+        for path in re.findall(pattern, text):
+            if not any(m.endswith("/" + path) for m in modules):
+                missing.append(f"{doc.relative_to(ROOT)}: {path}")
+    assert not missing, missing

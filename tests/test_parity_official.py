@@ -17,7 +17,7 @@ import torch
 from conftest import assert_close, use_explicit_attention, draft_config, make_pair, official_twins, randomize_, target_config
 from dflash_ref import (DFlashDraftModel, Qwen3Target, build_target_layer_ids,
                         extract_context_feature, generate, spec_generate)
-from dflash_ref.oracle import OracleDraft
+from dflash_ref.drafts.oracle import OracleDraft
 
 official = pytest.importorskip("dflash.model")
 transformers = pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""`train --prompts-file / --heldout-file` (prompt_file.py): prompts of one's own, read from .txt or
+"""`train --prompts-file / --heldout-file` (training/prompt_file.py): prompts of one's own, read from .txt or
 .jsonl (prompt, messages, conversations), counted before anything is loaded, and refused by name."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 
 from dflash_ref.__main__ import main
-from dflash_ref.prompt_file import PromptFileError, heldout_prompts, read_prompts, training_prompts
-from dflash_ref.train_config import DEFAULTS, save
+from dflash_ref.training.prompt_file import PromptFileError, heldout_prompts, read_prompts, training_prompts
+from dflash_ref.training.options import DEFAULTS, save
 from test_train_config import parse, write
 
 ROWS = [{"prompt": "Say hi."},
@@ -57,7 +57,7 @@ def test_a_missing_or_undecodable_file_is_named(tmp_path):
 
 
 def test_a_new_run_takes_all_of_a_prompts_file_and_up_to_12_held_out(tmp_path):
-    from dflash_ref.train_config import resolve
+    from dflash_ref.training.options import resolve
     train = jsonl(tmp_path / "t.txt", [f"Question {i}?" for i in range(30)])
     held = jsonl(tmp_path / "h.txt", [f"Other {i}?" for i in range(20)])
     out = str(tmp_path / "run")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from dflash_ref.smoke import SIZES, run
+from dflash_ref.bench.smoke import SIZES, run
 
 
 def test_tiny_smoke_is_lossless_and_the_oracle_accepts_whole_blocks():

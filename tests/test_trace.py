@@ -8,7 +8,7 @@ from conftest import make_pair
 
 from dflash_ref import generate, spec_generate
 from dflash_ref.hooks import hook_points
-from dflash_ref.oracle import OracleDraft
+from dflash_ref.drafts.oracle import OracleDraft
 from dflash_ref.plots import (plot_acceptance, plot_attention, plot_attention_grid, plot_attention_steps,
                               plot_cache_timeline, plot_rope_alignment)
 from dflash_ref.trace import Trace, tracing

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from dflash_ref import distill
+from dflash_ref.training import distill
+from dflash_ref.training import prompts as written
 from dflash_ref.__main__ import main
-from dflash_ref.train_config import (CONFIG_NAME, DEFAULTS, TrainOptionError, add_train_arguments, read_config_file,
-                                     resolve, save)
+from dflash_ref.training.options import (CONFIG_NAME, DEFAULTS, TrainOptionError, add_train_arguments,
+                                         read_config_file, resolve, save)
 
 SHIPPED = Path(__file__).resolve().parents[1] / "dflash_ref" / "drafts" / "smollm2"
 
@@ -199,21 +200,21 @@ def write_rows(path: Path, rows) -> Path:
 
 
 def test_a_missing_data_file_holds_no_rows():
-    prompts = distill.prompts("train")[:5]
+    prompts = written.prompts("train")[:5]
     assert distill.read_responses(Path("/no/such/data.jsonl"), prompts, 6) == []
 
 
 def test_rows_past_the_prompts_asked_are_left_unused(tmp_path):
-    prompts, said = distill.prompts("train")[:5], []
+    prompts, said = written.prompts("train")[:5], []
     path = write_rows(tmp_path / "data.jsonl", rows_for(prompts))
     assert distill.read_responses(path, prompts[:2], 6, say=said.append) == rows_for(prompts)[:2]
     assert said == [f"{path}: using the first 2 of its 5 responses"]
-    assert distill.read_responses(path, prompts + distill.prompts("train")[5:9], 6) == rows_for(prompts)
+    assert distill.read_responses(path, prompts + written.prompts("train")[5:9], 6) == rows_for(prompts)
 
 
 @pytest.mark.parametrize("cut", [20, None])            # the line cut short, or whole but without its newline
 def test_a_last_line_without_its_end_is_dropped_from_the_file(tmp_path, cut):
-    prompts = distill.prompts("train")[:3]
+    prompts = written.prompts("train")[:3]
     path = write_rows(tmp_path / "data.jsonl", rows_for(prompts[:2]))
     whole = path.read_text()
     path.write_text(whole + json.dumps(rows_for(prompts)[2])[:cut])         # a run stopped while writing
@@ -238,7 +239,7 @@ def test_a_last_line_without_its_end_is_dropped_from_the_file(tmp_path, cut):
     (lambda rows: rows[2].__setitem__("prompt_len", 0), "line 3 is not a response row (prompt_len 0 does not lie"),
     (lambda rows: rows[2].__setitem__("prompt_len", 99), "line 3 is not a response row (prompt_len 99 does not")])
 def test_a_data_file_from_other_prompts_or_another_limit_is_refused(tmp_path, damage, message):
-    prompts = distill.prompts("train")[:3]
+    prompts = written.prompts("train")[:3]
     rows = rows_for(prompts)
     damage(rows)
     path = write_rows(tmp_path / "data.jsonl", rows)

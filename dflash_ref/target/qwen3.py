@@ -24,7 +24,7 @@ from ..hooks import HookPoint, name_hook_points
 from ..mlp import SwiGLU
 from ..rmsnorm import RMSNorm
 from ..rope import RotaryEmbedding, apply_sliced_rope
-from .linear import linear_product
+from ..extensions.linear import linear_product
 
 
 @dataclass
@@ -109,7 +109,7 @@ class Qwen3Target(nn.Module):
         return self.model.embed_tokens(input_ids)
 
     def output_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear_product(hidden, self.lm_head.weight)    # the draft's proposals (target/linear.py)
+        return linear_product(hidden, self.lm_head.weight)    # the draft's proposals (extensions/linear.py)
 
     def output_weight(self) -> torch.Tensor:
         """The lm_head matrix (V, d): logits = hidden @ output_weight().T (training takes rows of it)."""

@@ -1,0 +1,118 @@
+"""Benchmarks as side-by-side ratios (`python -m dflash_ref bench [NAMES] [--repeats N] [--out DIR]`).
+
+Every variant runs in the same process, interleaved round-robin over the repeats, and is reported
+as median, spread (min–max) and the ratio of its median to the baseline's: absolute times on a
+shared machine drift, ratios measured together much less. Nothing here is asserted (tests check
+correctness, benchmarks report). Each benchmark writes a markdown table and JSON, some a plot:
+
+    official   the reference loop vs the official `dflash_generate`, same weights, same proposals
+    tracing    hook points with nothing attached vs no hook support at all vs full draft tracing
+    blocks     one draft pass vs block size 2..32, beside an autoregressive drafter (γ passes)
+    ceiling    SmolLM2 + oracle draft per block size: measured speedup over AR vs the ideal
+               b · t_step / (t_draft(b) + t_verify(b)), and the τ at which DFlash breaks even here
+    memory     cache sizes and peak RSS against generated length (the draft cache stays at the context)
+    trained    the shipped SmolLM2 draft (or --draft DIR) on held-out prompts: τ and speedup over AR
+               per block size
+"""
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..bench import suite, trained
+from ..bench.timing import measure, summarise  # noqa: F401  (the harness, re-exported)
+from .folders import make_folder
+
+BENCHES: dict[str, Callable] = {
+    "official": suite.bench_official, "tracing": suite.bench_tracing,
+    "blocks": suite.bench_blocks, "ceiling": suite.bench_ceiling, "memory": suite.bench_memory,
+    "trained": trained.bench_trained,
+}
+
+
+def markdown(rows: list[dict], title: str) -> str:
+    """A table of whatever columns the rows have (floats to 4 significant digits)."""
+    if not rows:
+        return f"### {title}\n\n(no rows)"
+    cols = list(rows[0])
+    fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = [f"### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def machine_speed(repeats: int = 15) -> str:
+    """One fixed product timed on this machine, so that tables run on different machines can be told
+    apart: the ratios depend on it (a machine that streams weights slower makes the target's step
+    dearer and a verify of a few tokens relatively cheaper). SmolLM2's lm_head shape, fp32, two
+    columns (extensions/linear.py's way for one row): (49152, 576) · (576, 2), 113 MB of weights read."""
+    weight, x = torch.randn(49152, 576), torch.randn(576, 2)
+    median = statistics.median(measure({"probe": lambda: weight @ x}, repeats)["probe"])   # (49152, 2)
+    return f"probe {median * 1e3:.1f} ms ({weight.numel() * 4 / median / 1e9:.0f} GB/s: 49152×576 fp32 by 2 columns)"
+
+
+def check_draft_option(names: list[str], draft: str | Path | None) -> None:
+    """A draft folder is for `trained` alone: refuse one given to a run without it (ValueError)."""
+    if draft is not None and "trained" not in names:
+        raise ValueError(f"--draft {draft}: only the trained benchmark measures a draft folder, and it is "
+                         f"not among those asked for ({', '.join(names)})")
+
+
+def check_options(names: list[str], repeats: int, out: str | Path, draft: str | Path | None = None) -> dict:
+    """Everything a run can be refused for before it measures anything (ValueError): a draft folder
+    without `trained`, --repeats below 1, an --out that cannot be a folder, a bench.json of another
+    kind in it. Makes the folder; returns the earlier results it holds."""
+    check_draft_option(names, draft)
+    if repeats < 1:
+        raise ValueError(f"--repeats must be at least 1, got {repeats}")
+    make_folder("--out", out)
+    return read_report(Path(out) / "bench.json")
+
+
+def read_report(path: Path) -> dict:
+    """The earlier results in out/bench.json, which a run adds to; checked before any benchmark runs
+    (ValueError), so that a file of another kind does not cost a finished benchmark's results."""
+    if not path.is_file():
+        return {"results": {}}
+    try:
+        report = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not JSON ({e}); move it or choose another --out") from None
+    results = report.get("results") if isinstance(report, dict) else None
+    if not isinstance(results, dict) or not all(isinstance(r, dict) and isinstance(r.get("tables"), dict)
+                                                and "machine" in r and "repeats" in r for r in results.values()):
+        raise ValueError(f"{path} is not a bench results file ({{\"results\": {{name: {{machine, repeats, tables}}}}}}); "
+                         f"move it or choose another --out")
+    return report
+
+
+def run(names: list[str], repeats: int, out: str | Path, say=print, draft: str | Path | None = None) -> dict:
+    """Run the named benchmarks; their results replace those of the same names in out/bench.json
+    (others stay), and out/bench.md is rewritten from all of them. `draft`: the folder `trained`
+    measures instead of the shipped draft (the others take none)."""
+    report = check_options(names, repeats, out, draft)
+    out = Path(out)
+    machine = (f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} torch threads, "
+               f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, "
+               f"{machine_speed()}")
+    saved = out / "bench.json"
+    for name in names:
+        say(f"== bench {name} ==")
+        t0 = time.perf_counter()
+        options = {"draft": draft} if name == "trained" and draft is not None else {}
+        tables = BENCHES[name](repeats, out=out, progress=lambda s, n=name: say(f"   {n}: {s}"), **options)
+        report["results"][name] = {"machine": machine, "repeats": repeats, "tables": tables}
+        for title, rows in tables.items():
+            say(markdown(rows, title))
+        say(f"   ({time.perf_counter() - t0:.0f} s)")
+        saved.write_text(json.dumps(report, indent=1) + "\n")
+        texts = [f"{markdown(rows, title)}\n\n({r['machine']}; {r['repeats']} interleaved repeats; medians)"
+                 for r in report["results"].values() for title, rows in r["tables"].items()]
+        (out / "bench.md").write_text("\n\n".join(texts) + "\n")
+    return report

@@ -1,0 +1,200 @@
+"""`python -m dflash_ref evaluate`: a SmolLM2 draft's (or, with `--target DIR --draft DIR`, any chat
+model's: target/chat.py) acceptance on named sets of prompts, greedy, in fp32, by the procedure of a
+training run's held-out evaluation (`measure.acceptance_by_position`):
+
+    τ      = mean tokens per decode step (accepted draft tokens + the bonus), over all the set's steps
+    a_k    = fraction of whole-block steps in which block position k (1 … b − 1) was accepted
+
+τ pools the steps of all prompts; dflash's benchmark.py instead averages each prompt's tokens per step
+("Average Acceptance length"), printed beside it as "mean of prompts" (`measure.mean_of_prompts`).
+
+(`DIR/eval.json` measures the fp32 draft `DIR/draft`; a bf16 folder such as `DIR/draft-bf16` or the
+shipped draft is read into fp32 from bf16-rounded weights, so its τ can differ slightly from the run's.)
+
+A set is SPLIT:START:COUNT, the prompts prompts.prompts(SPLIT)[START:START + COUNT]: `train` has 7140
+prompts over 595 topics (the shipped draft was trained on the first 5580, the defaults on the first
+1860), `heldout` 144 over 12 topics no draft here was trained on; SPLIT may also be a prompts file of
+one's own (.txt or .jsonl, training/prompt_file.py), e.g. `--sets my_prompts.jsonl:0:50`. So
+
+    python -m dflash_ref evaluate --sets heldout:0:12 train:0:12 train:3000:12 train:6000:12
+
+sets held-out prompts beside prompts the shipped draft was trained on and prompts it never saw on
+topics it knows (figures/training/README.md). `--by-template` also reports each set split by the
+prompts' template ("What is {t}?", "Write a short poem about {t}.", …) from the same decoding runs.
+`--teacher-forced` measures instead at every position of the target's own greedy responses to the
+set's prompts, split by the target's confidence (training/teacher_forced.py), without decoding."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from ..drafts.folder import check_fits, open_draft
+from ..plots import save_figure
+from ..target.chat import SMOLLM2, check_target_name, open_chat_target
+from ..target.smollm2 import longest_chat_prompt
+from ..training.distill import self_distill
+from ..training.measure import acceptance_by_position, fractions, mean_of_prompts, number, tally
+from ..training.prompt_file import SUFFIXES, read_prompts
+from ..training.prompts import SPLITS, prompts, template_of
+from ..training.teacher_forced import bin_label, plot, teacher_forced
+from .folders import check_output_folder
+
+
+def parse_set(spec: str) -> tuple[str, int, int]:
+    """'SPLIT:START:COUNT' → (split, start, count), or a ValueError naming what is wrong. SPLIT is a split
+    of the prompts written here, or a prompts file of one's own (.txt or .jsonl, training/prompt_file.py)."""
+    found = re.fullmatch(r"(.+):(\d+):(\d+)", spec, re.ASCII)
+    if not found or not (found[1] in SPLITS or found[1].endswith(SUFFIXES)):
+        raise ValueError(f"prompt set {spec!r}: expected SPLIT:START:COUNT with SPLIT one of {list(SPLITS)} "
+                         f"or a prompts file ({' or '.join(SUFFIXES)}), and START, COUNT whole numbers, "
+                         "e.g. heldout:0:12")
+    split, start, count = found[1], int(found[2]), int(found[3])
+    available = len(set_prompts(split))
+    if count < 1:
+        raise ValueError(f"prompt set {spec!r}: COUNT must be at least 1")
+    if start + count > available:
+        where = f"the {split} split" if split in SPLITS else split
+        raise ValueError(f"prompt set {spec!r}: prompts {start}…{start + count - 1} asked for, but {where} "
+                         f"has {available} (0…{available - 1})")
+    return split, start, count
+
+
+def set_prompts(split: str) -> list[str]:
+    """All the prompts of a split written here, or of a prompts file."""
+    return prompts(split) if split in SPLITS else read_prompts(split, "--sets")
+
+
+def check_arguments(args) -> None:
+    """What can be refused before loading anything: the sets (each valid, none twice; no file with
+    --by-template), --tokens, --block-size, --figures without --teacher-forced, --teacher-forced with
+    --by-template or --block-size, --out, and a --target without a --draft (the shipped draft is SmolLM2's)."""
+    check_target_name(args.target)
+    if args.target != SMOLLM2 and not args.draft:
+        raise ValueError(f"--target {args.target} needs a --draft trained for it (the shipped draft is SmolLM2's)")
+    parsed = [parse_set(spec) for spec in args.sets]
+    twice = sorted({spec for spec, key in zip(args.sets, parsed) if parsed.count(key) > 1})
+    if twice:
+        raise ValueError(f"prompt sets {twice} name the same prompts more than once")
+    files = [spec for spec, (split, _, _) in zip(args.sets, parsed) if split not in SPLITS]
+    if args.by_template and files:
+        raise ValueError(f"--by-template splits the prompts written here by their template; {files[0]} is a file")
+    if args.tokens < 2:
+        raise ValueError(f"--tokens must be at least 2 (the first token is the prefill's; decode steps start at "
+                         f"the second), got {args.tokens}")
+    if args.block_size is not None and args.block_size < 2:
+        raise ValueError(f"--block-size must be at least 2 (the bonus token and one proposal), got {args.block_size}")
+    if args.figures and not args.teacher_forced:
+        raise ValueError("--figures draws the teacher-forced measure: give it with --teacher-forced")
+    if args.teacher_forced:
+        both = [flag for flag, given in (("--by-template", args.by_template),
+                                         ("--block-size", args.block_size is not None)) if given]
+        if both:
+            raise ValueError(f"--teacher-forced measures the draft's own block size over all prompts together; "
+                             f"it takes no {' or '.join(both)}")
+    if args.out and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):
+        raise ValueError(f"--out {args.out}: needs a file path in an existing folder")
+    if args.out and not os.access(Path(args.out).parent, os.W_OK):
+        raise ValueError(f"--out {args.out}: its folder cannot be written")
+    if args.figures:
+        check_output_folder("--figures", args.figures)
+
+
+def by_template(chosen: list[str], records: list[list], block_size: int, say=print) -> dict:
+    """τ and a_k of each template's prompts in a set (their steps pooled, as for the set), printed
+    from the highest τ down: which kinds of answer the draft predicts, and which it does not."""
+    groups: dict[str, list] = {}
+    for prompt, steps in zip(chosen, records):
+        groups.setdefault(template_of(prompt), []).append(steps)
+    found = {}
+    for template, runs in groups.items():
+        by_position, tau = tally([step for steps in runs for step in steps], block_size)
+        found[template] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": len(runs)}
+    for template, r in sorted(found.items(), key=lambda item: -(item[1]["tokens_per_step"] or 0)):
+        say(f"{'':>22}τ {number(r['tokens_per_step'])}  {fractions(r['acceptance_by_position'])}"
+            f"  {r['prompts']:>3} × {template}")
+    return found
+
+
+def measure_teacher_forced(draft, chat, spec: str, chosen: list[str], tokens: int,
+                           figures: str | None, folder: Path, say=print) -> dict:
+    """The target's greedy responses to `chosen` (fp32, not stored), then training/teacher_forced.py on them;
+    with `figures`, its plot as FIGURES/teacher_forced_SPLIT_START_COUNT.png. chat: chat_target.ChatTarget."""
+    target, tokenizer = chat.model, chat.tokenizer
+    longest, limit = longest_chat_prompt(tokenizer, chosen), target.config.max_position_embeddings
+    if longest + tokens > limit:             # as decoding refuses it (compat.check_request), before generating
+        raise SystemExit(f"prompt set {spec}: its longest prompt ({longest} tokens) + --tokens {tokens} exceeds "
+                         f"{chat.label}'s {limit} positions; at most {limit - longest}")
+    rows = self_distill(target, tokenizer, chosen, None, tokens, batch_size=16, stop_token_ids=chat.stop_token_ids,
+                        say=say)
+    found = {**teacher_forced(draft, target, rows), "prompts": chosen}
+    if not found["anchors"]:
+        raise SystemExit(f"prompt set {spec}: no response of {tokens} tokens or fewer holds a whole block of "
+                         f"{draft.block_size}; raise --tokens")
+    say(f"{spec:>20}  teacher-forced τ {found['tokens_per_step']:.3f} over {found['anchors']} anchors; acceptance "
+        f"by block position {fractions(found['acceptance_by_position'])}")
+    for b in found["by_confidence"]:
+        if b["anchors"]:
+            say(f"{'':>22}target confidence {bin_label(b)}: {100 * b['share']:4.1f} % "
+                f"of anchors, τ {b['tokens_per_step']:.3f}, {fractions(b['acceptance_by_position'])}")
+    if figures:
+        title = (f"{folder.parent.name}/{folder.name}, {spec}: teacher-forced τ {found['tokens_per_step']:.3f} "
+                 f"over {found['anchors']} anchors")
+        path = Path(figures) / ("teacher_forced_" + spec.replace(":", "_") + ".png")
+        say(f"wrote {save_figure(plot(found, title), path)}")
+    return found
+
+
+def run(args, say=print) -> dict:
+    """Evaluate args.draft (default: the shipped draft) on each of args.sets; write args.out if given."""
+    draft, folder = open_draft(args.draft, proposing=args.block_size is None)
+    block_size = draft.block_size if args.block_size is None else args.block_size
+    if block_size > draft.block_size:
+        # allowed, as in spec_generate and `generate --block-size`: the draft runs any block length (its
+        # attention has no size of its own), but positions past its training block never had a label
+        untrained = (f"position {block_size - 1} was" if block_size == draft.block_size + 1
+                     else f"positions {draft.block_size} … {block_size - 1} were")
+        say(f"--block-size {block_size}: this draft was trained on blocks of {draft.block_size}; "
+            f"{untrained} never trained")
+    chat = open_chat_target(args.target)
+    target, tokenizer = chat.model, chat.tokenizer
+    check_fits(draft, folder, target, "SmolLM2-135M" if chat.name == SMOLLM2 else chat.label)
+    results = {"target": args.target, "draft": str(folder), "block_size": block_size,
+               "trained_block_size": draft.block_size, "tokens": args.tokens, "sets": {}}
+    for spec in args.sets:
+        split, start, count = parse_set(spec)
+        chosen = set_prompts(split)[start:start + count]
+        if args.teacher_forced:
+            results["sets"][spec] = measure_teacher_forced(draft, chat, spec, chosen, args.tokens, args.figures,
+                                                           folder, say)
+            continue
+        records, started = [], time.perf_counter()
+
+        def done(i: int) -> None:                  # a progress line per 12 prompts of a longer set
+            if i % 12 == 0 and i < count:
+                say(f"{spec}: {i}/{count} prompts, {time.perf_counter() - started:.0f} s")
+        try:
+            by_position, tau = acceptance_by_position(draft, target, tokenizer, chosen, args.tokens,
+                                                      chat.stop_token_ids, block_size, records=records, done=done)
+        except ValueError as e:                      # e.g. --tokens past the target's positions (compat.check_request)
+            raise SystemExit(f"prompt set {spec}: {e}") from None
+        per_prompt = mean_of_prompts(records)
+        results["sets"][spec] = {"tokens_per_step": tau, "tokens_per_step_mean_of_prompts": per_prompt,
+                                 "acceptance_by_position": by_position, "prompts": chosen}
+        say(f"{spec:>20}  τ {number(tau)} tokens/step (mean of prompts {number(per_prompt)})  "
+            f"acceptance by block position {fractions(by_position)}")
+        if None in by_position:
+            say(f"{'':>22}(n/a: no step verified a whole block of {block_size}; raise --tokens)")
+        if args.by_template:
+            results["sets"][spec]["by_template"] = by_template(chosen, records, block_size, say)
+    if args.out:
+        text = json.dumps(results, indent=1) + "\n"
+        try:
+            Path(args.out).write_text(text)
+        except OSError as e:                          # the results are not lost with the file
+            print(text)
+            raise SystemExit(f"--out {args.out}: cannot write it ({e.strerror}); the results are printed above")
+        say(f"wrote {args.out}")
+    return results

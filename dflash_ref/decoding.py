@@ -1,0 +1,236 @@
+"""Decoding: the target alone (autoregressive, the baseline) and speculative decoding with a DFlash
+draft (seed: "推理流程"), which must give exactly the same output.
+
+Autoregressive (`generate`):   x_{t+1} = argmax p(· | x_≤t)  (temperature 0)  or  x_{t+1} ~ p_T(· | x_≤t)
+
+Speculative (`spec_generate`), the seed's five stages:
+
+    1. prefill   target(prompt) → first token x_0, target_hidden for every prompt position
+       then per step, start = position of the last committed token x_0 = output_ids[start]:
+    2. draft     block = [x_0, mask, …, mask], L_q = min(block_size, max_length − start);
+                 draft(embed(block), target_hidden, positions start − L_c … start + L_q − 1)[:, 1:]
+                 → γ = L_q − 1 proposals d_1..d_γ; the draft cache is cropped back to `start`
+                 (context K/V stay, the block's go)
+    3. verify    target([x_0, d_1, …, d_γ]) → the posterior at every block position, new hidden states
+    4. accept    τ by cumprod and the bonus token (acceptance.py); commit x_0, d_1..d_τ, bonus
+    5. crop      the target cache to the new start = start + τ + 1; target_hidden = new features[:, :τ + 1]
+
+Why `[:, 1:]`: block position 0 holds the known token x_0; positions 1..γ are the predictions.
+Output buffer and position rules follow `dflash` 0.1.0 exactly, so both give the same tokens, and
+random numbers are drawn in the same order in both functions here, so `spec_generate(...,
+block_size=1)` gives exactly `generate`'s output, sampled or greedy.
+# diff with official: tokens equal to mask_token_id are kept (never stripped), batch size > 1 is
+# refused with a clear error, no CUDA synchronisation is needed (it runs on the CPU), and a draft
+# with a draft vocabulary proposes among it only (official: always all V; equally lossless).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from .acceptance import check_sampling, sample, sample_probs, sampling_probs, verify_block
+from .compat import check_pair, check_request
+from .extensions.draft_vocab import DraftVocabHead
+from .extensions.verify_gate import check_gate, gate_block
+from .layer_sampling import extract_context_feature
+from .trace import StepRecord
+
+VERIFIERS = ("rejection", "match")
+
+
+@dataclass
+class GenerationOutput:
+    output_ids: torch.Tensor                       # (1, prompt_len + num_output_tokens)
+    num_input_tokens: int
+    acceptance_lengths: list[int] = field(default_factory=list)  # τ per decode step
+    tokens_per_step: list[int] = field(default_factory=list)     # committed per step (official's list)
+    num_draft_passes: int = 0
+    num_target_passes: int = 0                      # prefill included
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.output_ids.shape[1] - self.num_input_tokens
+
+    def add_step(self, acceptance_length: int, produced: int) -> None:
+        """One decode step's τ and the tokens it committed."""
+        self.acceptance_lengths.append(acceptance_length)
+        self.tokens_per_step.append(produced)
+
+    @property
+    def mean_tokens_per_step(self) -> float:
+        """Mean tokens committed per target verify (the paper's τ, bonus included)."""
+        return sum(self.tokens_per_step) / max(len(self.tokens_per_step), 1)
+
+
+@torch.inference_mode()
+def generate(target, input_ids: torch.Tensor, max_new_tokens: int,
+             stop_token_ids: list[int] | None = None, temperature: float = 0.0,
+             top_p: float = 1.0, top_k: int = 0) -> GenerationOutput:
+    """Up to `max_new_tokens` tokens after `input_ids` (1, L) from the target alone, one per pass."""
+    check_sampling(temperature, top_p, top_k)
+    check_request(input_ids, max_new_tokens, target.config.max_position_embeddings,
+                  target.config.vocab_size, stop_token_ids)
+    input_ids = input_ids.to(target.device)
+    stop = {int(t) for t in stop_token_ids or ()}
+    cache = target.make_cache()
+    result = GenerationOutput(input_ids.clone(), input_ids.shape[1])
+    if max_new_tokens == 0:
+        return result
+    logits = target(input_ids, past_key_values=cache, output_hidden_states=False, logits_to_keep=1).logits
+    tokens = [int(sample(logits[:, -1], temperature, top_p, top_k)[0])]
+    result.num_target_passes = 1
+    while len(tokens) < max_new_tokens and tokens[-1] not in stop:
+        last = torch.tensor([[tokens[-1]]], device=input_ids.device)          # (1, 1)
+        logits = target(last, past_key_values=cache, output_hidden_states=False).logits
+        result.num_target_passes += 1
+        tokens.append(int(sample(logits[:, -1], temperature, top_p, top_k)[0]))
+        result.add_step(0, 1)
+    new = torch.tensor([tokens], dtype=torch.long, device=input_ids.device)
+    result.output_ids = torch.cat([input_ids, new], dim=1)
+    return result
+
+
+@torch.inference_mode()
+def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
+                  stop_token_ids: list[int] | None = None, temperature: float = 0.0,
+                  top_p: float = 1.0, top_k: int = 0, block_size: int | None = None,
+                  verifier: str = "rejection", verify_gate: float | None = None,
+                  on_step: Callable[[StepRecord], None] | None = None) -> GenerationOutput:
+    """Up to `max_new_tokens` tokens after `input_ids` (1, L) from draft + target: the five stages above.
+
+    Lossless: greedy output equals `generate(target, …)`; sampled output has the target's distribution
+    with either verifier ("rejection" or "match", acceptance.py). `verify_gate` θ, an extension
+    (extensions/verify_gate.py): verify the whole block only when the draft's c_1·c_2 ≥ θ, else d_1
+    alone; None (official) verifies every block whole. `on_step` gets a StepRecord after every step."""
+    block_size = _check_arguments(draft, target, input_ids, max_new_tokens, stop_token_ids, temperature,
+                                  top_p, top_k, block_size, verifier, verify_gate)
+    device, prompt_len = target.device, input_ids.shape[1]
+    input_ids, max_length = input_ids.to(device), prompt_len + max_new_tokens
+    result = GenerationOutput(input_ids.clone(), prompt_len)
+    if max_new_tokens == 0:                                                   # no prefill, no random draw
+        return result
+    output_ids = torch.full((1, max_length + 1), draft.mask_token_id, dtype=torch.long, device=device)
+    position_ids = torch.arange(max_length + 1, device=device)[None]         # (1, max_length + 1)
+    target_cache, draft_cache = target.make_cache(), draft.make_cache()
+    stop_tokens = torch.tensor(sorted({int(t) for t in stop_token_ids or ()}), dtype=torch.long, device=device)
+    head = _proposal_head(draft, target, block_size)
+
+    # 1. prefill: the prompt's next token x_0, and its features as the first context
+    out = target(input_ids, position_ids[:, :prompt_len], target_cache,
+                 output_hidden_states=block_size > 1, logits_to_keep=1)
+    result.num_target_passes += 1
+    output_ids[:, :prompt_len] = input_ids
+    output_ids[:, prompt_len] = sample(out.logits[:, -1], temperature, top_p, top_k)
+    target_hidden = (extract_context_feature(out.hidden_states, draft.target_layer_ids)   # (1, L, k·d)
+                     if block_size > 1 else None)
+    start = prompt_len
+    stopped = bool(torch.isin(output_ids[0, start], stop_tokens))
+    while start + 1 < max_length and not stopped:
+        caches = {"draft_cache_before": draft_cache.get_seq_length(),              # for the step's record
+                  "target_cache_before": target_cache.get_seq_length()}
+        # 2. draft: [x_0, mask, …] → d_1..d_γ in one parallel pass; then the block's K/V go
+        draft_size = min(block_size, max_length - start)                     # L_q
+        block_ids = output_ids[:, start:start + draft_size].clone()          # (1, L_q)
+        ctx_len = target_hidden.shape[1] if draft_size > 1 else 0            # L_c, new context features
+        draft_logits = draft_probs = None
+        if draft_size > 1:
+            hidden = draft(position_ids[:, start - ctx_len:start + draft_size],
+                           noise_embedding=target.embed(block_ids), target_hidden=target_hidden,
+                           past_key_values=draft_cache)[:, 1:]                # (1, γ, d)
+            result.num_draft_passes += 1
+            caches["draft_cache_after_draft"] = draft_cache.get_seq_length()
+            draft_cache.crop(start)
+            draft_logits = draft.compute_logits(hidden, head)                 # (1, γ, V)
+            block_ids[:, 1:], draft_probs = _propose(draft_logits, temperature, top_p, top_k, verifier)
+        proposals = block_ids[0, 1:].tolist()                                 # d_1..d_γ, every one drafted
+        block_ids, draft_probs = gate_block(verify_gate, block_ids, draft_logits, draft_probs)  # (1, L)
+
+        # 3. verify: one target pass over [x_0, d_1, …]
+        verify_size = block_ids.shape[1]                                      # L
+        out = target(block_ids, position_ids[:, start:start + verify_size], target_cache,
+                     output_hidden_states=verify_size > 1)
+        result.num_target_passes += 1
+        caches["target_cache_after_verify"] = target_cache.get_seq_length()
+
+        # 4. accept: τ by cumprod, the bonus, and what is committed (a stop token ends the step)
+        tau, bonus, posterior = verify_block(block_ids[:, 1:], out.logits, draft_probs,
+                                             temperature, top_p, top_k, verifier)
+        output_ids[:, start:start + tau + 1] = block_ids[:, :tau + 1]
+        output_ids[:, start + tau + 1] = bonus
+        produced, stopped = _committed(output_ids, start, tau, max_length, stop_tokens)
+
+        # 5. crop the target cache to the committed tokens; their features are the next context
+        target_cache.crop(start + produced)                                   # rejected K/V go
+        if draft_size > 1:
+            target_hidden = extract_context_feature(out.hidden_states, draft.target_layer_ids)[:, :produced]
+        result.add_step(tau, produced)
+        if on_step is not None:
+            on_step(_step_record(len(result.acceptance_lengths) - 1, start, block_ids, draft_size, proposals,
+                                 posterior, tau, bonus, produced, ctx_len, caches, draft_cache, target_cache))
+        start += produced
+
+    result.output_ids = output_ids[:, :min(start + 1, max_length)]
+    return result
+
+
+def _check_arguments(draft, target, input_ids, max_new_tokens, stop_token_ids, temperature, top_p, top_k,
+                     block_size, verifier, verify_gate) -> int:
+    """Refuse what cannot be decoded, before any compute (compat.py); → the block size to use."""
+    check_pair(draft, target)
+    check_sampling(temperature, top_p, top_k)
+    if verifier not in VERIFIERS:
+        raise ValueError(f"unknown verifier {verifier!r}; choose one of {VERIFIERS}")
+    check_gate(verify_gate)
+    block_size = draft.block_size if block_size is None else block_size
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be an integer ≥ 1, got {block_size!r}")
+    max_positions = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
+    check_request(input_ids, max_new_tokens, max_positions, target.config.vocab_size, stop_token_ids)
+    return block_size
+
+
+def _proposal_head(draft, target, block_size: int):
+    """The output head the proposals come from: the target's, over all V, or over the draft's own
+    vocabulary if it has one (an extension, extensions/draft_vocab.py)."""
+    vocab = getattr(draft, "draft_vocab", None)
+    return target.output_head if vocab is None or block_size == 1 else DraftVocabHead(target, vocab)
+
+
+def _propose(draft_logits: torch.Tensor, temperature: float, top_p: float, top_k: int, verifier: str):
+    """d_1..d_γ (1, γ) from draft_logits (1, γ, V), and the q they were drawn from (1, γ, V): sampled
+    for the rejection verifier at temperature > 0, else the argmax (q None)."""
+    if temperature > 0 and verifier == "rejection":
+        draft_probs = sampling_probs(draft_logits, temperature, top_p, top_k)
+        return sample_probs(draft_probs), draft_probs
+    return draft_logits.argmax(dim=-1), None
+
+
+def _committed(output_ids: torch.Tensor, start: int, tau: int, max_length: int,
+               stop_tokens: torch.Tensor) -> tuple[int, bool]:
+    """(tokens committed after x_0, stopped): τ + 1, clipped by the length limit, and cut just after
+    the first stop token among them (a stop token anywhere in the accepted run ends the output)."""
+    produced = min(tau + 1, max_length - start - 1)
+    hits = torch.isin(output_ids[0, start + 1:start + produced + 1], stop_tokens).nonzero()
+    if hits.numel():
+        return int(hits[0, 0]) + 1, True
+    return produced, False
+
+
+def _step_record(step: int, start: int, block_ids: torch.Tensor, draft_size: int, proposals: list[int],
+                 posterior: torch.Tensor | None, tau: int, bonus, produced: int, ctx_len: int,
+                 caches: dict[str, int], draft_cache, target_cache) -> StepRecord:
+    """The trace's record of one step, `start` still the step's own (the position of its x_0)."""
+    return StepRecord(
+        step=step, start=start, block_ids=block_ids[0].tolist(),
+        q_position_ids=list(range(start, start + draft_size)),
+        k_position_ids=list(range(start + draft_size)) if draft_size > 1 else [],
+        draft_tokens=proposals, verify_size=block_ids.shape[1],
+        posterior=posterior[0].tolist() if posterior is not None else [],
+        acceptance_length=tau, bonus=int(bonus), produced=produced, ctx_len=ctx_len,
+        draft_cache_before=caches["draft_cache_before"],
+        draft_cache_after_draft=caches.get("draft_cache_after_draft", caches["draft_cache_before"]),
+        draft_cache_after=draft_cache.get_seq_length(), target_cache_before=caches["target_cache_before"],
+        target_cache_after_verify=caches["target_cache_after_verify"],
+        target_cache_after=target_cache.get_seq_length())

@@ -1,0 +1,46 @@
+"""DFlash draft folders in the official format: `config.json` (`architectures: ["DFlashDraftModel"]`)
++ safetensors, read and written by the Hugging Face layout reader of target/checkpoint.py, with the
+official parameter names, so one folder loads here, in `dflash` and in any port.
+
+A draft folder may also hold `draft_vocab.json` (extensions/draft_vocab.py): the token ids the draft
+proposes among; the official loader ignores the file and proposes over all V.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..config import DraftConfig
+from ..draft_model import DFlashDraftModel
+from ..extensions.draft_vocab import FILE as DRAFT_VOCAB_FILE
+from ..extensions.draft_vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
+from ..extensions.linear import use_rows_first
+from ..target.checkpoint import CheckpointError, load_folder, save_folder
+
+
+def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> DFlashDraftModel:
+    """An official-format DFlash draft folder → DFlashDraftModel (dtype: None = the config's)."""
+    model = load_folder(DFlashDraftModel, DraftConfig, folder, dtype, device, {"DFlashDraftModel"})
+    state = model.state_dict()
+    broken = [name for name, t in state.items() if not bool(torch.isfinite(t).all())]
+    if broken:                    # a damaged draft: its proposals would be NaN, sampling them fails in torch
+        loaded = next(iter(state.values())).dtype
+        narrow = ", which may be too narrow for the stored values" if loaded == torch.float16 else ""
+        raise CheckpointError(f"{Path(folder)}: tensors holding NaN or infinity as loaded in {loaded}{narrow}: {broken}")
+    try:
+        model.draft_vocab = load_draft_vocab(folder, model.config.vocab_size)   # draft_vocab.json, if any
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    use_rows_first(model)         # the CPU's faster product for decoding's few rows (extensions/linear.py)
+    return model
+
+
+def save_draft(model: DFlashDraftModel, folder: str | Path, dtype: torch.dtype | None = None) -> None:
+    """Write config.json + model.safetensors in the official draft format, and draft_vocab.json
+    beside them if the draft has a draft vocabulary (a stale one is removed if it has none)."""
+    save_folder(model, folder, dtype)
+    if getattr(model, "draft_vocab", None) is not None:
+        save_draft_vocab(check_draft_vocab(model.draft_vocab, model.config.vocab_size), folder)
+    else:
+        (Path(folder) / DRAFT_VOCAB_FILE).unlink(missing_ok=True)

@@ -1,0 +1,71 @@
+"""Confidence-gated verification: how many of the drafted tokens the target checks in a step.
+An extension (neither the paper nor the official code has it; off unless asked for).
+
+The draft always proposes a whole block in one pass; the target need not verify all of it. Where a
+verify of a few tokens costs what one token costs (a GPU, or a CPU whose weights stream slowly: the
+weights are read once either way), verifying everything is free. Where a verify of 3–4 tokens costs
+clearly more than one of 2 (some CPUs: figures/bench/README.md, "The verify gate"), while the third
+and fourth proposals of a small draft are rarely right, verify the whole block only when the draft
+itself says its first two proposals are likely right:
+
+    c_k = max_v q_k(v)               the draft's confidence at block position k: the largest
+                                     probability of its distribution there (greedy, and the "match"
+                                     verifier at any temperature: the softmax of its logits, so
+                                     c_k = q_k(d_k) for the argmax d_k; the "rejection" verifier: of
+                                     the distribution d_k is drawn from, temperature and top-p/top-k
+                                     applied, so the same θ means a different cut there)
+    L   = b     if c_1 · c_2 ≥ θ     the whole block [x_0, d_1, …, d_{b−1}]
+          2     otherwise            [x_0, d_1]: the first proposal alone
+
+Lossless for every θ: a shortened block is verified exactly as a block of that size would be, so
+greedy output still equals the target's own, and sampling keeps the target's distribution. For
+sampling this needs L to be independent of the drawn d_2 … d_γ (d_1 is verified either way): a
+DFlash draft computes every q_k in one parallel pass, before any d_k is drawn, so a gate on the
+distributions alone leaves each verified d_k distributed as q_k. A gate on q_k(d_k) of the
+*sampled* d_k would let only likely-looking d_2 through to verification, and rejection sampling,
+which assumes d_2 ~ q_2, would then be biased (tests/test_lossless.py caught exactly this).
+θ = 0 verifies every block whole (the official behaviour); θ > 1 never does. c_1 · c_2 ranks steps
+by how likely both proposals are accepted, though it is no calibrated probability, and whether the
+gate pays depends on the machine, so it is off by default.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def check_gate(threshold: float | None) -> None:
+    """A gate must be None (off) or a real number θ ≥ 0."""
+    if threshold is None:
+        return
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
+        raise ValueError(f"verify_gate must be None (verify every block whole) or a number θ ≥ 0 "
+                         f"(verify the whole block when c_1·c_2 ≥ θ), got {threshold!r}")
+
+
+def draft_confidence(draft_logits: torch.Tensor, draft_probs: torch.Tensor | None = None) -> torch.Tensor:
+    """c_k at each block position: from draft_logits (1, γ, V) (softmax taken here) or, when the
+    proposals are sampled, from draft_probs (1, γ, V), the distributions they are drawn from → (1, γ), fp32."""
+    probs = draft_probs if draft_probs is not None else torch.softmax(draft_logits.float(), dim=-1)
+    return probs.float().amax(dim=-1)                                        # (1, γ, V) → (1, γ)
+
+
+def gated_verify_size(confidence: torch.Tensor, draft_size: int, threshold: float | None) -> int:
+    """L: `draft_size` (the whole drafted block) if the gate is off, the block has no second
+    proposal, or c_1 · c_2 ≥ θ; else 2. confidence (1, ≥ 2) from `draft_confidence`."""
+    if threshold is None or draft_size <= 2:
+        return draft_size
+    return draft_size if float(confidence[0, 0] * confidence[0, 1]) >= threshold else 2
+
+
+def gate_block(threshold: float | None, block_ids: torch.Tensor, draft_logits: torch.Tensor | None,
+               draft_probs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The block the target verifies: block_ids (1, L_q) [x_0, d_1, …] cut to (1, L), and the
+    rejection verifier's draft_probs (1, L_q − 1, V) to (1, L − 1, V); unchanged with the gate off
+    (θ None) or fewer than two proposals."""
+    draft_size = block_ids.shape[1]
+    if threshold is None or draft_size <= 2:
+        return block_ids, draft_probs
+    confidence = draft_confidence(draft_logits[:, :2],                          # c_1, c_2: (1, 2)
+                                  draft_probs[:, :2] if draft_probs is not None else None)
+    size = gated_verify_size(confidence, draft_size, threshold)
+    return block_ids[:, :size], draft_probs[:, :size - 1] if draft_probs is not None else None

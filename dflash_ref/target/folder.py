@@ -1,0 +1,66 @@
+"""Opening a target folder the commands name (`--target DIR`): a Hugging Face causal-LM folder
+with its tokenizer, run on the project's own Qwen3 where it is one (qwen3.py) and in transformers
+otherwise (hf.py), and the token ids its answers end with. A folder that cannot serve ends the
+command with a message naming the folder and the problem, never a traceback.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .checkpoint import CheckpointError, config_architectures, load_target
+from .hf import HFTarget
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+
+
+def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen3: bool = True):
+    """--target FOLDER (a Hugging Face model folder) → (target, tokenizer), or the command ends naming
+    the folder and the problem: a Qwen3ForCausalLM runs on the project's own Qwen3 (unless not
+    `own_qwen3`: training distils through transformers' generate), anything else in transformers."""
+    if not (folder / "config.json").is_file():
+        raise SystemExit(f"--target {folder}: no config.json there (a Hugging Face model folder, or 'smollm2')")
+    try:
+        archs = config_architectures(folder)
+    except CheckpointError as e:
+        raise SystemExit(f"--target {e}") from None
+    if "DFlashDraftModel" in archs:
+        raise SystemExit(f"--target {folder}: architectures {archs} is a draft, not a target")
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):   # else transformers makes an empty one
+        raise SystemExit(f"--target {folder}: no tokenizer files ({' or '.join(TOKENIZER_FILES)})")
+    from transformers import AutoTokenizer            # optional: the hf extra
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError, KeyError, TypeError) as e:       # transformers' own, for damaged files
+        raise SystemExit(f"--target {folder}: its tokenizer does not load: {type(e).__name__}: {e}") from None
+    if "Qwen3ForCausalLM" in archs and own_qwen3:
+        try:
+            return load_target(folder, dtype, device), tokenizer              # the project's own Qwen3
+        except CheckpointError as e:
+            raise SystemExit(f"--target: {e}") from None
+    from transformers import AutoModelForCausalLM    # optional: the hf extra
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"--target {folder}: transformers cannot load it: {e}") from None
+    return HFTarget(model.to(device)), tokenizer
+
+
+def folder_stop_ids(folder: Path, tokenizer) -> list[int]:
+    """generation_config.json's eos_token_id (an id or a list), else the tokenizer's eos_token_id."""
+    path = folder / "generation_config.json"
+    eos = None
+    if path.is_file():
+        try:
+            eos = json.loads(path.read_text()).get("eos_token_id")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raise SystemExit(f"--target {path} is not a JSON object: {e}") from None
+    if eos is None or eos == []:
+        eos = tokenizer.eos_token_id
+    ids = eos if isinstance(eos, list) else [] if eos is None else [eos]
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise SystemExit(f"--target {folder}: eos_token_id {eos!r} is not a token id or a list of them")
+    return sorted(set(ids))

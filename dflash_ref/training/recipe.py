@@ -1,0 +1,234 @@
+"""Training a DFlash draft: the paper's recipe (arXiv 2602.06036), every choice in one module.
+
+Data: a sequence x_0 … x_{T−1} (prompt + the target's own response) and the target's features
+target_hidden (T, k·d) of the sampled layers at every position (computed once, no gradient).
+
+    anchors   m positions a_j in the response, a_j + b − 1 ≤ T − 1, resampled at every step
+    block j   [x_{a_j}, mask, …, mask] at positions a_j … a_j + b − 1; labels x_{a_j+1} … x_{a_j+b−1}
+    context   the features of positions p < a_j: exactly what inference holds when x_{a_j} is the
+              last committed token (its own features are not known yet)
+    one pass  queries = the m·b block positions; keys = [C at all T positions; the m blocks];
+              block j sees context key p iff p < a_j and the keys of its own block (bidirectional),
+              nothing of the other blocks                                    (block_mask)
+              (a causal or sliding-window layer narrows that by its own rule on the positions, as
+              inference applies it; the official drafts have none                (block_masks))
+    loss      Σ_j Σ_{k=1}^{b−1} w_k · CE(logits_{j,k}, x_{a_j+k}) / (m · Σ_k w_k),
+              w_k = exp(−(k − 1)/γ), γ = 7 for b = 16, 5 for b = 10, 4 for b = 8 (the paper's; any
+              other b > 2 must be given its γ: cli/train.py takes γ = 4 for b = 4)
+    frozen    the target's embedding (noise embedding) and lm_head, shared with the draft
+    optimiser AdamW, linear warmup then cosine decay to 0, gradient-norm clipping; one step averages
+              the loss of several sequences (a batch), each with its own m anchors
+
+Departure for CPU budgets (optional, `vocab=`): the loss's softmax normaliser is estimated instead
+of summed over all V. On a CPU the (m·(b − 1), d) × (d, V) product is ~80 % of a step. The sum runs
+over the tokens of the training responses R (all labels are among them) plus K tokens drawn
+uniformly, every step, from the other V − |R|, each counted (V − |R|)/K times:
+
+    Z ≈ Σ_{v∈R} e^{z_v} + (V − |R|)/K · Σ_{v∈sample} e^{z_v}      (log-weight log((V − |R|)/K))
+
+an unbiased estimate of Z; its log, which the loss takes, is biased low (E log Ẑ ≤ log E Ẑ), the
+less the more of Z lies in R.
+
+Without the sampled part (softmax over R alone) tokens outside R are never pushed down, and the
+trained draft proposes them at inference (measured: nothing accepted). At inference the draft proposes
+among R (its draft vocabulary, extensions/draft_vocab.py) or over all V; the target verifies either way.
+
+The inference draft with its KV cache gives the same logits for a block (tests/test_training.py).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.nn import functional as F
+
+from ..attention import position_rule
+from ..layer_sampling import extract_context_feature
+
+PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
+
+
+def loss_weights(block_size: int, gamma: float | None = None) -> torch.Tensor:
+    """w_k = exp(−(k − 1)/γ) for k = 1 … b − 1: early block positions count most."""
+    if block_size < 2:
+        raise ValueError(f"a block of {block_size} has no position to predict: training needs block_size ≥ 2")
+    if gamma is None:
+        if block_size == 2:      # one weight, w_1 = 1, whatever γ
+            gamma = 1.0
+        elif block_size not in PAPER_GAMMA:
+            raise ValueError(f"the paper gives γ for block sizes {sorted(PAPER_GAMMA)}; pass gamma for "
+                             f"block size {block_size}")
+        else:
+            gamma = PAPER_GAMMA[block_size]
+    k = torch.arange(1, block_size, dtype=torch.float32)
+    return torch.exp(-(k - 1) / gamma)                                       # (b − 1,)
+
+
+def sample_anchors(prompt_len: int, seq_len: int, block_size: int, num_anchors: int,
+                   generator: torch.Generator | None = None) -> torch.Tensor:
+    """Up to `num_anchors` distinct sorted anchors in [max(prompt_len, 1), seq_len − block_size]."""
+    first, last = max(prompt_len, 1), seq_len - block_size
+    if last < first:
+        raise ValueError(f"a sequence of {seq_len} tokens with a {prompt_len}-token prompt has no room "
+                         f"for a block of {block_size}")
+    candidates = torch.arange(first, last + 1)
+    pick = torch.randperm(len(candidates), generator=generator)[:num_anchors]
+    return candidates[pick].sort().values
+
+
+def block_mask(anchors: torch.Tensor, block_size: int, ctx_len: int) -> torch.Tensor:
+    """bool (m·b, ctx_len + m·b): block j sees context p < a_j and its own block, nothing else."""
+    m = len(anchors)
+    block_of_query = torch.arange(m).repeat_interleave(block_size)           # (m·b,)
+    sees_context = torch.arange(ctx_len)[None, :] < anchors[block_of_query][:, None]   # (m·b, T)
+    sees_block = block_of_query[:, None] == block_of_query[None, :]          # (m·b, m·b)
+    return torch.cat([sees_context, sees_block], dim=1)
+
+
+def block_masks(draft, anchors: torch.Tensor, block_size: int, position_ids: torch.Tensor):
+    """block_mask narrowed, layer by layer, by each layer's own rule (a causal or sliding-window
+    layer), evaluated on the positions as inference applies it to its cache, whose key i is position
+    i: one bool (m·b, T + m·b) for all layers when none has a rule of its own, else a list of them.
+    position_ids (T + m·b,): the context's positions, then the blocks'."""
+    ctx_len = len(position_ids) - len(anchors) * block_size
+    mask = block_mask(anchors, block_size, ctx_len)                           # (m·b, T + m·b)
+    rules = [position_rule(position_ids[ctx_len:], position_ids, is_causal=layer.self_attn.is_causal,
+                           sliding_window=layer.self_attn.sliding_window) for layer in draft.layers]
+    if all(rule is None for rule in rules):                                  # the official drafts: non-causal, full
+        return mask
+    return [mask if rule is None else mask & rule for rule in rules]
+
+
+def target_features(target, token_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
+    """(1, T) → the sampled layers' features (1, T, k·d), without gradient (the target is frozen)."""
+    with torch.no_grad():
+        out = target(token_ids, output_hidden_states=True, logits_to_keep=1)   # the logits are not needed
+    return extract_context_feature(out.hidden_states, layer_ids)
+
+
+def training_vocabulary(token_lists, always=()) -> torch.Tensor:
+    """The sorted distinct ids of the training responses (plus `always`, e.g. the stop tokens)."""
+    ids = {int(t) for tokens in token_lists for t in tokens} | {int(t) for t in always}
+    return torch.tensor(sorted(ids), dtype=torch.long)
+
+
+def sampled_vocabulary(always: torch.Tensor, vocab_size: int, num_sampled: int,
+                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`always` (R) + `num_sampled` distinct ids drawn uniformly from the rest, and each id's
+    log-weight in the normaliser: 0 for R, log((V − |R|)/K) for a sampled id."""
+    others = torch.ones(vocab_size, dtype=torch.bool)
+    others[always] = False
+    rest = others.nonzero()[:, 0]                                              # (V − |R|,)
+    k = min(num_sampled, len(rest))
+    sampled = rest[torch.randperm(len(rest), generator=generator)[:k]]
+    log_weight = torch.cat([torch.zeros(len(always)), torch.full((k,), math.log(len(rest) / max(k, 1)))])
+    return torch.cat([always, sampled]), log_weight
+
+
+def target_features_batched(target, sequences: list[torch.Tensor], layer_ids: list[int],
+                            batch_size: int = 16, say=None) -> list[torch.Tensor]:
+    """target_features for many (1, T_i) sequences, `batch_size` at a time: sorted by length and
+    right-padded, which changes nothing before the padding (causal attention) → [(1, T_i, k·d)].
+    `say`, if given, gets a progress line about every 10 % of the sequences."""
+    order = sorted(range(len(sequences)), key=lambda i: sequences[i].shape[1])
+    out: list[torch.Tensor | None] = [None] * len(sequences)
+    for start in range(0, len(order), batch_size):
+        group = order[start:start + batch_size]
+        width = max(sequences[i].shape[1] for i in group)
+        padded = torch.zeros(len(group), width, dtype=torch.long)               # (n, T_max), pad id 0
+        for row, i in enumerate(group):
+            padded[row, :sequences[i].shape[1]] = sequences[i][0]
+        features = target_features(target, padded.to(target.device), layer_ids)  # (n, T_max, k·d)
+        for row, i in enumerate(group):
+            out[i] = features[row:row + 1, :sequences[i].shape[1]].clone()
+        group_number, groups = start // batch_size + 1, math.ceil(len(order) / batch_size)
+        if say is not None and (group_number == groups or group_number % math.ceil(groups / 10) == 0):
+            say(f"target features: {start + len(group)}/{len(order)} sequences")
+    return out
+
+
+def training_logits(draft, target, token_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
+                    vocab: torch.Tensor | None = None, vocab_log_weight: torch.Tensor | None = None,
+                    vocab_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """All m blocks in one pass → logits (m, b − 1, V) and labels (m, b − 1); with `vocab` (V',)
+    the logits cover only those ids, (m, b − 1, V'), plus `vocab_log_weight` (V',) if given, and
+    labels index into `vocab` (labels must be among the ids). `vocab_rows` (V', d) = the lm_head's
+    rows of `vocab`, if already gathered (train_step gathers them once for its whole batch)."""
+    b, seq_len = draft.block_size, token_ids.shape[1]
+    offsets = torch.arange(b)
+    block_positions = (anchors[:, None] + offsets[None, :]).reshape(-1)      # (m·b,)
+    block_ids = torch.full_like(block_positions, draft.mask_token_id)
+    block_ids[::b] = token_ids[0, anchors]                                    # x_{a_j} first, then masks
+    with torch.no_grad():
+        noise_embedding = target.embed(block_ids[None])                       # (1, m·b, d), frozen
+    position_ids = torch.cat([torch.arange(seq_len), block_positions])[None]  # (1, T + m·b)
+    hidden = draft(position_ids, block_masks(draft, anchors, b, position_ids[0]), noise_embedding=noise_embedding,
+                   target_hidden=features)                                    # (1, m·b, d)
+    # contiguous: a strided input sends F.linear to a broadcast bmm, 3× slower than mm on a CPU
+    hidden = hidden.reshape(len(anchors), b, -1)[:, 1:].contiguous()          # (m, b − 1, d)
+    labels = token_ids[0, (anchors[:, None] + offsets[None, 1:])]             # (m, b − 1)
+    if vocab is None:  # the frozen lm_head, detached: backward computes no gradient for its V × d matrix
+        return draft.compute_logits(hidden, lambda h: F.linear(h, target.output_weight().detach())), labels
+    position_in_vocab = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
+    position_in_vocab[vocab] = torch.arange(len(vocab))
+    labels = position_in_vocab[labels]
+    if (labels < 0).any():
+        raise ValueError("a label is not in the training vocabulary; build it from every response trained on")
+    if vocab_rows is None:
+        vocab_rows = target.output_weight()[vocab.to(target.device)]          # (V', d), frozen rows
+    logits = F.linear(hidden, vocab_rows.detach())                            # (m, b − 1, V')
+    if vocab_log_weight is None:
+        return logits, labels
+    # in fp32: under bf16 autocast the logits are bf16, and log((V − |R|)/K) rounded to bf16 would bias Z
+    return logits.float() + vocab_log_weight.to(logits.device, torch.float32), labels
+
+
+def dflash_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Position-weighted cross-entropy: Σ w_k CE_{j,k} / (m Σ w_k)."""
+    flat = logits.float().reshape(-1, logits.shape[-1])                      # (m·(b − 1), V), rows contiguous
+    ce = F.cross_entropy(flat, labels.reshape(-1), reduction="none").reshape(labels.shape)   # (m, b − 1)
+    return (ce * weights).sum() / (len(labels) * weights.sum())
+
+
+def warmup_cosine(step: int, total_steps: int, warmup_steps: int) -> float:
+    """Learning-rate factor: linear 0 → 1 over the warmup, then cosine 1 → 0."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def make_optimizer(draft, lr: float, total_steps: int, warmup_steps: int, weight_decay: float = 0.01):
+    """AdamW over the draft's own parameters (the target's are not among them) + the schedule."""
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=lr, weight_decay=weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: warmup_cosine(step, total_steps, warmup_steps))
+    return optimizer, schedule
+
+
+def train_step(draft, target, batch, weights: torch.Tensor, optimizer, schedule, max_grad_norm: float = 1.0,
+               vocab: torch.Tensor | None = None, vocab_log_weight: torch.Tensor | None = None,
+               bf16: bool = False) -> float:
+    """One optimiser step on a batch of (token_ids (1, T), features (1, T, k·d), anchors (m,)),
+    the loss averaged over its sequences (each backpropagated alone: memory stays one sequence's).
+
+    bf16=True runs the forward under autocast (matrix products in bf16, 2–2.5× faster where the CPU
+    has bf16 instructions; weights, gradients and AdamW stay fp32, the CE is taken in fp32 on the
+    bf16 logits): mixed precision."""
+    draft.train()
+    optimizer.zero_grad(set_to_none=True)
+    rows = None if vocab is None else target.output_weight()[vocab.to(target.device)]   # (V', d), once
+    if rows is not None and bf16:
+        rows = rows.to(torch.bfloat16)            # cast once, not once per sequence by autocast
+    total = 0.0
+    for token_ids, features, anchors in batch:
+        with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits, labels = training_logits(draft, target, token_ids, features, anchors, vocab, vocab_log_weight,
+                                             rows)
+        loss = dflash_loss(logits, labels, weights) / len(batch)
+        loss.backward()
+        total += float(loss.detach())
+    torch.nn.utils.clip_grad_norm_(draft.parameters(), max_grad_norm)
+    optimizer.step()
+    schedule.step()
+    return total
