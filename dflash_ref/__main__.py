@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--block-size", type=int, help="verify blocks of this size (default: the draft's)")
     evaluate.add_argument("--out", help="write the results here as JSON")
     evaluate.add_argument("--by-template", action="store_true",
-                          help="also report each set split by the prompts' template (prompts.TEMPLATES)")
+                          help="also report each set split by the prompts' template (training/prompts.TEMPLATES)")
     evaluate.add_argument("--teacher-forced", action="store_true",
                           help="measure at every position of the target's own greedy responses instead of decoding, "
                                "split by the target's confidence (training/teacher_forced.py)")

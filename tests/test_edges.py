@@ -1,7 +1,7 @@
 """Edge cases of `spec_generate`: lengths, stop tokens, the mask token, clear errors, the output.
 
 Each edge is one test. Greedy runs are compared with `generate` (the target alone); the oracle
-draft (`dflash_ref.oracle.OracleDraft`) places stop tokens exactly: inside an accepted run, or as
+draft (`dflash_ref.drafts.oracle.OracleDraft`) places stop tokens exactly: inside an accepted run, or as
 the bonus token. Errors are ValueError subclasses raised before any model compute (checked with
 forward pre-hooks that count every call of the target and the draft).
 """

@@ -18,6 +18,7 @@ from conftest import assert_close, use_explicit_attention, draft_config, make_pa
 from dflash_ref import (DFlashDraftModel, Qwen3Target, build_target_layer_ids,
                         extract_context_feature, generate, spec_generate)
 from dflash_ref.drafts.oracle import OracleDraft
+from dflash_ref.extensions.linear import use_rows_first
 
 official = pytest.importorskip("dflash.model")
 transformers = pytest.importorskip("transformers")
@@ -88,6 +89,7 @@ def random_draft_case(seed: int):
                       block_size=rng.randint(2, 8))
     target = randomize_(Qwen3Target(tc), seed)
     draft = randomize_(DFlashDraftModel(dc), seed + 10_000)
+    use_rows_first(draft)     # the product every loaded or random draft uses, checked against the official
     batch = 1 + (seed // 3) % 2
     ctx_len = rng.randint(1, 10)
     g = torch.Generator().manual_seed(seed)

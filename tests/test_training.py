@@ -450,7 +450,7 @@ def _checkpoint(folder, step: int = 3):
     (lambda s: [s], "is not a JSON object"),
 ])
 def test_a_resume_refuses_a_damaged_state_json_by_name_before_any_work(tmp_path, edit, message):
-    """Every field of state.json is checked when it is read (train_cli reads it before distilling):
+    """Every field of state.json is checked when it is read (cli/train.py reads it before distilling):
     these used to fail raw, after the data and features, deep in AdamW, base64 or torch's generator."""
     import json
 

@@ -121,7 +121,7 @@ def by_template(chosen: list[str], records: list[list], block_size: int, say=pri
 def measure_teacher_forced(draft, chat, spec: str, chosen: list[str], tokens: int,
                            figures: str | None, folder: Path, say=print) -> dict:
     """The target's greedy responses to `chosen` (fp32, not stored), then training/teacher_forced.py on them;
-    with `figures`, its plot as FIGURES/teacher_forced_SPLIT_START_COUNT.png. chat: chat_target.ChatTarget."""
+    with `figures`, its plot as FIGURES/teacher_forced_SPLIT_START_COUNT.png. chat: target/chat.ChatTarget."""
     target, tokenizer = chat.model, chat.tokenizer
     longest, limit = longest_chat_prompt(tokenizer, chosen), target.config.max_position_embeddings
     if longest + tokens > limit:             # as decoding refuses it (compat.check_request), before generating

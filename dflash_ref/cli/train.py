@@ -1,5 +1,5 @@
 """`python -m dflash_ref train`: self-distil data from SmolLM2 (or `--target DIR`, any transformers chat
-model: target/chat.py) on the prompts written in training/distill.py (or `--prompts-file`: training/prompt_file.py), train a
+model: target/chat.py) on the prompts written in training/prompts.py (or `--prompts-file`: training/prompt_file.py), train a
 draft with the paper's recipe (training/recipe.py), save official-format checkpoints, resume, and plot the loss
 and the acceptance per block position on held-out prompts.
 

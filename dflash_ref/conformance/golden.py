@@ -1,7 +1,7 @@
 """The golden scenarios, and writing their bundles: tiny models, run through the reference with every
 hook point recorded (`tracing`), stored with their weights in the official formats.
 
-    01_walkthrough   the seed's example: a 3-token prompt, block size 4 (dflash_ref.demo's models)
+    01_walkthrough   the seed's example: a 3-token prompt, block size 4 (walkthrough/demo.py's models)
     02_multiround    greedy, many rounds: τ = 0, partial and full; a mismatch followed by a match;
                      the mask token among the outputs
     03_stop_token    the same models, stopped by a stop token inside a step

@@ -27,7 +27,7 @@ DEFAULTS = {"layers": 2, "block_size": 4, "gamma": None, "steps": 4400, "lr": 3e
             "distill_dtype": "bf16", "train_dtype": "bf16", "init": "random", "save_every": 500,
             "eval_prompts": 12, "eval_tokens": 128, "figures": "figures/training", "seed": 0, "target": "smollm2",
             "prompts_file": None, "heldout_file": None}
-FILES = ("prompts_file", "heldout_file")        # None: the prompts written in distill.py
+FILES = ("prompts_file", "heldout_file")        # None: the prompts written in prompts.py
 PATHS = ("target", *FILES)                      # kept as absolute paths (but the target "smollm2")
 CHOICES = {"distill_dtype": ("bf16", "fp32"), "train_dtype": ("bf16", "fp32"), "init": ("random", "target")}
 # how long the run goes on, how often it saves, how it is evaluated and where its plot goes
@@ -65,7 +65,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     option("negatives", "tokens sampled per step beside the responses' for the softmax estimate", type=int)
     option("prompts", "distil the first N training prompts (of the 7140 written; all of a --prompts-file)", type=int)
     option("prompts-file", "training prompts of your own: .txt (one a line) or .jsonl (prompt, messages or "
-                           "conversations; prompt_file.py)")
+                           "conversations; training/prompt_file.py)")
     option("heldout-file", "held-out prompts of your own for the final evaluation, as --prompts-file")
     option("max-new-tokens", "longest response distilled", type=int)
     option("distill-batch", "prompts per generate() call", type=int)
@@ -143,7 +143,7 @@ def _check_kind(key: str, value, where: str) -> None:
 
 
 def check_seed(seed: int, low: int = 0, high: int = 2**62) -> None:
-    """--seed in [low, high): by default a seed torch's generators take with room for train_cli's seed + step
+    """--seed in [low, high): by default a seed torch's generators take with room for the training run's seed + step
     (generate passes torch's own range)."""
     if not low <= seed < high:
         raise TrainOptionError(f"--seed must lie in {low}…{high - 1}, got {seed}")
@@ -170,7 +170,7 @@ def check_values(options: dict, heldout_prompts: int, training_prompts: int) -> 
             source = f"the prompts in {options[given]}" if options[given] else written
             raise TrainOptionError(f"{flag(key)} must lie in 1…{count} ({source}), got {options[key]}")
     if options["max_new_tokens"] < options["block_size"] + 1:
-        # train_cli trains on responses of at least b + 1 tokens (it always has: the shipped draft's data
+        # cli/train.py trains on responses of at least b + 1 tokens (it always has: the shipped draft's data
         # was chosen so); sample_anchors itself would take one of b
         raise TrainOptionError(f"--max-new-tokens {options['max_new_tokens']} leaves no response long enough "
                                f"to train on with blocks of {options['block_size']} (training keeps responses of "
@@ -206,7 +206,7 @@ def resolve(args: argparse.Namespace) -> dict:
         raise TrainOptionError(f"--resume: {state} holds no step (a JSON object with \"step\"); the checkpoint "
                                f"cannot be continued")
     saved_path = out / CONFIG_NAME
-    # a run from before train_config.json has none: train_cli checks its draft's layers and block size
+    # a run from before train_config.json has none: cli/train.py checks its draft's layers and block size
     held = saved_path.is_file()
     run = {**DEFAULTS, **(read_config_file(saved_path, "--resume") if held else {})}
     changed = [f"{flag(k)} (the run has {run[k]!r}, asked {v!r})" for k, v in sorted(requested.items())

@@ -1,5 +1,5 @@
 """Prompts of one's own for `train` (`--prompts-file`, `--heldout-file`), instead of those written in
-distill.py: a draft learns the target's answers to the kind of prompts it will serve.
+prompts.py: a draft learns the target's answers to the kind of prompts it will serve.
 
     .txt     one prompt per line; blank lines are skipped (a prompt cannot hold a newline here)
     .jsonl   one JSON object per line; its prompt is the first of
@@ -9,7 +9,7 @@ distill.py: a draft learns the target's answers to the kind of prompts it will s
              taking the first user turn of a conversation
 
 Only the first user turn is read: the responses are the target's own (self-distillation), so a file's
-answers, and any later turns, are never used. No torch here (train_config counts the prompts before
+answers, and any later turns, are never used. No torch here (options.py counts the prompts before
 anything is loaded). Which prompts a run uses:
 
     training   the first --prompts of --prompts-file (default: all of it), else of prompts.prompts("train")

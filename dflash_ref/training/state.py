@@ -67,7 +67,7 @@ def _sha256(path: Path) -> str:
 
 
 def read_state(out: Path) -> dict:
-    """state.json, checked before any work (`train_cli` calls it before distilling): its fields have
+    """state.json, checked before any work (cli/train.py calls it before distilling): its fields have
     the types `save_state` writes, the checkpoint's files are there, and they are the files it was
     saved with (runs from before the hashes record none). Anything else is refused by name."""
     path = out / "state.json"
@@ -131,7 +131,7 @@ def _short(v) -> str:
 def run_draft(out: Path, args, chat):
     """The draft to train: the checkpoint's on a resume (checked against the options: a run from before
     train_config.json is held to its draft's layers and block size), else a new one, random or with
-    --init target the target's last layers (chat: chat_target.ChatTarget). Whatever cannot be made is
+    --init target the target's last layers (chat: target/chat.ChatTarget). Whatever cannot be made is
     refused by name."""
     target = chat.model
     if args.resume:
@@ -161,12 +161,12 @@ def run_draft(out: Path, args, chat):
 
 
 def read_moments(out: Path, draft) -> dict[str, torch.Tensor]:
-    """optimizer.safetensors, checked against the draft it resumes (train_cli reads it before distilling):
+    """optimizer.safetensors, checked against the draft it resumes (cli/train.py reads it before distilling):
     both AdamW moments of every draft parameter, in the parameter's shape; anything else is refused."""
     path = out / "optimizer.safetensors"
     try:
         moments = load_file(str(path))
-    except SafetensorError as e:                       # a damaged file, as checkpoint.py names one
+    except SafetensorError as e:                       # a damaged file, as target/checkpoint.py names one
         raise SystemExit(f"--resume: {path} is not a readable safetensors file ({e})") from None
     wrong = [f"{name}.{k} " + (f"{tuple(moments[f'{name}.{k}'].shape)}, not {tuple(p.shape)}"
                                if f"{name}.{k}" in moments else "missing")
