@@ -79,6 +79,13 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--bundle", help="a bundle or a folder of bundles (default: the one in the package)")
     verify.add_argument("--allow-missing", action="store_true", help="tensors a candidate lacks do not fail")
     verify.add_argument("-v", "--verbose", action="store_true", help="one line per tensor")
+    verify.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
+                        help="a design variant the port follows: draft_cache=crop-after-pass|context-only, "
+                             "last_block=shrink|full-then-truncate (default: detected, else the reference's)")
+    verify.add_argument("--skip", action="append", default=[], metavar="STAGE",
+                        help="a stage the port knowingly does not produce or match (printed in the report)")
+    verify.add_argument("--profile", help="with --dump: a JSON profile {variants, skip} (default: "
+                                          "FILE.profile.json beside the dump, if there)")
     args = parser.parse_args(argv)
     # each command's modules are imported when it runs: they import torch, which `--help` and a usage
     # error need not wait for (the parser above is built from torch-free modules)
@@ -121,12 +128,16 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, OSError) as e:     # unknown scenarios, an --out that is a file or cannot be made
             raise SystemExit(f"golden: {e}") from None
     elif args.command == "verify":
+        from .conformance.variants import parse_variant
         from .conformance.verify import InputError, verify as run_verify, verify_dump
-        try:      # what cannot be read: the bundles, the dump, or the implementation named (a crashing
-                  # implementation is a result in the report, not an error here)
-            report = (verify_dump(args.dump, args.bundle, args.allow_missing) if args.dump else
-                      run_verify(args.impl, args.bundle, args.allow_missing))
-        except InputError as e:
+        try:      # what cannot be read: the bundles, the dump, the implementation named or its declaration
+                  # (a crashing implementation is a result in the report, not an error here)
+            variants = dict(parse_variant(v) for v in args.variant)
+            if args.profile and not args.dump:
+                raise InputError("--profile goes with --dump (an adapter declares its own `variants`)")
+            report = (verify_dump(args.dump, args.bundle, args.allow_missing, variants, args.skip, args.profile)
+                      if args.dump else run_verify(args.impl, args.bundle, args.allow_missing, variants, args.skip))
+        except (InputError, ValueError) as e:
             raise SystemExit(f"verify: {e}") from None
         print(report.text(verbose=args.verbose))
         return 0 if report.passed else 1

@@ -27,6 +27,8 @@ from dflash_ref.conformance import SHIPPED, find_bundles, read_safetensors, veri
 from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import STAGES, key_for, parse_key, walk_order
 from dflash_ref.conformance.golden import SCENARIOS, generate_golden
+from dflash_ref.conformance.variants import shrunk_steps
+from dflash_ref.decoding import spec_generate
 from dflash_ref.rope import rotate_half
 
 
@@ -368,6 +370,22 @@ def mask_tokens_stripped(mp):
     return Stripped()
 
 
+def commits_past_the_stop(mp):
+    """Commits a step whole although a stop token came inside it (a bug seen in a port)."""
+    class PastStop(ReferenceAdapter):
+        def generate(self, draft, target, input_ids, inputs, on_step):
+            free = spec_generate(draft, target, input_ids, inputs["max_new_tokens"],
+                                 block_size=inputs.get("block_size"), on_step=on_step)
+            stops, new, end = set(inputs.get("stop_token_ids") or ()), free.output_ids[0, input_ids.shape[1]:], 0
+            for produced in [1] + free.tokens_per_step:          # the prefill's token, then each step's
+                end += produced
+                if stops & set(new[:end].tolist()):
+                    break
+            free.output_ids = free.output_ids[:, :input_ids.shape[1] + end]
+            return free
+    return PastStop()
+
+
 MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
     rope_q_from_the_front: ("q_rot", "walkthrough"),
     wrong_rope_theta: ("q_rot", "walkthrough"),
@@ -384,10 +402,19 @@ MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
     draft_keeps_first_positions: ("logits", "walkthrough"),
     matches_summed_not_cumprod: ("acceptance_length", "multiround"),
     bonus_from_the_draft: ("bonus", "walkthrough"),
-    draft_cache_not_cropped: ("cache_lengths", "walkthrough"),
-    target_cache_not_cropped: ("cache_lengths", "walkthrough"),
+    draft_cache_not_cropped: ("k_rot", "walkthrough"),       # stale block keys; the lengths are observables
+    target_cache_not_cropped: ("posterior", "walkthrough"),
     context_not_sliced: ("target_hidden", "walkthrough"),
     mask_tokens_stripped: ("output_ids", "multiround"),
+    commits_past_the_stop: ("output_ids", "stop_token"),
+}
+HINTS = {  # mutant → what the first divergence's hint says (hints.py reads it off the tensors)
+    causal_inside_the_block: "attends causally",
+    draft_cache_not_cropped: "not cropped back to `start`",
+    mask_tokens_stripped: "mask_token_id",
+    commits_past_the_stop: "after the stop token",
+    feature_offset_zero: "hidden_states[l + 1]",
+    k_norm_missing: "k_norm",
 }
 
 
@@ -404,6 +431,8 @@ def test_mutant_fails_at_its_stage(golden, mutant):
     assert not report.passed and first is not None
     assert (first.stage, first.bundle) == (stage, bundle), report.text()
     assert "FIRST DIVERGENCE" in report.text()
+    if mutant in HINTS:
+        assert HINTS[mutant] in first.hint and f"hint: {first.hint}" in report.text(), report.text()
 
 
 def test_a_port_factory_from_the_command_line(golden, tmp_path):
@@ -480,7 +509,9 @@ def test_a_crashing_port_is_reported_not_raised(golden):
         raise RuntimeError("shape mismatch in my kernel")
     report = verify(crash, golden)
     assert not report.passed and report.first_failure.status == "error"
-    assert "shape mismatch in my kernel" in report.text()
+    assert "adapter raised: RuntimeError: shape mismatch in my kernel" in report.text()
+    assert "FIRST DIVERGENCE: walkthrough · adapter raised" in report.text()
+    assert "FAIL  adapter" not in report.text()
 
 
 def test_missing_tensors_fail_unless_allowed(golden):

@@ -27,7 +27,8 @@ import numpy as np
 
 from .tensorfile import read_safetensors, write_safetensors
 
-FORMAT = "dflash_ref.golden/1"
+FORMAT = "dflash_ref.golden/2"                 # /2: stage kinds and design variants in the manifest
+READABLE = ("dflash_ref.golden/1", FORMAT)      # a /1 bundle reads the same (kinds from the stage)
 SHIPPED = Path(__file__).resolve().parent / "bundles"  # the bundle(s) inside the package
 
 # (stage id, title, meaning, layout), in the order of the data's walk. Per-layer stages are q..layer_out.
@@ -65,6 +66,8 @@ STAGES = [
      "(6,) int64"),
     ("output_ids", "output ids", "prompt followed by every committed token", "(L,) int64"),
 ]
+# semantic: what DFlash defines; observable: how an implementation lays out its state (variants.py)
+KINDS = {s[0]: "observable" if s[0] == "cache_lengths" else "semantic" for s in STAGES}
 STAGE_INDEX = {s[0]: i for i, s in enumerate(STAGES)}
 TITLES = {s[0]: s[1] for s in STAGES}
 LAYER_STAGES = {"q": "self_attn.hook_q", "k_ctx": "self_attn.hook_k_ctx", "k_noise": "self_attn.hook_k_noise",
@@ -174,8 +177,8 @@ def load_bundle(path: str | Path) -> Bundle:
         raise ValueError(f"{manifest_path} is not JSON: {e}") from None
     if not isinstance(manifest, dict):
         raise ValueError(f"{manifest_path} is not a JSON object (a {type(manifest).__name__})")
-    if manifest.get("format") != FORMAT:
-        raise ValueError(f"{manifest_path} has format {manifest.get('format')!r}, expected {FORMAT!r}")
+    if manifest.get("format") not in READABLE:
+        raise ValueError(f"{manifest_path} has format {manifest.get('format')!r}, expected one of {list(READABLE)}")
     missing = [k for k in ("name", "inputs", "tensors") if k not in manifest]      # what Bundle reads
     if missing:
         raise ValueError(f"{manifest_path} lacks {missing}")

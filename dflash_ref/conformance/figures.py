@@ -8,7 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from .bundle import TITLES
-from .verify import Report
+from .report import Report
 
 FLOOR, OFF_SCALE = 1e-10, 1e2  # exact agreement is drawn at FLOOR; integer and shape failures at OFF_SCALE
 

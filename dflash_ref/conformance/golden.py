@@ -32,7 +32,8 @@ from ..target import Qwen3Target
 from ..target.checkpoint import save_target
 from ..walkthrough.demo import PROMPT, demo_models, encode
 from .adapters import ReferenceAdapter
-from .bundle import FORMAT, STAGES, TITLES, Bundle, parse_key, walk_order, write_bundle_files
+from .bundle import FORMAT, KINDS, STAGES, TITLES, Bundle, parse_key, walk_order, write_bundle_files
+from .variants import VARIANTS
 
 TOLERANCE = {"float32": 1e-5, "bfloat16": 6e-2}  # max|Δ| / max(1, max|expected|); integers exact
 
@@ -118,7 +119,7 @@ def _entry(key: str, array: np.ndarray, tolerance: float, sliding: set[int]) -> 
     integer = np.issubdtype(array.dtype, np.integer)
     entry = {"key": key, "stage": stage, "step": step, "layer": layer, "shape": list(array.shape),
              "dtype": str(array.dtype), "meaning": f"{where + ': ' if where else ''}{TITLES[stage]} {layout}",
-             "tolerance": 0.0 if integer else tolerance}
+             "kind": KINDS[stage], "tolerance": 0.0 if integer else tolerance}
     if layer in sliding and stage in ("k_rot", "pattern"):  # keys no query can see may be evicted
         entry["evictable_axis"] = 1 if stage == "k_rot" else 2
     return entry
@@ -143,7 +144,10 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
                       "shapes: equal, except that on a sliding-window layer leading keys no query can see (attention "
                       "weight exactly 0) may be left out along `evictable_axis`. Batch dimension dropped. "
                       "Keys in the order of the data's walk.",
-        "stages": [{"stage": s, "title": t, "meaning": m, "layout": lay} for s, t, m, lay in STAGES],
+        "stages": [{"stage": s, "title": t, "meaning": m, "layout": lay, "kind": KINDS[s]} for s, t, m, lay in STAGES],
+        "kinds": "semantic: what DFlash defines (a difference is a failure); observable: how the reference lays out "
+                 "its state (checked against the port's declared or detected design variant, else a note)",
+        "variants": {key: {"reference": choices[0], "choices": list(choices)} for key, choices in VARIANTS.items()},
         "tensors": [],
     }
     produced = ReferenceAdapter().run(Bundle(folder, manifest))  # from the weights as stored

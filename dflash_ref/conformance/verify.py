@@ -5,107 +5,26 @@ order of the data's walk:
 
     floats:   err = max|got − expected| / max(1, max|expected|)  ≤  tolerance    (the manifest's)
     integers: got == expected, element for element
-    shape:    must be equal (a wrong context length or cache length shows up here first)
+    shape:    must be equal (a wrong context length shows up here first)
 
-The first entry that fails is the first stage where the candidate departs from DFlash. A candidate
-is either an adapter (`run(bundle) -> {key: array}`, see adapters.py) or a dump file (.npz or
-.safetensors) of `{bundle name}/{key}` → array, written by a port in any framework.
+Semantic stages (what DFlash defines) fail; observables (the cache lengths) are checked against the
+port's design variant, declared or detected (variants.py), and are a note where it declared none.
+The first semantic entry that fails is the first stage where the candidate departs from DFlash. A
+candidate is either an adapter (`run(bundle) -> {key: array}`, see adapters.py) or a dump file
+(.npz or .safetensors) of `{bundle name}/{key}` → array, written by a port in any framework.
 """
 from __future__ import annotations
 
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from .bundle import TITLES, Bundle, find_bundles
+from .bundle import KINDS, STAGES, Bundle, find_bundles
+from .hints import hint
+from .report import Check, Report
 from .tensorfile import read_arrays
-
-
-@dataclass
-class Check:
-    bundle: str
-    key: str
-    stage: str
-    step: int | None
-    layer: int | None
-    status: str                  # "pass" | "FAIL" | "missing" | "error"
-    max_abs: float = 0.0
-    rel: float = 0.0             # max_abs / max(1, max|expected|)
-    tolerance: float = 0.0
-    detail: str = ""             # why it failed (shape, integers, missing)
-    note: str = ""               # what was allowed (keys evicted by a sliding window)
-
-    @property
-    def where(self) -> str:
-        parts = [self.bundle] + ([f"step {self.step}"] if self.step is not None else []) + \
-                ([f"layer {self.layer}"] if self.layer is not None else [])
-        return " · ".join(parts)
-
-    def line(self) -> str:
-        numbers = f"max abs {self.max_abs:.2e}  rel {self.rel:.2e}  tol {self.tolerance:.0e}"
-        text = self.detail or (numbers if self.tolerance else "exact") + (f" ({self.note})" if self.note else "")
-        return f"{self.status:<7} {self.where:<36} {TITLES.get(self.stage, self.stage):<22} {text}   [{self.key}]"
-
-
-@dataclass
-class Report:
-    impl: str
-    checks: list[Check] = field(default_factory=list)
-    allow_missing: bool = False
-    ignored: dict[str, list[str]] = field(default_factory=dict)  # bundle → keys the manifest lacks
-
-    def failed(self, check: Check) -> bool:
-        return check.status in ("FAIL", "error") or (check.status == "missing" and not self.allow_missing)
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.checks) and not any(self.failed(c) for c in self.checks)
-
-    @property
-    def first_failure(self) -> Check | None:
-        """The first failing check along the walk, in the first bundle that fails."""
-        return next((c for c in self.checks if self.failed(c)), None)
-
-    def stages(self, bundle: str) -> list[tuple[str, int, int, float | None]]:
-        """Per stage of one bundle: (stage, checks, failures, worst rel error or None if exact), in walk order."""
-        rows: dict[str, list] = {}
-        for c in self.checks:
-            if c.bundle == bundle:
-                row = rows.setdefault(c.stage, [c.stage, 0, 0, None])
-                row[1] += 1
-                row[2] += self.failed(c)
-                if c.tolerance:
-                    row[3] = max(row[3] or 0.0, c.rel)
-        return [tuple(r) for r in rows.values()]
-
-    def text(self, verbose: bool = False) -> str:
-        bundles = list(dict.fromkeys(c.bundle for c in self.checks))
-        lines = [f"verify {self.impl} on {len(bundles)} bundle(s), {len(self.checks)} tensors"]
-        for b in bundles:
-            lines.append(f"\n{b}:")
-            for stage, n, bad, worst in self.stages(b):
-                lines.append(f"  {'FAIL' if bad else 'pass':<5} {TITLES.get(stage, stage):<22} {n - bad:>3}/{n:<3} "
-                             + ("exact" if worst is None else f"worst rel {worst:.1e}"))
-            if self.ignored.get(b):  # most often a misspelt key, whose tensor then shows as missing
-                keys = self.ignored[b]
-                lines.append(f"  ignored {len(keys)} key(s) the manifest does not list: {', '.join(keys[:4])}"
-                             + (" …" if len(keys) > 4 else ""))
-        if verbose:
-            lines += ["", "every tensor:"] + ["  " + c.line() for c in self.checks]
-        first = self.first_failure
-        if first is None:
-            lines.append(f"\nPASS: all {len(self.checks)} tensors agree with DFlash.")
-        else:
-            lines.append(f"\nFIRST DIVERGENCE: {first.where} · {TITLES.get(first.stage, first.stage)}\n  "
-                         + first.line())
-        return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        first = self.first_failure
-        return (f"Report({self.impl!r}, {len(self.checks)} checks, "
-                f"{'PASS' if first is None else 'first divergence: ' + first.where + ' · ' + first.stage})")
+from .variants import check_variants, expected_lengths, read_profile, resolve_variants, shrunk_steps
 
 
 def as_array(value) -> np.ndarray:
@@ -170,14 +89,43 @@ def compare_one(bundle: str, entry: dict, expected: np.ndarray, got) -> Check:
     return check
 
 
-def compare(bundle: Bundle, produced: dict, report: Report | None = None) -> list[Check]:
-    """Every manifest entry of `bundle` against `produced` (key → array), in walk order; keys the
-    manifest does not list are noted in `report.ignored`."""
+def _array_or_none(value) -> np.ndarray | None:
+    try:
+        return as_array(value)
+    except (TypeError, ValueError):                 # not an array at all: the check says so already
+        return None
+
+
+def compare(bundle: Bundle, produced: dict, report: Report | None = None, declared: dict | None = None,
+            skip: list[str] = ()) -> list[Check]:
+    """Every manifest entry of `bundle` against `produced` (key → array), in walk order, under the
+    port's design variants (`declared`, the rest detected); `skip` names stages the port waives. Keys
+    the manifest does not list, and the variants used, go to `report`."""
+    variants = resolve_variants(bundle, produced, declared or {})
     if report is not None:
         listed = {e["key"] for e in bundle.entries}
         report.ignored[bundle.name] = sorted(k for k in produced if k not in listed)
-    return [compare_one(bundle.name, e, bundle.expected[e["key"]], produced.get(e["key"]))
-            for e in bundle.entries]
+        report.variants[bundle.name] = variants
+    truncated = shrunk_steps(bundle) if variants["last_block"][0] == "full-then-truncate" else set()
+    context = {"inputs": bundle.inputs, "mask_token_id": bundle.config("draft").get("mask_token_id")}
+    checks = []
+    for e in bundle.entries:
+        expected, got = bundle.expected[e["key"]], produced.get(e["key"])
+        if e["stage"] in skip or e.get("step") in truncated:
+            checks.append(Check(bundle.name, e["key"], e["stage"], e.get("step"), e.get("layer"), "skipped",
+                                detail="waived by the port" if e["stage"] in skip else
+                                "the reference shrank this last block; full-then-truncate compares the output"))
+            continue
+        choice, how = variants["draft_cache"] if e["stage"] == "cache_lengths" else (None, None)
+        check = compare_one(bundle.name, e, expected_lengths(choice, expected) if choice else expected, got)
+        if choice and choice != "crop-after-pass":
+            check.note = f"the {choice} variant's lengths"
+        if check.status == "FAIL" and KINDS.get(e["stage"]) == "observable" and how == "reference":
+            check.status = "note"     # an undeclared implementation choice: reported, not a failure
+        if check.status == "FAIL":
+            check.hint = hint(e["stage"], expected, _array_or_none(got), context)
+        checks.append(check)
+    return checks
 
 
 def resolve(impl):
@@ -191,11 +139,15 @@ def resolve(impl):
     return impl
 
 
-def verify(impl, bundle: str | Path | None = None, allow_missing: bool = False) -> Report:
-    """Run a candidate on the bundles at `bundle` (default: the shipped one) and compare. What cannot be
-    read (the bundles, the implementation named) is an InputError before anything runs."""
+def verify(impl, bundle: str | Path | None = None, allow_missing: bool = False, variants: dict | None = None,
+           skip: list[str] = ()) -> Report:
+    """Run a candidate on the bundles at `bundle` (default: the shipped one) and compare. `variants`
+    (or the adapter's own `variants` attribute) declares its design variants; `skip` waives stages.
+    What cannot be read (the bundles, the implementation, the declaration) is an InputError before
+    anything runs."""
     adapter, bundles = _read_inputs(lambda: resolve(impl), bundle)
-    report = Report(getattr(adapter, "name", str(impl)), allow_missing=allow_missing)
+    declared = _declaration({**getattr(adapter, "variants", {}), **(variants or {})}, skip)
+    report = Report(getattr(adapter, "name", str(impl)), allow_missing=allow_missing, skip=list(skip))
     for b in bundles:
         try:
             produced = adapter.run(b)
@@ -205,23 +157,44 @@ def verify(impl, bundle: str | Path | None = None, allow_missing: bool = False) 
                                        detail=f"{type(e).__name__}: {e} ({Path(where.filename).name}:"
                                               f"{where.lineno})"))
             continue
-        report.checks += compare(b, produced, report)
+        report.checks += compare(b, produced, report, declared, skip)
     return report
 
 
-def verify_dump(path: str | Path, bundle: str | Path | None = None, allow_missing: bool = False) -> Report:
-    """Compare a port's dump (keys `{bundle name}/{key}`) with the bundles at `bundle`."""
+def verify_dump(path: str | Path, bundle: str | Path | None = None, allow_missing: bool = False,
+                variants: dict | None = None, skip: list[str] = (), profile: str | Path | None = None) -> Report:
+    """Compare a port's dump (keys `{bundle name}/{key}`) with the bundles at `bundle`. A profile
+    (`profile`, or FILE.profile.json beside the dump) declares variants and waivers, which `variants`
+    and `skip` extend."""
     arrays, bundles = _read_inputs(lambda: read_arrays(path), bundle)
-    report = Report(f"dump {Path(path).name}", allow_missing=allow_missing)
+    beside = Path(path).with_suffix(".profile.json")
+    try:
+        found = read_profile(profile or beside) if profile or beside.is_file() else {"variants": {}, "skip": []}
+    except ValueError as e:
+        raise InputError(str(e)) from None
+    skip = [*found["skip"], *skip]
+    declared = _declaration({**found["variants"], **(variants or {})}, skip)
+    report = Report(f"dump {Path(path).name}", allow_missing=allow_missing, skip=skip)
     for b in bundles:
         prefix = b.name + "/"
         report.checks += compare(b, {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
-                                 report)
+                                 report, declared, skip)
     return report
 
 
 class InputError(ValueError):
     """A bundle, dump or implementation that cannot be read (the command line prints it in one line)."""
+
+
+def _declaration(variants: dict, skip: list[str]) -> dict:
+    """The declared variants, checked, and the waived stages known; else an InputError."""
+    unknown = sorted(set(skip) - {s[0] for s in STAGES})
+    if unknown:
+        raise InputError(f"--skip {unknown}: no such stage; stages: {[s[0] for s in STAGES]}")
+    try:
+        return check_variants(variants)
+    except ValueError as e:
+        raise InputError(str(e)) from None
 
 
 def _read_inputs(read_candidate, bundle):

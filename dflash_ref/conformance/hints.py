@@ -1,0 +1,65 @@
+"""Hints for the first divergence: the usual causes at each stage, and a few causes the tensors
+themselves can tell (a causal block, keys left over from an uncropped cache, tokens stripped or
+committed past a stop token). A hint is a guess to check first, never a verdict."""
+from __future__ import annotations
+
+import numpy as np
+
+BY_STAGE = {
+    "layer_ids": "target_layer_ids: the official formula is round(1 + i·(L − 4)/(n − 1)) (n = 1: [L // 2]), "
+                 "unless the draft's config gives them",
+    "target_hidden": "layer l is read at hidden_states[l + 1] (index 0 is the embedding output); after a "
+                     "verify only the first τ + 1 positions' features are new context",
+    "fc": "fc takes the concatenated features of the sampled layers, in target_layer_ids' order, without bias",
+    "context": "C = hidden_norm(fc(target_hidden)): fc first, then the RMSNorm",
+    "noise_embedding": "the block is [x_0, mask, …, mask] embedded by the target's own embedding",
+    "q": "Q = q_norm(H W_Q) per head, before RoPE: a missing q_norm shows here",
+    "k_ctx": "K = k_norm([C W_K; H W_K]) per head, before RoPE: a missing k_norm, or context K from H, shows here",
+    "k_noise": "K = k_norm([C W_K; H W_K]) per head, before RoPE: a missing k_norm shows here",
+    "v": "V = [C W_V; H W_V], no norm",
+    "q_rot": "Q is rotated at the block's positions, the last L_q rows of the RoPE tables; a wrong rope_theta "
+             "or RoPE scaling shows here too",
+    "k_rot": "K is rotated at all L_c + L_q new positions and appended to the cached context K",
+    "pattern": "softmax(QKᵀ/√d_h) over context and block keys, non-causal inside the block on full-attention "
+               "layers; query head h reads KV head h // (H_q / H_kv)",
+    "attn_out": "o_proj of the attention output, heads concatenated in order",
+    "layer_out": "pre-norm: H + Attn(LN(H)), then + MLP(LN(·))",
+    "final_hidden": "the final norm of the last layer's output",
+    "logits": "the target's lm_head on the draft's last L_q − 1 positions (`[:, 1:]`, position 0 is x_0)",
+    "draft_tokens": "greedy proposals are the argmax of the draft logits",
+    "posterior": "the target verifies [x_0, d_1, …] in one pass from its cache cropped to `start`",
+    "acceptance_length": "τ = Σ_i Π_{j≤i} 1[d_j = posterior_{j−1}]: a cumulative product, not a count of matches",
+    "bonus": "the bonus is the target's token after the accepted run, posterior[τ], never a draft token",
+    "cache_lengths": "the draft cache is cropped back to `start` after every pass; the target's to the new start",
+    "output_ids": "every committed token is kept (also one equal to mask_token_id), none after a stop token",
+}
+
+
+def hint(stage: str, expected: np.ndarray | None, got: np.ndarray | None, manifest: dict) -> str:
+    """One line: what the tensors show, else the stage's usual causes."""
+    told = _told(stage, expected, got, manifest) if expected is not None and got is not None else None
+    return told or BY_STAGE.get(stage, "")
+
+
+def _told(stage: str, expected: np.ndarray, got: np.ndarray, manifest: dict) -> str | None:
+    if stage in ("k_rot", "pattern") and got.ndim == expected.ndim and got.shape[-2 if stage == "k_rot" else -1] \
+            > expected.shape[-2 if stage == "k_rot" else -1]:
+        return ("more keys than DFlash attends to: a draft cache that was not cropped back to `start` keeps "
+                "the previous block's K/V")
+    if stage == "pattern" and got.shape == expected.shape and got.shape[-2] > 1:
+        block = got[..., -got.shape[-2]:]                              # (H_q, L_q, L_q): the block's columns
+        upper = np.triu(np.ones(block.shape[-2:], dtype=bool), k=1)
+        if np.all(block[..., upper] == 0) and np.any(expected[..., -got.shape[-2]:][..., upper] != 0):
+            return "the block attends causally: DFlash's block is non-causal (every position sees every other)"
+    if stage == "output_ids" and got.ndim == 1 and expected.ndim == 1:
+        prompt = len(manifest["inputs"]["input_ids"])
+        mask = manifest.get("mask_token_id")
+        new = expected[prompt:]
+        if mask is not None and np.array_equal(got, np.concatenate([expected[:prompt], new[new != mask]])) \
+                and len(got) < len(expected):
+            return (f"the output lacks the tokens equal to mask_token_id ({mask}): they are real tokens the "
+                    "target chose, never to be stripped")
+        stops = set(manifest["inputs"].get("stop_token_ids") or ())
+        if len(got) > len(expected) and np.array_equal(got[:len(expected)], expected) and expected[-1] in stops:
+            return "tokens were committed after the stop token: a step's output ends at its first stop token"
+    return None

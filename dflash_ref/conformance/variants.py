@@ -1,0 +1,118 @@
+"""Design variants: choices DFlash leaves to an implementation, declared by a port or detected, each
+checked by its own invariant instead of by the reference's numbers.
+
+    draft_cache   crop-after-pass   the reference and `dflash` 0.1.0: the draft pass appends context
+                                    and block K/V, then the cache is cropped back to `start`
+                  context-only      the MLX ports: only context K/V are cached; the block's K/V are
+                                    concatenated fresh in every pass. Invariant: the draft cache holds
+                                    exactly `start` positions after every pass (and so after its crop)
+    last_block    shrink            the reference and `dflash` 0.1.0: the last block is cut to
+                                    L_q = max_length − start
+                  full-then-truncate  the official repository's current code: every block is drafted
+                                    whole and the output cut at max_length. Its last steps' proposals
+                                    see more mask positions, so they may differ: the steps where the
+                                    reference shrank its block are not compared, the output ids are
+
+A port declares a variant (an adapter's `variants` attribute, `verify --variant KEY=VALUE`, or a
+profile `{"variants": {...}, "skip": [...]}` beside a dump); what it leaves undeclared is detected
+where its tensors say so unambiguously, else taken as the reference's choice. A declared variant's
+observables are checked (a failure); an undeclared one's are notes.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+VARIANTS = {"draft_cache": ("crop-after-pass", "context-only"), "last_block": ("shrink", "full-then-truncate")}
+REFERENCE = {key: choices[0] for key, choices in VARIANTS.items()}
+
+
+def check_variants(variants: dict) -> dict[str, str]:
+    """A port's declaration, every key and value known (ValueError naming the choices)."""
+    if not isinstance(variants, dict):
+        raise ValueError(f"variants must be a mapping of {sorted(VARIANTS)} to a choice, got {variants!r}")
+    for key, value in variants.items():
+        if key not in VARIANTS:
+            raise ValueError(f"unknown design variant {key!r}; known: {sorted(VARIANTS)}")
+        if value not in VARIANTS[key]:
+            raise ValueError(f"{key} = {value!r} is no variant; choose one of {list(VARIANTS[key])}")
+    return dict(variants)
+
+
+def parse_variant(text: str) -> tuple[str, str]:
+    """'draft_cache=context-only' → ('draft_cache', 'context-only')."""
+    key, sep, value = text.partition("=")
+    if not sep:
+        raise ValueError(f"--variant {text!r}: write KEY=VALUE, e.g. draft_cache=context-only")
+    check_variants({key: value})
+    return key, value
+
+
+def read_profile(path: str | Path) -> dict:
+    """A profile file: {"variants": {...}, "skip": [stage, ...]} (both optional)."""
+    try:
+        profile = json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"profile {path} cannot be read as JSON: {e}") from None
+    if not isinstance(profile, dict) or set(profile) - {"variants", "skip"}:
+        raise ValueError(f"profile {path} must be a JSON object with 'variants' and/or 'skip'")
+    return {"variants": check_variants(profile.get("variants", {})), "skip": list(profile.get("skip", []))}
+
+
+def context_only_lengths(expected: np.ndarray) -> np.ndarray:
+    """The reference's cache lengths [draft before, after the pass, after its crop, target before,
+    after verify, after its crop] as a context-only cache has them: after the pass, `start`."""
+    lengths = expected.copy()
+    lengths[1] = lengths[2]
+    return lengths
+
+
+def expected_lengths(variant: str, expected: np.ndarray) -> np.ndarray:
+    return context_only_lengths(expected) if variant == "context-only" else expected
+
+
+def shrunk_steps(bundle) -> set[int]:
+    """The steps whose block the reference cut below the draft's block size (the last ones)."""
+    block = bundle.config("draft").get("block_size")
+    steps = set()
+    for entry in bundle.entries:
+        if entry["stage"] == "posterior" and block and entry["shape"][0] < block:
+            steps.add(entry["step"])
+    return steps
+
+
+def detect(bundle, produced: dict) -> dict[str, str]:
+    """The variants a candidate's own tensors show unambiguously; {} where they do not."""
+    found = {}
+    lengths = [(bundle.expected[e["key"]], np.asarray(produced[e["key"]])) for e in bundle.entries
+               if e["stage"] == "cache_lengths" and e["key"] in produced]
+    telling = [(e, g) for e, g in lengths if e[1] != e[2] and g.shape == e.shape]   # a pass that cached a block
+    if telling:
+        for variant in VARIANTS["draft_cache"]:
+            if all(np.array_equal(g, expected_lengths(variant, e)) for e, g in telling):
+                found["draft_cache"] = variant
+    shrunk = sorted(shrunk_steps(bundle))
+    block = bundle.config("draft").get("block_size")
+    if shrunk:
+        got = produced.get(f"step{shrunk[0]}/posterior")
+        if got is not None and np.asarray(got).shape == (block,):
+            found["last_block"] = "full-then-truncate"
+        elif got is not None and np.asarray(got).shape == bundle.expected[f"step{shrunk[0]}/posterior"].shape:
+            found["last_block"] = "shrink"
+    return found
+
+
+def resolve_variants(bundle, produced: dict, declared: dict) -> dict[str, tuple[str, str]]:
+    """{key: (choice, how: "declared" | "detected" | "reference")} for every variant."""
+    detected = detect(bundle, produced)
+    out = {}
+    for key in VARIANTS:
+        if key in declared:
+            out[key] = (declared[key], "declared")
+        elif key in detected:
+            out[key] = (detected[key], "detected")
+        else:
+            out[key] = (REFERENCE[key], "reference")
+    return out
