@@ -26,7 +26,7 @@ from dflash_ref.cache import KVCache
 from dflash_ref.conformance import SHIPPED, find_bundles, read_safetensors, verify, verify_dump
 from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import STAGES, key_for, parse_key, walk_order
-from dflash_ref.conformance.golden import SCENARIOS, generate_golden
+from dflash_ref.conformance.golden import SCENARIOS, SLACK, TOLERANCE_RULE, Recorded, generate_golden, write_scenario
 from dflash_ref.conformance.variants import shrunk_steps
 from dflash_ref.decoding import spec_generate
 from dflash_ref.rope import rotate_half
@@ -105,14 +105,42 @@ def test_manifest_documents_every_tensor_in_walk_order(golden):
             assert list(array.shape) == e["shape"] and str(array.dtype) == e["dtype"] and e["meaning"]
             assert parse_key(e["key"]) == (e["stage"], e["step"], e["layer"])
             assert key_for(e["stage"], e["step"], e["layer"]) == e["key"]
-            assert e["tolerance"] == (0.0 if array.dtype == np.int64 else {"float32": 1e-5, "bfloat16": 6e-2}[
-                b.manifest["source_dtype"]])
+            floor = {"float32": 1e-5, "bfloat16": 6e-2}[b.manifest["source_dtype"]]
+            assert e["kind"] == ("observable" if e["stage"] == "cache_lengths" else "semantic")
+            if array.dtype == np.int64:
+                assert e["tolerance"] == 0.0 and "error_vs_float64" not in e
+            else:   # the rule: SLACK × the golden's own rounding, never below the floor
+                assert e["tolerance"] == max(floor, SLACK * e["error_vs_float64"]), e["key"]
+        assert b.manifest["tolerance_rule"] == TOLERANCE_RULE
+        assert min(b.manifest["margins"]["draft"], b.manifest["margins"]["target"]) > SLACK
     bf16 = find_bundles(golden / "06_bf16")[0]
     assert bf16.manifest["source_dtype"] == "bfloat16" and bf16.config("draft")["dtype"] == "bfloat16"
     for e in bf16.entries:  # stored as float32 holding exact bf16 values
         x = bf16.expected[e["key"]]
         if x.dtype == np.float32:
             assert np.array_equal(x.view(np.uint32) & 0xFFFF, np.zeros_like(x, np.uint32)), e["key"]
+
+
+def test_the_reference_in_float64_passes_every_bundle(golden):
+    """The tolerances are grounded in the golden's own rounding: the same reference computed in float64
+    (closer to the exact values than the golden itself) passes every tensor of every bundle."""
+    report = verify(Recorded(torch.float64), golden)
+    assert report.passed, report.text()
+    block16 = find_bundles(golden / "05_block16")[0]
+    assert max(e.get("error_vs_float64", 0) for e in block16.entries) > 1e-5   # the old fixed 1e-5 failed it
+
+
+def test_a_scenario_whose_decisions_hang_on_rounding_is_refused(tmp_path):
+    """Every token with the same lm_head row: every decision is a tie, which no tolerance could make fair."""
+    from dflash_ref.conformance.scenarios import Scenario, tiny_pair
+
+    def tied():
+        target, draft = tiny_pair(8)
+        with torch.no_grad():
+            target.lm_head.weight[:] = target.lm_head.weight[0]
+        return target, draft
+    with pytest.raises(AssertionError, match="scenario tied: .*(decides otherwise|margin is only).*choose another seed"):
+        write_scenario(Scenario("tied", "ties", tied, [0, 1, 2, 3], 8), tmp_path / "tied")
 
 
 def test_scenarios_have_their_properties(golden):

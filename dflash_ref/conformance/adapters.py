@@ -53,12 +53,12 @@ def _loop_values(out: dict, step: int, draft_tokens, posterior, tau, bonus, cach
 
 class ReferenceAdapter:
     """This package. Subclass and override `load`, `generate` or `collect` to make a variant."""
-    name = "reference"
+    name, dtype = "reference", None       # dtype None: the bundle's own (torch.float64: its float64 twin)
 
     def load(self, bundle: Bundle):
-        draft = load_draft(bundle.draft_dir)
+        draft = load_draft(bundle.draft_dir, self.dtype)
         draft.draft_vocab = None          # bundles compare proposals over all V, as the official package makes them
-        return load_target(bundle.target_dir), draft
+        return load_target(bundle.target_dir, self.dtype), draft
 
     def generate(self, draft, target, input_ids: torch.Tensor, inputs: dict, on_step):
         return spec_generate(draft, target, input_ids, inputs["max_new_tokens"],

@@ -1,0 +1,99 @@
+"""The golden scenarios: tiny models and inputs, each chosen for a property of DFlash it pins down,
+and checking that property on the reference's own run, so that a change that loses it fails loudly.
+
+    01_walkthrough   the seed's example: a 3-token prompt, block size 4 (walkthrough/demo.py's models)
+    02_multiround    greedy, many rounds: τ = 0, partial and full; a mismatch followed by a match;
+                     the mask token among the outputs
+    03_stop_token    the same models, stopped by a stop token inside a step
+    04_gqa_sliding   8 query heads on 2 KV heads; layer 0 a sliding window of 3 (causal), layer 1 full
+    05_block16       the official shape in miniature: 36 target layers, 5 draft layers, block 16,
+                     target_layer_ids [1, 9, 17, 25, 33], 4 query heads per KV head
+    06_bf16          bfloat16 weights and compute (expected values stored as exact float32), a seed whose
+                     decisions keep a margin over bf16 rounding
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..config import DraftConfig, TargetConfig
+from ..draft_model import DFlashDraftModel
+from ..drafts.random_draft import randomize_
+from ..extensions.linear import use_rows_first
+from ..target import Qwen3Target
+from ..walkthrough.demo import PROMPT, demo_models, encode
+from .bundle import walk_order
+
+
+def tiny_pair(seed: int, vocab: int = 6, target_layers: int = 4, draft_layers: int = 2, heads: int = 4,
+              kv_heads: int = 2, target_heads: tuple[int, int] = (4, 2), intermediate: int = 32,
+              block_size: int = 4, **draft_fields) -> tuple[Qwen3Target, DFlashDraftModel]:
+    shared = dict(vocab_size=vocab, hidden_size=16, head_dim=4, intermediate_size=intermediate,
+                  max_position_embeddings=128, rope_theta=10000.0)
+    target = Qwen3Target(TargetConfig(num_hidden_layers=target_layers, num_attention_heads=target_heads[0],
+                                      num_key_value_heads=target_heads[1], **shared))
+    draft = DFlashDraftModel(DraftConfig(num_hidden_layers=draft_layers, num_attention_heads=heads,
+                                         num_key_value_heads=kv_heads, num_target_layers=target_layers,
+                                         block_size=block_size, mask_token_id=vocab - 1, **shared,
+                                         **draft_fields))
+    use_rows_first(draft)           # as every draft that decodes here (extensions/linear.py)
+    return randomize_(target, seed), randomize_(draft, seed + 1000)
+
+
+@dataclass
+class Scenario:
+    name: str
+    description: str
+    build: Callable[[], tuple[Qwen3Target, DFlashDraftModel]]
+    input_ids: list[int]
+    max_new_tokens: int
+    stop_token_ids: list[int] | None = None
+    dtype: str = "float32"
+    check: Callable[[dict], None] = lambda produced: None
+
+
+def _steps(p: dict, what: str) -> list:
+    return [p[k].tolist() for k in sorted((k for k in p if k.endswith("/" + what)), key=walk_order)]
+
+
+def _check_multiround(p: dict) -> None:
+    taus, gammas = _steps(p, "acceptance_length"), [len(d) for d in _steps(p, "draft_tokens")]
+    assert 0 in taus and any(0 < t < 3 for t in taus) and 3 in taus and max(gammas) == 3, taus
+    hops = [(d, q) for d, q in zip(_steps(p, "draft_tokens"), _steps(p, "posterior"))
+            if any(d[i] != q[i] and d[j] == q[j] for i in range(len(d)) for j in range(i + 1, len(d)))]
+    assert hops, "no step where a rejected draft token is followed by a matching one"
+    assert 5 in p["output_ids"][4:], "the mask token (5) should be among the outputs"
+
+
+def _check_stop(p: dict) -> None:
+    out = p["output_ids"].tolist()
+    assert len(out) < 4 + 20 and out[-1] == 2 and 2 not in out[4:-1], out
+    assert any(t > 0 for t in _steps(p, "acceptance_length"))
+
+
+def _check_block16(p: dict) -> None:
+    assert p["prefill/layer_ids"].tolist() == [1, 9, 17, 25, 33]
+    assert p["step0/draft.layers.4.self_attn.hook_pattern"].shape[1] == 16
+
+
+SCENARIOS = [
+    Scenario("walkthrough", "the seed's example: 3-token prompt 'the cat sat', block size 4, the demo models",
+             lambda: demo_models(), encode(PROMPT)[0].tolist(), 4),
+    Scenario("multiround", "greedy, 9 rounds: τ = 0, partial and full; a rejected draft token followed by a "
+             "matching one (cumprod matters); the mask token (5) among the outputs",
+             lambda: tiny_pair(8), [0, 1, 2, 3], 20, check=_check_multiround),
+    Scenario("stop_token", "the multiround models, stopped by stop token 2 committed inside a step",
+             lambda: tiny_pair(8), [0, 1, 2, 3], 20, stop_token_ids=[2], check=_check_stop),
+    Scenario("gqa_sliding", "8 query heads on 2 KV heads; draft layer 0 a causal sliding window of 3, "
+             "layer 1 full non-causal attention", lambda: tiny_pair(
+                 3, vocab=8, heads=8, layer_types=["sliding_attention", "full_attention"], sliding_window=3),
+             [1, 2, 3, 4, 5, 6, 0], 10),
+    Scenario("block16", "the official shape in miniature: 36 target layers, 5 draft layers, block size 16, "
+             "target_layer_ids [1, 9, 17, 25, 33], 4 query heads per KV head",
+             lambda: tiny_pair(5, vocab=8, target_layers=36, draft_layers=5, heads=4, kv_heads=1,
+                               target_heads=(4, 1), intermediate=16, block_size=16),
+             [1, 2, 3, 4, 5], 20, check=_check_block16),
+    Scenario("bf16", "the multiround shapes in bfloat16 (weights and compute), with a seed whose every decision keeps "
+             "a margin over bf16 rounding (golden.py: the manifest's margins), so a correct bf16 port that rounds "
+             "otherwise cannot flip a token", lambda: tiny_pair(113), [0, 1, 2, 3], 12, dtype="bfloat16"),
+]
