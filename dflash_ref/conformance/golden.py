@@ -123,7 +123,7 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
         raise AssertionError(f"scenario {scenario.name}: a decision's margin is only {min(margins.values()):.3g}× "
                              "its rounding: choose another seed")
     manifest["tolerance_rule"] = TOLERANCE_RULE
-    manifest["margins"] = {**{k: round(v, 1) for k, v in margins.items()},
+    manifest["margins"] = {**{k: round(v, 1) if np.isfinite(v) else None for k, v in margins.items()},
                            "meaning": f"min over the draft's (target's) decisions of (top-1 − top-2 logit) / (the logits' "
                                       f"distance from float64): above {SLACK}, a port as near float64 as the golden "
                                       "decides alike"}

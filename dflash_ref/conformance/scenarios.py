@@ -8,7 +8,11 @@ and checking that property on the reference's own run, so that a change that los
     04_gqa_sliding   8 query heads on 2 KV heads; layer 0 a sliding window of 3 (causal), layer 1 full
     05_block16       the official shape in miniature: 36 target layers, 5 draft layers, block 16,
                      target_layer_ids [1, 9, 17, 25, 33], 4 query heads per KV head
-    06_bf16          bfloat16 weights and compute (expected values stored as exact float32), a seed whose
+    06_stop_inside   a stop token accepted inside a step's run, more accepted tokens after it
+    07_stop_bonus    a stop token as a step's bonus
+    08_stop_first    a stop token as the first generated token: no decode step
+    09_long_context  a 4100-token prompt, θ = 1e6: draft positions past 4096
+    10_bf16          bfloat16 weights and compute (expected values stored as exact float32), a seed whose
                      decisions keep a margin over bf16 rounding
 """
 from __future__ import annotations
@@ -27,9 +31,10 @@ from .bundle import walk_order
 
 def tiny_pair(seed: int, vocab: int = 6, target_layers: int = 4, draft_layers: int = 2, heads: int = 4,
               kv_heads: int = 2, target_heads: tuple[int, int] = (4, 2), intermediate: int = 32,
-              block_size: int = 4, **draft_fields) -> tuple[Qwen3Target, DFlashDraftModel]:
+              block_size: int = 4, positions: int = 128, rope_theta: float = 10000.0,
+              **draft_fields) -> tuple[Qwen3Target, DFlashDraftModel]:
     shared = dict(vocab_size=vocab, hidden_size=16, head_dim=4, intermediate_size=intermediate,
-                  max_position_embeddings=128, rope_theta=10000.0)
+                  max_position_embeddings=positions, rope_theta=rope_theta)
     target = Qwen3Target(TargetConfig(num_hidden_layers=target_layers, num_attention_heads=target_heads[0],
                                       num_key_value_heads=target_heads[1], **shared))
     draft = DFlashDraftModel(DraftConfig(num_hidden_layers=draft_layers, num_attention_heads=heads,
@@ -71,6 +76,34 @@ def _check_stop(p: dict) -> None:
     assert any(t > 0 for t in _steps(p, "acceptance_length"))
 
 
+def _last_step(p: dict) -> tuple[list[int], int, int]:
+    """(the last step's proposals, τ, bonus)."""
+    return _steps(p, "draft_tokens")[-1], _steps(p, "acceptance_length")[-1], _steps(p, "bonus")[-1]
+
+
+def _check_stop_inside(p: dict) -> None:
+    out, (drafted, tau, bonus) = p["output_ids"].tolist(), _last_step(p)
+    assert out[-1] == 4 and 4 not in out[4:-1], out
+    assert 4 in drafted[:tau] and drafted[:tau].index(4) < tau - 1, (drafted, tau)   # accepted ones follow it
+
+
+def _check_stop_bonus(p: dict) -> None:
+    out, (_, tau, bonus) = p["output_ids"].tolist(), _last_step(p)
+    assert out[-1] == bonus == 5 and tau >= 1 and 5 not in out[4:-1], (out, tau, bonus)
+
+
+def _check_stop_first(p: dict) -> None:
+    assert p["output_ids"].tolist() == [0, 1, 2, 3, 6] and not any(k.startswith("step") for k in p), sorted(p)
+
+
+LONG_PROMPT = [(7 * i + 3) % 8 for i in range(4100)]     # positions past 4096, where an offset error shows
+
+
+def _check_long(p: dict) -> None:
+    assert p["step0/draft.hook_target_hidden"].shape[0] == len(LONG_PROMPT) > 4096
+    assert len(p["output_ids"]) == len(LONG_PROMPT) + 8
+
+
 def _check_block16(p: dict) -> None:
     assert p["prefill/layer_ids"].tolist() == [1, 9, 17, 25, 33]
     assert p["step0/draft.layers.4.self_attn.hook_pattern"].shape[1] == 16
@@ -93,6 +126,15 @@ SCENARIOS = [
              lambda: tiny_pair(5, vocab=8, target_layers=36, draft_layers=5, heads=4, kv_heads=1,
                                target_heads=(4, 1), intermediate=16, block_size=16),
              [1, 2, 3, 4, 5], 20, check=_check_block16),
+    Scenario("stop_inside", "stop token 4 drafted and accepted as d_1 of a step whose τ is 3: nothing after it is "
+             "committed (neither d_2, d_3 nor the bonus)", lambda: tiny_pair(54, vocab=8), [0, 1, 2, 3], 20,
+             stop_token_ids=[4], check=_check_stop_inside),
+    Scenario("stop_bonus", "stop token 5 as a step's bonus token, after 2 accepted proposals",
+             lambda: tiny_pair(54, vocab=8), [0, 1, 2, 3], 20, stop_token_ids=[5], check=_check_stop_bonus),
+    Scenario("stop_first", "stop token 6 as the first generated token (the prefill's): no decode step at all",
+             lambda: tiny_pair(54, vocab=8), [0, 1, 2, 3], 20, stop_token_ids=[6], check=_check_stop_first),
+    Scenario("long_context", "a 4100-token prompt, rope θ = 1e6: every draft position past 4096",
+             lambda: tiny_pair(21, vocab=8, positions=8192, rope_theta=1e6), LONG_PROMPT, 8, check=_check_long),
     Scenario("bf16", "the multiround shapes in bfloat16 (weights and compute), with a seed whose every decision keeps "
              "a margin over bf16 rounding (golden.py: the manifest's margins), so a correct bf16 port that rounds "
              "otherwise cannot flip a token", lambda: tiny_pair(113), [0, 1, 2, 3], 12, dtype="bfloat16"),
