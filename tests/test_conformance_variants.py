@@ -164,3 +164,43 @@ def test_verify_names_a_bad_declaration(golden, argv, message):
     with pytest.raises(SystemExit) as e:
         main(["verify", "--impl", "reference", "--bundle", str(golden)] + argv)
     assert str(e.value).startswith(message), str(e.value)
+
+
+# --------------------------------------------------------------------------- instrumenting a port
+
+def test_a_port_recording_from_inside_its_loop_writes_a_dump_verify_reads(golden, tmp_path):
+    from dflash_ref.conformance.record import Recorder
+    rec = Recorder()
+    for b in find_bundles(golden):
+        with rec.bundle(b.name):
+            for key, value in ReferenceAdapter().run(b).items():    # a port records where it has the values
+                stage, step, layer = parse_key(key)
+                assert rec.record(stage, value, step=step, layer=layer) == key
+    assert verify_dump(rec.save(tmp_path / "port.npz"), golden).passed
+    assert verify_dump(rec.save(tmp_path / "port.safetensors"), golden).passed
+
+
+def test_a_minimal_port_records_its_outputs_only(golden, tmp_path):
+    from dflash_ref.conformance.record import Recorder
+    rec, outputs = Recorder(), {"output_ids", "draft_tokens", "posterior", "acceptance_length", "bonus"}
+    for b in find_bundles(golden):
+        with rec.bundle(b.name):
+            for key, value in ReferenceAdapter().run(b).items():
+                stage, step, layer = parse_key(key)
+                if stage in outputs:
+                    rec.record(stage, value, step=step, layer=layer)
+    path = rec.save(tmp_path / "outputs.npz")
+    assert not verify_dump(path, golden).passed and verify_dump(path, golden, allow_missing=True).passed
+    with pytest.raises(ValueError, match="outside `with recorder.bundle"):
+        Recorder().record("q", np.zeros(2), step=0, layer=0)
+    with rec.bundle("x"), pytest.raises(ValueError, match="unknown stage 'q_after_rope'"):
+        rec.record("q_after_rope", np.zeros(2), step=0, layer=0)
+
+
+def test_bundles_carry_a_tokenizer_stub(golden):
+    for b in find_bundles(golden):
+        stub = b.manifest["tokenizer"]
+        assert len(stub["tokens"]) == b.config("draft")["vocab_size"] == b.config("target")["vocab_size"]
+        assert stub["mask_token_id"] == b.config("draft")["dflash_config"]["mask_token_id"]
+        assert stub["eos_token_ids"] == (b.inputs["stop_token_ids"] or [])
+    assert find_bundles(golden / "01_walkthrough")[0].manifest["tokenizer"]["tokens"][:4] == ["<s>", "the", "cat", "sat"]

@@ -101,6 +101,10 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
         "dtype": "float32", "source_dtype": scenario.dtype,
         "inputs": {"input_ids": scenario.input_ids, "max_new_tokens": scenario.max_new_tokens,
                    "stop_token_ids": scenario.stop_token_ids, "block_size": None, "temperature": 0.0},
+        "tokenizer": {"tokens": scenario.tokens or [f"<t{i}>" for i in range(draft.config.vocab_size)],
+                      "mask_token_id": draft.mask_token_id, "eos_token_ids": scenario.stop_token_ids or [],
+                      "meaning": "a stub for loaders that insist on a tokenizer: token i's text; ids are the "
+                                 "models' own, prompts are given as ids, nothing is ever decoded from text"},
         "comparison": "floats: max|got − expected| / max(1, max|expected|) ≤ tolerance; integers: equal; "
                       "shapes: equal, except that on a sliding-window layer leading keys no query can see (attention "
                       "weight exactly 0) may be left out along `evictable_axis`. Batch dimension dropped. "

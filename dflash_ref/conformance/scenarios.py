@@ -25,7 +25,7 @@ from ..draft_model import DFlashDraftModel
 from ..drafts.random_draft import randomize_
 from ..extensions.linear import use_rows_first
 from ..target import Qwen3Target
-from ..walkthrough.demo import PROMPT, demo_models, encode
+from ..walkthrough.demo import PROMPT, VOCAB, demo_models, encode
 from .bundle import walk_order
 
 
@@ -54,6 +54,7 @@ class Scenario:
     max_new_tokens: int
     stop_token_ids: list[int] | None = None
     dtype: str = "float32"
+    tokens: list[str] | None = None     # the tokenizer stub's token texts (default <t0>, <t1>, …)
     check: Callable[[dict], None] = lambda produced: None
 
 
@@ -82,7 +83,7 @@ def _last_step(p: dict) -> tuple[list[int], int, int]:
 
 
 def _check_stop_inside(p: dict) -> None:
-    out, (drafted, tau, bonus) = p["output_ids"].tolist(), _last_step(p)
+    out, (drafted, tau, _) = p["output_ids"].tolist(), _last_step(p)
     assert out[-1] == 4 and 4 not in out[4:-1], out
     assert 4 in drafted[:tau] and drafted[:tau].index(4) < tau - 1, (drafted, tau)   # accepted ones follow it
 
@@ -111,7 +112,7 @@ def _check_block16(p: dict) -> None:
 
 SCENARIOS = [
     Scenario("walkthrough", "the seed's example: 3-token prompt 'the cat sat', block size 4, the demo models",
-             lambda: demo_models(), encode(PROMPT)[0].tolist(), 4),
+             lambda: demo_models(), encode(PROMPT)[0].tolist(), 4, tokens=list(VOCAB)),
     Scenario("multiround", "greedy, 9 rounds: τ = 0, partial and full; a rejected draft token followed by a "
              "matching one (cumprod matters); the mask token (5) among the outputs",
              lambda: tiny_pair(8), [0, 1, 2, 3], 20, check=_check_multiround),

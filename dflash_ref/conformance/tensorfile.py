@@ -75,3 +75,12 @@ def read_arrays(path: str | Path) -> dict[str, np.ndarray]:
         except (OSError, ValueError, zipfile.BadZipFile) as e:
             raise ValueError(f"{path} is not a readable .npz file: {e}") from None
     return read_safetensors(path)
+
+
+def as_array(value) -> np.ndarray:
+    """numpy arrays, lists, numbers, and (without importing torch) CPU-able torch tensors."""
+    if hasattr(value, "detach"):  # a torch tensor: bf16 has no numpy twin, go through float32
+        value = value.detach().cpu()
+        value = value.float() if value.is_floating_point() else value
+        return value.numpy()
+    return np.asarray(value)

@@ -23,17 +23,8 @@ import numpy as np
 from .bundle import KINDS, STAGES, Bundle, find_bundles
 from .hints import hint
 from .report import Check, Report
-from .tensorfile import read_arrays
+from .tensorfile import as_array, read_arrays
 from .variants import check_variants, expected_lengths, read_profile, resolve_variants, shrunk_steps
-
-
-def as_array(value) -> np.ndarray:
-    """numpy arrays, lists, numbers, and (without importing torch) CPU-able torch tensors."""
-    if hasattr(value, "detach"):  # a torch tensor: bf16 has no numpy twin, go through float32
-        value = value.detach().cpu()
-        value = value.float() if value.is_floating_point() else value
-        return value.numpy()
-    return np.asarray(value)
 
 
 def _evicted(entry: dict, expected: np.ndarray, got: np.ndarray) -> int:
