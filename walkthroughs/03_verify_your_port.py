@@ -39,8 +39,9 @@ print("torch imported so far:", "torch" in sys.modules)
 # %% [markdown]
 # ## 1. A bundle, read with numpy alone
 # The package ships one bundle, the walkthrough's scenario (3-token prompt, block size 4); run
-# `python -m dflash_ref golden --out golden/` for all six (multi-round acceptance, a stop token, GQA
-# with a sliding window, block 16 with 5 layers, bf16). Nothing above imported torch: a JAX, MLX or
+# `python -m dflash_ref golden --out golden/` for all ten (multi-round acceptance, stop tokens inside a
+# step, as its bonus and as the first token, GQA with a sliding window, block 16 with 5 layers, a
+# context past 4096 positions, bf16). Nothing above imported torch: a JAX, MLX or
 # C++ port reads the same files with its own safetensors reader.
 
 # %%
@@ -143,7 +144,7 @@ print(report.first_failure.line())
 # ## 5. The official dflash 0.1.0 on every scenario
 # The `zlab` adapter drives the official `DFlashDraftModel` and `dflash_generate` with a transformers
 # `Qwen3ForCausalLM` target loaded from the bundle's folders, reading its tensors through forward
-# hooks on its own modules. It passes on all six scenarios; on the sliding-window layer its cache
+# hooks on its own modules. It passes on all ten scenarios; on the sliding-window layer its cache
 # evicts keys outside the window, which the comparison allows (their expected weight is exactly 0).
 
 # %%
