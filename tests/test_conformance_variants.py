@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from test_conformance import Wrapped, After, golden  # noqa: F401  (the golden fixture)
+from test_conformance import After, Wrapped, golden, greedy_bundles  # noqa: F401  (the golden fixture)
 
 from dflash_ref.cache import KVCache
 from dflash_ref.conformance import find_bundles, verify, verify_dump
@@ -105,7 +105,7 @@ def test_undeclared_observables_that_follow_neither_variant_are_notes(golden):
 def test_full_then_truncate_is_detected_and_compares_the_output(golden):
     report = verify(FullThenTruncate(), golden)
     assert report.passed, report.text()
-    shrunk = {b.name: shrunk_steps(b) for b in find_bundles(golden)}
+    shrunk = {b.name: shrunk_steps(b) for b in greedy_bundles(golden)}
     assert any(shrunk.values())
     for b, steps in shrunk.items():
         if steps:
@@ -138,7 +138,7 @@ def test_an_adapter_declares_its_variants_itself(golden):
 
 def test_a_dump_profile_beside_the_dump_declares_variants(golden, tmp_path):
     dump = {}
-    for b in find_bundles(golden):
+    for b in greedy_bundles(golden):
         dump.update({f"{b.name}/{k}": v for k, v in context_only().run(b).items()})
     np.savez(tmp_path / "port.npz", **dump)
     assert verify_dump(tmp_path / "port.npz", golden).passed
@@ -171,7 +171,7 @@ def test_verify_names_a_bad_declaration(golden, argv, message):
 def test_a_port_recording_from_inside_its_loop_writes_a_dump_verify_reads(golden, tmp_path):
     from dflash_ref.conformance.record import Recorder
     rec = Recorder()
-    for b in find_bundles(golden):
+    for b in greedy_bundles(golden):
         with rec.bundle(b.name):
             for key, value in ReferenceAdapter().run(b).items():    # a port records where it has the values
                 stage, step, layer = parse_key(key)
@@ -183,7 +183,7 @@ def test_a_port_recording_from_inside_its_loop_writes_a_dump_verify_reads(golden
 def test_a_minimal_port_records_its_outputs_only(golden, tmp_path):
     from dflash_ref.conformance.record import Recorder
     rec, outputs = Recorder(), {"output_ids", "draft_tokens", "posterior", "acceptance_length", "bonus"}
-    for b in find_bundles(golden):
+    for b in greedy_bundles(golden):
         with rec.bundle(b.name):
             for key, value in ReferenceAdapter().run(b).items():
                 stage, step, layer = parse_key(key)
@@ -198,7 +198,7 @@ def test_a_minimal_port_records_its_outputs_only(golden, tmp_path):
 
 
 def test_bundles_carry_a_tokenizer_stub(golden):
-    for b in find_bundles(golden):
+    for b in greedy_bundles(golden):
         stub = b.manifest["tokenizer"]
         assert len(stub["tokens"]) == b.config("draft")["vocab_size"] == b.config("target")["vocab_size"]
         assert stub["mask_token_id"] == b.config("draft")["dflash_config"]["mask_token_id"]

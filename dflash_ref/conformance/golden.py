@@ -18,6 +18,7 @@ from ..drafts.checkpoint import save_draft
 from ..target.checkpoint import save_target
 from .adapters import ReferenceAdapter
 from .bundle import FORMAT, KINDS, STAGES, TITLES, Bundle, parse_key, walk_order, write_bundle_files
+from .exact import write_sampling
 from .scenarios import SCENARIOS, Scenario
 from .variants import VARIANTS
 
@@ -147,16 +148,20 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
 
 
 def generate_golden(out: str | Path, names: list[str] | None = None) -> list[Path]:
-    """Write the bundles of the given scenarios (default: all) to out/NN_name."""
-    unknown = set(names or ()) - {s.name for s in SCENARIOS}
+    """Write the bundles of the given scenarios (default: all, and the sampling bundle last) to out/NN_name."""
+    known = [s.name for s in SCENARIOS] + ["sampling"]
+    unknown = set(names or ()) - set(known)
     if unknown:
-        raise ValueError(f"unknown scenario(s) {sorted(unknown)}; choose from {[s.name for s in SCENARIOS]}")
+        raise ValueError(f"unknown scenario(s) {sorted(unknown)}; choose from {known}")
     if Path(out).exists() and not Path(out).is_dir():
         raise ValueError(f"{out} is a file, not a folder for the bundles")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one reduction order whatever the machine's cores: the same bytes on a rerun
     try:
-        return [write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i)
-                for i, s in enumerate(SCENARIOS, 1) if not names or s.name in names]
+        written = [write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i)
+                   for i, s in enumerate(SCENARIOS, 1) if not names or s.name in names]
+        if not names or "sampling" in names:
+            written.append(write_sampling(Path(out) / f"{len(SCENARIOS) + 1:02d}_sampling", len(SCENARIOS) + 1))
+        return written
     finally:
         torch.set_num_threads(threads)

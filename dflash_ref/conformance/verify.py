@@ -189,9 +189,13 @@ def _declaration(variants: dict, skip: list[str]) -> dict:
 
 
 def _read_inputs(read_candidate, bundle):
-    """(read_candidate(), the bundles at `bundle` with their expected tensors read), or an InputError."""
+    """(read_candidate(), the greedy bundles at `bundle` with their expected tensors read), or an
+    InputError; a sampling bundle is for `verify --sampling` (exact.py) and is left out here."""
     try:
         candidate, bundles = read_candidate(), find_bundles(bundle)
+        bundles = [b for b in bundles if b.manifest.get("kind") != "sampling"]
+        if not bundles:
+            raise ValueError(f"{bundle} holds only a sampling bundle: check it with verify --sampling")
         for b in bundles:
             b.expected                                    # read now: a damaged file is named before any run
     except (ValueError, OSError) as e:

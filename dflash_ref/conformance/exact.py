@@ -1,0 +1,162 @@
+"""The sampling bundle: a vocabulary of 4 tokens, 3 new tokens, block 3, temperature 1.5, and its exact
+distributions (sampling.py), enumerated with the reference in float64 from the stored weights; and
+the samplers of the shipped implementations (the reference, both verifiers; `dflash` 0.1.0).
+
+    P(x_1 x_2 x_3) = Π_t p_T(x_t | prompt, x_<t)                   all 4³ outputs (of the 4 decoded)
+    P(τ = k) of the first decode step, averaged over x_1 ~ p_T(· | prompt)         k = 0, 1, 2
+"""
+from __future__ import annotations
+
+import itertools
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..decoding import spec_generate
+from ..drafts.checkpoint import load_draft, save_draft
+from ..layer_sampling import extract_context_feature
+from ..target.checkpoint import load_target, save_target
+from .adapters import ZLabAdapter, resolve
+from .bundle import FORMAT, Bundle, find_bundles, write_bundle_files
+from .sampling import SamplingResult, check_sampling
+from .scenarios import tiny_pair
+
+# 4 new tokens are decoded, the first 3 compared: so the first step's τ + 1 (at most 3) is never clipped
+# by the length, and a sampler that reports tokens per step gives τ back exactly
+SAMPLING = {"seed": 5, "vocab": 4, "input_ids": [0, 1, 2], "max_new_tokens": 4, "compared": 3, "block_size": 3,
+            "temperature": 1.5, "runs": 2000}
+
+
+def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / T) in float64 (no top-p / top-k: the bundle asks for none)."""
+    return torch.softmax(logits.double() / temperature, dim=-1)
+
+
+def _next_probs(target, ids: list[int], temperature: float) -> torch.Tensor:
+    """p_T(· | ids) at every position: (len(ids), V), float64."""
+    x = torch.tensor([ids])
+    logits = target(x, torch.arange(len(ids))[None], target.make_cache(), output_hidden_states=False).logits
+    return _tempered(logits, temperature)[0]
+
+
+def _draft_probs(target, draft, prompt: list[int], x0: int, temperature: float) -> torch.Tensor:
+    """The draft's logits at block positions 1 … b − 1 for the first block [x_0, mask, …]: (b − 1, V)."""
+    out = target(torch.tensor([prompt]), torch.arange(len(prompt))[None], target.make_cache(),
+                 output_hidden_states=True, logits_to_keep=1)
+    context = extract_context_feature(out.hidden_states, draft.target_layer_ids)      # (1, P, k·d)
+    block = torch.tensor([[x0] + [draft.mask_token_id] * (draft.block_size - 1)])      # (1, b)
+    hidden = draft(torch.arange(len(prompt) + draft.block_size)[None], noise_embedding=target.embed(block),
+                   target_hidden=context, past_key_values=draft.make_cache())[:, 1:]
+    return draft.compute_logits(hidden, target.output_head)[0].double()
+
+
+def acceptance_distribution(target, draft, prompt: list[int], temperature: float, verifier: str) -> list[float]:
+    """[P(τ = 0), P(τ = 1), P(τ = 2)] of the first decode step (block 3), exactly."""
+    p0 = _next_probs(target, prompt, temperature)[-1]
+    at_least = np.zeros(3)
+    for x0 in range(p0.shape[0]):
+        logits = _draft_probs(target, draft, prompt, x0, temperature)                   # (2, V)
+        p1 = _next_probs(target, prompt + [x0], temperature)[-1]
+        if verifier == "rejection":
+            q = _tempered(logits, temperature)                                          # (2, V)
+            both = sum(float(torch.minimum(p1[v], q[0, v])) * float(torch.minimum(
+                _next_probs(target, prompt + [x0, v], temperature)[-1], q[1]).sum()) for v in range(p1.shape[0]))
+            first = float(torch.minimum(p1, q[0]).sum())
+        else:                                                                            # match: greedy draft
+            d1, d2 = (int(i) for i in logits.argmax(dim=-1))
+            first = float(p1[d1])
+            both = first * float(_next_probs(target, prompt + [x0, d1], temperature)[-1, d2])
+        at_least += float(p0[x0]) * np.array([1.0, first, both])
+    return [at_least[0] - at_least[1], at_least[1] - at_least[2], at_least[2]]
+
+
+def write_sampling(folder: str | Path, index: int = 0) -> Path:
+    folder = Path(folder)
+    if folder.exists():
+        shutil.rmtree(folder)
+    s = SAMPLING
+    target, draft = tiny_pair(s["seed"], vocab=s["vocab"], block_size=s["block_size"])
+    save_target(target, folder / "target", torch.float32)
+    save_draft(draft, folder / "draft", torch.float32)
+    target, draft = load_target(folder / "target", torch.float64), load_draft(folder / "draft", torch.float64)
+    prompt, t, n = s["input_ids"], s["temperature"], s["compared"]
+    sequences = [list(x) for x in itertools.product(range(s["vocab"]), repeat=n)]
+    with torch.inference_mode():
+        probabilities = []
+        for seq in sequences:
+            p = _next_probs(target, prompt + seq[:-1], t)                                # (P + n − 1, V)
+            probabilities.append(float(np.prod([float(p[len(prompt) - 1 + i, tok]) for i, tok in enumerate(seq)])))
+        acceptance = {v: acceptance_distribution(target, draft, prompt, t, v) for v in ("rejection", "match")}
+    manifest = {"format": FORMAT, "name": "sampling", "kind": "sampling", "order": index,
+                "description": "sampled decoding checked by its distribution: the exact probability of every output, "
+                               "and of the first step's τ for each verifier (conformance/sampling.py)",
+                "inputs": {"input_ids": prompt, "max_new_tokens": s["max_new_tokens"], "stop_token_ids": None,
+                           "block_size": None, "temperature": t},
+                "sampling": {**{k: s[k] for k in ("input_ids", "max_new_tokens", "compared", "temperature", "runs")},
+                             "sequences": sequences, "probabilities": probabilities, "acceptance": acceptance},
+                "tensors": []}
+    write_bundle_files(folder, manifest, {})
+    return folder
+
+
+def reference_sampler(bundle: Bundle, verifier: str = "rejection"):
+    """seed → (output ids, first-step τ) from the reference, seeded with torch.manual_seed(seed)."""
+    target, draft = load_target(bundle.target_dir), load_draft(bundle.draft_dir)
+    s, ids = bundle.manifest["sampling"], torch.tensor([bundle.manifest["sampling"]["input_ids"]])
+
+    def sample(seed: int):
+        torch.manual_seed(seed)
+        out = spec_generate(draft, target, ids, s["max_new_tokens"], temperature=s["temperature"], verifier=verifier)
+        return out.output_ids[0].tolist(), out.acceptance_lengths[0]
+    return sample
+
+
+def zlab_sampler(bundle: Bundle, verifier: str = "rejection"):
+    """The official `dflash` 0.1.0 (rejection sampling only)."""
+    if verifier != "rejection":
+        raise ValueError("dflash 0.1.0 samples by rejection only")
+    from dflash import model as official            # optional: the official package
+    target, draft = ZLabAdapter().load(bundle)
+    s, ids = bundle.manifest["sampling"], torch.tensor([bundle.manifest["sampling"]["input_ids"]])
+
+    def sample(seed: int):
+        torch.manual_seed(seed)
+        timer, official._cuda_time = official._cuda_time, time.perf_counter    # 0.1.0 syncs CUDA even on a CPU
+        try:
+            stats = official.dflash_generate(draft, target, ids, s["max_new_tokens"], None,
+                                             temperature=s["temperature"], return_stats=True)
+        finally:
+            official._cuda_time = timer
+        return stats.output_ids[0].tolist(), stats.acceptance_lengths[0] - 1    # it lists tokens per step, τ + 1
+    return sample
+
+
+SAMPLERS = {"reference": reference_sampler, "zlab": zlab_sampler}
+
+
+def resolve_sampler(impl, bundle: Bundle, verifier: str):
+    """"reference" | "zlab" | "module:factory" (whose object has `sampler(bundle, verifier)`) | such an
+    object | a function (bundle, verifier) → a sampler seed → (output ids, first-step τ)."""
+    if isinstance(impl, str):
+        if impl in SAMPLERS:
+            return SAMPLERS[impl](bundle, verifier)
+        impl = resolve(impl)
+    return impl.sampler(bundle, verifier) if hasattr(impl, "sampler") else impl(bundle, verifier)
+
+
+def verify_sampling(impl, bundle: str | Path | None = None, runs: int | None = None,
+                    verifier: str = "rejection") -> list[tuple[str, SamplingResult]]:
+    """Every sampling bundle at `bundle` (default: a fresh one in a temporary folder) against `impl`."""
+    if verifier not in ("rejection", "match"):
+        raise ValueError(f"unknown verifier {verifier!r}; choose rejection or match")
+    if bundle is None:
+        bundle = write_sampling(Path(tempfile.mkdtemp()) / "11_sampling")
+    bundles = [b for b in find_bundles(bundle) if b.manifest.get("kind") == "sampling"]
+    if not bundles:
+        raise ValueError(f"no sampling bundle at {bundle} (python -m dflash_ref golden --out DIR --only sampling)")
+    return [(b.name, check_sampling(b.manifest["sampling"], resolve_sampler(impl, b, verifier), runs, verifier))
+            for b in bundles]

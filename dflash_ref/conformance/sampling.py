@@ -1,0 +1,129 @@
+"""Sampling conformance: is a port's sampled output the target's own distribution, and is its
+acceptance that of lossless speculative sampling with this draft at this temperature?
+
+The sampling bundle holds a vocabulary so small that every output of N tokens can be enumerated:
+its exact probability P(x_1..x_N) = Π_t p_T(x_t | prompt, x_<t) (the target in float64, at
+temperature T), and the exact distribution of the first decode step's τ for each verifier:
+
+    rejection   d_i ~ q_i;  P(τ ≥ 1 | x_0) = Σ_v min(p_1(v), q_1(v)),
+                P(τ ≥ 2 | x_0) = Σ_v min(p_1(v), q_1(v)) · Σ_w min(p_2(w | v), q_2(w))
+    match       d_i = argmax q_i;  P(τ ≥ 1 | x_0) = p_1(d_1),  P(τ ≥ 2 | x_0) = p_1(d_1) · p_2(d_2 | d_1)
+
+(q_i: the draft's distributions at block position i, drawn in one parallel pass from [x_0, mask, …];
+p_i: the target's at the verified position). `check_sampling` runs the port's sampler R times with
+seeds 0 … R − 1 and tests both: a chi-square test of the outputs' counts against R · P (bins of
+expected count below 5 pooled), and a z-test of the mean first-step τ against its exact mean. A
+sampler that keeps the draft's tokens without the rejection rule, or samples p instead of the
+residual norm(max(p − q, 0)) after a rejection, fails the first; a draft that ignores the
+temperature, or another verifier than the one declared, keeps the distribution but fails the second.
+Numpy only; the port runs as `sampler(seed) -> (output_ids, first-step τ)`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+P_MIN = 1e-3        # a chi-square p-value below this fails (a correct sampler fails 1 run in 1000)
+Z_MAX = 4.0         # a mean τ more than 4 standard errors off fails (about 6e-5 for a correct one)
+
+
+def upper_gamma_regularized(a: float, x: float) -> float:
+    """Q(a, x) = Γ(a, x) / Γ(a): by its series below a + 1, by its continued fraction above."""
+    if x <= 0:
+        return 1.0
+    log_front = a * math.log(x) - x - math.lgamma(a)
+    if x < a + 1:                                   # P(a, x) = e^{-x} x^a / Γ(a + 1) · Σ x^n / (a+1)…(a+n)
+        term = total = 1.0 / a
+        n = a
+        while abs(term) > 1e-15 * abs(total):
+            n += 1
+            term *= x / n
+            total += term
+        return max(0.0, 1.0 - total * math.exp(log_front))
+    b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)     # Lentz's continued fraction for Γ(a, x)
+    h, i = d, 1
+    while True:
+        an = -i * (i - a)
+        b += 2
+        d = an * d + b
+        d = 1 / (d if abs(d) > 1e-300 else 1e-300)
+        c = b + an / c
+        c = c if abs(c) > 1e-300 else 1e-300
+        h *= d * c
+        if abs(d * c - 1) < 1e-15:
+            return h * math.exp(log_front)
+        i += 1
+
+
+def chi_square(observed: np.ndarray, expected: np.ndarray) -> tuple[float, int, float]:
+    """(statistic, degrees of freedom, p-value), the bins with expected count < 5 pooled into one."""
+    small = expected < 5
+    obs = np.append(observed[~small], observed[small].sum()) if small.any() else observed
+    exp = np.append(expected[~small], expected[small].sum()) if small.any() else expected
+    keep = exp > 0
+    statistic = float((((obs - exp) ** 2)[keep] / exp[keep]).sum() + (obs[~keep].sum() > 0) * 1e300)
+    df = int(keep.sum()) - 1
+    return statistic, df, upper_gamma_regularized(df / 2, statistic / 2)
+
+
+@dataclass
+class SamplingResult:
+    runs: int
+    chi2: float
+    df: int
+    p_value: float
+    mean_tau: float
+    expected_tau: float
+    z: float
+    verifier: str
+
+    @property
+    def distribution_ok(self) -> bool:
+        return self.p_value >= P_MIN
+
+    @property
+    def acceptance_ok(self) -> bool:
+        return abs(self.z) <= Z_MAX
+
+    @property
+    def passed(self) -> bool:
+        return self.distribution_ok and self.acceptance_ok
+
+    def text(self) -> str:
+        lines = [f"outputs: chi-square {self.chi2:.1f} on {self.df} df, p = {self.p_value:.3g} "
+                 f"({'pass' if self.distribution_ok else 'FAIL'}, {self.runs} runs)",
+                 f"first-step τ ({self.verifier}): mean {self.mean_tau:.3f}, exact {self.expected_tau:.3f}, "
+                 f"z = {self.z:+.2f} ({'pass' if self.acceptance_ok else 'FAIL'})"]
+        if not self.distribution_ok:
+            lines.append("the outputs are not the target's distribution: check the rejection rule (accept d_i only "
+                         "if u·q_i(d_i) < p_i(d_i)) and that a rejection samples the residual norm(max(p − q, 0)), not p")
+        elif not self.acceptance_ok:
+            lines.append("the outputs are the target's distribution, but the acceptance is not that of this draft at "
+                         "this temperature: check that the draft samples at the request's temperature, and the verifier")
+        return "\n".join(lines)
+
+
+def check_sampling(sampling: dict, sampler, runs: int | None = None, verifier: str = "rejection") -> SamplingResult:
+    """Run `sampler(seed)` for seeds 0 … runs − 1 and test it against the bundle's exact distributions
+    (`sampling`: the manifest's section)."""
+    runs = runs or sampling["runs"]
+    index = {tuple(s): i for i, s in enumerate(sampling["sequences"])}
+    prompt = len(sampling["input_ids"])
+    counts, taus = np.zeros(len(index)), []
+    for seed in range(runs):
+        output_ids, tau = sampler(seed)
+        new = tuple(int(t) for t in np.asarray(output_ids).reshape(-1)[prompt:prompt + sampling["compared"]])
+        if new not in index:
+            raise ValueError(f"the sampler returned {list(new)}, not {sampling['compared']} tokens of the "
+                             f"vocabulary after the prompt")
+        counts[index[new]] += 1
+        taus.append(int(tau))
+    chi2, df, p = chi_square(counts, runs * np.asarray(sampling["probabilities"]))
+    dist = np.asarray(sampling["acceptance"][verifier])              # P(τ = 0), P(τ = 1), …
+    values = np.arange(len(dist))
+    mean, var = float(values @ dist), float(((values - values @ dist) ** 2) @ dist)
+    observed = float(np.mean(taus))
+    z = (observed - mean) / math.sqrt(var / runs) if var > 0 else (0.0 if observed == mean else math.inf)
+    return SamplingResult(runs, chi2, df, p, observed, mean, z, verifier)

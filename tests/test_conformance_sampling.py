@@ -1,0 +1,101 @@
+"""Sampling conformance: the exact output distribution and first-step acceptance of the sampling
+bundle, the statistics by hand, the reference (both verifiers) and dflash 0.1.0 passing, and three
+sampling bugs each failing the test that names it."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import dflash_ref.acceptance as acceptance_module
+import dflash_ref.decoding as loop_module
+from dflash_ref.conformance.bundle import SHIPPED, find_bundles
+from dflash_ref.conformance.exact import reference_sampler, verify_sampling, write_sampling
+from dflash_ref.conformance.sampling import check_sampling, chi_square, upper_gamma_regularized
+
+
+RUNS = 1000      # seeds 0 … 999: measured here, the reference passes (p 0.6, z −1.1) and the weakest mutant,
+                 # the draft at temperature 1, fails by z = −6.1 (the bundle's default for a port is 2000)
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    return find_bundles(write_sampling(tmp_path_factory.mktemp("sampling") / "11_sampling"))[0]
+
+
+def test_the_chi_square_tail_by_hand():
+    stats = pytest.importorskip("scipy.stats")
+    for df, x in [(1, 0.5), (3, 2.0), (5, 11.07), (34, 40.3), (60, 120.0), (2, 0.0)]:
+        assert math.isclose(upper_gamma_regularized(df / 2, x / 2), stats.chi2.sf(x, df), rel_tol=1e-9, abs_tol=1e-15)
+    # counts 10, 10, 0 against 8, 8, 4 (3 bins, the last under 5 pooled with nothing: kept alone, 2 bins + rest)
+    statistic, df, p = chi_square(np.array([10.0, 10.0, 0.0]), np.array([8.0, 8.0, 4.0]))
+    assert math.isclose(statistic, 2 * 4 / 8 + 16 / 4) and df == 2 and math.isclose(p, stats.chi2.sf(5.0, 2))
+
+
+def test_the_bundle_holds_exact_distributions(bundle):
+    s = bundle.manifest["sampling"]
+    assert len(s["sequences"]) == 4 ** s["compared"] and math.isclose(sum(s["probabilities"]), 1, rel_tol=1e-9)
+    for verifier in ("rejection", "match"):
+        assert math.isclose(sum(s["acceptance"][verifier]), 1, rel_tol=1e-9) and min(s["acceptance"][verifier]) >= 0
+    # the rejection verifier's draft is sampled from q: its acceptance Σ min(p, q) beats the greedy match here
+    mean = {v: float(np.dot([0, 1, 2], s["acceptance"][v])) for v in ("rejection", "match")}
+    assert mean["rejection"] > mean["match"] + 0.3
+
+
+@pytest.mark.parametrize("impl, verifier", [("reference", "rejection"), ("reference", "match"), ("zlab", "rejection")])
+def test_the_reference_and_the_official_package_pass(bundle, impl, verifier):
+    if impl == "zlab":
+        pytest.importorskip("dflash.model")
+    [(name, result)] = verify_sampling(impl, bundle.path, RUNS, verifier=verifier)
+    assert name == "sampling" and result.passed, result.text()
+
+
+def no_residual(target_probs, draft_probs, tau):
+    """After a rejection, samples the target's p instead of the residual norm(max(p − q, 0))."""
+    return target_probs[0, tau]
+
+
+def mutant_sampler(bundle, mp, which):
+    if which == "no_residual":
+        rejection = acceptance_module.verify_rejection
+
+        def biased(draft_tokens, target_probs, draft_probs):
+            tau, bonus = rejection(draft_tokens, target_probs, draft_probs)
+            if tau < draft_tokens.shape[1]:
+                bonus = acceptance_module.sample_probs(no_residual(target_probs, draft_probs, tau)[None])[0]
+            return tau, bonus
+        mp.setattr(acceptance_module, "verify_rejection", biased)
+    elif which == "no_rejection":             # keeps every drafted token, as if each had been accepted
+        def keep_all(draft_tokens, target_probs, draft_probs):
+            return draft_tokens.shape[1], acceptance_module.sample_probs(target_probs[:, -1])[0]
+        mp.setattr(acceptance_module, "verify_rejection", keep_all)
+    elif which == "draft_ignores_temperature":
+        probs = loop_module.sampling_probs
+        mp.setattr(loop_module, "sampling_probs", lambda logits, t, p=1.0, k=0: probs(logits, 1.0, p, k))
+    return reference_sampler(bundle)
+
+
+@pytest.mark.parametrize("which, fails, named", [
+    ("no_residual", "distribution", "residual norm(max(p − q, 0))"),
+    ("no_rejection", "distribution", "the rejection rule"),
+    ("draft_ignores_temperature", "acceptance", "samples at the request's temperature"),
+])
+def test_sampling_bugs_fail_their_test_with_the_reason(bundle, which, fails, named):
+    with pytest.MonkeyPatch.context() as mp:
+        result = check_sampling(bundle.manifest["sampling"], mutant_sampler(bundle, mp, which), RUNS)
+    assert not result.passed, result.text()
+    assert result.distribution_ok == (fails == "acceptance") and named in result.text(), result.text()
+
+
+def test_verify_sampling_from_the_command_line(bundle, capsys):
+    from dflash_ref.__main__ import main
+    assert main(["verify", "--impl", "reference", "--sampling", "--bundle", str(bundle.path), "--runs", "400"]) == 0
+    out = capsys.readouterr().out
+    assert "sampling: reference" in out and "chi-square" in out and "first-step τ (rejection)" in out
+    with pytest.raises(SystemExit, match="no sampling bundle at"):          # the shipped greedy bundle
+        main(["verify", "--impl", "reference", "--sampling", "--bundle", str(SHIPPED)])
+    with pytest.raises(SystemExit, match="no golden bundle at"):
+        main(["verify", "--impl", "reference", "--sampling", "--bundle", str(bundle.path / "target")])
+    with pytest.raises(SystemExit, match="holds only a sampling bundle: check it with verify --sampling"):
+        main(["verify", "--impl", "reference", "--bundle", str(bundle.path)])
