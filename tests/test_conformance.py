@@ -405,32 +405,35 @@ def mask_tokens_stripped(mp):
     return Stripped()
 
 
+class StopsAfterwards(ReferenceAdapter):
+    """Decodes as if there were no stop token, then cuts the output where `end(new tokens, output)` says."""
+
+    def generate(self, draft, target, input_ids, inputs, on_step):
+        free = spec_generate(draft, target, input_ids, inputs["max_new_tokens"],
+                             block_size=inputs.get("block_size"), on_step=on_step)
+        stops, new = set(inputs.get("stop_token_ids") or ()), free.output_ids[0, input_ids.shape[1]:].tolist()
+        free.output_ids = free.output_ids[:, :input_ids.shape[1] + self.end(stops, new, free)]
+        return free
+
+
 def commits_past_the_stop(mp):
     """Commits a step whole although a stop token came inside it (a bug seen in a port)."""
-    class PastStop(ReferenceAdapter):
-        def generate(self, draft, target, input_ids, inputs, on_step):
-            free = spec_generate(draft, target, input_ids, inputs["max_new_tokens"],
-                                 block_size=inputs.get("block_size"), on_step=on_step)
-            stops, new, end = set(inputs.get("stop_token_ids") or ()), free.output_ids[0, input_ids.shape[1]:], 0
+    class PastStop(StopsAfterwards):
+        def end(self, stops, new, free):
+            end = 0
             for produced in [1] + free.tokens_per_step:          # the prefill's token, then each step's
                 end += produced
-                if stops & set(new[:end].tolist()):
+                if stops & set(new[:end]):
                     break
-            free.output_ids = free.output_ids[:, :input_ids.shape[1] + end]
-            return free
+            return end
     return PastStop()
 
 
 def first_token_never_stops(mp):
     """Checks stop tokens only inside decode steps, not on the prefill's token."""
-    class Unchecked(ReferenceAdapter):
-        def generate(self, draft, target, input_ids, inputs, on_step):
-            free = spec_generate(draft, target, input_ids, inputs["max_new_tokens"],
-                                 block_size=inputs.get("block_size"), on_step=on_step)
-            stops, new = set(inputs.get("stop_token_ids") or ()), free.output_ids[0, input_ids.shape[1]:].tolist()
-            end = next((i + 1 for i, t in enumerate(new) if t in stops and i > 0), len(new))
-            free.output_ids = free.output_ids[:, :input_ids.shape[1] + end]
-            return free
+    class Unchecked(StopsAfterwards):
+        def end(self, stops, new, free):
+            return next((i + 1 for i, t in enumerate(new) if t in stops and i > 0), len(new))
     return Unchecked()
 
 
