@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--sampling", action="store_true",
                         help="check the sampler instead: chi-square of its outputs against the exact distribution, and "
                              "its first-step τ against the exact mean (the sampling bundle; default: a fresh one)")
-    verify.add_argument("--verifier", default="rejection", choices=["rejection", "match"],
+    verify.add_argument("--verifier", choices=["rejection", "match"],
                         help="with --sampling: the verifier the sampler uses")
     verify.add_argument("--runs", type=int, help="with --sampling: how many sampled runs (default: the bundle's, 2000)")
     verify.add_argument("--profile", help="with --dump: a JSON profile {variants, skip} (default: "
@@ -137,16 +137,19 @@ def main(argv: list[str] | None = None) -> int:
         from .conformance.variants import parse_variant
         from .conformance.verify import InputError, verify as run_verify, verify_dump
         if args.sampling:
-            if args.dump:
-                raise SystemExit("verify: --sampling runs a sampler (--impl), not a dump")
+            if args.dump or args.variant or args.skip or args.profile:
+                raise SystemExit("verify: --sampling runs a sampler (--impl); --dump, --variant, --skip and "
+                                 "--profile are for the greedy bundles")
             from .conformance.exact import verify_sampling
             try:
-                results = verify_sampling(args.impl, args.bundle, args.runs, args.verifier)
+                results = verify_sampling(args.impl, args.bundle, args.runs, args.verifier or "rejection")
             except (ValueError, OSError) as e:
                 raise SystemExit(f"verify: {e}") from None
             for name, result in results:
                 print(f"{name}: {args.impl}\n{result.text()}")
             return 0 if all(r.passed for _, r in results) else 1
+        if args.runs is not None or args.verifier:
+            raise SystemExit("verify: --runs and --verifier go with --sampling")
         try:      # what cannot be read: the bundles, the dump, the implementation named or its declaration
                   # (a crashing implementation is a result in the report, not an error here)
             variants = dict(parse_variant(v) for v in args.variant)

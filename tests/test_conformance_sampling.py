@@ -10,6 +10,7 @@ import pytest
 
 import dflash_ref.acceptance as acceptance_module
 import dflash_ref.decoding as loop_module
+from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import SHIPPED, find_bundles
 from dflash_ref.conformance.exact import reference_sampler, verify_sampling, write_sampling
 from dflash_ref.conformance.sampling import check_sampling, chi_square, upper_gamma_regularized
@@ -28,9 +29,10 @@ def test_the_chi_square_tail_by_hand():
     stats = pytest.importorskip("scipy.stats")
     for df, x in [(1, 0.5), (3, 2.0), (5, 11.07), (34, 40.3), (60, 120.0), (2, 0.0)]:
         assert math.isclose(upper_gamma_regularized(df / 2, x / 2), stats.chi2.sf(x, df), rel_tol=1e-9, abs_tol=1e-15)
-    # counts 10, 10, 0 against 8, 8, 4 (3 bins, the last under 5 pooled with nothing: kept alone, 2 bins + rest)
+    # counts 10, 10, 0 against 8, 8, 4: the bin under 5 is pooled, still under 5, so merged into the first
     statistic, df, p = chi_square(np.array([10.0, 10.0, 0.0]), np.array([8.0, 8.0, 4.0]))
-    assert math.isclose(statistic, 2 * 4 / 8 + 16 / 4) and df == 2 and math.isclose(p, stats.chi2.sf(5.0, 2))
+    assert math.isclose(statistic, 4 / 12 + 4 / 8) and df == 1 and math.isclose(p, stats.chi2.sf(4 / 12 + 4 / 8, 1))
+    assert chi_square(np.array([3.0, 1.0]), np.array([4.0, 0.0]))[2] == 0.0       # a count where none is expected
 
 
 def test_the_bundle_holds_exact_distributions(bundle):
@@ -88,6 +90,16 @@ def test_sampling_bugs_fail_their_test_with_the_reason(bundle, which, fails, nam
     assert result.distribution_ok == (fails == "acceptance") and named in result.text(), result.text()
 
 
+def test_a_sampler_that_reports_tokens_per_step_or_too_few_runs_is_named(bundle):
+    sampler = reference_sampler(bundle)
+    with pytest.raises(ValueError, match=r"outside 0 … 2 \(the accepted proposals, not tokens per step"):
+        check_sampling(bundle.manifest["sampling"], lambda seed: (sampler(seed)[0], 3), 10)
+    with pytest.raises(ValueError, match="runs must be a whole number ≥ 1, got 0"):
+        check_sampling(bundle.manifest["sampling"], sampler, 0)
+    with pytest.raises(ValueError, match="has no sampler"):
+        verify_sampling(ReferenceAdapter(), bundle.path, 10)                 # a greedy adapter
+
+
 def test_verify_sampling_from_the_command_line(bundle, capsys):
     from dflash_ref.__main__ import main
     assert main(["verify", "--impl", "reference", "--sampling", "--bundle", str(bundle.path), "--runs", "400"]) == 0
@@ -99,3 +111,7 @@ def test_verify_sampling_from_the_command_line(bundle, capsys):
         main(["verify", "--impl", "reference", "--sampling", "--bundle", str(bundle.path / "target")])
     with pytest.raises(SystemExit, match="holds only a sampling bundle: check it with verify --sampling"):
         main(["verify", "--impl", "reference", "--bundle", str(bundle.path)])
+    with pytest.raises(SystemExit, match="--runs and --verifier go with --sampling"):
+        main(["verify", "--impl", "reference", "--runs", "10"])
+    with pytest.raises(SystemExit, match="--variant, --skip and --profile are for the greedy bundles"):
+        main(["verify", "--impl", "reference", "--sampling", "--skip", "q"])

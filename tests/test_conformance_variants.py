@@ -119,6 +119,19 @@ def test_full_then_truncate_is_detected_and_compares_the_output(golden):
     assert not strict.passed and first.step in shrunk[first.bundle] and "shape" in first.detail
 
 
+def test_full_then_truncate_without_its_output_ids_fails(golden):
+    def no_output(bundle):
+        return {k: v for k, v in FullThenTruncate().run(bundle).items() if k != "output_ids"}
+    report = verify(no_output, golden, allow_missing=True)
+    assert not report.passed and "judged by its output ids" in report.first_failure.detail, report.text()
+
+
+def test_waiving_every_stage_proves_nothing(golden):
+    from dflash_ref.conformance.bundle import STAGES
+    report = verify(ReferenceAdapter(), golden / "01_walkthrough", skip=[s[0] for s in STAGES])
+    assert not report.passed and "NOTHING COMPARED" in report.text()
+
+
 def test_waived_stages_are_skipped_and_said(golden):
     def no_patterns(bundle):
         return {k: v for k, v in ReferenceAdapter().run(bundle).items() if parse_key(k)[0] != "pattern"}
@@ -151,6 +164,9 @@ def test_a_dump_profile_beside_the_dump_declares_variants(golden, tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps({"variant": {}}))
     with pytest.raises(ValueError, match="must be a JSON object with 'variants' and/or 'skip'"):
         verify_dump(tmp_path / "port.npz", golden, profile=tmp_path / "bad.json")
+    (tmp_path / "str.json").write_text(json.dumps({"skip": "q"}))
+    with pytest.raises(ValueError, match="'skip' must be a list of stage names, got 'q'"):
+        verify_dump(tmp_path / "port.npz", golden, profile=tmp_path / "str.json")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -195,6 +211,11 @@ def test_a_minimal_port_records_its_outputs_only(golden, tmp_path):
         Recorder().record("q", np.zeros(2), step=0, layer=0)
     with rec.bundle("x"), pytest.raises(ValueError, match="unknown stage 'q_after_rope'"):
         rec.record("q_after_rope", np.zeros(2), step=0, layer=0)
+    with rec.bundle("x"), pytest.raises(ValueError, match="'draft_tokens' is per step: give step="):
+        rec.record("draft_tokens", np.zeros(2))
+    with rec.bundle("x"), pytest.raises(ValueError, match="'q' is per draft layer: give layer="):
+        rec.record("q", np.zeros(2), step=0)
+    assert Recorder().save(tmp_path / "plain") == tmp_path / "plain.npz" and (tmp_path / "plain.npz").is_file()
 
 
 def test_bundles_carry_a_tokenizer_stub(golden):

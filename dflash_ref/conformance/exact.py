@@ -119,7 +119,10 @@ def zlab_sampler(bundle: Bundle, verifier: str = "rejection"):
     """The official `dflash` 0.1.0 (rejection sampling only)."""
     if verifier != "rejection":
         raise ValueError("dflash 0.1.0 samples by rejection only")
-    from dflash import model as official            # optional: the official package
+    try:
+        from dflash import model as official        # optional: the official package
+    except ImportError:
+        raise ValueError("zlab needs the official package: pip install --no-deps dflash==0.1.0") from None
     target, draft = ZLabAdapter().load(bundle)
     s, ids = bundle.manifest["sampling"], torch.tensor([bundle.manifest["sampling"]["input_ids"]])
 
@@ -145,7 +148,12 @@ def resolve_sampler(impl, bundle: Bundle, verifier: str):
         if impl in SAMPLERS:
             return SAMPLERS[impl](bundle, verifier)
         impl = resolve(impl)
-    return impl.sampler(bundle, verifier) if hasattr(impl, "sampler") else impl(bundle, verifier)
+    if hasattr(impl, "sampler"):
+        return impl.sampler(bundle, verifier)
+    if hasattr(impl, "run") or not callable(impl):
+        raise ValueError(f"{getattr(impl, 'name', impl)!r} has no sampler(bundle, verifier): a greedy adapter "
+                         "cannot be checked by its distribution")
+    return impl(bundle, verifier)
 
 
 def verify_sampling(impl, bundle: str | Path | None = None, runs: int | None = None,
@@ -154,9 +162,18 @@ def verify_sampling(impl, bundle: str | Path | None = None, runs: int | None = N
     if verifier not in ("rejection", "match"):
         raise ValueError(f"unknown verifier {verifier!r}; choose rejection or match")
     if bundle is None:
-        bundle = write_sampling(Path(tempfile.mkdtemp()) / "11_sampling")
+        with tempfile.TemporaryDirectory() as folder:
+            return verify_sampling(impl, write_sampling(Path(folder) / "11_sampling"), runs, verifier)
     bundles = [b for b in find_bundles(bundle) if b.manifest.get("kind") == "sampling"]
     if not bundles:
         raise ValueError(f"no sampling bundle at {bundle} (python -m dflash_ref golden --out DIR --only sampling)")
-    return [(b.name, check_sampling(b.manifest["sampling"], resolve_sampler(impl, b, verifier), runs, verifier))
-            for b in bundles]
+    results = []
+    for b in bundles:
+        sampler = resolve_sampler(impl, b, verifier)
+        try:
+            results.append((b.name, check_sampling(b.manifest["sampling"], sampler, runs, verifier)))
+        except ValueError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a crashing sampler is named, not a traceback
+            raise ValueError(f"the sampler raised {type(e).__name__}: {e}") from None
+    return results

@@ -24,7 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .bundle import STAGE_INDEX, key_for
+from .bundle import LAYER_STAGES, STAGE_INDEX, key_for
 from .tensorfile import as_array, write_safetensors
 
 
@@ -49,13 +49,17 @@ class Recorder:
             raise ValueError("record(...) outside `with recorder.bundle(name):`: which bundle is it for?")
         if stage not in STAGE_INDEX:
             raise ValueError(f"unknown stage {stage!r}; stages: {list(STAGE_INDEX)}")
+        if (step is None) != (stage in ("layer_ids", "output_ids")):
+            raise ValueError(f"stage {stage!r} " + ("is per step: give step=" if step is None else "has no step"))
+        if (layer is None) == (stage in LAYER_STAGES):
+            raise ValueError(f"stage {stage!r} " + ("is per draft layer: give layer=" if layer is None else "has no layer"))
         key = key_for(stage, step, layer)
         self.arrays[f"{self._bundle}/{key}"] = as_array(value)
         return key
 
     def save(self, path: str | Path) -> Path:
         """A .npz or .safetensors dump of everything recorded."""
-        path = Path(path)
+        path = Path(path) if Path(path).suffix in (".npz", ".safetensors") else Path(f"{path}.npz")
         if path.suffix == ".safetensors":
             write_safetensors(path, self.arrays)
         else:

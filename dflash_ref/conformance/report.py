@@ -57,7 +57,8 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return bool(self.checks) and not any(self.failed(c) for c in self.checks)
+        """Nothing failed, and something was compared (waiving every stage proves nothing)."""
+        return any(c.status == "pass" for c in self.checks) and not any(self.failed(c) for c in self.checks)
 
     @property
     def first_failure(self) -> Check | None:
@@ -109,7 +110,9 @@ class Report:
         if verbose:
             lines += ["", "every tensor:"] + ["  " + c.line() for c in self.checks]
         first = self.first_failure
-        if first is None:
+        if first is None and not self.passed:
+            lines.append("\nNOTHING COMPARED: every tensor was skipped, waived or a note.")
+        elif first is None:
             compared = sum(c.status not in ("skipped", "note") for c in self.checks)
             lines.append(f"\nPASS: all {compared} tensors compared agree with DFlash.")
         elif first.status == "error":

@@ -6,7 +6,7 @@ its exact probability P(x_1..x_N) = Π_t p_T(x_t | prompt, x_<t) (the target in 
 temperature T), and the exact distribution of the first decode step's τ for each verifier:
 
     rejection   d_i ~ q_i;  P(τ ≥ 1 | x_0) = Σ_v min(p_1(v), q_1(v)),
-                P(τ ≥ 2 | x_0) = Σ_v min(p_1(v), q_1(v)) · Σ_w min(p_2(w | v), q_2(w))
+                P(τ ≥ 2 | x_0) = Σ_v [min(p_1(v), q_1(v)) · Σ_w min(p_2(w | v), q_2(w))]
     match       d_i = argmax q_i;  P(τ ≥ 1 | x_0) = p_1(d_1),  P(τ ≥ 2 | x_0) = p_1(d_1) · p_2(d_2 | d_1)
 
 (q_i: the draft's distributions at block position i, drawn in one parallel pass from [x_0, mask, …];
@@ -43,8 +43,8 @@ def upper_gamma_regularized(a: float, x: float) -> float:
             total += term
         return max(0.0, 1.0 - total * math.exp(log_front))
     b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)     # Lentz's continued fraction for Γ(a, x)
-    h, i = d, 1
-    while True:
+    h = d
+    for i in range(1, 10_000):
         an = -i * (i - a)
         b += 2
         d = an * d + b
@@ -53,18 +53,29 @@ def upper_gamma_regularized(a: float, x: float) -> float:
         c = c if abs(c) > 1e-300 else 1e-300
         h *= d * c
         if abs(d * c - 1) < 1e-15:
-            return h * math.exp(log_front)
-        i += 1
+            break
+    return h * math.exp(log_front)
 
 
 def chi_square(observed: np.ndarray, expected: np.ndarray) -> tuple[float, int, float]:
-    """(statistic, degrees of freedom, p-value), the bins with expected count < 5 pooled into one."""
+    """(statistic, degrees of freedom, p-value): the bins with expected count < 5 pooled into one, and
+    that one, if still under 5, into the smallest other bin. A count where nothing is expected: p = 0."""
+    if np.any(observed[expected == 0] > 0):          # an output the target cannot produce
+        return math.inf, len(expected) - 1, 0.0
     small = expected < 5
-    obs = np.append(observed[~small], observed[small].sum()) if small.any() else observed
-    exp = np.append(expected[~small], expected[small].sum()) if small.any() else expected
+    obs, exp = list(observed[~small]), list(expected[~small])
+    if small.any():
+        obs.append(observed[small].sum())
+        exp.append(expected[small].sum())
+        if exp[-1] < 5 and len(exp) > 1:
+            smallest = int(np.argmin(exp[:-1]))
+            obs[smallest] += obs.pop()
+            exp[smallest] += exp.pop()
+    obs, exp = np.array(obs, dtype=float), np.array(exp, dtype=float)
     keep = exp > 0
-    statistic = float((((obs - exp) ** 2)[keep] / exp[keep]).sum() + (obs[~keep].sum() > 0) * 1e300)
-    df = int(keep.sum()) - 1
+    statistic, df = float(((obs[keep] - exp[keep]) ** 2 / exp[keep]).sum()), int(keep.sum()) - 1
+    if df < 1 or not math.isfinite(statistic):
+        return statistic, df, 1.0 if df < 1 else 0.0
     return statistic, df, upper_gamma_regularized(df / 2, statistic / 2)
 
 
@@ -108,7 +119,10 @@ class SamplingResult:
 def check_sampling(sampling: dict, sampler, runs: int | None = None, verifier: str = "rejection") -> SamplingResult:
     """Run `sampler(seed)` for seeds 0 … runs − 1 and test it against the bundle's exact distributions
     (`sampling`: the manifest's section)."""
-    runs = runs or sampling["runs"]
+    runs = sampling["runs"] if runs is None else runs
+    if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
+        raise ValueError(f"runs must be a whole number ≥ 1, got {runs!r}")
+    steps = len(sampling["acceptance"][verifier]) - 1                # τ of the first step lies in 0 … γ
     index = {tuple(s): i for i, s in enumerate(sampling["sequences"])}
     prompt = len(sampling["input_ids"])
     counts, taus = np.zeros(len(index)), []
@@ -119,6 +133,9 @@ def check_sampling(sampling: dict, sampler, runs: int | None = None, verifier: s
             raise ValueError(f"the sampler returned {list(new)}, not {sampling['compared']} tokens of the "
                              f"vocabulary after the prompt")
         counts[index[new]] += 1
+        if not 0 <= int(tau) <= steps:
+            raise ValueError(f"the sampler's first-step τ {tau} is outside 0 … {steps} (the accepted proposals, "
+                             "not tokens per step, which is τ + 1)")
         taus.append(int(tau))
     chi2, df, p = chi_square(counts, runs * np.asarray(sampling["probabilities"]))
     dist = np.asarray(sampling["acceptance"][verifier])              # P(τ = 0), P(τ = 1), …

@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .tensorfile import as_array
+
 VARIANTS = {"draft_cache": ("crop-after-pass", "context-only"), "last_block": ("shrink", "full-then-truncate")}
 REFERENCE = {key: choices[0] for key, choices in VARIANTS.items()}
 
@@ -58,7 +60,10 @@ def read_profile(path: str | Path) -> dict:
         raise ValueError(f"profile {path} cannot be read as JSON: {e}") from None
     if not isinstance(profile, dict) or set(profile) - {"variants", "skip"}:
         raise ValueError(f"profile {path} must be a JSON object with 'variants' and/or 'skip'")
-    return {"variants": check_variants(profile.get("variants", {})), "skip": list(profile.get("skip", []))}
+    skip = profile.get("skip", [])
+    if not isinstance(skip, list) or not all(isinstance(s, str) for s in skip):
+        raise ValueError(f"profile {path}: 'skip' must be a list of stage names, got {skip!r}")
+    return {"variants": check_variants(profile.get("variants", {})), "skip": skip}
 
 
 def context_only_lengths(expected: np.ndarray) -> np.ndarray:
@@ -73,9 +78,14 @@ def expected_lengths(variant: str, expected: np.ndarray) -> np.ndarray:
     return context_only_lengths(expected) if variant == "context-only" else expected
 
 
+def block_size(bundle) -> int | None:
+    """The block size the bundle decodes with: its inputs', else the draft's own."""
+    return bundle.inputs.get("block_size") or bundle.config("draft").get("block_size")
+
+
 def shrunk_steps(bundle) -> set[int]:
-    """The steps whose block the reference cut below the draft's block size (the last ones)."""
-    block = bundle.config("draft").get("block_size")
+    """The steps whose block the reference cut below the block size (the last ones)."""
+    block = block_size(bundle)
     steps = set()
     for entry in bundle.entries:
         if entry["stage"] == "posterior" and block and entry["shape"][0] < block:
@@ -83,23 +93,33 @@ def shrunk_steps(bundle) -> set[int]:
     return steps
 
 
+def _shape(value) -> tuple | None:
+    """The shape of what a port produced, None if it is no array (the comparison reports that)."""
+    try:
+        return as_array(value).shape
+    except (TypeError, ValueError):
+        return None
+
+
 def detect(bundle, produced: dict) -> dict[str, str]:
-    """The variants a candidate's own tensors show unambiguously; {} where they do not."""
+    """The variants a candidate's own tensors show unambiguously; {} where they do not. Full-then-
+    truncate needs the whole block's shapes at every shrunk step (posterior (b,), proposals (b − 1,)),
+    so an off-by-one last block is not taken for it."""
     found = {}
-    lengths = [(bundle.expected[e["key"]], np.asarray(produced[e["key"]])) for e in bundle.entries
-               if e["stage"] == "cache_lengths" and e["key"] in produced]
-    telling = [(e, g) for e, g in lengths if e[1] != e[2] and g.shape == e.shape]   # a pass that cached a block
+    lengths = [(bundle.expected[e["key"]], produced[e["key"]]) for e in bundle.entries
+               if e["stage"] == "cache_lengths" and e["key"] in produced and _shape(produced[e["key"]]) == (6,)]
+    telling = [(e, as_array(g)) for e, g in lengths if e[1] != e[2]]              # a pass that cached a block
     if telling:
         for variant in VARIANTS["draft_cache"]:
             if all(np.array_equal(g, expected_lengths(variant, e)) for e, g in telling):
                 found["draft_cache"] = variant
-    shrunk = sorted(shrunk_steps(bundle))
-    block = bundle.config("draft").get("block_size")
+    shrunk, block = sorted(shrunk_steps(bundle)), block_size(bundle)
     if shrunk:
-        got = produced.get(f"step{shrunk[0]}/posterior")
-        if got is not None and np.asarray(got).shape == (block,):
+        shapes = [(_shape(produced.get(f"step{s}/posterior")), _shape(produced.get(f"step{s}/draft_tokens")))
+                  for s in shrunk]
+        if all(p == (block,) and d in ((block - 1,), None) for p, d in shapes):
             found["last_block"] = "full-then-truncate"
-        elif got is not None and np.asarray(got).shape == bundle.expected[f"step{shrunk[0]}/posterior"].shape:
+        elif all(p == bundle.expected[f"step{s}/posterior"].shape for s, (p, _) in zip(shrunk, shapes)):
             found["last_block"] = "shrink"
     return found
 
