@@ -596,10 +596,13 @@ def test_missing_tensors_fail_unless_allowed(golden):
 
 # --------------------------------------------------------------------------- dumps from other frameworks
 
+def dump_of(adapter, folder: Path) -> dict:
+    """What a port in another framework would write: `{bundle}/{key}` → array over the greedy bundles."""
+    return {f"{b.name}/{k}": v for b in greedy_bundles(folder) for k, v in adapter.run(b).items()}
+
+
 def test_dump_from_the_reference_passes_and_a_corrupt_tensor_is_named(golden, tmp_path):
-    dump = {}
-    for b in greedy_bundles(golden):
-        dump.update({f"{b.name}/{k}": v for k, v in ReferenceAdapter().run(b).items()})
+    dump = dump_of(ReferenceAdapter(), golden)
     np.savez(tmp_path / "port.npz", **dump)
     assert verify_dump(tmp_path / "port.npz", golden).passed
     key = "multiround/step3/draft.layers.1.self_attn.hook_v"

@@ -8,7 +8,7 @@ import json
 
 import numpy as np
 import pytest
-from test_conformance import After, Wrapped, golden, greedy_bundles  # noqa: F401  (the golden fixture)
+from test_conformance import After, Wrapped, dump_of, golden, greedy_bundles  # noqa: F401  (the golden fixture)
 
 from dflash_ref.cache import KVCache
 from dflash_ref.conformance import find_bundles, verify, verify_dump
@@ -150,9 +150,7 @@ def test_an_adapter_declares_its_variants_itself(golden):
 
 
 def test_a_dump_profile_beside_the_dump_declares_variants(golden, tmp_path):
-    dump = {}
-    for b in greedy_bundles(golden):
-        dump.update({f"{b.name}/{k}": v for k, v in context_only().run(b).items()})
+    dump = dump_of(context_only(), golden)
     np.savez(tmp_path / "port.npz", **dump)
     assert verify_dump(tmp_path / "port.npz", golden).passed
     (tmp_path / "port.profile.json").write_text(json.dumps({"variants": {"draft_cache": "crop-after-pass"}}))

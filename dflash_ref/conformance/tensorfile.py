@@ -84,3 +84,11 @@ def as_array(value) -> np.ndarray:
         value = value.float() if value.is_floating_point() else value
         return value.numpy()
     return np.asarray(value)
+
+
+def array_or_none(value) -> np.ndarray | None:
+    """as_array, or None for what is no array of numbers at all (ragged lists, objects)."""
+    try:
+        return as_array(value)
+    except (TypeError, ValueError):
+        return None

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .tensorfile import as_array
+from .tensorfile import array_or_none, as_array
 
 VARIANTS = {"draft_cache": ("crop-after-pass", "context-only"), "last_block": ("shrink", "full-then-truncate")}
 REFERENCE = {key: choices[0] for key, choices in VARIANTS.items()}
@@ -95,10 +95,7 @@ def shrunk_steps(bundle) -> set[int]:
 
 def _shape(value) -> tuple | None:
     """The shape of what a port produced, None if it is no array (the comparison reports that)."""
-    try:
-        return as_array(value).shape
-    except (TypeError, ValueError):
-        return None
+    return getattr(array_or_none(value), "shape", None)
 
 
 def detect(bundle, produced: dict) -> dict[str, str]:

@@ -23,7 +23,7 @@ import numpy as np
 from .bundle import KINDS, STAGES, Bundle, find_bundles
 from .hints import hint
 from .report import Check, Report
-from .tensorfile import as_array, read_arrays
+from .tensorfile import array_or_none, as_array, read_arrays
 from .variants import check_variants, expected_lengths, read_profile, resolve_variants, shrunk_steps
 
 
@@ -85,13 +85,6 @@ def compare_one(bundle: str, entry: dict, expected: np.ndarray, got) -> Check:
 BLOCK_FREE = {"target_hidden", "fc", "context", "k_ctx"}
 
 
-def _array_or_none(value) -> np.ndarray | None:
-    try:
-        return as_array(value)
-    except (TypeError, ValueError):                 # not an array at all: the check says so already
-        return None
-
-
 def compare(bundle: Bundle, produced: dict, report: Report | None = None, declared: dict | None = None,
             skip: list[str] = ()) -> list[Check]:
     """Every manifest entry of `bundle` against `produced` (key → array), in walk order, under the
@@ -124,7 +117,7 @@ def compare(bundle: Bundle, produced: dict, report: Report | None = None, declar
         if check.status in ("FAIL", "missing") and KINDS.get(e["stage"]) == "observable" and how != "declared":
             check.status = "note"     # an undeclared implementation choice: reported, not a failure
         if check.status == "FAIL":
-            check.hint = hint(e["stage"], expected, _array_or_none(got), context)
+            check.hint = hint(e["stage"], expected, array_or_none(got), context)
         checks.append(check)
     return checks
 
