@@ -10,7 +10,12 @@ With the block's hidden states H (B, L_q, d) and the projected context C (B, L_c
 then RoPE with the sliced Q (`rope.py`), the draft KV cache (earlier context K/V are prepended), and
 W_O. QNorm / KNorm are RMSNorms over each head's d_h features. GQA: query head h reads KV head
 ⌊h / (H_q / H_kv)⌋. A sliding-window layer (official rule) is causal unless `is_causal` says
-otherwise, and masks keys further than `sliding_window` away (in both directions when non-causal).
+otherwise; its window W means one of three things (`position_rule`, config `window_kind`):
+
+    causal      k ≤ q and q − k < W, over every key                    (layer_types, dflash 0.1.0)
+    symmetric   |q − k| < W, over every key                            (is_causal false; flash path)
+    rotating    context keys with q − k < W, every block key (k ≤ q if causal): the window bounds
+                only a context cache that evicts old positions          (the official MLX backend)
 
 `attend` is the shared kernel: an explicit math path that returns the weights (used whenever a hook
 on the scores or pattern is active) and an SDPA path for speed; the target's causal attention uses
@@ -31,17 +36,21 @@ from .rope import apply_sliced_rope
 
 
 def visibility_mask(q_len: int, k_len: int, *, is_causal: bool, sliding_window: int | None,
-                    device: torch.device) -> torch.Tensor | None:
-    """Bool (L_q, L_k), True where query i may see key j; queries are the last L_q key positions.
-    None means everything is visible."""
+                    device: torch.device, rotating: bool = False) -> torch.Tensor | None:
+    """Bool (L_q, L_k), True where query i may see key j; queries are the last L_q key positions
+    (the block, after the context). None means everything is visible."""
     return position_rule(torch.arange(k_len - q_len, k_len, device=device), torch.arange(k_len, device=device),
-                         is_causal=is_causal, sliding_window=sliding_window)
+                         is_causal=is_causal, sliding_window=sliding_window,
+                         block_start=torch.full((q_len,), k_len - q_len, device=device) if rotating else None)
 
 
 def position_rule(q_pos: torch.Tensor, k_pos: torch.Tensor, *, is_causal: bool,
-                  sliding_window: int | None) -> torch.Tensor | None:
+                  sliding_window: int | None, block_start: torch.Tensor | None = None) -> torch.Tensor | None:
     """A layer's own rule on positions: bool (L_q, L_k) from q_pos (L_q,) and k_pos (L_k,); None
-    means everything is visible. Training narrows its block mask by it (training.block_masks)."""
+    means everything is visible. Training narrows its block mask by it (training.block_masks).
+
+    block_start (L_q,), each query's block start s, makes the window rotating: it bounds only the
+    context keys (k < s), the block's own keys being visible by the causal rule alone."""
     if not is_causal and sliding_window is None:
         return None
     q_pos, k_pos = q_pos[:, None], k_pos[None, :]                       # (L_q, 1), (1, L_k)
@@ -49,9 +58,12 @@ def position_rule(q_pos: torch.Tensor, k_pos: torch.Tensor, *, is_causal: bool,
     if is_causal:
         visible &= k_pos <= q_pos
     if sliding_window is not None:
-        visible &= (q_pos - k_pos) < sliding_window
+        in_window = (q_pos - k_pos) < sliding_window
         if not is_causal:
-            visible &= (k_pos - q_pos) < sliding_window
+            in_window &= (k_pos - q_pos) < sliding_window
+        if block_start is not None:                                      # rotating: block keys not windowed
+            in_window |= k_pos >= block_start[:, None]
+        visible &= in_window
     return visible
 
 
@@ -99,6 +111,7 @@ class KVInjectionAttention(nn.Module):
         # official rule: sliding layers are causal unless the config's is_causal says otherwise
         self.is_causal = sliding if config.is_causal is None else bool(config.is_causal)
         self.sliding_window = config.sliding_window if sliding else None
+        self.rotating = sliding and config.window_kind == "rotating"
         self.use_sdpa = True  # the explicit path is forced whenever hook_scores/hook_pattern is active
         self.hook_q = HookPoint()        # (B, H_q, L_q, d_h)        after QNorm, before RoPE
         self.hook_k_ctx = HookPoint()    # (B, H_kv, L_c, d_h)       after KNorm, before RoPE
@@ -131,7 +144,8 @@ class KVInjectionAttention(nn.Module):
             k, v = past_key_values.update(k, v, self.layer_idx)               # (B, H_kv, L_k, d_h)
         q, k = self.hook_q_rot(q), self.hook_k_rot(k)
         visible = attention_mask if attention_mask is not None else visibility_mask(
-            q_len, k.shape[2], is_causal=self.is_causal, sliding_window=self.sliding_window, device=q.device)
+            q_len, k.shape[2], is_causal=self.is_causal, sliding_window=self.sliding_window, device=q.device,
+            rotating=self.rotating)
         explicit = not self.use_sdpa or self.hook_scores.active or self.hook_pattern.active
         out, weights = attend(q, k, v, visible, self.scaling, explicit=explicit,
                               scores_hook=self.hook_scores, pattern_hook=self.hook_pattern)
@@ -140,4 +154,5 @@ class KVInjectionAttention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
-                f"causal={self.is_causal}, sliding_window={self.sliding_window}")
+                f"causal={self.is_causal}, sliding_window={self.sliding_window}"
+                + (", rotating" if self.rotating else ""))

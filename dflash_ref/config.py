@@ -4,8 +4,8 @@ official `config.json` format, with every field the code uses validated.
 Draft `config.json` (z-lab/Qwen3-8B-DFlash-b16): Qwen3 fields, plus top-level `block_size` and
 `num_target_layers`, plus `dflash_config: {mask_token_id, target_layer_ids}`. RoPE settings come in
 two spellings: a top-level `rope_theta` (+ `rope_scaling`) in released checkpoints, and
-`rope_parameters: {rope_theta, rope_type}` as transformers 5 writes them. Both are read; any rope
-type other than the plain one is refused.
+`rope_parameters: {rope_theta, rope_type, …}` as transformers 5 writes them. Both are read, and
+written, by config_fields.py: plain, linear and yarn RoPE; other rope types are refused.
 """
 from __future__ import annotations
 
@@ -13,56 +13,10 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .layer_sampling import build_target_layer_ids
-
-
-class ConfigError(ValueError):
-    """A config field is missing, of the wrong type, out of range, or not supported."""
-
-
-def _int(d: dict, key: str, minimum: int = 1, default: Any = dataclasses.MISSING) -> int:
-    if key not in d or d[key] is None:
-        if default is dataclasses.MISSING:
-            raise ConfigError(f"config field '{key}' is missing")
-        return default
-    value = d[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"config field '{key}' must be an integer ≥ {minimum}, got {value!r}")
-    return value
-
-
-def _float(d: dict, key: str, default: float) -> float:
-    value = d.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-        raise ConfigError(f"config field '{key}' must be a positive number, got {value!r}")
-    return float(value)
-
-
-def _dict(d: dict, key: str) -> dict:
-    value = d.get(key) or {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"config field '{key}' must be a JSON object, got {value!r}")
-    return value
-
-
-def _bool(value, key: str, allow_none: bool = False) -> bool | None:
-    if (value is None and allow_none) or isinstance(value, bool):
-        return value
-    raise ConfigError(f"config field '{key}' must be true or false, got {value!r}")
-
-
-def _rope_theta(d: dict) -> float:
-    params, scaling = _dict(d, "rope_parameters"), _dict(d, "rope_scaling")
-    for source, spec in (("rope_parameters", params), ("rope_scaling", scaling)):
-        kind = spec.get("rope_type", spec.get("type", "default"))
-        if kind != "default":
-            raise ConfigError(f"{source} asks for rope type '{kind}'; only the plain ('default') "
-                              "RoPE is implemented")
-    if "rope_theta" in params:
-        return _float(params, "rope_theta", 10000.0)
-    return _float(d, "rope_theta", 10000.0)
+from .config_fields import (ConfigError, bool_field, dict_field, float_field, int_field, normalise_scaling,
+                            read_rope, rope_fields)
 
 
 @dataclass
@@ -77,6 +31,7 @@ class Qwen3Config:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
+    rope_scaling: dict | None = None          # None: plain RoPE; else normalised (config_fields.py), e.g. yarn's
     max_position_embeddings: int = 40960
     tie_word_embeddings: bool = False
     layer_types: list[str] | None = None      # "full_attention" | "sliding_attention" per layer (None: all full)
@@ -89,13 +44,14 @@ class Qwen3Config:
     def validate(self) -> None:
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
-            _int({name: getattr(self, name)}, name)
+            int_field({name: getattr(self, name)}, name)
+        self.rope_scaling = normalise_scaling(self.rope_scaling, self.max_position_embeddings)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                               f"num_key_value_heads ({self.num_key_value_heads}) for GQA")
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
-        _bool(self.tie_word_embeddings, "tie_word_embeddings")
+        bool_field(self.tie_word_embeddings, "tie_word_embeddings")
         if not isinstance(self.dtype, (str, type(None))):
             raise ConfigError(f"config field 'dtype' must be a name such as \"bfloat16\", got {self.dtype!r}")
         if self.layer_types is None:  # one spelling for "all full attention": configs compare equal
@@ -109,7 +65,7 @@ class Qwen3Config:
         if bad:
             raise ConfigError(f"unknown layer_types {bad}")
         if self.sliding_window is not None:  # None on a sliding layer: causal, no window (official)
-            _int({"sliding_window": self.sliding_window}, "sliding_window")
+            int_field({"sliding_window": self.sliding_window}, "sliding_window")
 
     def layer_type(self, i: int) -> str:
         return self.layer_types[i]
@@ -123,18 +79,19 @@ class Qwen3Config:
             raise ConfigError(f"hidden_act '{act}' is not supported (Qwen3 uses 'silu')")
         if d.get("attention_bias", False):
             raise ConfigError("attention_bias=true is not supported (Qwen3 has no attention biases)")
-        hidden, heads = _int(d, "hidden_size"), _int(d, "num_attention_heads")
+        hidden, heads = int_field(d, "hidden_size"), int_field(d, "num_attention_heads")
         layer_types = d.get("layer_types")
         if layer_types is None and d.get("use_sliding_window"):
             raise ConfigError("use_sliding_window without layer_types is not supported")
+        rope_theta, rope_scaling = read_rope(d, int_field(d, "max_position_embeddings", default=40960))
         return dict(
-            vocab_size=_int(d, "vocab_size"), hidden_size=hidden,
-            intermediate_size=_int(d, "intermediate_size"),
-            num_hidden_layers=_int(d, "num_hidden_layers"), num_attention_heads=heads,
-            num_key_value_heads=_int(d, "num_key_value_heads", default=heads),
-            head_dim=_int(d, "head_dim", default=hidden // heads),
-            rms_norm_eps=_float(d, "rms_norm_eps", 1e-6), rope_theta=_rope_theta(d),
-            max_position_embeddings=_int(d, "max_position_embeddings", default=40960),
+            vocab_size=int_field(d, "vocab_size"), hidden_size=hidden,
+            intermediate_size=int_field(d, "intermediate_size"),
+            num_hidden_layers=int_field(d, "num_hidden_layers"), num_attention_heads=heads,
+            num_key_value_heads=int_field(d, "num_key_value_heads", default=heads),
+            head_dim=int_field(d, "head_dim", default=hidden // heads),
+            rms_norm_eps=float_field(d, "rms_norm_eps", 1e-6), rope_theta=rope_theta, rope_scaling=rope_scaling,
+            max_position_embeddings=int_field(d, "max_position_embeddings", default=40960),
             tie_word_embeddings=d.get("tie_word_embeddings", False),
             layer_types=list(layer_types) if isinstance(layer_types, (list, tuple)) else layer_types,
             # transformers' rule: the window counts only when use_sliding_window (default: yes)
@@ -158,10 +115,10 @@ class Qwen3Config:
         return cls.from_dict(d)
 
     def to_dict(self) -> dict:
-        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("rope_theta",)}
-        d.update(model_type="qwen3", hidden_act="silu", attention_bias=False, rope_theta=self.rope_theta,
-                 use_sliding_window=self.sliding_window is not None,
-                 rope_parameters={"rope_theta": self.rope_theta, "rope_type": "default"})
+        d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("rope_theta", "rope_scaling")}
+        rope = rope_fields(self.rope_theta, self.rope_scaling)  # rope_theta, rope_parameters (+ rope_scaling)
+        d.update(model_type="qwen3", hidden_act="silu", attention_bias=False, rope_theta=rope.pop("rope_theta"),
+                 use_sliding_window=self.sliding_window is not None, **rope)
         return d
 
     def save(self, directory: str | Path) -> None:
@@ -182,6 +139,8 @@ class TargetConfig(Qwen3Config):
         return {"architectures": ["Qwen3ForCausalLM"], **super().to_dict()}
 
 
+# what a sliding_attention layer's window means: the three readings found in DFlash implementations
+WINDOW_KINDS = ("causal", "symmetric", "rotating")
 _UNSUPPORTED_DRAFT_KEYS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None,
                            "conv_kernel_size": None, "selector_rank": None}
 
@@ -194,12 +153,13 @@ class DraftConfig(Qwen3Config):
     mask_token_id: int = 0
     target_layer_ids: list[int] = field(default_factory=list)  # empty: build_target_layer_ids
     is_causal: bool | None = None  # None: causal exactly on sliding-window layers (official rule)
+    sliding_window_kind: str | None = None  # None: "symmetric" when is_causal is false, else "causal"
 
     def validate(self) -> None:
         super().validate()
-        _int({"block_size": self.block_size}, "block_size")
-        _int({"num_target_layers": self.num_target_layers}, "num_target_layers")
-        _bool(self.is_causal, "is_causal", allow_none=True)
+        int_field({"block_size": self.block_size}, "block_size")
+        int_field({"num_target_layers": self.num_target_layers}, "num_target_layers")
+        bool_field(self.is_causal, "is_causal", allow_none=True)
         if not isinstance(self.target_layer_ids, list):
             raise ConfigError(f"config field 'target_layer_ids' must be a list of ids, got {self.target_layer_ids!r}")
         if not self.target_layer_ids:
@@ -213,14 +173,25 @@ class DraftConfig(Qwen3Config):
             if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_target_layers:
                 raise ConfigError(f"target_layer_ids {self.target_layer_ids}: each id must be an integer in "
                                   f"0..{self.num_target_layers - 1} (num_target_layers={self.num_target_layers})")
+        kind = self.sliding_window_kind
+        if kind is not None and kind not in WINDOW_KINDS:
+            raise ConfigError(f"dflash_config.sliding_window_kind {kind!r} is not one of {list(WINDOW_KINDS)}")
+        if (kind, self.is_causal) in (("causal", False), ("symmetric", True)):
+            raise ConfigError(f"dflash_config.sliding_window_kind {kind!r} contradicts is_causal={self.is_causal}")
         m = self.mask_token_id
         if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < self.vocab_size:
             raise ConfigError(f"mask_token_id {m!r} is outside the vocabulary 0..{self.vocab_size - 1}")
 
+    @property
+    def window_kind(self) -> str:
+        """What a sliding_attention layer's window means (attention.position_rule): the explicit
+        dflash_config.sliding_window_kind, else the official rule ("symmetric" iff is_causal is false)."""
+        return self.sliding_window_kind or ("symmetric" if self.is_causal is False else "causal")
+
     @classmethod
     def from_dict(cls, d: dict) -> "DraftConfig":
         fields = cls._fields_from_dict(d)
-        dflash = _dict(d, "dflash_config")
+        dflash = dict_field(d, "dflash_config")
         for key, default in _UNSUPPORTED_DRAFT_KEYS.items():
             value = dflash.get(key, d.get(key, default))
             if value != default:
@@ -233,17 +204,19 @@ class DraftConfig(Qwen3Config):
         mask = pick("mask_token_id")
         if mask is dataclasses.MISSING:
             raise ConfigError("draft config has no dflash_config.mask_token_id")
-        return cls(**fields, block_size=_int({"block_size": pick("block_size", 16)}, "block_size"),
-                   num_target_layers=_int(d, "num_target_layers"), mask_token_id=mask,
+        return cls(**fields, block_size=int_field({"block_size": pick("block_size", 16)}, "block_size"),
+                   num_target_layers=int_field(d, "num_target_layers"), mask_token_id=mask,
                    target_layer_ids=pick("target_layer_ids", None) or [],
-                   is_causal=d.get("is_causal"))
+                   is_causal=d.get("is_causal"), sliding_window_kind=pick("sliding_window_kind", None))
 
     def to_dict(self) -> dict:
         d = {"architectures": ["DFlashDraftModel"], **super().to_dict()}
-        for key in ("mask_token_id", "target_layer_ids", "is_causal"):
+        for key in ("mask_token_id", "target_layer_ids", "is_causal", "sliding_window_kind"):
             d.pop(key)
         if self.is_causal is not None:
             d["is_causal"] = self.is_causal
         d["dflash_config"] = {"mask_token_id": self.mask_token_id,
                               "target_layer_ids": list(self.target_layer_ids)}
+        if self.sliding_window_kind is not None:  # this project's key: the official code reads no such field
+            d["dflash_config"]["sliding_window_kind"] = self.sliding_window_kind
         return d

@@ -13,6 +13,7 @@ from conftest import draft_config, randomize_
 
 from dflash_ref.attention import KVInjectionAttention, attend, visibility_mask
 from dflash_ref.cache import KVCache
+from dflash_ref.config import ConfigError, DraftConfig
 from dflash_ref.hooks import HookPoint, hook_points, hooks, name_hook_points
 from dflash_ref.rope import RotaryEmbedding
 
@@ -50,6 +51,18 @@ def test_sliding_window_non_causal_masks_both_directions():
     assert mask.tolist() == [[F, T, T, T], [F, F, T, T]]
     # a wide window masks nothing
     assert visibility_mask(2, 4, is_causal=False, sliding_window=10, device=torch.device("cpu")).all()
+
+
+def test_rotating_window_bounds_only_the_context():
+    # 2 context keys (0, 1), then a block of 3 (2, 3, 4); window 2. Context: q − k < 2 (query 2 sees key
+    # 1, later queries none); block keys: all (non-causal) or k ≤ q (causal), with no window
+    cpu = torch.device("cpu")
+    mask = visibility_mask(3, 5, is_causal=False, sliding_window=2, device=cpu, rotating=True)
+    assert mask.tolist() == [[F, T, T, T, T], [F, F, T, T, T], [F, F, T, T, T]]
+    mask = visibility_mask(3, 5, is_causal=True, sliding_window=2, device=cpu, rotating=True)
+    assert mask.tolist() == [[F, T, T, F, F], [F, F, T, T, F], [F, F, T, T, T]]
+    # the causal window itself hides block key 2 from query 4 (distance 2)
+    assert visibility_mask(3, 5, is_causal=True, sliding_window=2, device=cpu)[2].tolist() == [F, F, F, T, T]
 
 
 # ---------------------------------------------------------------- attend
@@ -252,7 +265,26 @@ def test_sliding_layers_follow_the_official_causality_rule():
     assert (sliding.is_causal, sliding.sliding_window) == (True, 2)
     assert (full.is_causal, full.sliding_window) == (False, None)
     config = draft_config(layer_types=layer_types, sliding_window=2, is_causal=False)
-    assert KVInjectionAttention(config, 0).is_causal is False
+    assert KVInjectionAttention(config, 0).is_causal is False and config.window_kind == "symmetric"
+    config = draft_config(layer_types=layer_types, sliding_window=2, sliding_window_kind="rotating")
+    assert KVInjectionAttention(config, 0).rotating and not KVInjectionAttention(config, 1).rotating
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(sliding_window_kind="sinks"), "not one of"),
+    (dict(sliding_window_kind="causal", is_causal=False), "contradicts is_causal=False"),
+    (dict(sliding_window_kind="symmetric", is_causal=True), "contradicts is_causal=True")])
+def test_window_kind_is_checked(fields, message):
+    with pytest.raises(ConfigError, match=message):
+        draft_config(layer_types=["sliding_attention", "full_attention"], sliding_window=2, **fields)
+
+
+def test_window_kind_round_trips_in_dflash_config():
+    config = draft_config(layer_types=["sliding_attention", "full_attention"], sliding_window=2,
+                          sliding_window_kind="rotating")
+    d = config.to_dict()
+    assert d["dflash_config"]["sliding_window_kind"] == "rotating"
+    assert DraftConfig.from_dict(d) == config and "sliding_window_kind" not in draft_config().to_dict()["dflash_config"]
 
 
 def test_single_head_by_hand():

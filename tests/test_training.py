@@ -58,10 +58,15 @@ def _sequence(target, prompt_len=4, new=20, seed=0):
 
 # the official drafts' attention (non-causal, full), and the layer rules DraftConfig also allows, which
 # training folds into its block mask (block_masks): a causal draft, and a sliding window of 3 on layer 0
-# (non-causal: both directions) or on both layers with is_causal
+# (non-causal: both directions) or on both layers with is_causal, and rotating windows of 2 (the context
+# only: the block of 4 sees all of itself, or its causal part)
 ATTENTION = {"official": {}, "causal": {"is_causal": True},
              "sliding": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 3},
-             "sliding causal": {"layer_types": ["sliding_attention"] * 2, "sliding_window": 3, "is_causal": True}}
+             "sliding causal": {"layer_types": ["sliding_attention"] * 2, "sliding_window": 3, "is_causal": True},
+             "rotating": {"layer_types": ["sliding_attention"] * 2, "sliding_window": 2,
+                          "sliding_window_kind": "rotating"},
+             "rotating non-causal": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 2,
+                                     "sliding_window_kind": "rotating", "is_causal": False}}
 
 
 @pytest.mark.parametrize("seed, attention", [(s, "official") for s in range(4)] + [(0, k) for k in list(ATTENTION)[1:]])

@@ -1,7 +1,8 @@
 """An untrained DFlash draft sized to a given target (for demos, smoke checks and benchmarks).
 
-Its width, heads, head_dim, vocabulary, RoPE base and position limit are read off the target's
-config (the project's TargetConfig or a transformers config); the target layers follow
+Its width, heads, head_dim, vocabulary, RoPE base (and RoPE scaling, from the project's own
+configs) and position limit are read off the target's config (the project's TargetConfig or a
+transformers config); the target layers follow
 `build_target_layer_ids`. Weights are N(0, std²) with norm weights 1. Its proposals are noise, so
 τ ≈ 0 and the output is still exactly the target's: a random draft shows the loop is lossless,
 not that it is fast (see `OracleDraft` for the ceiling).
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..config import DraftConfig
+from ..config import DraftConfig, Qwen3Config
 from ..draft_model import DFlashDraftModel
 from ..extensions.linear import use_rows_first
 from ..target.smollm2 import MASK_TOKEN_ID as SMOLLM2_MASK_TOKEN_ID
@@ -47,6 +48,7 @@ def draft_config_for(target_config, num_hidden_layers: int = 3, block_size: int 
         num_key_value_heads=getattr(c, "num_key_value_heads", None) or heads,
         head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
         rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=_rope_theta(c),
+        rope_scaling=c.rope_scaling if isinstance(c, Qwen3Config) else None,
         max_position_embeddings=c.max_position_embeddings, num_target_layers=c.num_hidden_layers,
         block_size=block_size, mask_token_id=c.vocab_size - 1 if mask_token_id is None else mask_token_id)
 

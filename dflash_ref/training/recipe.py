@@ -92,8 +92,10 @@ def block_masks(draft, anchors: torch.Tensor, block_size: int, position_ids: tor
     position_ids (T + m·b,): the context's positions, then the blocks'."""
     ctx_len = len(position_ids) - len(anchors) * block_size
     mask = block_mask(anchors, block_size, ctx_len)                           # (m·b, T + m·b)
+    starts = anchors.repeat_interleave(block_size)                            # (m·b,) each query's block start
     rules = [position_rule(position_ids[ctx_len:], position_ids, is_causal=layer.self_attn.is_causal,
-                           sliding_window=layer.self_attn.sliding_window) for layer in draft.layers]
+                           sliding_window=layer.self_attn.sliding_window,
+                           block_start=starts if layer.self_attn.rotating else None) for layer in draft.layers]
     if all(rule is None for rule in rules):                                  # the official drafts: non-causal, full
         return mask
     return [mask if rule is None else mask & rule for rule in rules]
