@@ -19,6 +19,8 @@ from torch import nn
 
 import dflash_ref.acceptance as acceptance_module
 import dflash_ref.attention as attention_module
+import dflash_ref.config as config_module
+import dflash_ref.config_fields as config_fields_module
 import dflash_ref.decoding as loop_module
 import dflash_ref.draft_model as draft_model_module
 import dflash_ref.layer_sampling as layer_sampling_module
@@ -28,7 +30,7 @@ from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import STAGES, key_for, parse_key, walk_order
 from dflash_ref.conformance.golden import SCENARIOS, SLACK, TOLERANCE_RULE, Recorded, generate_golden, write_scenario
 from dflash_ref.decoding import spec_generate
-from dflash_ref.rope import rotate_half
+from dflash_ref.rope import RotaryEmbedding, rotate_half
 
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -228,6 +230,23 @@ def test_passes_via_the_api(golden, impl):
     assert report.first_failure is None and len({c.bundle for c in report.checks}) == len(SCENARIOS)
     evicted = [c for c in report.checks if c.note]
     assert (impl == "zlab") == bool(evicted)  # the official cache evicts keys outside a sliding window
+    # the official code knows the causal and symmetric windows: the rotating bundle is not applicable to it
+    skipped = [c for c in report.checks if c.key == "bundle"]
+    assert [c.bundle for c in skipped] == (["window_rotating"] if impl == "zlab" else []), skipped
+    assert impl == "reference" or "not applicable: the port's sliding windows are causal or symmetric" in report.text()
+
+
+def test_the_three_window_meanings_are_three_bundles(golden):
+    kinds = {find_bundles(golden / name)[0].manifest["sliding_window"]["kind"]
+             for name in ("04_gqa_sliding", "11_window_symmetric", "12_window_rotating")}
+    assert kinds == {"causal", "symmetric", "rotating"}
+    rotating = find_bundles(golden / "12_window_rotating")[0]
+    assert rotating.config("draft")["dflash_config"]["sliding_window_kind"] == "rotating"
+    assert find_bundles(golden / "11_window_symmetric")[0].config("draft")["is_causal"] is False
+    report = verify("reference", golden / "12_window_rotating", variants={"sliding_window": "causal,symmetric"})
+    assert not report.passed and "not applicable" in report.text() and "NOTHING COMPARED" in report.text()
+    with pytest.raises(ValueError, match="is no variant"):
+        verify("reference", golden / "12_window_rotating", variants={"sliding_window": "as-configured,causal"})
 
 
 # --------------------------------------------------------------------------- mutants
@@ -329,6 +348,16 @@ def causal_inside_the_block(mp):
 
 def sliding_window_ignored(mp):
     return each_attention(lambda attn: setattr(attn, "sliding_window", None))
+
+
+def causal_and_symmetric_swapped(mp):
+    """A sliding layer's is_causal read the other way round (a causal window taken as symmetric)."""
+    return each_attention(lambda attn: attn.sliding_window and setattr(attn, "is_causal", not attn.is_causal))
+
+
+def rotating_read_as_causal(mp):
+    """A rotating window applied as the causal one (to the block's keys too)."""
+    return each_attention(lambda attn: setattr(attn, "rotating", False))
 
 
 def scale_one_over_d(mp):
@@ -446,6 +475,21 @@ def rope_table_of_4096(mp):
     return After(change)
 
 
+def yarn_factor_dropped(mp):
+    """The draft's RoPE built plain where its config asks for YaRN (the target's is right)."""
+    def change(target, draft):
+        draft.rotary_emb = RotaryEmbedding(draft.config.head_dim, draft.config.rope_theta)
+    return After(change)
+
+
+def rope_read_from_rope_parameters_only(mp):
+    """RoPE settings read from transformers 5's spelling alone: a released checkpoint's rope_scaling is missed."""
+    read = config_fields_module.read_rope
+    mp.setattr(config_module, "read_rope",
+               lambda d, positions: read({k: v for k, v in d.items() if k != "rope_scaling"}, positions))
+    return ReferenceAdapter()
+
+
 MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
     rope_q_from_the_front: ("q_rot", "walkthrough"),
     wrong_rope_theta: ("q_rot", "walkthrough"),
@@ -457,6 +501,8 @@ MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
     k_norm_missing: ("k_ctx", "walkthrough"),
     causal_inside_the_block: ("pattern", "walkthrough"),
     sliding_window_ignored: ("pattern", "gqa_sliding"),
+    causal_and_symmetric_swapped: ("pattern", "gqa_sliding"),
+    rotating_read_as_causal: ("pattern", "window_rotating"),
     scale_one_over_d: ("pattern", "walkthrough"),
     gqa_heads_tiled: ("pattern", "multiround"),
     draft_keeps_first_positions: ("logits", "walkthrough"),
@@ -469,11 +515,16 @@ MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
     commits_past_the_stop: ("output_ids", "stop_token"),
     first_token_never_stops: ("output_ids", "stop_first"),
     rope_table_of_4096: ("q_rot", "long_context"),
+    yarn_factor_dropped: ("q_rot", "rope_yarn"),
+    rope_read_from_rope_parameters_only: ("target_hidden", "rope_yarn"),   # the target's RoPE is wrong first
 }
 HINTS = {  # mutant → what the first divergence's hint says (hints.py reads it off the tensors)
     causal_inside_the_block: "attends causally",
     draft_cache_not_cropped: "not cropped back to `start`",
-    mask_tokens_stripped: "mask_token_id",
+    mask_tokens_stripped: "lacks the tokens equal to mask_token_id",
+    sliding_window_ignored: "window (3) is not applied",
+    causal_and_symmetric_swapped: "read as symmetric where this bundle's config means causal",
+    rotating_read_as_causal: "read as causal where this bundle's config means rotating",
     commits_past_the_stop: "after the stop token",
     first_token_never_stops: "after the stop token",
     feature_offset_zero: "hidden_states[l + 1]",
@@ -555,7 +606,7 @@ def test_verify_and_golden_name_what_they_cannot_read(golden, tmp_path, argv, me
 
 
 def test_a_port_output_that_is_no_array_is_a_failed_check_not_a_crash(golden):
-    from dflash_ref.conformance.adapters import resolve as adapter
+    from dflash_ref.conformance.ports import resolve as adapter
     reference = adapter("reference")
 
     def ragged(bundle):

@@ -8,6 +8,7 @@ scenario whose tokens hang on rounding is refused.
 """
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -82,9 +83,26 @@ def _entry(key: str, array: np.ndarray, tolerance: float, sliding: set[int]) -> 
     entry = {"key": key, "stage": stage, "step": step, "layer": layer, "shape": list(array.shape),
              "dtype": str(array.dtype), "meaning": f"{where + ': ' if where else ''}{TITLES[stage]} {layout}",
              "kind": KINDS[stage], "tolerance": 0.0 if integer else tolerance}
-    if layer in sliding and stage in ("k_rot", "pattern"):  # keys no query can see may be evicted
-        entry["evictable_axis"] = 1 if stage == "k_rot" else 2
+    if layer in sliding and stage in ("k_ctx", "v", "k_rot", "pattern"):  # keys no query can see may be evicted
+        entry["evictable_axis"] = 2 if stage == "pattern" else 1
+    if stage == "final_hidden":        # position 0's final hidden feeds no logit: a port may skip its row
+        entry["evictable_axis"] = 0
     return entry
+
+
+def _keep_one_spelling(folder: Path, spelling: str) -> None:
+    """Rewrite both configs with the RoPE settings in one spelling only: "rope_scaling" (with a top-level
+    rope_theta, as released checkpoints) or "rope_parameters" (as transformers 5): a port that reads
+    one spelling alone fails the other's bundle."""
+    for which in ("target", "draft"):
+        path = folder / which / "config.json"
+        config = json.loads(path.read_text())
+        if spelling == "rope_scaling":
+            config.pop("rope_parameters")
+        else:
+            config.pop("rope_scaling", None)
+            config.pop("rope_theta")
+        path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Path:
@@ -95,6 +113,8 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
     dtype = getattr(torch, scenario.dtype)
     save_target(target, folder / "target", dtype)
     save_draft(draft, folder / "draft", dtype)
+    if scenario.rope_spelling:
+        _keep_one_spelling(folder, scenario.rope_spelling)
     tolerance = TOLERANCE[scenario.dtype]
     sliding = {i for i in range(draft.config.num_hidden_layers) if draft.config.layer_type(i) == "sliding_attention"}
     manifest = {
@@ -108,7 +128,8 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
                                  "models' own, prompts are given as ids, nothing is ever decoded from text"},
         "comparison": "floats: max|got − expected| / max(1, max|expected|) ≤ tolerance; integers: equal; "
                       "shapes: equal, except that on a sliding-window layer leading keys no query can see (attention "
-                      "weight exactly 0) may be left out along `evictable_axis`. Batch dimension dropped. "
+                      "weight exactly 0) may be left out along `evictable_axis` (of K, V, weights), and so may the "
+                      "final hidden's row at block position 0, which feeds no logit. Batch dimension dropped. "
                       "Keys in the order of the data's walk.",
         "stages": [{"stage": s, "title": t, "meaning": m, "layout": lay, "kind": KINDS[s]} for s, t, m, lay in STAGES],
         "kinds": "semantic: what DFlash defines (a difference is a failure); observable: how the reference lays out "
@@ -116,6 +137,9 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
         "variants": {key: {"reference": choices[0], "choices": list(choices)} for key, choices in VARIANTS.items()},
         "tensors": [],
     }
+    if sliding:   # which of the three meanings the draft's config gives its window (attention.py)
+        manifest["sliding_window"] = {"kind": draft.config.window_kind, "size": draft.config.sliding_window,
+                                      "layers": sorted(sliding)}
     bundle, golden, exact = Bundle(folder, manifest), Recorded(), Recorded(torch.float64)
     produced = golden.run(bundle)  # from the weights as stored
     scenario.check(produced)

@@ -35,13 +35,58 @@ BY_STAGE = {
 }
 
 
-def hint(stage: str, expected: np.ndarray | None, got: np.ndarray | None, manifest: dict) -> str:
+def hint(stage: str, expected: np.ndarray | None, got: np.ndarray | None, manifest: dict,
+         layer: int | None = None) -> str:
     """One line: what the tensors show, else the stage's usual causes."""
-    told = _told(stage, expected, got, manifest) if expected is not None and got is not None else None
+    told = None
+    if expected is not None and got is not None:
+        told = _window_read(expected, got, manifest.get("sliding_window"), layer) if stage == "pattern" else None
+        told = told or _told(stage, expected, got, manifest)
     return told or BY_STAGE.get(stage, "")
 
 
+def window_readings(q_len: int, k_len: int, window: int) -> dict[str, np.ndarray]:
+    """Which keys each reading of a sliding window lets the block's queries see: bool (L_q, L_k) each,
+    queries being the last L_q keys (attention.py states the three meanings)."""
+    q = np.arange(k_len - q_len, k_len)[:, None]                    # (L_q, 1)
+    k = np.arange(k_len)[None, :]                                   # (1, L_k)
+    context = (k < k_len - q_len) & (q - k < window)
+    return {"causal": (k <= q) & (q - k < window), "symmetric": np.abs(q - k) < window,
+            "rotating": context | ((k >= k_len - q_len) & (k <= q)),
+            "rotating, non-causal": context | (k >= k_len - q_len),
+            "not applied (causal)": np.broadcast_to(k <= q, (q_len, k_len)),
+            "not applied (non-causal)": np.ones((q_len, k_len), bool)}
+
+
+def _window_read(expected: np.ndarray, got: np.ndarray, window: dict | None, layer: int | None) -> str | None:
+    """On a sliding-window layer: the reading of the window whose visible keys the port's weights show."""
+    if not window or layer not in window["layers"] or got.shape != expected.shape or got.ndim != 3:
+        return None
+    seen, meant = (got != 0).any(axis=0), (expected != 0).any(axis=0)      # (L_q, L_k) over the heads
+    readings = window_readings(*got.shape[1:], window["size"])
+    found = [name for name, mask in readings.items() if np.array_equal(seen, mask) and not np.array_equal(meant, mask)]
+    if not found:
+        return None
+    if found[0].startswith("not applied"):
+        return f"the configured sliding window ({window['size']}) is not applied: every key is seen"
+    return (f"the window is read as {found[0]} where this bundle's config means {window['kind']} "
+            f"(attention.py: a sliding window's three meanings)")
+
+
+def _keys_out_of_order(expected: np.ndarray, got: np.ndarray) -> bool:
+    """K after RoPE (H_kv, L_k, d_h): the port's keys are the expected last ones, in another order."""
+    tail = expected[:, expected.shape[1] - got.shape[1]:]                    # after any evicted keys
+    if got.shape != tail.shape or np.allclose(got, tail, atol=1e-3):
+        return False
+    order = [np.flatnonzero(np.isclose(tail[:, :, None], got[:, i:i + 1, None], atol=1e-3).all(axis=(0, 2, 3)))
+             for i in range(got.shape[1])]
+    return all(len(o) == 1 for o in order) and sorted(int(o[0]) for o in order) == list(range(got.shape[1]))
+
+
 def _told(stage: str, expected: np.ndarray, got: np.ndarray, manifest: dict) -> str | None:
+    if stage == "k_rot" and got.ndim == 3 == expected.ndim and _keys_out_of_order(expected, got):
+        return ("the right keys in the wrong order: a rotating (ring-buffer) cache read as stored, not in "
+                "the order of positions that the mask assumes")
     if stage in ("k_rot", "pattern") and got.ndim == expected.ndim and got.shape[-2 if stage == "k_rot" else -1] \
             > expected.shape[-2 if stage == "k_rot" else -1]:
         return ("more keys than DFlash attends to: a draft cache that was not cropped back to `start` keeps "

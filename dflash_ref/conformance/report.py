@@ -100,7 +100,8 @@ class Report:
                 lines.append(f"  {state:<5} {TITLES.get(stage, stage):<22} {n - bad - notes:>3}/{n:<3} "
                              + ("exact" if worst is None else f"worst rel {worst:.1e}")
                              + (f"  ({notes} differ: {KINDS.get(stage)}, not declared)" if notes else ""))
-            skipped = sum(c.bundle == b and c.status == "skipped" for c in self.checks)
+            lines += [f"  not applicable: {c.detail}" for c in self.checks if c.bundle == b and c.key == "bundle"]
+            skipped = sum(c.bundle == b and c.status == "skipped" and c.key != "bundle" for c in self.checks)
             if skipped:
                 lines.append(f"  skipped {skipped} tensor(s): waived, or not compared under a declared variant")
             if self.ignored.get(b):  # most often a misspelt key, whose tensor then shows as missing

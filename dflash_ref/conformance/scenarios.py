@@ -14,11 +14,20 @@ and checking that property on the reference's own run, so that a change that los
     09_long_context  a 4100-token prompt, θ = 1e6: draft positions past 4096
     10_bf16          bfloat16 weights and compute (expected values stored as exact float32), a seed whose
                      decisions keep a margin over bf16 rounding
+    11_window_symmetric   layer 0 a symmetric (non-causal) window of 2: |q − k| < 2, block keys included
+    12_window_rotating    layer 0 a rotating window of 3 (dflash_config.sliding_window_kind): the window
+                          bounds the context only, the block of 4 sees all of its causal part
+    13_rope_yarn          target and draft with YaRN RoPE (factor 4 over 32 positions), a 40-token
+                          prompt; configs spelled as released checkpoints: rope_theta + rope_scaling only
+    14_rope_linear        linear RoPE scaling (factor 2), spelled as transformers 5: rope_parameters only
+(04, 11 and 12 are the three meanings of a sliding window: attention.py.)
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
+
+import numpy as np
 
 from ..config import DraftConfig, TargetConfig
 from ..draft_model import DFlashDraftModel
@@ -32,9 +41,9 @@ from .bundle import walk_order
 def tiny_pair(seed: int, vocab: int = 6, target_layers: int = 4, draft_layers: int = 2, heads: int = 4,
               kv_heads: int = 2, target_heads: tuple[int, int] = (4, 2), intermediate: int = 32,
               block_size: int = 4, positions: int = 128, rope_theta: float = 10000.0,
-              **draft_fields) -> tuple[Qwen3Target, DFlashDraftModel]:
+              rope_scaling: dict | None = None, **draft_fields) -> tuple[Qwen3Target, DFlashDraftModel]:
     shared = dict(vocab_size=vocab, hidden_size=16, head_dim=4, intermediate_size=intermediate,
-                  max_position_embeddings=positions, rope_theta=rope_theta)
+                  max_position_embeddings=positions, rope_theta=rope_theta, rope_scaling=rope_scaling)
     target = Qwen3Target(TargetConfig(num_hidden_layers=target_layers, num_attention_heads=target_heads[0],
                                       num_key_value_heads=target_heads[1], **shared))
     draft = DFlashDraftModel(DraftConfig(num_hidden_layers=draft_layers, num_attention_heads=heads,
@@ -55,6 +64,7 @@ class Scenario:
     stop_token_ids: list[int] | None = None
     dtype: str = "float32"
     tokens: list[str] | None = None     # the tokenizer stub's token texts (default <t0>, <t1>, …)
+    rope_spelling: str | None = None    # "rope_scaling" | "rope_parameters": the configs keep only that one
     check: Callable[[dict], None] = lambda produced: None
 
 
@@ -105,6 +115,30 @@ def _check_long(p: dict) -> None:
     assert len(p["output_ids"]) == len(LONG_PROMPT) + 8
 
 
+def _window_pattern(p: dict) -> np.ndarray:
+    """Step 0's layer-0 pattern, averaged over heads: (L_q, L_k), context keys first."""
+    return p["step0/draft.layers.0.self_attn.hook_pattern"].mean(axis=0)
+
+
+def _check_symmetric(p: dict) -> None:
+    seen = _window_pattern(p)[:, -4:] > 0                       # the block's 4 keys
+    assert seen[0].tolist() == [True, True, False, False] and seen[3].tolist() == [False, False, True, True]
+
+
+def _check_rotating(p: dict) -> None:
+    pattern = _window_pattern(p)
+    assert (pattern[:, -4:] > 0).tolist() == np.tril(np.ones((4, 4), bool)).tolist()   # no window in the block
+    assert (pattern[:, :-4] > 0).sum() == 3                      # context keys 5, 6 seen by query 0, 6 by query 1
+
+
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+LONGER_THAN_32 = [(5 * i + 1) % 8 for i in range(40)]      # positions past the unscaled 32
+
+
+def _check_long_prompt(p: dict) -> None:
+    assert p["step0/draft.hook_target_hidden"].shape[0] == len(LONGER_THAN_32) > 32
+
+
 def _check_block16(p: dict) -> None:
     assert p["prefill/layer_ids"].tolist() == [1, 9, 17, 25, 33]
     assert p["step0/draft.layers.4.self_attn.hook_pattern"].shape[1] == 16
@@ -139,4 +173,20 @@ SCENARIOS = [
     Scenario("bf16", "the multiround shapes in bfloat16 (weights and compute), with a seed whose every decision keeps "
              "a margin over bf16 rounding (golden.py: the manifest's margins), so a correct bf16 port that rounds "
              "otherwise cannot flip a token", lambda: tiny_pair(113), [0, 1, 2, 3], 12, dtype="bfloat16"),
+    Scenario("window_symmetric", "draft layer 0 a symmetric window of 2 (is_causal false, the reading of "
+             "transformers' flash-attention path): a query sees keys with |q − k| < 2, in its block too",
+             lambda: tiny_pair(3, vocab=8, layer_types=["sliding_attention", "full_attention"], sliding_window=2,
+                               is_causal=False), [1, 2, 3, 4, 5, 6, 0], 10, check=_check_symmetric),
+    Scenario("window_rotating", "draft layer 0 a rotating window of 3 (sliding_window_kind 'rotating', the "
+             "official MLX backend's reading): context keys with q − k < 3, every block key k ≤ q (of 4)",
+             lambda: tiny_pair(3, vocab=8, layer_types=["sliding_attention", "full_attention"], sliding_window=3,
+                               sliding_window_kind="rotating"), [1, 2, 3, 4, 5, 6, 0], 10, check=_check_rotating),
+    Scenario("rope_yarn", "target and draft with YaRN RoPE (factor 4 over 32 original positions, cos and sin "
+             "scaled by its attention factor), a 40-token prompt; configs spelled as released checkpoints: "
+             "rope_theta + rope_scaling only", lambda: tiny_pair(7, vocab=8, rope_scaling=YARN),
+             LONGER_THAN_32, 10, rope_spelling="rope_scaling", check=_check_long_prompt),
+    Scenario("rope_linear", "target and draft with linear RoPE scaling (factor 2), a 40-token prompt; configs "
+             "spelled as transformers 5 writes them: rope_parameters only",
+             lambda: tiny_pair(7, vocab=8, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+             LONGER_THAN_32, 10, rope_spelling="rope_parameters", check=_check_long_prompt),
 ]

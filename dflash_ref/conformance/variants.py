@@ -12,6 +12,11 @@ checked by its own invariant instead of by the reference's numbers.
                                     whole and the output cut at max_length. Its last steps' proposals
                                     see more mask positions, so they may differ: the steps where the
                                     reference shrank its block are not compared, the output ids are
+    sliding_window  as-configured   the reference: each bundle's config says which of the three meanings
+                                    its window has (attention.py), and the port follows it
+                  causal | symmetric | rotating   a port that knows only these readings (comma-separated,
+                                    e.g. causal,symmetric): the bundles whose config means another are
+                                    not compared (not applicable)
 
 A port declares a variant (an adapter's `variants` attribute, `verify --variant KEY=VALUE`, or a
 profile `{"variants": {...}, "skip": [...]}` beside a dump); what it leaves undeclared is detected
@@ -27,7 +32,8 @@ import numpy as np
 
 from .tensorfile import array_or_none, as_array
 
-VARIANTS = {"draft_cache": ("crop-after-pass", "context-only"), "last_block": ("shrink", "full-then-truncate")}
+VARIANTS = {"draft_cache": ("crop-after-pass", "context-only"), "last_block": ("shrink", "full-then-truncate"),
+            "sliding_window": ("as-configured", "causal", "symmetric", "rotating")}
 REFERENCE = {key: choices[0] for key, choices in VARIANTS.items()}
 
 
@@ -38,7 +44,8 @@ def check_variants(variants: dict) -> dict[str, str]:
     for key, value in variants.items():
         if key not in VARIANTS:
             raise ValueError(f"unknown design variant {key!r}; known: {sorted(VARIANTS)}")
-        if value not in VARIANTS[key]:
+        parts = value.split(",") if key == "sliding_window" and isinstance(value, str) else [value]
+        if not all(part in VARIANTS[key] for part in parts) or (len(parts) > 1 and "as-configured" in parts):
             raise ValueError(f"{key} = {value!r} is no variant; choose one of {list(VARIANTS[key])}")
     return dict(variants)
 
@@ -107,8 +114,8 @@ def detect(bundle, produced: dict) -> dict[str, str]:
                if e["stage"] == "cache_lengths" and e["key"] in produced and _shape(produced[e["key"]]) == (6,)]
     telling = [(e, as_array(g)) for e, g in lengths if e[1] != e[2]]              # a pass that cached a block
     if telling:
-        for variant in VARIANTS["draft_cache"]:
-            if all(np.array_equal(g, expected_lengths(variant, e)) for e, g in telling):
+        for variant in VARIANTS["draft_cache"]:    # the last step's final crop is never used again: not telling
+            if all(np.array_equal(g[:5], expected_lengths(variant, e)[:5]) for e, g in telling):
                 found["draft_cache"] = variant
     shrunk, block = sorted(shrunk_steps(bundle)), block_size(bundle)
     if shrunk:
@@ -119,6 +126,15 @@ def detect(bundle, produced: dict) -> dict[str, str]:
         elif all(p == bundle.expected[f"step{s}/posterior"].shape for s, (p, _) in zip(shrunk, shapes)):
             found["last_block"] = "shrink"
     return found
+
+
+def window_mismatch(bundle, declared: dict) -> str | None:
+    """Why a bundle is not applicable to a port that reads every sliding window one way; None if it is."""
+    readings, window = declared.get("sliding_window", "as-configured"), bundle.manifest.get("sliding_window")
+    if readings == "as-configured" or not window or window["kind"] in readings.split(","):
+        return None
+    return (f"the port's sliding windows are {readings.replace(',', ' or ')}; this bundle's config means "
+            f"{window['kind']} (window {window['size']} on draft layers {window['layers']})")
 
 
 def resolve_variants(bundle, produced: dict, declared: dict) -> dict[str, tuple[str, str]]:

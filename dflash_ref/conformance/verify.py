@@ -24,18 +24,22 @@ from .bundle import KINDS, STAGES, Bundle, find_bundles
 from .hints import hint
 from .report import Check, Report
 from .tensorfile import array_or_none, as_array, read_arrays
-from .variants import check_variants, expected_lengths, read_profile, resolve_variants, shrunk_steps
+from .variants import (check_variants, expected_lengths, read_profile, resolve_variants, shrunk_steps,
+                       window_mismatch)
 
 
 def _evicted(entry: dict, expected: np.ndarray, got: np.ndarray) -> int:
-    """How many leading keys a candidate left out on a sliding-window layer (0: none, −1: not allowed).
-    Allowed only along the entry's `evictable_axis`, and for weights only where they are exactly 0."""
+    """How many leading rows a candidate left out (0: none, −1: not allowed): keys on a sliding-window
+    layer, or position 0's final hidden. Allowed only along the entry's `evictable_axis`, for weights
+    only where they are exactly 0, for the final hidden only its first row."""
     axis = entry.get("evictable_axis")
     if axis is None or got.ndim != expected.ndim or got.shape[axis] >= expected.shape[axis] or \
             any(g != e for i, (g, e) in enumerate(zip(got.shape, expected.shape)) if i != axis):
         return -1
     dropped = expected.shape[axis] - got.shape[axis]
     if entry["stage"] == "pattern" and np.any(np.take(expected, range(dropped), axis=axis) != 0):
+        return -1
+    if entry["stage"] == "final_hidden" and dropped != 1:
         return -1
     return dropped
 
@@ -60,7 +64,8 @@ def compare_one(bundle: str, entry: dict, expected: np.ndarray, got) -> Check:
             return check
         expected = np.take(expected, range(dropped, expected.shape[entry["evictable_axis"]]),
                            axis=entry["evictable_axis"])
-        check.note = f"{dropped} keys outside the window left out"
+        check.note = (f"{dropped} keys outside the window left out" if stage != "final_hidden"
+                      else "position 0 (no logit) left out")
     if expected.size == 0:
         return check
     if np.issubdtype(expected.dtype, np.integer):
@@ -90,14 +95,19 @@ def compare(bundle: Bundle, produced: dict, report: Report | None = None, declar
     """Every manifest entry of `bundle` against `produced` (key → array), in walk order, under the
     port's design variants (`declared`, the rest detected); `skip` names stages the port waives. Keys
     the manifest does not list, and the variants used, go to `report`."""
+    unread = window_mismatch(bundle, declared or {})
+    if unread:
+        return [Check(bundle.name, "bundle", "sliding_window", None, None, "skipped", detail=unread)]
     variants = resolve_variants(bundle, produced, declared or {})
     if report is not None:
         listed = {e["key"] for e in bundle.entries}
         report.ignored[bundle.name] = sorted(k for k in produced if k not in listed)
         report.variants[bundle.name] = variants
     truncated = shrunk_steps(bundle) if variants["last_block"][0] == "full-then-truncate" else set()
-    context = {"inputs": bundle.inputs, "mask_token_id": bundle.config("draft").get("mask_token_id")}
-    checks = []
+    draft = bundle.config("draft")
+    context = {"inputs": bundle.inputs, "mask_token_id": draft.get("dflash_config", draft).get("mask_token_id"),
+               "sliding_window": bundle.manifest.get("sliding_window")}
+    checks, last = [], max((e["step"] for e in bundle.entries if e["stage"] == "cache_lengths"), default=None)
     for e in bundle.entries:
         expected, got = bundle.expected[e["key"]], produced.get(e["key"])
         if truncated and e["stage"] == "output_ids" and (got is None or "output_ids" in skip):
@@ -111,21 +121,34 @@ def compare(bundle: Bundle, produced: dict, report: Report | None = None, declar
                                 "the reference shrank this last block; full-then-truncate compares the output"))
             continue
         choice, how = variants["draft_cache"] if e["stage"] == "cache_lengths" else (None, None)
-        check = compare_one(bundle.name, e, expected_lengths(choice, expected) if choice else expected, got)
+        if choice:
+            expected = _final_crop_free(expected_lengths(choice, expected), got, e.get("step") == last)
+        check = compare_one(bundle.name, e, expected, got)
         if choice and choice != "crop-after-pass":
             check.note = f"the {choice} variant's lengths"
         if check.status in ("FAIL", "missing") and KINDS.get(e["stage"]) == "observable" and how != "declared":
             check.status = "note"     # an undeclared implementation choice: reported, not a failure
         if check.status == "FAIL":
-            check.hint = hint(e["stage"], expected, array_or_none(got), context)
+            check.hint = hint(e["stage"], expected, array_or_none(got), context, e.get("layer"))
         checks.append(check)
     return checks
+
+
+def _final_crop_free(expected: np.ndarray, got, last: bool) -> np.ndarray:
+    """The expected cache lengths, except the target's crop after the last step (its cache is never
+    used again: a port may skip that crop), which is taken as the port gave it."""
+    got = array_or_none(got)
+    if not last or got is None or got.shape != expected.shape:
+        return expected
+    expected = expected.copy()
+    expected[5] = got[5]
+    return expected
 
 
 def resolve(impl):
     """"reference" | "zlab" | "module:factory" | an adapter | a run function → something with run()."""
     if isinstance(impl, str):
-        from .adapters import resolve as resolve_adapter  # imports torch
+        from .ports import resolve as resolve_adapter  # imports torch
         impl = resolve_adapter(impl)
     if not hasattr(impl, "run") and callable(impl):
         return type("FunctionAdapter", (), {"name": getattr(impl, "__name__", "function"),
@@ -143,6 +166,9 @@ def verify(impl, bundle: str | Path | None = None, allow_missing: bool = False, 
     declared = _declaration({**getattr(adapter, "variants", {}), **(variants or {})}, skip)
     report = Report(getattr(adapter, "name", str(impl)), allow_missing=allow_missing, skip=list(skip))
     for b in bundles:
+        if window_mismatch(b, declared):          # not applicable: not even run
+            report.checks += compare(b, {}, report, declared, skip)
+            continue
         try:
             produced = adapter.run(b)
         except Exception as e:  # noqa: BLE001 - a crashing port is a result to report, not to hide
@@ -152,6 +178,8 @@ def verify(impl, bundle: str | Path | None = None, allow_missing: bool = False, 
                                               f"{where.lineno})"))
             continue
         report.checks += compare(b, produced, report, declared, skip)
+    if getattr(adapter, "layout", None):       # which code of the port it found (official.py)
+        report.impl += f" [{adapter.layout} code]"
     return report
 
 
