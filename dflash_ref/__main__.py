@@ -74,14 +74,15 @@ def main(argv: list[str] | None = None) -> int:
     golden.add_argument("--only", nargs="+", metavar="NAME", help="only these scenarios (default: all)")
     verify = sub.add_parser("verify", help="check an implementation against golden bundles, stage by stage")
     candidate = verify.add_mutually_exclusive_group(required=True)
-    candidate.add_argument("--impl", help="reference | zlab | package.module:factory (an adapter)")
+    candidate.add_argument("--impl", help="reference | zlab | mlx | package.module:factory (an adapter)")
     candidate.add_argument("--dump", help="a port's tensors: .npz or .safetensors keyed {bundle}/{key}")
     verify.add_argument("--bundle", help="a bundle or a folder of bundles (default: the one in the package)")
     verify.add_argument("--allow-missing", action="store_true", help="tensors a candidate lacks do not fail")
     verify.add_argument("-v", "--verbose", action="store_true", help="one line per tensor")
     verify.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
                         help="a design variant the port follows: draft_cache=crop-after-pass|context-only, "
-                             "last_block=shrink|full-then-truncate (default: detected, else the reference's)")
+                             "last_block=shrink|full-then-truncate, sliding_window=as-configured|causal|symmetric|rotating "
+                             "(default: detected, else the reference's)")
     verify.add_argument("--skip", action="append", default=[], metavar="STAGE",
                         help="a stage the port knowingly does not produce or match (printed in the report)")
     verify.add_argument("--sampling", action="store_true",
@@ -92,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--runs", type=int, help="with --sampling: how many sampled runs (default: the bundle's, 2000)")
     verify.add_argument("--profile", help="with --dump: a JSON profile {variants, skip} (default: "
                                           "FILE.profile.json beside the dump, if there)")
+    table = sub.add_parser("matrix", help="the conformance matrix: every shipped port on every greedy bundle")
+    table.add_argument("--bundle", help="a folder of bundles (default: all scenarios, written to a temporary folder)")
+    table.add_argument("--out", help="write the Markdown here (default: print it)")
     args = parser.parse_args(argv)
     # each command's modules are imported when it runs: they import torch, which `--help` and a usage
     # error need not wait for (the parser above is built from torch-free modules)
@@ -176,6 +180,17 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as e:
             evaluate.error(str(e))
         run_evaluate(args)
+    elif args.command == "matrix":
+        import tempfile
+        from pathlib import Path
+
+        from .conformance.golden import generate_golden
+        from .conformance.matrix import matrix
+        with tempfile.TemporaryDirectory() as scratch:
+            if args.bundle is None:
+                generate_golden(scratch)
+            text = matrix(args.bundle or scratch)
+        print(text) if args.out is None else Path(args.out).write_text(text + "\n")
     elif args.command == "notebooks":
         from .walkthrough.notebooks import build
         for path in build():

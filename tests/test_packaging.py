@@ -307,11 +307,11 @@ def test_no_import_cycle():
 
 
 # function-local imports allowed in the package, each for a stated reason: optional heavy dependencies
-# (the hf and notebooks extras, the official package), __main__'s dispatch (each command's modules
+# (the hf, notebooks and mlx extras, the official package), __main__'s dispatch (each command's modules
 # import torch: `--help` and usage errors need not wait), and conformance/verify.py's adapters (a dump
 # is compared with numpy alone; torch comes only when an implementation is run)
-LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient"}
-LOCAL_IMPORT_OF = {"__main__.py": None, "conformance/verify.py": {"conformance.adapters"}}   # None: any
+LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient", "mlx", "mlx_lm"}
+LOCAL_IMPORT_OF = {"__main__.py": None, "conformance/verify.py": {"conformance.ports"}}   # None: any
 
 
 def test_imports_sit_at_module_top_but_optional_dependencies():

@@ -20,7 +20,8 @@ from ..decoding import spec_generate
 from ..drafts.checkpoint import load_draft, save_draft
 from ..layer_sampling import extract_context_feature
 from ..target.checkpoint import load_target, save_target
-from .adapters import ZLabAdapter, resolve
+from .official import ZLabAdapter
+from .ports import resolve
 from .bundle import FORMAT, Bundle, find_bundles, write_bundle_files
 from .sampling import SamplingResult, check_sampling
 from .scenarios import tiny_pair
@@ -163,7 +164,7 @@ def verify_sampling(impl, bundle: str | Path | None = None, runs: int | None = N
         raise ValueError(f"unknown verifier {verifier!r}; choose rejection or match")
     if bundle is None:
         with tempfile.TemporaryDirectory() as folder:
-            return verify_sampling(impl, write_sampling(Path(folder) / "11_sampling"), runs, verifier)
+            return verify_sampling(impl, write_sampling(Path(folder) / "sampling"), runs, verifier)
     bundles = [b for b in find_bundles(bundle) if b.manifest.get("kind") == "sampling"]
     if not bundles:
         raise ValueError(f"no sampling bundle at {bundle} (python -m dflash_ref golden --out DIR --only sampling)")

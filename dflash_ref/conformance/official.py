@@ -1,0 +1,187 @@
+"""The official PyTorch code as a port: `dflash`'s DFlashDraftModel + dflash_generate with a
+transformers Qwen3ForCausalLM target, read through forward hooks on its own submodules, its
+attention kernel's inputs and its decoding loop's own variables (nothing of it re-implemented).
+
+Two layouts of that code exist, and `ZLabAdapter` reads whichever `dflash.model` it finds (its
+`layout` says which): the PyPI release 0.1.0 (`compute_logits`, `_crop_to`, a shrinking last block)
+and the GitHub repository's current code (the target's `lm_head` applied in the loop, caches cropped
+with `DynamicCache.crop`, every block drafted whole and the output truncated).
+"""
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+
+import numpy as np
+import torch
+
+from ..bench.timing import one_thread
+from .adapters import loop_values, to_numpy
+from .bundle import Bundle, key_for
+
+
+class _OfficialRecorder:
+    """Scoped hooks and patches around one `dflash.model.dflash_generate` call; fills `out`."""
+
+    def __init__(self, official, draft, target) -> None:
+        self.official, self.draft, self.target = official, draft, target
+        self.out: dict[str, np.ndarray] = {}
+        self.layout = "0.1.0" if hasattr(official, "_crop_to") else "github"
+        # 0.1.0 crops the target once after its prefill; the GitHub code first crops after a verify
+        self.step, self.prefilled, self.ctx_len, self.draft_lengths = 0, self.layout == "github", 0, None
+        self.target_before, self.in_target = 0, False
+        self._undo: list = []
+
+    def put(self, name: str, tensor: torch.Tensor) -> None:
+        self.out[f"step{self.step}/{name}"] = to_numpy(tensor)
+
+    def hook(self, module, fn, pre: bool = False) -> None:
+        handle = (module.register_forward_pre_hook(fn, with_kwargs=True) if pre
+                  else module.register_forward_hook(fn))
+        self._undo.append(handle.remove)
+
+    def patch(self, owner, name: str, value) -> None:
+        old = getattr(owner, name)
+        setattr(owner, name, value)
+        self._undo.append(lambda: setattr(owner, name, old))
+
+    def __enter__(self):
+        d = self.draft
+
+        def draft_inputs(mod, args, kwargs):
+            self.ctx_len = kwargs["target_hidden"].shape[1]
+            self.draft_lengths = [kwargs["past_key_values"].get_seq_length()]
+            self.put("draft.hook_target_hidden", kwargs["target_hidden"][0])
+            self.put("draft.hook_noise_embedding", kwargs["noise_embedding"][0])
+        self.hook(d, draft_inputs, pre=True)
+
+        def target_inputs(mod, args, kwargs):
+            self.target_before, self.in_target = kwargs["past_key_values"].get_seq_length(), True
+        self.hook(self.target, target_inputs, pre=True)
+        self.hook(self.target, lambda m, a, o: setattr(self, "in_target", False))
+        self.hook(d.fc, lambda m, a, o: self.put("draft.context.hook_fc", o[0]))
+        self.hook(d.hidden_norm, lambda m, a, o: self.put("draft.context.hook_context", o[0]))
+        self.hook(d.norm, lambda m, a, o: self.put("draft.hook_out", o[0]))
+        for i, layer in enumerate(d.layers):
+            p = f"draft.layers.{i}."
+            self.hook(layer.self_attn.q_norm, lambda m, a, o, p=p: self.put(p + "self_attn.hook_q", o[0].transpose(0, 1)))
+            self.hook(layer.self_attn.k_norm, lambda m, a, o, p=p: self.put_k(p, o[0].transpose(0, 1)))
+            self.hook(layer.self_attn.o_proj, lambda m, a, o, p=p: self.put(p + "self_attn.hook_out", o[0]))
+            self.hook(layer, lambda m, a, o, p=p: self.put(p + "hook_resid_post", o[0]))
+            layer.self_attn._conformance_prefix = p
+            self._undo.append(lambda a=layer.self_attn: delattr(a, "_conformance_prefix"))
+        kernel = self.official.ALL_ATTENTION_FUNCTIONS["sdpa"]
+        self.patch(self.official, "ALL_ATTENTION_FUNCTIONS", {"sdpa": self.attention(kernel)})
+        if self.layout == "0.1.0":
+            logits_of = d.compute_logits
+            self.patch(d, "compute_logits", lambda *a: self.put_logits(logits_of(*a)))
+            crop_to = self.official._crop_to
+            self.patch(self.official, "_crop_to", lambda cache, length: self.crop(cache, length, crop_to))
+        else:       # the loop applies the target's lm_head to the draft's output, and crops caches itself
+            self.hook(self.target.lm_head, lambda m, a, o: None if self.in_target else self.put_logits(o))
+            recorder = self
+
+            class Cropping(self.official.DynamicCache):
+                def crop(self, length):
+                    recorder.crop(self, length, lambda cache, n: super(Cropping, cache).crop(n))
+            self.patch(self.official, "DynamicCache", Cropping)
+        self.patch(self.official, "_cuda_time", time.perf_counter)  # it syncs CUDA even on a CPU
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def put_k(self, prefix: str, k: torch.Tensor) -> None:  # KNorm ran on [k_ctx; k_noise] at once
+        self.put(prefix + "self_attn.hook_k_ctx", k[:, :self.ctx_len])
+        self.put(prefix + "self_attn.hook_k_noise", k[:, self.ctx_len:])
+
+    def put_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        self.put("draft.hook_logits", logits[0])
+        return logits
+
+    def attention(self, kernel):
+        """The official kernel, with its inputs recorded: q/k after RoPE (k with the cache), the new V,
+        and the weights softmax(q kᵀ · scaling, masked), checked against the kernel's own output."""
+        def wrapped(module, query, key, value, attention_mask, **kwargs):
+            output = kernel(module, query, key, value, attention_mask, **kwargs)
+            p = module._conformance_prefix
+            new = self.ctx_len + query.shape[2]
+            self.put(p + "self_attn.hook_q_rot", query[0])
+            self.put(p + "self_attn.hook_k_rot", key[0])
+            self.put(p + "self_attn.hook_v", value[0, :, -new:])
+            groups = query.shape[1] // key.shape[1]
+            k, v = (t.float().repeat_interleave(groups, dim=1) for t in (key, value))  # (B, H_q, L_k, d_h)
+            scores = query.float() @ k.transpose(-1, -2) * kwargs["scaling"]
+            if attention_mask is not None:
+                scores = (scores.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool
+                          else scores + attention_mask.float())
+            weights = scores.softmax(-1)
+            derived = (weights @ v).transpose(1, 2)                        # (B, L_q, H_q, d_h)
+            tol = 3e-2 if query.dtype == torch.bfloat16 else 1e-4
+            if not torch.allclose(derived, output[0].float(), atol=tol * max(1.0, float(derived.abs().max()))):
+                raise AssertionError(f"{p}: re-derived attention weights do not reproduce the kernel's output")
+            self.put(p + "self_attn.hook_pattern", weights[0])
+            return output
+        return wrapped
+
+    def crop(self, cache, length: int, crop_to) -> None:
+        """One of the official crops; at the target's crop after a verify, read the loop's own variables
+        from dflash_generate's frame (two calls up: the loop called the crop that called this)."""
+        before = cache.get_seq_length()
+        crop_to(cache, length)
+        loop = sys._getframe(2).f_locals
+        if cache is loop["past_key_values_draft"]:
+            self.draft_lengths += [before, cache.get_seq_length()]
+        elif not self.prefilled:
+            self.prefilled = True
+        else:
+            block, tau = loop["block_output_ids"][0].tolist(), int(loop["acceptance_length"])
+            bonus = int(loop["bonus"]) if "bonus" in loop else int(loop["posterior"][0, tau])
+            draft_lengths = self.draft_lengths or [loop["past_key_values_draft"].get_seq_length()] * 3
+            loop_values(self.out, self.step, block[1:], loop["posterior"][0].tolist(), tau, bonus,
+                        draft_lengths + [self.target_before, before, cache.get_seq_length()])
+            self.step, self.draft_lengths = self.step + 1, None
+
+
+class ZLabAdapter:
+    """The official PyTorch code (either layout): DFlashDraftModel + dflash_generate, transformers
+    Qwen3 target. `layout` says which it found, after a run."""
+    name, layout = "zlab", None
+    variants = {"sliding_window": "causal,symmetric"}    # it reads is_causal, not sliding_window_kind
+
+    def load(self, bundle: Bundle):
+        with warnings.catch_warnings():  # tqdm's notebook warning when transformers is first imported
+            warnings.simplefilter("ignore")
+            import transformers
+            from dflash import model as official
+
+        dtype = torch.bfloat16 if bundle.config("draft").get("dtype") == "bfloat16" else torch.float32
+        log = transformers.utils.logging
+        verbosity, bars = log.get_verbosity(), log.is_progress_bar_enabled()
+        log.set_verbosity_error()
+        log.disable_progress_bar()
+        try:
+            target = transformers.Qwen3ForCausalLM.from_pretrained(bundle.target_dir, dtype=dtype).eval()
+            draft = official.DFlashDraftModel.from_pretrained(bundle.draft_dir, dtype=dtype).eval()
+        finally:
+            log.set_verbosity(verbosity)
+            if bars:
+                log.enable_progress_bar()
+        return target, draft
+
+    def run(self, bundle: Bundle) -> dict[str, np.ndarray]:
+        from dflash import model as official
+
+        target, draft = self.load(bundle)
+        inputs = bundle.inputs
+        with one_thread(), _OfficialRecorder(official, draft, target) as recorder:
+            stats = official.dflash_generate(draft, target, torch.tensor([inputs["input_ids"]]),
+                                             inputs["max_new_tokens"], inputs.get("stop_token_ids"),
+                                             temperature=0.0, block_size=inputs.get("block_size"),
+                                             return_stats=True)
+        self.layout, out = recorder.layout, recorder.out
+        out[key_for("layer_ids")] = np.asarray(draft.target_layer_ids, np.int64)
+        out[key_for("output_ids")] = to_numpy(stats.output_ids[0])
+        return out

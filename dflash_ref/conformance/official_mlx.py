@@ -1,0 +1,214 @@
+"""The official MLX backend as a port: `dflash.model_mlx` (its DFlashDraftModel and stream_generate)
+with an mlx-lm Qwen3 target, run on the CPU (`pip install 'dflash-ref[mlx]'`, the `mlx-cpu` wheel),
+read through wrappers around its own submodules and its decoding loop's own variables.
+
+Its design, declared: the draft cache holds only context K/V (`context-only`), and a sliding window
+bounds the context only (a rotating cache; the block sees all of its causal part: `rotating`).
+It computes K/V only for the context its window keeps, and the final norm only for the positions
+whose logits it takes: those leading rows are left out of its tensors (the kit allows it, manifest
+`evictable_axis`).
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from .bundle import Bundle, key_for
+from .adapters import loop_values
+
+
+def _np(x) -> np.ndarray:
+    import mlx.core as mx
+    return np.array(x.astype(mx.float32) if x.dtype in (mx.bfloat16, mx.float16) else x)
+
+
+def _heads(x) -> np.ndarray:
+    """(1, L, H, d_h) or (1, H, L, d_h) as MLX holds them → (H, L, d_h)."""
+    return _np(x[0])
+
+
+class _Tap:
+    """A callable standing in for one submodule (or the target model) of an MLX model: calls it, hands
+    its output on; every other attribute is the wrapped object's."""
+
+    def __init__(self, module, seen) -> None:
+        self.__dict__.update(module=module, seen=seen)
+
+    def __call__(self, *args, **kwargs):
+        out = self.module(*args, **kwargs)
+        self.seen(out, *args)
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+
+class _MLXRecorder:
+    """Taps on one draft and target for one stream_generate call; fills `out` keyed as the manifest,
+    and `steps` with each decode step's loop values."""
+
+    def __init__(self, draft, target) -> None:
+        self.draft, self.out, self.step, self.steps = draft, {}, 0, []
+        self.layer, self.in_draft, self.pending, self._undo = 0, False, {}, []
+        self.draft_lengths, self.draft_cache, self.target_cache = [], None, None
+        self.target = _Tap(target, self.verified)       # what stream_generate is given as the model
+
+    def put(self, name: str, array) -> None:
+        self.out[f"step{self.step}/{name}"] = array if isinstance(array, np.ndarray) else _np(array)
+
+    def tap(self, owner, name: str, seen) -> None:
+        object.__setattr__(owner, name, _Tap(getattr(owner, name), lambda o, *a: seen(o)))
+        self._undo.append(lambda: object.__delattr__(owner, name))
+
+    def __enter__(self):
+        import mlx.core as mx
+        d = self.draft
+        self.tap(d, "fc", lambda o: self.put("draft.context.hook_fc", o[0]))
+        self.tap(d, "hidden_norm", lambda o: self.put("draft.context.hook_context", o[0]))
+        self.tap(d, "norm", lambda o: self.put("draft.hook_out", o[0]))
+        self.tap(d, "compute_logits", lambda o: self.put("draft.hook_logits", o[0]))
+        taps = []
+        for i, layer in enumerate(d.layers):
+            p, attn = f"draft.layers.{i}.", layer.self_attn
+            self.tap(attn, "q_norm", lambda o, p=p: self.put(p + "self_attn.hook_q", _np(o[0].transpose(1, 0, 2))))
+            self.tap(attn, "k_norm", lambda o, p=p: self.pair(p + "self_attn.hook_k_", o))
+            self.tap(attn, "v_proj", lambda o, p=p: self.pair(p + "self_attn.hook_v", o))
+            self.tap(attn, "o_proj", lambda o, p=p: self.put(p + "self_attn.hook_out", o[0]))
+            taps.append(_Tap(layer, lambda o, *a, p=p: self.put(p + "hook_resid_post", o[0])))
+        object.__setattr__(d, "layers", taps)
+        self._undo.append(lambda: object.__delattr__(d, "layers"))
+        hidden_states, sdpa = d.hidden_states, mx.fast.scaled_dot_product_attention
+
+        def draft_pass(inputs, target_hidden, cache, logits_start=0):
+            self.in_draft, self.layer, self.draft_cache = True, 0, cache
+            self.draft_lengths = [cache[0].offset]
+            self.put("draft.hook_target_hidden", target_hidden[0])
+            self.put("draft.hook_noise_embedding", (d.embed_tokens(inputs) * d.embed_scale)[0])
+            try:
+                return hidden_states(inputs, target_hidden, cache, logits_start)
+            finally:
+                self.in_draft = False
+                self.draft_lengths.append(cache[0].offset)
+        object.__setattr__(d, "hidden_states", draft_pass)
+        self._undo.append(lambda: object.__delattr__(d, "hidden_states"))
+
+        def attention(queries, keys, values, *, scale, mask=None, **kw):
+            output = sdpa(queries, keys, values, scale=scale, mask=mask, **kw)
+            if self.in_draft:
+                self.attention(queries, keys, values, scale, mask, output)
+            return output
+        mx.fast.scaled_dot_product_attention = attention
+        self._undo.append(lambda: setattr(mx.fast, "scaled_dot_product_attention", sdpa))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        while self._undo:
+            self._undo.pop()()
+
+    def verified(self, logits, inputs, cache=None, *args) -> None:
+        """After each target pass: the cache lengths around a decode step's verify."""
+        self.target_cache = cache
+        if self.steps and self.steps[-1][-1][5] is None:      # the previous step's crop, seen now
+            self.steps[-1][-1][5] = cache[0].offset - inputs.shape[1]
+        if self.draft_lengths:                                 # a decode step's verify, not the prefill
+            self.draft_lengths.append(self.draft_cache[0].offset)
+            self.target_lengths = [cache[0].offset - inputs.shape[1], cache[0].offset]
+
+    def pair(self, name: str, o) -> None:
+        """k_norm and v_proj run twice per layer, on the context first, then on the block."""
+        self.pending.setdefault(name, []).append(o)
+        if len(self.pending[name]) < 2:
+            return
+        ctx, block = self.pending.pop(name)
+        if name.endswith("_k_"):                                       # (1, L, H_kv, d_h) each
+            self.put(name + "ctx", _np(ctx[0].transpose(1, 0, 2)))
+            self.put(name + "noise", _np(block[0].transpose(1, 0, 2)))
+            return
+        heads = self.draft.layers[0].self_attn.n_kv_heads
+        both = np.concatenate([_np(ctx[0]), _np(block[0])], axis=0)              # (L_c + L_q, H_kv · d_h)
+        self.put(name, both.reshape(both.shape[0], heads, -1).transpose(1, 0, 2))  # (H_kv, L_c + L_q, d_h)
+
+    def attention(self, queries, keys, values, scale, mask, output) -> None:
+        """q/k after RoPE as the kernel gets them, and softmax(q kᵀ · scale, masked), checked against
+        the kernel's own output."""
+        p, self.layer = f"draft.layers.{self.layer}.self_attn.", self.layer + 1
+        q, k, v = _np(queries[0]), _np(keys[0]), _np(values[0])        # (H_q, L_q, d_h), (H_kv, L_k, d_h)
+        groups = q.shape[0] // k.shape[0]
+        k, v = np.repeat(k, groups, axis=0), np.repeat(v, groups, axis=0)   # (H_q, L_k, d_h)
+        scores = q.astype(np.float64) @ k.transpose(0, 2, 1) * scale        # (H_q, L_q, L_k)
+        if mask is not None:
+            scores = np.where(_np(mask).astype(bool), scores, -np.inf)
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        tol = 1e-4 if _np(queries[:1, :1, :1]).dtype == np.float32 and str(queries.dtype).endswith("float32") else 3e-2
+        if not np.allclose(weights @ v, _np(output[0]), atol=tol * max(1.0, float(np.abs(v).max()))):
+            raise AssertionError(f"{p}: re-derived attention weights do not reproduce the kernel's output")
+        self.put(p + "hook_q_rot", q)
+        self.put(p + "hook_k_rot", _np(keys[0]))
+        self.put(p + "hook_pattern", weights.astype(np.float32))
+
+    def decoded(self, loop: dict) -> None:
+        """At a decode step's yield, from _stream_generate's frame: its proposals, posterior, τ, bonus."""
+        lengths = self.draft_lengths + self.target_lengths + [None]     # the target's crop comes later
+        self.steps.append([self.step, loop["d_list"], loop["t_list"], loop["accepted"], loop["bonus"], lengths])
+        self.step += 1
+
+
+@contextmanager
+def _stub_tokenizer(official, stops: set[int]):
+    """stream_generate wants an mlx-lm TokenizerWrapper for its stop ids and detokenizer; the bundles
+    give ids only, so a stub of the kind is handed in (the wrapper class patched for its type check)."""
+    class Detokenizer:
+        last_segment = ""
+        add_token = finalize = staticmethod(lambda *a: None)
+
+    class Stub:
+        eos_token_ids, bos_token, detokenizer = stops, None, Detokenizer()
+
+    wrapper, official.TokenizerWrapper = official.TokenizerWrapper, Stub
+    try:
+        yield Stub()
+    finally:
+        official.TokenizerWrapper = wrapper
+
+
+class MLXAdapter:
+    """The official MLX backend in `dflash` 0.1.0 (`dflash/model_mlx.py`), greedy. Its draft cache
+    (context-only) is detected from its lengths; its sliding window is declared."""
+    name = "mlx"
+    variants = {"sliding_window": "rotating"}
+
+    def load(self, bundle: Bundle):
+        from dflash import model_mlx as official
+        from mlx_lm.utils import load_model
+
+        target, _ = load_model(Path(bundle.target_dir))
+        download, official.snapshot_download = official.snapshot_download, lambda repo, **kw: repo  # a local folder
+        try:
+            return target, official.load_draft(str(bundle.draft_dir))
+        finally:
+            official.snapshot_download = download
+
+    def run(self, bundle: Bundle) -> dict[str, np.ndarray]:
+        from dflash import model_mlx as official
+
+        target, draft = self.load(bundle)
+        inputs, stops = bundle.inputs, set(bundle.inputs.get("stop_token_ids") or ())
+        tokens = []
+        with _MLXRecorder(draft, target) as recorder, _stub_tokenizer(official, stops) as tokenizer:
+            stream = official.stream_generate(recorder.target, draft, tokenizer, inputs["input_ids"],
+                                              block_size=inputs.get("block_size"),
+                                              max_tokens=inputs["max_new_tokens"], temperature=0.0)
+            for response in stream:
+                tokens += response.tokens
+                if response.accepted is not None:      # a decode step (not the first token, not the end)
+                    recorder.decoded(stream.gi_yieldfrom.gi_frame.f_locals)
+        out = recorder.out
+        for step, drafted, posterior, tau, bonus, lengths in recorder.steps:
+            lengths[5] = recorder.target_cache[0].offset if lengths[5] is None else lengths[5]
+            loop_values(out, step, drafted, posterior, tau, bonus, lengths)
+        out[key_for("layer_ids")] = np.asarray(draft.config.target_layer_ids, np.int64)
+        out[key_for("output_ids")] = np.asarray(list(inputs["input_ids"]) + tokens, np.int64)
+        return out

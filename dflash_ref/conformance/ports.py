@@ -1,0 +1,24 @@
+"""The shipped ports, by name, and how `verify --impl` finds a port of your own."""
+from __future__ import annotations
+
+import importlib
+
+from .adapters import ReferenceAdapter
+from .official import ZLabAdapter
+from .official_mlx import MLXAdapter
+
+ADAPTERS = {"reference": ReferenceAdapter, "zlab": ZLabAdapter, "mlx": MLXAdapter}
+
+
+def resolve(spec: str):
+    """"reference" | "zlab" | "mlx" | "package.module:factory" (factory() returns an adapter or a run function)."""
+    if spec in ADAPTERS:
+        return ADAPTERS[spec]()
+    if ":" not in spec:
+        raise ValueError(f"unknown implementation {spec!r}: use one of {sorted(ADAPTERS)} or module:factory")
+    module, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"implementation {spec!r}: no factory {attr!r} in module {module!r} ({e})") from None
+    return factory()

@@ -1,0 +1,84 @@
+"""Real ports through the kit: the official MLX backend (dflash 0.1.0's model_mlx.py, on mlx-cpu),
+the official PyTorch code in both its layouts (the PyPI 0.1.0 release here; the GitHub repository's
+current code when a copy of its dflash/model.py is named by DFLASH_GITHUB_MODEL), and the matrix
+command over them. Each passes every semantic stage of every bundle it applies to, except where the
+kit names a real bug of that code (asserted here, with the hint it gives)."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import sys
+
+import pytest
+from test_conformance import golden, run_cli  # noqa: F401  (the golden fixture)
+
+from dflash_ref.conformance import verify
+from dflash_ref.conformance.matrix import cells
+
+WINDOWS = {"gqa_sliding", "window_symmetric", "window_rotating"}
+
+
+def verdicts(report) -> dict[str, dict]:
+    return {row["bundle"]: row for row in cells(report)}
+
+
+def test_official_mlx_backend(golden):
+    pytest.importorskip("mlx.core")
+    pytest.importorskip("dflash.model_mlx")
+    rows = verdicts(verify("mlx", golden))
+    assert all(rows[b]["verdict"] == "pass" for b in rows if b not in WINDOWS), rows
+    # it reads every sliding window as rotating (declared): the causal and symmetric bundles do not apply
+    assert rows["gqa_sliding"]["verdict"] == rows["window_symmetric"]["verdict"] == "n/a"
+    assert "context-only" in rows["walkthrough"]["variants"]     # detected from its cache lengths
+    # its bug: after a one-position update its rotating cache hands the keys over in ring order, while
+    # the window's mask counts positions in temporal order
+    rotating = rows["window_rotating"]
+    assert rotating["verdict"] == "FAIL" and rotating["first"].startswith("step 1 · layer 0 · K after RoPE")
+    assert "the right keys in the wrong order" in rotating["first"]
+
+
+def test_official_pytorch_release_layout(golden):
+    pytest.importorskip("dflash.model")
+    report = verify("zlab", golden / "01_walkthrough")
+    assert report.passed and report.impl == "zlab [0.1.0 code]"
+
+
+@pytest.fixture
+def github_code(monkeypatch):
+    """The GitHub repository's dflash/model.py, imported as `dflash.model` for the test."""
+    path = os.environ.get("DFLASH_GITHUB_MODEL")
+    if not path:
+        pytest.skip("set DFLASH_GITHUB_MODEL to a copy of the official repository's dflash/model.py")
+    dflash = pytest.importorskip("dflash")
+    spec = importlib.util.spec_from_file_location("dflash.model", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setitem(sys.modules, "dflash.model", module)
+    monkeypatch.setattr(dflash, "model", module, raising=False)
+
+
+def test_official_pytorch_github_layout(golden, github_code):
+    report = verify("zlab", golden)
+    assert report.impl == "zlab [github code]"
+    rows = verdicts(report)
+    assert all(rows[b]["verdict"] == "pass" for b in rows if b not in WINDOWS), rows
+    assert "full-then-truncate" in rows["walkthrough"]["variants"]  # detected from its shapes
+    # its bug: the sliding window goes to the attention kernel as a keyword that SDPA ignores
+    for name in ("gqa_sliding", "window_symmetric"):
+        assert rows[name]["verdict"] == "FAIL" and "is not applied" in rows[name]["first"], rows[name]
+    assert rows["window_rotating"]["verdict"] == "n/a"
+
+
+def test_the_matrix_command_writes_every_port(golden, tmp_path):
+    pytest.importorskip("dflash.model")
+    for name in ("01_walkthrough", "12_window_rotating"):
+        shutil.copytree(golden / name, tmp_path / "bundles" / name)
+    out = tmp_path / "MATRIX.md"
+    done = run_cli("matrix", "--bundle", str(tmp_path / "bundles"), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    text = out.read_text()
+    for port in ("## reference", "## zlab", "## mlx"):
+        assert port in text
+    assert "| walkthrough | pass |" in text and "| window_rotating | n/a |" in text
+    assert "zlab [0.1.0 code]" in text
