@@ -98,18 +98,31 @@ def verify_match(draft_tokens: torch.Tensor, target_probs: torch.Tensor):
     return tau, posterior[0, tau], posterior
 
 
-def verify_rejection(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor):
+def verify_rejection(draft_tokens: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                     candidates: torch.Tensor | None = None):
     """Rejection sampling → (τ, bonus); draft_tokens (1, γ), target_probs (1, γ + 1, V),
-    draft_probs (1, γ, V) (the q the draft tokens were drawn from)."""
+    draft_probs (1, γ, V) (the q the draft tokens were drawn from), or with `candidates` (1, γ, K)
+    (DFlash 2's selector) q over those K tokens only, (1, γ, K): q(v) = Σ_k q_k 1[c_k = v], zero on
+    every other token, and the residual max(p − q, 0) subtracts q on the candidates' ids alone.
+
+    Lossless with candidates too: the selector draws d_i ~ q_i given the path before it, so q_i is the
+    draft's exact conditional distribution of d_i (zero outside the candidates), and accepting with
+    probability min(1, p/q) then sampling norm(max(p − q, 0)) emits p's token, as for any q."""
     gamma = draft_tokens.shape[1]
     index = draft_tokens[..., None]                                           # (1, γ, 1)
     p = target_probs[:, :gamma].gather(-1, index)[..., 0]                     # (1, γ) p_{i−1}(d_i)
-    q = draft_probs.gather(-1, index)[..., 0]                                 # (1, γ) q_i(d_i)
+    if candidates is None:
+        q = draft_probs.gather(-1, index)[..., 0]                             # (1, γ) q_i(d_i)
+    else:
+        q = (draft_probs * (candidates == index)).sum(-1)                     # (1, γ) Σ_k q_k 1[c_k = d_i]
     accepted = torch.rand_like(q) * q < p                                     # u · q < p
     tau = int(accepted.int().cumprod(dim=1).sum(dim=1)[0])
     if tau == gamma:
         return tau, sample_probs(target_probs[:, -1])[0]
-    residual = (target_probs[0, tau] - draft_probs[0, tau]).clamp_min(0)     # (V,) max(p − q, 0)
+    if candidates is None:
+        residual = (target_probs[0, tau] - draft_probs[0, tau]).clamp_min(0)  # (V,) max(p − q, 0)
+    else:                                                                     # −q on the candidates' ids only
+        residual = target_probs[0, tau].scatter_add(0, candidates[0, tau], -draft_probs[0, tau]).clamp_min(0)
     total = residual.sum()
     # p == q leaves no residual mass; then p itself is the right distribution
     residual = residual / total if total > 0 else target_probs[0, tau]
@@ -117,9 +130,11 @@ def verify_rejection(draft_tokens: torch.Tensor, target_probs: torch.Tensor, dra
 
 
 def verify_block(draft_tokens: torch.Tensor, target_logits: torch.Tensor, draft_probs: torch.Tensor | None,
-                 temperature: float, top_p: float = 1.0, top_k: int = 0, verifier: str = "rejection"):
+                 temperature: float, top_p: float = 1.0, top_k: int = 0, verifier: str = "rejection",
+                 candidates: torch.Tensor | None = None):
     """The verifier a request asks for → (τ, bonus, posterior or None); draft_tokens (1, γ) as verified,
-    target_logits (1, γ + 1, V), draft_probs (1, γ, V) with the rejection verifier when sampling."""
+    target_logits (1, γ + 1, V), draft_probs (1, γ, V) with the rejection verifier when sampling
+    ((1, γ, K) over `candidates` (1, γ, K) for a DFlash 2 draft)."""
     if temperature == 0:
         return verify_greedy(draft_tokens, target_logits)
     target_probs = sampling_probs(target_logits, temperature, top_p, top_k)   # (1, γ + 1, V)
@@ -127,4 +142,4 @@ def verify_block(draft_tokens: torch.Tensor, target_logits: torch.Tensor, draft_
         return verify_match(draft_tokens, target_probs)
     if draft_tokens.shape[1] == 0:                # nothing drafted (a block of 1): the bonus is a plain sample
         return 0, sample_probs(target_probs[:, -1])[0], None
-    return (*verify_rejection(draft_tokens, target_probs, draft_probs), None)
+    return (*verify_rejection(draft_tokens, target_probs, draft_probs, candidates), None)

@@ -141,19 +141,29 @@ class TargetConfig(Qwen3Config):
 
 # what a sliding_attention layer's window means: the three readings found in DFlash implementations
 WINDOW_KINDS = ("causal", "symmetric", "rotating")
-_UNSUPPORTED_DRAFT_KEYS = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None,
-                           "conv_kernel_size": None, "selector_rank": None}
+# DFlash 2's fields (a DFlash2DraftModel needs all four), and the scales both versions read (their defaults)
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+SCALES = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
 
 
 @dataclass
 class DraftConfig(Qwen3Config):
-    """The DFlash draft: Qwen3 fields + block_size, num_target_layers, mask_token_id, target_layer_ids."""
+    """The DFlash draft: Qwen3 fields + block_size, num_target_layers, mask_token_id, target_layer_ids;
+    version 2 (architectures: DFlash2DraftModel) adds the convolution's and the selector's sizes."""
     block_size: int = 16
     num_target_layers: int = 36
     mask_token_id: int = 0
     target_layer_ids: list[int] = field(default_factory=list)  # empty: build_target_layer_ids
     is_causal: bool | None = None  # None: causal exactly on sliding-window layers (official rule)
     sliding_window_kind: str | None = None  # None: "symmetric" when is_causal is false, else "causal"
+    version: int = 1                         # 1: DFlashDraftModel, 2: DFlash2DraftModel
+    conv_kernel_size: int | None = None      # K, the convolution's taps        (DFlash 2)
+    conv_group_size: int | None = None       # d / G, channels sharing a dynamic tap
+    selector_rank: int | None = None         # r, the codebooks' rank
+    selector_top_k: int | None = None        # K candidates per proposal position
+    input_embedding_scale: float = 1.0       # the block's embedding × this
+    output_multiplier: float = 1.0           # the draft logits × this, then tanh-capped if a softcap is set
+    final_logit_softcapping: float | None = None
 
     def validate(self) -> None:
         super().validate()
@@ -181,6 +191,24 @@ class DraftConfig(Qwen3Config):
         m = self.mask_token_id
         if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < self.vocab_size:
             raise ConfigError(f"mask_token_id {m!r} is outside the vocabulary 0..{self.vocab_size - 1}")
+        self._validate_version()
+
+    def _validate_version(self) -> None:
+        given = [k for k in DFLASH2_FIELDS if getattr(self, k) is not None]
+        if self.version not in (1, 2) or (self.version == 1 and given):
+            raise ConfigError(f"a DFlash {self.version} draft cannot set {given or 'version'}: DFlash 2's fields "
+                              "need architectures [\"DFlash2DraftModel\"]")
+        for key in DFLASH2_FIELDS if self.version == 2 else ():
+            int_field({f"dflash_config.{key}": getattr(self, key)}, f"dflash_config.{key}")
+        if self.version == 2 and self.hidden_size % self.conv_group_size:
+            raise ConfigError(f"dflash_config.conv_group_size {self.conv_group_size} does not divide hidden_size "
+                              f"{self.hidden_size}")
+        if self.version == 2 and self.selector_top_k > self.vocab_size:
+            raise ConfigError(f"dflash_config.selector_top_k {self.selector_top_k} exceeds the vocabulary "
+                              f"({self.vocab_size})")
+        for key in SCALES:                               # positive numbers (no softcap: None)
+            if getattr(self, key) is not None:
+                float_field({key: getattr(self, key)}, key, 1.0)
 
     @property
     def window_kind(self) -> str:
@@ -192,11 +220,6 @@ class DraftConfig(Qwen3Config):
     def from_dict(cls, d: dict) -> "DraftConfig":
         fields = cls._fields_from_dict(d)
         dflash = dict_field(d, "dflash_config")
-        for key, default in _UNSUPPORTED_DRAFT_KEYS.items():
-            value = dflash.get(key, d.get(key, default))
-            if value != default:
-                raise ConfigError(f"draft config sets '{key}'={value!r}; that DFlash variant is not "
-                                  "implemented here")
 
         def pick(key, default=dataclasses.MISSING):  # dflash_config wins over top level, as officially
             return dflash[key] if key in dflash else (d[key] if key in d else default)
@@ -207,11 +230,14 @@ class DraftConfig(Qwen3Config):
         return cls(**fields, block_size=int_field({"block_size": pick("block_size", 16)}, "block_size"),
                    num_target_layers=int_field(d, "num_target_layers"), mask_token_id=mask,
                    target_layer_ids=pick("target_layer_ids", None) or [],
-                   is_causal=d.get("is_causal"), sliding_window_kind=pick("sliding_window_kind", None))
+                   is_causal=d.get("is_causal"), sliding_window_kind=pick("sliding_window_kind", None),
+                   version=2 if "DFlash2DraftModel" in (d.get("architectures") or []) else 1,
+                   **{k: pick(k, None) for k in DFLASH2_FIELDS}, **{k: pick(k, v) for k, v in SCALES.items()})
 
     def to_dict(self) -> dict:
-        d = {"architectures": ["DFlashDraftModel"], **super().to_dict()}
-        for key in ("mask_token_id", "target_layer_ids", "is_causal", "sliding_window_kind"):
+        d = {"architectures": ["DFlash2DraftModel" if self.version == 2 else "DFlashDraftModel"], **super().to_dict()}
+        for key in ("mask_token_id", "target_layer_ids", "is_causal", "sliding_window_kind", "version",
+                    *DFLASH2_FIELDS, *SCALES):
             d.pop(key)
         if self.is_causal is not None:
             d["is_causal"] = self.is_causal
@@ -219,4 +245,6 @@ class DraftConfig(Qwen3Config):
                               "target_layer_ids": list(self.target_layer_ids)}
         if self.sliding_window_kind is not None:  # this project's key: the official code reads no such field
             d["dflash_config"]["sliding_window_kind"] = self.sliding_window_kind
+        d["dflash_config"].update({k: getattr(self, k) for k in DFLASH2_FIELDS if self.version == 2})
+        d["dflash_config"].update({k: getattr(self, k) for k, v in SCALES.items() if getattr(self, k) != v})
         return d

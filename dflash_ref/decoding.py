@@ -134,16 +134,17 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
         draft_size = min(block_size, max_length - start)                     # L_q
         block_ids = output_ids[:, start:start + draft_size].clone()          # (1, L_q)
         ctx_len = target_hidden.shape[1] if draft_size > 1 else 0            # L_c, new context features
-        draft_logits = draft_probs = None
+        draft_logits = draft_probs = candidates = None
         if draft_size > 1:
-            hidden = draft(position_ids[:, start - ctx_len:start + draft_size],
-                           noise_embedding=target.embed(block_ids), target_hidden=target_hidden,
-                           past_key_values=draft_cache)[:, 1:]                # (1, γ, d)
+            noise = target.embed(block_ids) * draft.config.input_embedding_scale  # (1, L_q, d)
+            hidden = draft(position_ids[:, start - ctx_len:start + draft_size], noise_embedding=noise,
+                           target_hidden=target_hidden, past_key_values=draft_cache)[:, 1:]   # (1, γ, d)
             result.num_draft_passes += 1
             caches["draft_cache_after_draft"] = draft_cache.get_seq_length()
             draft_cache.crop(start)
             draft_logits = draft.compute_logits(hidden, head)                 # (1, γ, V)
-            block_ids[:, 1:], draft_probs = _propose(draft_logits, temperature, top_p, top_k, verifier)
+            block_ids[:, 1:], draft_probs, candidates = _propose(draft, hidden, draft_logits, block_ids[:, 0],
+                                                                 temperature, top_p, top_k, verifier)
         proposals = block_ids[0, 1:].tolist()                                 # d_1..d_γ, every one drafted
         block_ids, draft_probs = gate_block(verify_gate, block_ids, draft_logits, draft_probs)  # (1, L)
 
@@ -156,7 +157,7 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
 
         # 4. accept: τ by cumprod, the bonus, and what is committed (a stop token ends the step)
         tau, bonus, posterior = verify_block(block_ids[:, 1:], out.logits, draft_probs,
-                                             temperature, top_p, top_k, verifier)
+                                             temperature, top_p, top_k, verifier, candidates)
         output_ids[:, start:start + tau + 1] = block_ids[:, :tau + 1]
         output_ids[:, start + tau + 1] = bonus
         produced, stopped = _committed(output_ids, start, tau, max_length, stop_tokens)
@@ -183,6 +184,8 @@ def _check_arguments(draft, target, input_ids, max_new_tokens, stop_token_ids, t
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {VERIFIERS}")
     check_gate(verify_gate)
+    if verify_gate is not None and getattr(draft, "candidate_selector", None) is not None:
+        raise ValueError("verify_gate is not implemented for DFlash 2 drafts (their q is over candidates)")
     block_size = draft.block_size if block_size is None else block_size
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be an integer ≥ 1, got {block_size!r}")
@@ -198,13 +201,22 @@ def _proposal_head(draft, target, block_size: int):
     return target.output_head if vocab is None or block_size == 1 else DraftVocabHead(target, vocab)
 
 
-def _propose(draft_logits: torch.Tensor, temperature: float, top_p: float, top_k: int, verifier: str):
-    """d_1..d_γ (1, γ) from draft_logits (1, γ, V), and the q they were drawn from (1, γ, V): sampled
-    for the rejection verifier at temperature > 0, else the argmax (q None)."""
-    if temperature > 0 and verifier == "rejection":
+def _propose(draft, hidden: torch.Tensor, draft_logits: torch.Tensor, anchor: torch.Tensor, temperature: float,
+             top_p: float, top_k: int, verifier: str):
+    """d_1..d_γ (1, γ) from draft_logits (1, γ, V), the q they were drawn from, and the candidates q is
+    over: sampled for the rejection verifier at temperature > 0, else the argmax (q None). DFlash 1:
+    q (1, γ, V), no candidates; DFlash 2: the selector's path from the anchor x_0, q (1, γ, K) over its
+    candidates (1, γ, K); the draft side, like the official one, takes no top-p / top-k."""
+    sampled = temperature > 0 and verifier == "rejection"
+    selector = getattr(draft, "candidate_selector", None)
+    if selector is not None:
+        path, candidates, q = selector.select(hidden, draft_logits, anchor, temperature if sampled else 0.0,
+                                              sample_probs)
+        return path, q, candidates
+    if sampled:
         draft_probs = sampling_probs(draft_logits, temperature, top_p, top_k)
-        return sample_probs(draft_probs), draft_probs
-    return draft_logits.argmax(dim=-1), None
+        return sample_probs(draft_probs), draft_probs, None
+    return draft_logits.argmax(dim=-1), None, None
 
 
 def _committed(output_ids: torch.Tensor, start: int, tau: int, max_length: int,

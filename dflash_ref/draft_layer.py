@@ -4,7 +4,8 @@
     H'' = H' + MLP(RMSNorm_post(H'))           (SwiGLU)
 
 C is the already-projected context (fc + hidden_norm), shared by all layers; it is *not* normed
-again here, while H is.
+again here, while H is. A DFlash 2 layer wraps each sublayer f in its dynamic convolution
+(dynamic_conv.py): H + finish(f(prepare(RMSNorm(H)))).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch import nn
 from .attention import KVInjectionAttention
 from .cache import KVCache
 from .config import DraftConfig
+from .dynamic_conv import GroupedDynamicCausalConv
 from .hooks import HookPoint
 from .mlp import SwiGLU
 from .rmsnorm import RMSNorm
@@ -26,6 +28,11 @@ class DFlashDecoderLayer(nn.Module):
         self.mlp = SwiGLU(config.hidden_size, config.intermediate_size)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.attention_conv = self.mlp_conv = None                              # DFlash 1
+        if config.version == 2:
+            convs = [GroupedDynamicCausalConv(config.hidden_size, config.conv_kernel_size, config.conv_group_size)
+                     for _ in range(2)]
+            self.attention_conv, self.mlp_conv = convs
         self.hook_resid_mid = HookPoint()   # (B, L_q, d): H'
         self.hook_resid_post = HookPoint()  # (B, L_q, d): H'', the layer output
 
@@ -33,8 +40,17 @@ class DFlashDecoderLayer(nn.Module):
                 position_embeddings: tuple[torch.Tensor, torch.Tensor],
                 past_key_values: KVCache | None = None, attention_mask: torch.Tensor | None = None
                 ) -> torch.Tensor:
-        attn_out, _ = self.self_attn(self.input_layernorm(hidden_states), target_hidden,
-                                     position_embeddings, past_key_values, attention_mask)
-        hidden_states = self.hook_resid_mid(hidden_states + attn_out)
-        hidden_states = hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
+        attention = lambda x: self.self_attn(x, target_hidden, position_embeddings, past_key_values,  # noqa: E731
+                                             attention_mask)[0]
+        hidden_states = self.hook_resid_mid(
+            hidden_states + _around(self.attention_conv, attention, self.input_layernorm(hidden_states)))
+        hidden_states = hidden_states + _around(self.mlp_conv, self.mlp, self.post_attention_layernorm(hidden_states))
         return self.hook_resid_post(hidden_states)
+
+
+def _around(conv: GroupedDynamicCausalConv | None, sublayer, x: torch.Tensor) -> torch.Tensor:
+    """f(x) (DFlash 1), or finish(f(prepare(x))) with the taps of x (DFlash 2)."""
+    if conv is None:
+        return sublayer(x)
+    prepared, taps = conv.prepare(x)
+    return conv.finish(sublayer(prepared), taps)

@@ -4,6 +4,10 @@
     H_0 = noise_embedding                                   (target's embed_tokens of the block)
     H_n = DecoderLayer_n(H_{n−1}, C)   n = 1..N             (draft_layer.py)
     out = RMSNorm_final(H_N)            (B, L_q, d)         → target.lm_head outside → logits
+    logits = cap · tanh(m · z / cap)  (z the head's logits, m = output_multiplier, cap the softcap if set)
+
+DFlash 2 (config.version 2) convolves around each sublayer (draft_layer.py, dynamic_conv.py) and
+proposes through its candidate selector (candidate_selector.py) instead of the argmax of the logits.
 
 No embedding and no lm_head of its own: the target's are reused. Parameter names are the official
 ones (`layers.{i}.…`, `fc`, `hidden_norm`, `norm`), so one `load_state_dict` moves weights between
@@ -15,6 +19,7 @@ import torch
 from torch import nn
 
 from .cache import KVCache
+from .candidate_selector import CandidateSelector
 from .config import DraftConfig
 from .context import ContextHooks, project_context
 from .draft_layer import DFlashDecoderLayer
@@ -39,6 +44,8 @@ class DFlashDraftModel(nn.Module):
         self.hook_target_hidden = HookPoint()    # (B, L_c, k·d) the sampled target layers, concatenated
         self.hook_out = HookPoint()              # (B, L_q, d) after the final norm
         self.hook_logits = HookPoint()           # (B, L_q − 1, V) the proposals' logits (−∞ outside a draft vocabulary)
+        self.candidate_selector = (CandidateSelector(config.vocab_size, d, config.selector_rank, config.selector_top_k)
+                                   if config.version == 2 else None)
         name_hook_points(self, "draft")
         # the token ids its proposals are restricted to (extensions/draft_vocab.py), None = all V; not a weight
         # (the state dict stays the official one): stored beside the checkpoint, used by spec_generate
@@ -120,5 +127,7 @@ class DFlashDraftModel(nn.Module):
                              f"max_position_embeddings {self.config.max_position_embeddings}")
 
     def compute_logits(self, hidden: torch.Tensor, output_head: nn.Module) -> torch.Tensor:
-        """Block hidden states → logits with the target's lm_head."""
-        return self.hook_logits(output_head(hidden))
+        """Block hidden states → logits with the target's lm_head (× output_multiplier, softcapped)."""
+        logits = output_head(hidden) * self.config.output_multiplier
+        cap = self.config.final_logit_softcapping
+        return self.hook_logits(torch.tanh(logits / cap) * cap if cap else logits)

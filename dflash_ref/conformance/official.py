@@ -164,7 +164,10 @@ class ZLabAdapter:
         log.disable_progress_bar()
         try:
             target = transformers.Qwen3ForCausalLM.from_pretrained(bundle.target_dir, dtype=dtype).eval()
-            draft = official.DFlashDraftModel.from_pretrained(bundle.draft_dir, dtype=dtype).eval()
+            architecture = (bundle.config("draft").get("architectures") or ["DFlashDraftModel"])[0]
+            if not hasattr(official, architecture):    # the GitHub code has no DFlash 2
+                raise NotImplementedError(f"this dflash.model has no {architecture}")
+            draft = getattr(official, architecture).from_pretrained(bundle.draft_dir, dtype=dtype).eval()
         finally:
             log.set_verbosity(verbosity)
             if bars:

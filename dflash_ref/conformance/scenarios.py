@@ -20,6 +20,8 @@ and checking that property on the reference's own run, so that a change that los
     13_rope_yarn          target and draft with YaRN RoPE (factor 4 over 32 positions), a 40-token
                           prompt; configs spelled as released checkpoints: rope_theta + rope_scaling only
     14_rope_linear        linear RoPE scaling (factor 2), spelled as transformers 5: rope_parameters only
+    15_dflash2            a DFlash 2 draft: dynamic convolution (K = 2, groups of 4) around every sublayer,
+                          the candidate selector (top 3 of 8, rank 4) choosing the proposals
 (04, 11 and 12 are the three meanings of a sliding window: attention.py.)
 """
 from __future__ import annotations
@@ -139,6 +141,12 @@ def _check_long_prompt(p: dict) -> None:
     assert p["step0/draft.hook_target_hidden"].shape[0] == len(LONGER_THAN_32) > 32
 
 
+def _check_dflash2(p: dict) -> None:
+    """The selector matters: at some step its path is not the argmax of the draft logits."""
+    steps = [k.split("/")[0] for k in p if k.endswith("/draft_tokens")]
+    assert any(p[f"{s}/draft_tokens"].tolist() != p[f"{s}/draft.hook_logits"].argmax(-1).tolist() for s in steps)
+
+
 def _check_block16(p: dict) -> None:
     assert p["prefill/layer_ids"].tolist() == [1, 9, 17, 25, 33]
     assert p["step0/draft.layers.4.self_attn.hook_pattern"].shape[1] == 16
@@ -189,4 +197,8 @@ SCENARIOS = [
              "spelled as transformers 5 writes them: rope_parameters only",
              lambda: tiny_pair(7, vocab=8, rope_scaling={"rope_type": "linear", "factor": 2.0}),
              LONGER_THAN_32, 10, rope_spelling="rope_parameters", check=_check_long_prompt),
+    Scenario("dflash2", "a DFlash 2 draft: a dynamic causal convolution (K = 2, groups of 4) before and after every "
+             "sublayer, the candidate selector (top 3 of 8 candidates, rank 4) choosing the proposals",
+             lambda: tiny_pair(12, vocab=8, version=2, conv_kernel_size=2, conv_group_size=4, selector_rank=4,
+                               selector_top_k=3), [1, 2, 3, 4, 5], 12, check=_check_dflash2),
 ]

@@ -21,7 +21,8 @@ from ..target.checkpoint import CheckpointError, load_folder, save_folder
 
 def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> DFlashDraftModel:
     """An official-format DFlash draft folder → DFlashDraftModel (dtype: None = the config's)."""
-    model = load_folder(DFlashDraftModel, DraftConfig, folder, dtype, device, {"DFlashDraftModel"})
+    model = load_folder(DFlashDraftModel, DraftConfig, folder, dtype, device,
+                        {"DFlashDraftModel", "DFlash2DraftModel"})
     state = model.state_dict()
     broken = [name for name, t in state.items() if not bool(torch.isfinite(t).all())]
     if broken:                    # a damaged draft: its proposals would be NaN, sampling them fails in torch

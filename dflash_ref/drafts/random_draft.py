@@ -39,7 +39,8 @@ def _rope_theta(config) -> float:
 
 
 def draft_config_for(target_config, num_hidden_layers: int = 3, block_size: int = 16,
-                     mask_token_id: int | None = None) -> DraftConfig:
+                     mask_token_id: int | None = None, **fields) -> DraftConfig:
+    """A draft config shaped after the target's; `fields` add or override (e.g. DFlash 2's sizes)."""
     c = target_config
     heads = c.num_attention_heads
     return DraftConfig(
@@ -50,13 +51,14 @@ def draft_config_for(target_config, num_hidden_layers: int = 3, block_size: int 
         rms_norm_eps=float(getattr(c, "rms_norm_eps", 1e-6)), rope_theta=_rope_theta(c),
         rope_scaling=c.rope_scaling if isinstance(c, Qwen3Config) else None,
         max_position_embeddings=c.max_position_embeddings, num_target_layers=c.num_hidden_layers,
-        block_size=block_size, mask_token_id=c.vocab_size - 1 if mask_token_id is None else mask_token_id)
+        block_size=block_size, mask_token_id=c.vocab_size - 1 if mask_token_id is None else mask_token_id,
+        **fields)
 
 
 def random_draft(target, num_hidden_layers: int = 3, block_size: int = 16, mask_token_id: int | None = None,
-                 seed: int = 0, std: float = 0.02) -> DFlashDraftModel:
-    """A random draft on the target's device and dtype."""
-    config = draft_config_for(target.config, num_hidden_layers, block_size, mask_token_id)
+                 seed: int = 0, std: float = 0.02, **fields) -> DFlashDraftModel:
+    """A random draft on the target's device and dtype (`fields`: more config, e.g. DFlash 2's)."""
+    config = draft_config_for(target.config, num_hidden_layers, block_size, mask_token_id, **fields)
     with torch.device("meta"):
         draft = DFlashDraftModel(config)
     randomize_(draft.to_empty(device=target.device), seed, std, norm_jitter=None)
@@ -65,6 +67,6 @@ def random_draft(target, num_hidden_layers: int = 3, block_size: int = 16, mask_
 
 
 def random_smollm2_draft(target, num_hidden_layers: int = 3, block_size: int = 16,
-                         seed: int = 0) -> DFlashDraftModel:
+                         seed: int = 0, **fields) -> DFlashDraftModel:
     """An untrained draft of SmolLM2's size (proposals are noise: τ ≈ 0, output still lossless)."""
-    return random_draft(target, num_hidden_layers, block_size, SMOLLM2_MASK_TOKEN_ID, seed)
+    return random_draft(target, num_hidden_layers, block_size, SMOLLM2_MASK_TOKEN_ID, seed, **fields)

@@ -156,6 +156,9 @@ def training_logits(draft, target, token_ids: torch.Tensor, features: torch.Tens
     the logits cover only those ids, (m, b − 1, V'), plus `vocab_log_weight` (V',) if given, and
     labels index into `vocab` (labels must be among the ids). `vocab_rows` (V', d) = the lm_head's
     rows of `vocab`, if already gathered (train_step gathers them once for its whole batch)."""
+    if draft.config.version == 2:   # its convolution would run across the m blocks of one pass, and no selector loss
+        raise ValueError("training a DFlash 2 draft is not implemented (its convolution must restart at every "
+                         "block of the pass, and the selector needs its own loss)")
     b, seq_len = draft.block_size, token_ids.shape[1]
     offsets = torch.arange(b)
     block_positions = (anchors[:, None] + offsets[None, :]).reshape(-1)      # (m·b,)
