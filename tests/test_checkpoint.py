@@ -208,7 +208,7 @@ def test_wrong_architecture(draft_folder, pair, tmp_path):
         load_target(draft_folder)
     save_target(pair[0], tmp_path / "target")
     with pytest.raises(CheckpointError, match=r"architectures \['Qwen3ForCausalLM'\] is not one of "
-                                              r"\['DFlashDraftModel'\]"):
+                                              r"\['DFlash2DraftModel', 'DFlashDraftModel'\]"):
         load_draft(tmp_path / "target")
 
 

@@ -266,6 +266,7 @@ class Wrapped(nn.Module):
         self.draft, self.config = draft, draft.config
 
     block_size = property(lambda self: self.draft.block_size)
+    candidate_selector = property(lambda self: self.draft.candidate_selector)   # DFlash 2's proposals
     mask_token_id = property(lambda self: self.draft.mask_token_id)
     target_layer_ids = property(lambda self: self.draft.target_layer_ids)
 

@@ -62,14 +62,14 @@ def mutant_sampler(bundle, mp, which):
     if which == "no_residual":
         rejection = acceptance_module.verify_rejection
 
-        def biased(draft_tokens, target_probs, draft_probs):
-            tau, bonus = rejection(draft_tokens, target_probs, draft_probs)
+        def biased(draft_tokens, target_probs, draft_probs, candidates=None):
+            tau, bonus = rejection(draft_tokens, target_probs, draft_probs, candidates)
             if tau < draft_tokens.shape[1]:
                 bonus = acceptance_module.sample_probs(no_residual(target_probs, draft_probs, tau)[None])[0]
             return tau, bonus
         mp.setattr(acceptance_module, "verify_rejection", biased)
     elif which == "no_rejection":             # keeps every drafted token, as if each had been accepted
-        def keep_all(draft_tokens, target_probs, draft_probs):
+        def keep_all(draft_tokens, target_probs, draft_probs, candidates=None):
             return draft_tokens.shape[1], acceptance_module.sample_probs(target_probs[:, -1])[0]
         mp.setattr(acceptance_module, "verify_rejection", keep_all)
     elif which == "draft_ignores_temperature":
