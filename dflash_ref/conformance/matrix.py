@@ -23,8 +23,7 @@ def cells(report: Report) -> list[dict]:
     rows = []
     for bundle in dict.fromkeys(c.bundle for c in report.checks):
         checks = [c for c in report.checks if c.bundle == bundle]
-        failing = [c for c in checks if report.failed(c)]
-        first = next((c for c in failing if c.kind == "semantic"), failing[0] if failing else None)
+        first = report.first_failure_in(checks)
         variants = {k: v for k, (v, how) in report.variants.get(bundle, {}).items() if how != "reference"}
         if any(c.key == "bundle" for c in checks):
             verdict, where = "n/a", next(c.detail for c in checks if c.key == "bundle")

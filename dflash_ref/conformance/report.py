@@ -63,7 +63,11 @@ class Report:
     @property
     def first_failure(self) -> Check | None:
         """The first failing check along the walk, semantic stages ranked before observables."""
-        failing = [c for c in self.checks if self.failed(c)]
+        return self.first_failure_in(self.checks)
+
+    def first_failure_in(self, checks: list[Check]) -> Check | None:
+        """The same over some of the checks (e.g. one bundle's)."""
+        failing = [c for c in checks if self.failed(c)]
         return next((c for c in failing if c.kind == "semantic"), failing[0] if failing else None)
 
     def stages(self, bundle: str) -> list[tuple[str, int, int, float | None, int]]:
