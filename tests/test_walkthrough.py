@@ -39,6 +39,46 @@ def test_walkthrough_compares_the_trained_draft_with_a_random_one(walkthrough_ru
     assert passes["trained"] < passes["random"]               # the trained draft saves target passes
 
 
+def test_walkthrough_tells_dflash2(walkthrough_run):
+    out, text = walkthrough_run
+    part = text[text.index("Part 4 · DFlash 2"):]
+    for expected in ["conv K = 3 taps, 2 groups of 4 channels", "base_kernel (2, 3, 8)", "codebooks (16, 4)",
+                     "hidden_projection (4, 8)", "block ['3:ran', '4:<mask>', '5:<mask>', '6:<mask>']",
+                     "position 0 sees only itself", "DFlash 1: τ per step", "both outputs equal"]:
+        assert expected in part, expected
+    assert {"04_conv_positions.png", "04_candidate_lattice.png"} <= {p.name for p in out.glob("*.png")}
+
+
+def test_lag_terms_by_hand():
+    import torch
+    from dflash_ref.walkthrough.dflash2 import lag_terms
+    # d = 2 in one group, K = 2: term_{j,t} = (w_j + a_{t,j}) x_{t−j}, zero where t − j < 0
+    x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])                               # (L, d)
+    w = torch.tensor([[1.0, 0.5], [2.0, -1.0]])                               # (K, d)
+    a = torch.tensor([[[0.0], [0.0]], [[1.0], [0.5]]])                        # (L, K, G)
+    terms = lag_terms(x, a, w, group_size=2)                                  # (K, L, d)
+    assert torch.allclose(terms, torch.tensor([[[1.0, 1.0], [6.0, 6.0]],        # lag 0: (w_0 + a_t0) x_t
+                                               [[0.0, 0.0], [2.5, -1.0]]]))     # lag 1: (w_1 + a_t1) x_{t−1}
+
+
+def test_the_dflash2_part_splits_the_convolution_by_lag_and_compares_the_path_with_the_argmax():
+    import numpy as np
+    import torch
+    from dflash_ref.walkthrough.dflash2 import conv_lag_norms, dflash2_example, path_vs_argmax
+    ex = dflash2_example()
+    kernel = ex.draft.config.conv_kernel_size
+    for step, record in enumerate(ex.trace.records):
+        norms = conv_lag_norms(ex, step)           # asserts the lags add up to hook_prepared / hook_finished
+        for n in norms.values():
+            assert n.shape == (len(record.q_position_ids), kernel)
+            before = np.arange(kernel)[None, :] > np.arange(n.shape[0])[:, None]      # t − j < 0
+            assert (n[before] == 0).all() and (n[~before] > 0).all()
+    pairs = path_vs_argmax(ex)
+    assert [path for _, path in pairs] == [r.draft_tokens for r in ex.trace.records]
+    assert any(argmax != path for argmax, path in pairs)          # the pair term moves some choices
+    assert all(torch.equal(o.output_ids, ex.reference.output_ids) for o in (ex.output, ex.dflash1))
+
+
 def test_walkthrough_reproduces_the_committed_figures(walkthrough_run):
     from matplotlib.testing.compare import compare_images
 
@@ -60,6 +100,11 @@ def test_walkthrough_is_deterministic(walkthrough_run, tmp_path):
 
 
 SOURCES = sorted((ROOT / "walkthroughs").glob("[0-9]*.py"))
+
+
+def test_every_walkthrough_has_its_notebook_and_dflash2_is_one():
+    assert "04_dflash2" in [s.stem for s in SOURCES]
+    assert all(s.with_suffix(".ipynb").is_file() for s in SOURCES)
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])

