@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     _generate_arguments(gen)
     smoke = sub.add_parser("smoke", help="full-size Qwen3-8B-shaped check on CUDA (or --size tiny on CPU)")
     smoke.add_argument("--size", choices=["full", "tiny"], default="full")
+    smoke.add_argument("--version", type=int, choices=[1, 2], default=1,
+                       help="2: a DFlash 2 draft shaped like z-lab/Qwen3.8-27B-DFlash2, on a target of "
+                            "Qwen3.8-27B's widths (shapes assumed: bench/smoke.py says which)")
     bench = sub.add_parser("bench", help="side-by-side benchmarks, reported as ratios")
     bench.add_argument("names", nargs="*", help="official tracing blocks ceiling memory trained (default: all)")
     bench.add_argument("--repeats", type=int, default=7)
@@ -87,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="a stage the port knowingly does not produce or match (printed in the report)")
     verify.add_argument("--sampling", action="store_true",
                         help="check the sampler instead: chi-square of its outputs against the exact distribution, and "
-                             "its first-step τ against the exact mean (the sampling bundle; default: a fresh one)")
+                             "its first-step τ against the exact mean (the sampling bundles, DFlash 1 and 2; "
+                             "default: fresh ones)")
     verify.add_argument("--verifier", choices=["rejection", "match"],
                         help="with --sampling: the verifier the sampler uses")
     verify.add_argument("--runs", type=int, help="with --sampling: how many sampled runs (default: the bundle's, 2000)")
@@ -118,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_generate(args)
     elif args.command == "smoke":
         from .bench.smoke import run as run_smoke
-        run_smoke(args.size)
+        run_smoke(args.size, version=args.version)
     elif args.command == "bench":
         from .cli.bench import BENCHES, check_options as check_bench, run as run_bench
         args.names = args.names or list(BENCHES)
