@@ -66,7 +66,8 @@ def test_golden_is_bit_identical_on_a_rerun(golden, tmp_path):
     assert sorted(first) == sorted(second)
     assert [n for n in first if first[n] != second[n]] == []
     assert sorted(p.name for p in golden.iterdir()) == \
-        [f"{i:02d}_{s.name}" for i, s in enumerate(SCENARIOS, 1)] + [f"{len(SCENARIOS) + 1:02d}_sampling"]
+        [f"{i:02d}_{s.name}" for i, s in enumerate(SCENARIOS, 1)] + \
+        [f"{len(SCENARIOS) + 1:02d}_sampling", f"{len(SCENARIOS) + 2:02d}_sampling_dflash2"]
 
 
 def test_shipped_bundle_is_the_walkthrough_scenario_and_small(golden):
@@ -105,11 +106,16 @@ def greedy_bundles(folder: Path):
 
 def test_manifest_documents_every_tensor_in_walk_order(golden):
     stages = {s[0] for s in STAGES}
+    dflash2 = {s[0] for s in STAGES if s[2].startswith("DFlash 2:")}
+    assert dflash2 == {"attn_conv_taps", "attn_conv_in", "attn_conv_out", "mlp_conv_taps", "mlp_conv_in",
+                       "mlp_conv_out", "candidates", "unary", "pair"}
     for b in greedy_bundles(golden):
         keys = [e["key"] for e in b.entries]
         assert keys == sorted(keys, key=walk_order) and sorted(keys) == sorted(b.expected)
-        # every stage in every scenario, but where the first token stops decoding before any step
-        assert {e["stage"] for e in b.entries} == (stages if b.name != "stop_first" else {"layer_ids", "output_ids"})
+        # every stage in every scenario (DFlash 2's in the DFlash 2 one), but where the first token stops
+        # decoding before any step
+        expected = stages if b.name == "dflash2" else stages - dflash2
+        assert {e["stage"] for e in b.entries} == (expected if b.name != "stop_first" else {"layer_ids", "output_ids"})
         for e in b.entries:
             array = b.expected[e["key"]]
             assert list(array.shape) == e["shape"] and str(array.dtype) == e["dtype"] and e["meaning"]
@@ -515,13 +521,15 @@ def predecessor_is_the_argmax(mp):
     """The selector's pair term uses the previous position's argmax, not the candidate it chose."""
     def select(self, hidden, logits, anchor_ids, temperature, sample=None):
         unary, candidates = torch.topk(logits, self.top_k, dim=-1, sorted=False)
-        projected, previous, path = self.hidden_projection(hidden), anchor_ids, []
+        self.hook_candidates(candidates), self.hook_unary(unary)
+        projected, previous, path, pairs = self.hidden_projection(hidden), anchor_ids, [], []
         for t in range(hidden.shape[1]):
             query = torch.nn.functional.embedding(previous, self.predecessor_codebook) * projected[:, t]
-            pair = torch.einsum("br,bkr->bk", query, torch.nn.functional.embedding(candidates[:, t],
-                                                                                    self.successor_codebook))
-            path.append(candidates[:, t].gather(-1, (unary[:, t] + pair).argmax(-1)[:, None])[:, 0])
+            pairs.append(torch.einsum("br,bkr->bk", query, torch.nn.functional.embedding(candidates[:, t],
+                                                                                          self.successor_codebook)))
+            path.append(candidates[:, t].gather(-1, (unary[:, t] + pairs[-1]).argmax(-1)[:, None])[:, 0])
             previous = logits[:, t].argmax(-1)
+        self.hook_pair(torch.stack(pairs, dim=1))
         return torch.stack(path, dim=1), candidates, None
     mp.setattr(selector_module.CandidateSelector, "select", select)
     return ReferenceAdapter()
@@ -536,6 +544,44 @@ def rank_projection_missing(mp):
     def change(target, draft):
         if draft.candidate_selector is not None:
             draft.candidate_selector.hidden_projection = Ones()
+    return After(change)
+
+
+def conv_not_restarted(mp):
+    """The convolution carries the previous block across steps: x_{t−j} before the block's first
+    position is the last draft pass's input (a stream-style convolution state), not zero."""
+    def carried():
+        previous = {}
+
+        def convolve(self, x, taps, base):
+            before = previous.get(id(self), x[:, :0])
+            whole = torch.cat([before, x], dim=1)                               # (B, L_before + L, d)
+            padded = torch.cat([taps.new_zeros(taps.shape[0], before.shape[1], *taps.shape[2:]), taps], dim=1)
+            previous[id(self)] = x
+            return dynamic_conv_module.convolve(whole, padded, base, self.group_size)[:, before.shape[1]:]
+        return convolve
+    into, out = carried(), carried()
+
+    def prepare(self, x):
+        taps = self.hook_taps(einops.rearrange(self.kernel_projection(x), "b l (h k g) -> b l h k g", h=2,
+                                               k=self.kernel_size))                      # (B, L, 2, K, G)
+        return self.hook_prepared(into(self, x, taps[:, :, 0], self.base_kernel[0])), taps[:, :, 1]
+
+    def finish(self, o, taps):
+        return self.hook_finished(out(self, o, taps, self.base_kernel[1]))
+    mp.setattr(dynamic_conv_module.GroupedDynamicCausalConv, "prepare", prepare)
+    mp.setattr(dynamic_conv_module.GroupedDynamicCausalConv, "finish", finish)
+    return ReferenceAdapter()
+
+
+def codebooks_not_loaded(mp):
+    """A loader that looks for `candidate_selector.*_codebook.weight` (an nn.Embedding's key) where released
+    checkpoints store `candidate_selector.*_codebook`, and, loading non-strictly, keeps its initial codebooks."""
+    def change(target, draft):
+        if draft.candidate_selector is not None:
+            generator = torch.Generator().manual_seed(0)
+            for codebook in (draft.candidate_selector.predecessor_codebook, draft.candidate_selector.successor_codebook):
+                codebook.data = torch.randn(codebook.shape, generator=generator)   # nn.Embedding's N(0, 1) init
     return After(change)
 
 
@@ -566,10 +612,12 @@ MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
     rope_table_of_4096: ("q_rot", "long_context"),
     yarn_factor_dropped: ("q_rot", "rope_yarn"),
     rope_read_from_rope_parameters_only: ("target_hidden", "rope_yarn"),   # the target's RoPE is wrong first
-    conv_not_causal: ("q", "dflash2"),                       # the attention's input is the convolved block
-    conv_taps_from_the_output: ("layer_out", "dflash2"),     # o_proj's output is right, its convolution not
-    predecessor_is_the_argmax: ("draft_tokens", "dflash2"),
-    rank_projection_missing: ("draft_tokens", "dflash2"),
+    conv_not_causal: ("attn_conv_in", "dflash2"),
+    conv_not_restarted: ("attn_conv_in", "dflash2"),         # from step 1: step 0 has no block before it
+    conv_taps_from_the_output: ("attn_conv_out", "dflash2"),  # o_proj's output is right, its convolution not
+    predecessor_is_the_argmax: ("pair", "dflash2"),
+    rank_projection_missing: ("pair", "dflash2"),
+    codebooks_not_loaded: ("pair", "dflash2"),
 }
 HINTS = {  # mutant → what the first divergence's hint says (hints.py reads it off the tensors)
     causal_inside_the_block: "attends causally",
@@ -582,6 +630,9 @@ HINTS = {  # mutant → what the first divergence's hint says (hints.py reads it
     first_token_never_stops: "after the stop token",
     feature_offset_zero: "hidden_states[l + 1]",
     k_norm_missing: "k_norm",
+    conv_not_restarted: "restarts at every block's first position",
+    predecessor_is_the_argmax: "the candidate chosen at the previous position",
+    codebooks_not_loaded: "without `.weight`",
 }
 
 

@@ -1,12 +1,13 @@
 """Sampling conformance: the exact output distribution and first-step acceptance of the sampling
-bundle, the statistics by hand, the reference (both verifiers) and dflash 0.1.0 passing, and three
-sampling bugs each failing the test that names it."""
+bundles (DFlash 1, and DFlash 2 with 2 candidates of 4 tokens), the statistics by hand, the reference
+(both verifiers) and dflash 0.1.0 passing, and four sampling bugs each failing the test that names it."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 import pytest
+import torch
 
 import dflash_ref.acceptance as acceptance_module
 import dflash_ref.decoding as loop_module
@@ -23,6 +24,12 @@ RUNS = 1000      # seeds 0 … 999: measured here, the reference passes (p 0.6, 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     return find_bundles(write_sampling(tmp_path_factory.mktemp("sampling") / "sampling"))[0]
+
+
+@pytest.fixture(scope="module")
+def bundle2(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("sampling") / "sampling_dflash2"
+    return find_bundles(write_sampling(folder, name="sampling_dflash2"))[0]
 
 
 def test_the_chi_square_tail_by_hand():
@@ -51,6 +58,46 @@ def test_the_reference_and_the_official_package_pass(bundle, impl, verifier):
         pytest.importorskip("dflash.model")
     [(name, result)] = verify_sampling(impl, bundle.path, RUNS, verifier=verifier)
     assert name == "sampling" and result.passed, result.text()
+
+
+@pytest.mark.parametrize("impl, verifier", [("reference", "rejection"), ("reference", "match"), ("zlab", "rejection")])
+def test_dflash2_the_reference_and_the_official_package_pass(bundle2, impl, verifier):
+    if impl == "zlab":
+        pytest.importorskip("dflash.model")
+    [(name, result)] = verify_sampling(impl, bundle2.path, RUNS, verifier=verifier)
+    assert name == "sampling_dflash2" and result.passed, result.text()
+
+
+def test_dflash2_bundle_holds_exact_distributions_with_fewer_candidates_than_tokens(bundle2):
+    s, draft = bundle2.manifest["sampling"], bundle2.config("draft")
+    assert draft["architectures"] == ["DFlash2DraftModel"]
+    assert draft["dflash_config"]["selector_top_k"] == 2 < draft["vocab_size"] == 4
+    assert math.isclose(sum(s["probabilities"]), 1, rel_tol=1e-9)
+    for verifier in ("rejection", "match"):
+        assert math.isclose(sum(s["acceptance"][verifier]), 1, rel_tol=1e-9) and min(s["acceptance"][verifier]) >= 0
+
+
+def residual_at_candidate_slots(mp):
+    """DFlash 1's residual applied to DFlash 2's q: q_k subtracted at token id k (the candidate's slot),
+    not at c_k, the candidate's token id."""
+    rejection = acceptance_module.verify_rejection
+
+    def misplaced(draft_tokens, target_probs, draft_probs, candidates=None):
+        tau, bonus = rejection(draft_tokens, target_probs, draft_probs, candidates)
+        if candidates is not None and tau < draft_tokens.shape[1]:
+            q = torch.nn.functional.pad(draft_probs[0, tau], (0, target_probs.shape[-1] - draft_probs.shape[-1]))
+            residual = (target_probs[0, tau] - q).clamp_min(0)                  # (V,) the slots as token ids
+            bonus = acceptance_module.sample_probs((residual / residual.sum())[None])[0]
+        return tau, bonus
+    mp.setattr(acceptance_module, "verify_rejection", misplaced)
+
+
+def test_dflash2_residual_at_the_candidate_slots_fails_the_distribution(bundle2):
+    with pytest.MonkeyPatch.context() as mp:
+        residual_at_candidate_slots(mp)
+        result = check_sampling(bundle2.manifest["sampling"], reference_sampler(bundle2), RUNS)
+    assert not result.passed and not result.distribution_ok and result.acceptance_ok, result.text()
+    assert "residual norm(max(p − q, 0))" in result.text(), result.text()
 
 
 def no_residual(target_probs, draft_probs, tau):

@@ -114,6 +114,17 @@ def test_checkpoint_round_trip_keeps_the_released_key_names(tmp_path):
     assert DraftConfig.from_json(tmp_path).to_dict()["architectures"] == ["DFlash2DraftModel"]
 
 
+def test_a_checkpoint_without_a_codebook_is_refused_by_name(tmp_path):
+    from safetensors.torch import load_file, save_file
+    _, draft = make_pair(1, draft_overrides=dflash2())
+    save_draft(draft, tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    del tensors["candidate_selector.successor_codebook"]
+    save_file(tensors, tmp_path / "model.safetensors")
+    with pytest.raises(ValueError, match=r"missing: \['candidate_selector.successor_codebook'\]"):
+        load_draft(tmp_path)
+
+
 # --------------------------------------------------------------------------- the official package
 
 official = pytest.importorskip("dflash.model")

@@ -45,6 +45,22 @@ def loop_values(out: dict, step: int, draft_tokens, posterior, tau, bonus, cache
     out[f"step{step}/cache_lengths"] = np.asarray(cache_lengths, np.int64)
 
 
+def pair_scores(predecessors: list, projected: np.ndarray, successors: list) -> np.ndarray:
+    """A port's pair term from its own intermediates, one position at a time: E_pred(x_{t−1}) (r,) per t,
+    P h (γ, r), E_succ(c_t) (K, r) per t → ⟨E_pred(x_{t−1}) ⊙ P h_t, E_succ(c_{t,k})⟩ (γ, K), in float64."""
+    return np.stack([np.asarray(s, np.float64) @ (np.asarray(e, np.float64) * projected[t])
+                     for t, (e, s) in enumerate(zip(predecessors, successors))])
+
+
+def check_path(port: str, path: np.ndarray, candidates: np.ndarray, scores: np.ndarray) -> None:
+    """Greedy: the port's path (γ,) is the argmax of the scores (γ, K) it was re-derived with, else the
+    recorded pair scores are not the ones it used (an AssertionError, as for re-derived attention weights)."""
+    chosen = np.take_along_axis(candidates, scores.argmax(-1)[:, None], axis=-1)[:, 0]
+    if not np.array_equal(chosen, path):
+        raise AssertionError(f"{port}: the re-derived selector scores do not reproduce its path "
+                             f"({chosen.tolist()} vs {path.tolist()})")
+
+
 class ReferenceAdapter:
     """This package. Subclass and override `load`, `generate` or `collect` to make a variant."""
     name, dtype = "reference", None       # dtype None: the bundle's own (torch.float64: its float64 twin)

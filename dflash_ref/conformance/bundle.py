@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .tensorfile import read_safetensors, write_safetensors
+from .tensorfile import array_or_none, read_safetensors, write_safetensors
 
 FORMAT = "dflash_ref.golden/2"                 # /2: stage kinds and design variants in the manifest
 READABLE = ("dflash_ref.golden/1", FORMAT)      # a /1 bundle reads the same (kinds from the stage)
@@ -41,6 +41,10 @@ STAGES = [
     ("context", "C", "C = RMSNorm_hidden(W_fc · target_hidden)", "(L_c, d)"),
     ("noise_embedding", "block embedding", "the target's embed_tokens of the block [x_0, mask, ..., mask]",
      "(L_q, d)"),
+    ("attn_conv_taps", "attention conv taps", "DFlash 2: a_t = W_a x_t of the attention sublayer's convolution, x = "
+     "RMSNorm_in(H); [:, 0] the prepare taps, [:, 1] the finish taps", "(L_q, 2, K, G)"),
+    ("attn_conv_in", "attention conv input", "DFlash 2: u_t = Σ_j (w⁰_j + a⁰_{t,j,g}) ⊙ x_{t−j}, zero before the "
+     "block's first position: what Q, K and V of the block are computed from", "(L_q, d)"),
     ("q", "Q after QNorm", "QNorm(H W_Q) per head, before RoPE", "(H_q, L_q, d_h)"),
     ("k_ctx", "K context after KNorm", "KNorm(C W_K) per head, before RoPE", "(H_kv, L_c, d_h)"),
     ("k_noise", "K block after KNorm", "KNorm(H W_K) per head, before RoPE", "(H_kv, L_q, d_h)"),
@@ -53,11 +57,23 @@ STAGES = [
      "layers; causal within the window on sliding ones), query head h reading KV head h // (H_q/H_kv)",
      "(H_q, L_q, L_k)"),
     ("attn_out", "attention output", "W_O · attention output", "(L_q, d)"),
+    ("attn_conv_out", "attention conv output", "DFlash 2: W_O · attention output convolved with w¹ + a¹ (the taps "
+     "of the sublayer's input)", "(L_q, d)"),
+    ("mlp_conv_taps", "MLP conv taps", "DFlash 2: a_t = W_a x_t of the MLP sublayer's convolution, x = "
+     "RMSNorm_post(H')", "(L_q, 2, K, G)"),
+    ("mlp_conv_in", "MLP conv input", "DFlash 2: the MLP's input, convolved with w⁰ + a⁰", "(L_q, d)"),
+    ("mlp_conv_out", "MLP conv output", "DFlash 2: the MLP's output convolved with w¹ + a¹", "(L_q, d)"),
     ("layer_out", "layer output", "H' = H + Attn(LN(H), C); H' + MLP(LN(H'))", "(L_q, d)"),
     ("final_hidden", "final hidden", "RMSNorm_final of the last layer's output, all L_q positions",
      "(L_q, d)"),
     ("logits", "draft logits", "the target's lm_head on the draft's last L_q − 1 positions", "(γ, V)"),
-    ("draft_tokens", "draft tokens", "argmax of the draft logits (the proposals d_1..d_γ)", "(γ,) int64"),
+    ("candidates", "candidates", "DFlash 2: the top-K token ids of each proposal position's draft logits; a set: "
+     "each row compared in increasing id order (unary and pair reordered alike)", "(γ, K) int64"),
+    ("unary", "unary scores", "DFlash 2: z_{t,k}, the draft logits at the candidates", "(γ, K)"),
+    ("pair", "pair scores", "DFlash 2: ⟨E_pred(x_{t−1}) ⊙ P h_t, E_succ(c_{t,k})⟩, x_{t−1} the candidate chosen "
+     "at t − 1 (x_0 the block's anchor)", "(γ, K)"),
+    ("draft_tokens", "draft tokens", "the proposals d_1..d_γ: the argmax of the draft logits (DFlash 1), the "
+     "selector's path argmax_k (unary + pair) from the anchor (DFlash 2)", "(γ,) int64"),
     ("posterior", "posterior", "argmax of the target's logits at each verified block position", "(L_q,) int64"),
     ("acceptance_length", "acceptance length τ", "Σ_i Π_{j≤i} 1[d_j = posterior_{j−1}]", "() int64"),
     ("bonus", "bonus token", "posterior[τ], the target's token after the accepted run", "() int64"),
@@ -73,10 +89,15 @@ TITLES = {s[0]: s[1] for s in STAGES}
 LAYER_STAGES = {"q": "self_attn.hook_q", "k_ctx": "self_attn.hook_k_ctx", "k_noise": "self_attn.hook_k_noise",
                 "v": "self_attn.hook_v", "q_rot": "self_attn.hook_q_rot", "k_rot": "self_attn.hook_k_rot",
                 "pattern": "self_attn.hook_pattern", "attn_out": "self_attn.hook_out",
-                "layer_out": "hook_resid_post"}
+                "layer_out": "hook_resid_post", "attn_conv_taps": "attention_conv.hook_taps",
+                "attn_conv_in": "attention_conv.hook_prepared", "attn_conv_out": "attention_conv.hook_finished",
+                "mlp_conv_taps": "mlp_conv.hook_taps", "mlp_conv_in": "mlp_conv.hook_prepared",
+                "mlp_conv_out": "mlp_conv.hook_finished"}
 MODEL_STAGES = {"target_hidden": "draft.hook_target_hidden", "fc": "draft.context.hook_fc",
                 "context": "draft.context.hook_context", "noise_embedding": "draft.hook_noise_embedding",
-                "final_hidden": "draft.hook_out", "logits": "draft.hook_logits"}
+                "final_hidden": "draft.hook_out", "logits": "draft.hook_logits",
+                "candidates": "draft.candidate_selector.hook_candidates", "unary": "draft.candidate_selector.hook_unary",
+                "pair": "draft.candidate_selector.hook_pair"}
 LOOP_STAGES = ("draft_tokens", "posterior", "acceptance_length", "bonus", "cache_lengths")
 _BY_NAME = {v: k for k, v in MODEL_STAGES.items()}
 _LAYER_NAME = re.compile(r"draft\.layers\.(\d+)\.(.+)")
@@ -121,6 +142,25 @@ def walk_order(key: str) -> tuple:
         return (2,)
     group = 1 if stage in LAYER_STAGES else (0 if index < STAGE_INDEX["q"] else 2)
     return (1, step, group, layer or 0, index)
+
+
+def candidates_in_id_order(arrays: dict) -> dict:
+    """The candidates are a set, their order an implementation's (torch's unsorted top-K, a sorted
+    one, ...): each step's rows of candidates, unary and pair scores, reordered by increasing token id."""
+    out = dict(arrays)
+    for key, candidates in arrays.items():
+        if not key.endswith(MODEL_STAGES["candidates"]):
+            continue
+        candidates = array_or_none(candidates)
+        if candidates is None or candidates.ndim == 0 or not np.issubdtype(candidates.dtype, np.number):
+            continue                                                   # left for the comparison to name
+        order = np.argsort(candidates, axis=-1, kind="stable")                     # (γ, K)
+        prefix = key[:-len(MODEL_STAGES["candidates"])]
+        for stage in ("candidates", "unary", "pair"):
+            value = array_or_none(arrays.get(prefix + MODEL_STAGES[stage]))
+            if value is not None and value.shape == order.shape:   # a wrong shape is left for the comparison to name
+                out[prefix + MODEL_STAGES[stage]] = np.take_along_axis(value, order, axis=-1)
+    return out
 
 
 # -- bundles ------------------------------------------------------------------------------------

@@ -1,9 +1,14 @@
-"""The sampling bundle: a vocabulary of 4 tokens, 3 new tokens, block 3, temperature 1.5, and its exact
-distributions (sampling.py), enumerated with the reference in float64 from the stored weights; and
-the samplers of the shipped implementations (the reference, both verifiers; `dflash` 0.1.0).
+"""The sampling bundles: a vocabulary of 4 tokens, 3 new tokens, block 3, temperature 1.5, a DFlash 1
+draft (`sampling`) and a DFlash 2 draft choosing among 2 of the 4 tokens (`sampling_dflash2`), with
+their exact distributions (sampling.py), enumerated with the reference in float64 from the stored
+weights; and the samplers of the shipped implementations (the reference, both verifiers; `dflash` 0.1.0).
 
     P(x_1 x_2 x_3) = Π_t p_T(x_t | prompt, x_<t)                   all 4³ outputs (of the 4 decoded)
     P(τ = k) of the first decode step, averaged over x_1 ~ p_T(· | prompt)         k = 0, 1, 2
+
+With rejection, proposal d_i is kept with probability min(1, p_i(d_i) / q_i(d_i)), so P(τ ≥ 1) =
+Σ_d min(p_1(d), q_1(d)) and P(τ ≥ 2) = Σ_d min(p_1(d), q_1(d)) · Σ_e min(p_2(e | d), q_2(e | d)), where
+DFlash 2's q_2 is conditional on d (the selector's predecessor) and both are 0 off the candidates.
 """
 from __future__ import annotations
 
@@ -30,6 +35,8 @@ from .scenarios import tiny_pair
 # by the length, and a sampler that reports tokens per step gives τ back exactly
 SAMPLING = {"seed": 5, "vocab": 4, "input_ids": [0, 1, 2], "max_new_tokens": 4, "compared": 3, "block_size": 3,
             "temperature": 1.5, "runs": 2000}
+DRAFTS = {"sampling": {}, "sampling_dflash2": {"version": 2, "conv_kernel_size": 2, "conv_group_size": 4,
+                                               "selector_rank": 4, "selector_top_k": 2}}   # K = 2 < V = 4
 
 
 def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -44,15 +51,33 @@ def _next_probs(target, ids: list[int], temperature: float) -> torch.Tensor:
     return _tempered(logits, temperature)[0]
 
 
-def _draft_probs(target, draft, prompt: list[int], x0: int, temperature: float) -> torch.Tensor:
-    """The draft's logits at block positions 1 … b − 1 for the first block [x_0, mask, …]: (b − 1, V)."""
+def _draft_pass(target, draft, prompt: list[int], x0: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The draft's final hidden (1, b − 1, d) and logits (1, b − 1, V) at block positions 1 … b − 1 for
+    the first block [x_0, mask, …]."""
     out = target(torch.tensor([prompt]), torch.arange(len(prompt))[None], target.make_cache(),
                  output_hidden_states=True, logits_to_keep=1)
     context = extract_context_feature(out.hidden_states, draft.target_layer_ids)      # (1, P, k·d)
     block = torch.tensor([[x0] + [draft.mask_token_id] * (draft.block_size - 1)])      # (1, b)
     hidden = draft(torch.arange(len(prompt) + draft.block_size)[None], noise_embedding=target.embed(block),
                    target_hidden=context, past_key_values=draft.make_cache())[:, 1:]
-    return draft.compute_logits(hidden, target.output_head)[0].double()
+    return hidden, draft.compute_logits(hidden, target.output_head)
+
+
+def _proposals(draft, hidden, logits, x0: int, temperature: float, first: int | None = None):
+    """[(token, q)] of proposal position 1 (first None), or of position 2 after proposing `first` at 1: the
+    draft's distribution over its tokens (DFlash 1: softmax(z / T) over V; DFlash 2: the selector's q over
+    its candidates, walked from x_0 through `first`; it computes q in float32)."""
+    selector = draft.candidate_selector
+    if selector is None:
+        return list(enumerate(_tempered(logits[0, 0 if first is None else 1], temperature).tolist()))
+    forced = []                                           # the candidate index chosen at position 1, if any
+    choose = lambda q: torch.tensor([forced.pop(0) if forced else 0])     # noqa: E731
+    _, candidates, q = selector.select(hidden, logits, torch.tensor([x0]), temperature, choose)    # (1, 2, K) each
+    if first is not None:
+        forced.append(candidates[0, 0].tolist().index(first))
+        _, candidates, q = selector.select(hidden, logits, torch.tensor([x0]), temperature, choose)
+    position = 0 if first is None else 1
+    return list(zip(candidates[0, position].tolist(), q[0, position].double().tolist()))
 
 
 def acceptance_distribution(target, draft, prompt: list[int], temperature: float, verifier: str) -> list[float]:
@@ -60,27 +85,29 @@ def acceptance_distribution(target, draft, prompt: list[int], temperature: float
     p0 = _next_probs(target, prompt, temperature)[-1]
     at_least = np.zeros(3)
     for x0 in range(p0.shape[0]):
-        logits = _draft_probs(target, draft, prompt, x0, temperature)                   # (2, V)
+        hidden, logits = _draft_pass(target, draft, prompt, x0)
         p1 = _next_probs(target, prompt + [x0], temperature)[-1]
         if verifier == "rejection":
-            q = _tempered(logits, temperature)                                          # (2, V)
-            both = sum(float(torch.minimum(p1[v], q[0, v])) * float(torch.minimum(
-                _next_probs(target, prompt + [x0, v], temperature)[-1], q[1]).sum()) for v in range(p1.shape[0]))
-            first = float(torch.minimum(p1, q[0]).sum())
+            kept = [(d, min(float(p1[d]), q)) for d, q in _proposals(draft, hidden, logits, x0, temperature)]
+            first = sum(k for _, k in kept)
+            both = sum(k * sum(min(float(_next_probs(target, prompt + [x0, d], temperature)[-1, e]), q)
+                               for e, q in _proposals(draft, hidden, logits, x0, temperature, d))
+                       for d, k in kept)
         else:                                                                            # match: greedy draft
-            d1, d2 = (int(i) for i in logits.argmax(dim=-1))
+            d1, d2 = (int(i) for i in (logits[0].argmax(dim=-1) if draft.candidate_selector is None else
+                                       draft.candidate_selector.select(hidden, logits, torch.tensor([x0]), 0.0)[0][0]))
             first = float(p1[d1])
             both = first * float(_next_probs(target, prompt + [x0, d1], temperature)[-1, d2])
         at_least += float(p0[x0]) * np.array([1.0, first, both])
     return [at_least[0] - at_least[1], at_least[1] - at_least[2], at_least[2]]
 
 
-def write_sampling(folder: str | Path, index: int = 0) -> Path:
+def write_sampling(folder: str | Path, index: int = 0, name: str = "sampling") -> Path:
     folder = Path(folder)
     if folder.exists():
         shutil.rmtree(folder)
     s = SAMPLING
-    target, draft = tiny_pair(s["seed"], vocab=s["vocab"], block_size=s["block_size"])
+    target, draft = tiny_pair(s["seed"], vocab=s["vocab"], block_size=s["block_size"], **DRAFTS[name])
     save_target(target, folder / "target", torch.float32)
     save_draft(draft, folder / "draft", torch.float32)
     target, draft = load_target(folder / "target", torch.float64), load_draft(folder / "draft", torch.float64)
@@ -92,9 +119,10 @@ def write_sampling(folder: str | Path, index: int = 0) -> Path:
             p = _next_probs(target, prompt + seq[:-1], t)                                # (P + n − 1, V)
             probabilities.append(float(np.prod([float(p[len(prompt) - 1 + i, tok]) for i, tok in enumerate(seq)])))
         acceptance = {v: acceptance_distribution(target, draft, prompt, t, v) for v in ("rejection", "match")}
-    manifest = {"format": FORMAT, "name": "sampling", "kind": "sampling", "order": index,
+    manifest = {"format": FORMAT, "name": name, "kind": "sampling", "order": index,
                 "description": "sampled decoding checked by its distribution: the exact probability of every output, "
-                               "and of the first step's τ for each verifier (conformance/sampling.py)",
+                               "and of the first step's τ for each verifier (conformance/sampling.py)"
+                               + ("; a DFlash 2 draft whose selector proposes 2 of the 4 tokens" if DRAFTS[name] else ""),
                 "inputs": {"input_ids": prompt, "max_new_tokens": s["max_new_tokens"], "stop_token_ids": None,
                            "block_size": None, "temperature": t},
                 "sampling": {**{k: s[k] for k in ("input_ids", "max_new_tokens", "compared", "temperature", "runs")},
@@ -159,12 +187,14 @@ def resolve_sampler(impl, bundle: Bundle, verifier: str):
 
 def verify_sampling(impl, bundle: str | Path | None = None, runs: int | None = None,
                     verifier: str = "rejection") -> list[tuple[str, SamplingResult]]:
-    """Every sampling bundle at `bundle` (default: a fresh one in a temporary folder) against `impl`."""
+    """Every sampling bundle at `bundle` (default: fresh ones, DFlash 1 and 2, in a temporary folder) against `impl`."""
     if verifier not in ("rejection", "match"):
         raise ValueError(f"unknown verifier {verifier!r}; choose rejection or match")
     if bundle is None:
         with tempfile.TemporaryDirectory() as folder:
-            return verify_sampling(impl, write_sampling(Path(folder) / "sampling"), runs, verifier)
+            for i, name in enumerate(DRAFTS):
+                write_sampling(Path(folder) / f"{i:02d}_{name}", i, name)
+            return verify_sampling(impl, folder, runs, verifier)
     bundles = [b for b in find_bundles(bundle) if b.manifest.get("kind") == "sampling"]
     if not bundles:
         raise ValueError(f"no sampling bundle at {bundle} (python -m dflash_ref golden --out DIR --only sampling)")

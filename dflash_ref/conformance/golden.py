@@ -18,8 +18,9 @@ import torch
 from ..drafts.checkpoint import save_draft
 from ..target.checkpoint import save_target
 from .adapters import ReferenceAdapter
-from .bundle import FORMAT, KINDS, STAGES, TITLES, Bundle, parse_key, walk_order, write_bundle_files
-from .exact import write_sampling
+from .bundle import (FORMAT, KINDS, STAGES, TITLES, Bundle, candidates_in_id_order, parse_key, walk_order,
+                     write_bundle_files)
+from .exact import DRAFTS, write_sampling
 from .scenarios import SCENARIOS, Scenario
 from .variants import VARIANTS
 
@@ -143,19 +144,24 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
         manifest["sliding_window"] = {"kind": draft.config.window_kind, "size": draft.config.sliding_window,
                                       "layers": sorted(sliding)}
     bundle, golden, exact = Bundle(folder, manifest), Recorded(), Recorded(torch.float64)
-    produced = golden.run(bundle)  # from the weights as stored
+    produced = candidates_in_id_order(golden.run(bundle))  # from the weights as stored
     scenario.check(produced)
-    twin = exact.run(bundle)
+    twin = candidates_in_id_order(exact.run(bundle))
     _decisions_agree(scenario.name, produced, twin, "the float64 twin")
     logits = sorted((k for k in produced if parse_key(k)[0] == "logits"), key=walk_order)
     margins = {"draft": _margin([produced[k] for k in logits], [twin[k] for k in logits]),
                "target": _margin(golden.target_logits, exact.target_logits)}
+    unary = sorted((k for k in produced if parse_key(k)[0] == "unary"), key=walk_order)
+    if unary:    # DFlash 2: the path's decisions are argmax_k (unary + pair)
+        scores = [{k: d[k] + d[k.replace("hook_unary", "hook_pair")] for k in unary} for d in (produced, twin)]
+        margins["selector"] = _margin(list(scores[0].values()), list(scores[1].values()))
     if min(margins.values()) <= SLACK:
         raise AssertionError(f"scenario {scenario.name}: a decision's margin is only {min(margins.values()):.3g}× "
                              "its rounding: choose another seed")
     manifest["tolerance_rule"] = TOLERANCE_RULE
     manifest["margins"] = {**{k: round(v, 1) if np.isfinite(v) else None for k, v in margins.items()},
-                           "meaning": f"min over the draft's (target's) decisions of (top-1 − top-2 logit) / (the logits' "
+                           "meaning": f"min over the draft's (target's, the selector's) decisions of (top-1 − top-2 logit "
+                                      "or score) / (the logits' "
                                       f"distance from float64): above {SLACK}, a port as near float64 as the golden "
                                       "decides alike"}
     expected = {}
@@ -174,8 +180,8 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
 
 
 def generate_golden(out: str | Path, names: list[str] | None = None) -> list[Path]:
-    """Write the bundles of the given scenarios (default: all, and the sampling bundle last) to out/NN_name."""
-    known = [s.name for s in SCENARIOS] + ["sampling"]
+    """Write the bundles of the given scenarios (default: all, and the sampling bundles last) to out/NN_name."""
+    known = [s.name for s in SCENARIOS] + list(DRAFTS)
     unknown = set(names or ()) - set(known)
     if unknown:
         raise ValueError(f"unknown scenario(s) {sorted(unknown)}; choose from {known}")
@@ -186,8 +192,9 @@ def generate_golden(out: str | Path, names: list[str] | None = None) -> list[Pat
     try:
         written = [write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i)
                    for i, s in enumerate(SCENARIOS, 1) if not names or s.name in names]
-        if not names or "sampling" in names:
-            written.append(write_sampling(Path(out) / f"{len(SCENARIOS) + 1:02d}_sampling", len(SCENARIOS) + 1))
+        for i, name in enumerate(DRAFTS, len(SCENARIOS) + 1):           # the sampling bundles last
+            if not names or name in names:
+                written.append(write_sampling(Path(out) / f"{i:02d}_{name}", i, name))
         return written
     finally:
         torch.set_num_threads(threads)

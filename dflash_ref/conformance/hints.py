@@ -13,6 +13,15 @@ BY_STAGE = {
     "fc": "fc takes the concatenated features of the sampled layers, in target_layer_ids' order, without bias",
     "context": "C = hidden_norm(fc(target_hidden)): fc first, then the RMSNorm",
     "noise_embedding": "the block is [x_0, mask, …, mask] embedded by the target's own embedding",
+    "attn_conv_taps": "DFlash 2: the taps are kernel_projection(x) of the sublayer's normed input, (2, K, G) per "
+                      "position: [0] for prepare, [1] for finish",
+    "attn_conv_in": "DFlash 2: u_t = Σ_j (w⁰_j + a⁰_{t,j,g}) ⊙ x_{t−j}, reading only x_t and earlier positions of "
+                    "this block (zero before its first)",
+    "attn_conv_out": "DFlash 2: finish convolves the sublayer's output with w¹ and the taps a¹ computed from the "
+                     "sublayer's input, not from its output",
+    "mlp_conv_taps": "DFlash 2: the MLP's taps come from its own normed input, RMSNorm_post(H')",
+    "mlp_conv_in": "DFlash 2: the MLP's input convolved as the attention's: causal, restarted at the block start",
+    "mlp_conv_out": "DFlash 2: the MLP's output convolved with w¹ and the taps of the MLP's input",
     "q": "Q = q_norm(H W_Q) per head, before RoPE: a missing q_norm shows here",
     "k_ctx": "K = k_norm([C W_K; H W_K]) per head, before RoPE: a missing k_norm, or context K from H, shows here",
     "k_noise": "K = k_norm([C W_K; H W_K]) per head, before RoPE: a missing k_norm shows here",
@@ -26,7 +35,12 @@ BY_STAGE = {
     "layer_out": "pre-norm: H + Attn(LN(H)), then + MLP(LN(·))",
     "final_hidden": "the final norm of the last layer's output",
     "logits": "the target's lm_head on the draft's last L_q − 1 positions (`[:, 1:]`, position 0 is x_0)",
-    "draft_tokens": "greedy proposals are the argmax of the draft logits",
+    "candidates": "DFlash 2: the selector_top_k largest draft logits at each proposal position (a set)",
+    "unary": "DFlash 2: the unary score of a candidate is its draft logit",
+    "pair": "DFlash 2: ⟨E_pred(x_{t−1}) ⊙ P h_t, E_succ(c_{t,k})⟩: both codebooks loaded (released checkpoints store "
+            "them without `.weight`), P the rank projection of the final hidden",
+    "draft_tokens": "greedy proposals are the argmax of the draft logits (DFlash 2: of unary + pair, walked from "
+                    "the anchor)",
     "posterior": "the target verifies [x_0, d_1, …] in one pass from its cache cropped to `start`",
     "acceptance_length": "τ = Σ_i Π_{j≤i} 1[d_j = posterior_{j−1}]: a cumulative product, not a count of matches",
     "bonus": "the bonus is the target's token after the accepted run, posterior[τ], never a draft token",
@@ -83,7 +97,31 @@ def _keys_out_of_order(expected: np.ndarray, got: np.ndarray) -> bool:
     return all(len(o) == 1 for o in order) and sorted(int(o[0]) for o in order) == list(range(got.shape[1]))
 
 
+def _differing_rows(expected: np.ndarray, got: np.ndarray) -> np.ndarray | None:
+    """The rows (first axis) where got is off expected by more than rounding, or None (shapes differ)."""
+    if got.shape != expected.shape or got.ndim < 2:
+        return None
+    scale = max(1.0, float(np.abs(expected).max()))
+    return np.flatnonzero((np.abs(got - expected) > 1e-4 * scale).reshape(got.shape[0], -1).any(axis=1))
+
+
+def _told_dflash2(stage: str, expected: np.ndarray, got: np.ndarray) -> str | None:
+    rows = _differing_rows(expected, got)
+    if rows is None or not rows.size:
+        return None
+    if stage in ("attn_conv_in", "mlp_conv_in") and rows[0] == 0 and rows[-1] < len(expected) - 1 and \
+            np.array_equal(rows, np.arange(rows.size)):
+        return ("only the block's first positions differ: the convolution reads positions before the block; it "
+                "restarts at every block's first position (zero before it)")
+    if stage == "pair" and rows[0] > 0:
+        return ("the first position's pair scores agree, later ones not: the predecessor must be the candidate "
+                "chosen at the previous position (not the argmax of its logits)")
+    return None
+
+
 def _told(stage: str, expected: np.ndarray, got: np.ndarray, manifest: dict) -> str | None:
+    if stage in ("attn_conv_in", "mlp_conv_in", "pair"):
+        return _told_dflash2(stage, expected, got)
     if stage == "k_rot" and got.ndim == 3 == expected.ndim and _keys_out_of_order(expected, got):
         return ("the right keys in the wrong order: a rotating (ring-buffer) cache read as stored, not in "
                 "the order of positions that the mask assumes")

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..bench.timing import one_thread
-from .adapters import loop_values, to_numpy
+from .adapters import check_path, loop_values, pair_scores, to_numpy
 from .bundle import Bundle, key_for
 
 
@@ -71,6 +71,11 @@ class _OfficialRecorder:
             self.hook(layer, lambda m, a, o, p=p: self.put(p + "hook_resid_post", o[0]))
             layer.self_attn._conformance_prefix = p
             self._undo.append(lambda a=layer.self_attn: delattr(a, "_conformance_prefix"))
+            for name in ("attention_conv", "mlp_conv"):          # DFlash 2
+                if getattr(layer, name, None) is not None:
+                    self.record_conv(getattr(layer, name), f"{p}{name}.")
+        if getattr(d, "candidate_selector", None) is not None:
+            self.record_selector(d.candidate_selector)
         kernel = self.official.ALL_ATTENTION_FUNCTIONS["sdpa"]
         self.patch(self.official, "ALL_ATTENTION_FUNCTIONS", {"sdpa": self.attention(kernel)})
         if self.layout == "0.1.0":
@@ -92,6 +97,49 @@ class _OfficialRecorder:
     def __exit__(self, *exc) -> None:
         while self._undo:
             self._undo.pop()()
+
+    def replace(self, owner, name: str, value) -> None:
+        """A method stood in for on one instance, the class's own back on exit."""
+        setattr(owner, name, value)
+        self._undo.append(lambda: delattr(owner, name))
+
+    def record_conv(self, conv, prefix: str) -> None:
+        """Its dynamic taps (kernel_projection's output), and prepare's and finish's outputs."""
+        self.hook(conv.kernel_projection, lambda m, a, o: self.put(
+            prefix + "hook_taps", o[0].unflatten(-1, (2, conv.kernel_size, -1))))   # (L_q, 2·K·G) → (L_q, 2, K, G)
+        prepare, finish = conv.prepare, conv.finish
+
+        def prepared(x):
+            u, taps = prepare(x)
+            self.put(prefix + "hook_prepared", u[0])
+            return u, taps
+        self.replace(conv, "prepare", prepared)
+        self.replace(conv, "finish", lambda out, taps: self.put_out(prefix + "hook_finished", finish(out, taps)))
+
+    def put_out(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        self.put(name, tensor[0])
+        return tensor
+
+    def record_selector(self, selector) -> None:
+        """Its candidates and unary scores; the pair term from its own codebook and projection outputs."""
+        seen = {"pred": [], "succ": [], "proj": None}
+        self.hook(selector.predecessor_codebook, lambda m, a, o: seen["pred"].append(to_numpy(o[0])))
+        self.hook(selector.successor_codebook, lambda m, a, o: seen["succ"].append(to_numpy(o[0])))
+        self.hook(selector.hidden_projection, lambda m, a, o: seen.__setitem__("proj", to_numpy(o[0])))
+        select = selector.select
+
+        def selected(hidden, logits, anchor_ids, temperature):
+            seen["pred"], seen["succ"] = [], []
+            path, candidates, q = select(hidden, logits, anchor_ids, temperature)
+            c, unary = to_numpy(candidates[0]), to_numpy(logits[0].gather(-1, candidates[0]))    # (γ, K) each
+            pair = pair_scores(seen["pred"], seen["proj"], seen["succ"])
+            if temperature == 0:
+                check_path("zlab", to_numpy(path[0]), c, unary + pair)
+            self.put("draft.candidate_selector.hook_candidates", candidates[0])
+            self.put("draft.candidate_selector.hook_unary", torch.from_numpy(unary))
+            self.put("draft.candidate_selector.hook_pair", torch.from_numpy(pair))
+            return path, candidates, q
+        self.replace(selector, "select", selected)
 
     def put_k(self, prefix: str, k: torch.Tensor) -> None:  # KNorm ran on [k_ctx; k_noise] at once
         self.put(prefix + "self_attn.hook_k_ctx", k[:, :self.ctx_len])

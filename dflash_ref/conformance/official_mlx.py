@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from .bundle import Bundle, key_for
-from .adapters import loop_values
+from .adapters import check_path, loop_values, pair_scores
 
 
 def _np(x) -> np.ndarray:
@@ -72,8 +72,13 @@ class _MLXRecorder:
             self.tap(attn, "v_proj", lambda o, p=p: self.pair(p + "self_attn.hook_v", o))
             self.tap(attn, "o_proj", lambda o, p=p: self.put(p + "self_attn.hook_out", o[0]))
             taps.append(_Tap(layer, lambda o, *a, p=p: self.put(p + "hook_resid_post", o[0])))
+            for name in ("attention_conv", "mlp_conv"):                     # DFlash 2
+                if getattr(layer, name, None) is not None:
+                    self.record_conv(getattr(layer, name), f"{p}{name}.")
         object.__setattr__(d, "layers", taps)
         self._undo.append(lambda: object.__delattr__(d, "layers"))
+        if getattr(d, "candidate_selector", None) is not None:
+            self.record_selector(d.candidate_selector)
         hidden_states, sdpa = d.hidden_states, mx.fast.scaled_dot_product_attention
 
         def draft_pass(inputs, target_hidden, cache, logits_start=0):
@@ -101,6 +106,33 @@ class _MLXRecorder:
     def __exit__(self, *exc) -> None:
         while self._undo:
             self._undo.pop()()
+
+    def record_conv(self, conv, prefix: str) -> None:
+        """Its dynamic taps (kernel_projection's output), and prepare's and finish's outputs."""
+        self.tap(conv, "kernel_projection", lambda o: self.put(
+            prefix + "hook_taps", _np(o[0]).reshape(o.shape[1], 2, conv.kernel_size, -1)))  # (L_q, 2·K·G) → (L_q, 2, K, G)
+        self.tap(conv, "prepare", lambda o: self.put(prefix + "hook_prepared", o[0][0]))
+        self.tap(conv, "finish", lambda o: self.put(prefix + "hook_finished", o[0]))
+
+    def record_selector(self, selector) -> None:
+        """Its candidates and unary scores; the pair term from its own codebook and projection outputs."""
+        seen = {"pred": [], "succ": [], "proj": None}
+        self.tap(selector, "predecessor_codebook", lambda o: seen["pred"].append(_np(o[0])))
+        self.tap(selector, "successor_codebook", lambda o: seen["succ"].append(_np(o[0])))
+        self.tap(selector, "hidden_projection", lambda o: seen.__setitem__("proj", _np(o[0])))
+
+        def selected(out, hidden, logits, anchor_ids, temperature):
+            path, candidates = _np(out[0][0]), _np(out[1][0])                      # (γ,), (γ, K)
+            unary = np.take_along_axis(_np(logits[0]), candidates, axis=-1)         # (γ, K)
+            pair = pair_scores(seen["pred"], seen["proj"], seen["succ"])
+            seen["pred"], seen["succ"] = [], []
+            if temperature == 0:
+                check_path("mlx", path, candidates, unary + pair)
+            self.put("draft.candidate_selector.hook_candidates", candidates)
+            self.put("draft.candidate_selector.hook_unary", unary)
+            self.put("draft.candidate_selector.hook_pair", pair.astype(np.float32))
+        object.__setattr__(selector, "select", _Tap(selector.select, selected))
+        self._undo.append(lambda: object.__delattr__(selector, "select"))
 
     def verified(self, logits, inputs, cache=None, *args) -> None:
         """After each target pass: the cache lengths around a decode step's verify."""

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import KINDS, STAGES, Bundle, find_bundles
+from .bundle import KINDS, STAGES, Bundle, candidates_in_id_order, find_bundles
 from .hints import hint
 from .report import Check, Report
 from .tensorfile import array_or_none, as_array, read_arrays
@@ -98,6 +98,7 @@ def compare(bundle: Bundle, produced: dict, report: Report | None = None, declar
     unread = window_mismatch(bundle, declared or {})
     if unread:
         return [Check(bundle.name, "bundle", "sliding_window", None, None, "skipped", detail=unread)]
+    produced = candidates_in_id_order(produced)
     variants = resolve_variants(bundle, produced, declared or {})
     if report is not None:
         listed = {e["key"] for e in bundle.entries}
