@@ -45,8 +45,7 @@ class CandidateSelector(nn.Module):
         projected = self.hidden_projection(hidden)                                  # (B, γ, r)
         predecessor, path, pairs, q_rows = anchor_ids, [], [], []
         for t in range(hidden.shape[1]):
-            query = F.embedding(predecessor, self.predecessor_codebook) * projected[:, t]      # (B, r)
-            pair = torch.einsum("br,bkr->bk", query, F.embedding(candidates[:, t], self.successor_codebook))  # (B, K)
+            pair = self.pair_term(predecessor, projected[:, t], candidates[:, t])   # (B, K)
             scores = unary[:, t] + pair
             if temperature > 0:
                 q = torch.softmax(scores.float() / temperature, dim=-1)              # (B, K)
@@ -60,6 +59,20 @@ class CandidateSelector(nn.Module):
         self.hook_pair(torch.stack(pairs, dim=1))
         path = self.hook_path(torch.stack(path, dim=1))                              # (B, γ)
         return path, candidates, self.hook_q(torch.stack(q_rows, dim=1)) if q_rows else None
+
+    def pair_term(self, predecessors: torch.Tensor, projected: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """⟨E_pred(x_{t−1}) ⊙ P h_t, E_succ(c_{t,k})⟩: predecessors (…,), P h (…, r), candidates (…, K) → (…, K)."""
+        query = F.embedding(predecessors, self.predecessor_codebook) * projected                 # (…, r)
+        return torch.einsum("...r,...kr->...k", query, F.embedding(candidates, self.successor_codebook))
+
+    def teacher_forced(self, hidden: torch.Tensor, logits: torch.Tensor, previous: torch.Tensor,
+                       vocab: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every position's scores at once, with given predecessors (training: the true previous tokens)
+        instead of the walked path: hidden (…, d), logits (…, V) or over a vocabulary `vocab` (V',) of
+        token ids, previous (…,) → candidates (…, K) as token ids, score_k = z_k + pair_k (…, K)."""
+        unary, index = torch.topk(logits, self.top_k, dim=-1, sorted=False)          # (…, K) each
+        candidates = index if vocab is None else vocab.to(index.device)[index]
+        return candidates, unary + self.pair_term(previous, self.hidden_projection(hidden), candidates)
 
     def extra_repr(self) -> str:
         return f"top_k={self.top_k}, rank={self.hidden_projection.out_features}"

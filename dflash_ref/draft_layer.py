@@ -38,19 +38,21 @@ class DFlashDecoderLayer(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, target_hidden: torch.Tensor,
                 position_embeddings: tuple[torch.Tensor, torch.Tensor],
-                past_key_values: KVCache | None = None, attention_mask: torch.Tensor | None = None
-                ) -> torch.Tensor:
+                past_key_values: KVCache | None = None, attention_mask: torch.Tensor | None = None,
+                blocks: int = 1) -> torch.Tensor:
+        """`blocks`: the L_q query rows are that many equal blocks side by side (training's one pass)."""
         attention = lambda x: self.self_attn(x, target_hidden, position_embeddings, past_key_values,  # noqa: E731
                                              attention_mask)[0]
         hidden_states = self.hook_resid_mid(
-            hidden_states + _around(self.attention_conv, attention, self.input_layernorm(hidden_states)))
-        hidden_states = hidden_states + _around(self.mlp_conv, self.mlp, self.post_attention_layernorm(hidden_states))
+            hidden_states + _around(self.attention_conv, attention, self.input_layernorm(hidden_states), blocks))
+        hidden_states = hidden_states + _around(self.mlp_conv, self.mlp, self.post_attention_layernorm(hidden_states),
+                                                blocks)
         return self.hook_resid_post(hidden_states)
 
 
-def _around(conv: GroupedDynamicCausalConv | None, sublayer, x: torch.Tensor) -> torch.Tensor:
-    """f(x) (DFlash 1), or finish(f(prepare(x))) with the taps of x (DFlash 2)."""
+def _around(conv: GroupedDynamicCausalConv | None, sublayer, x: torch.Tensor, blocks: int) -> torch.Tensor:
+    """f(x) (DFlash 1), or finish(f(prepare(x))) with the taps of x (DFlash 2), each block on its own."""
     if conv is None:
         return sublayer(x)
-    prepared, taps = conv.prepare(x)
-    return conv.finish(sublayer(prepared), taps)
+    prepared, taps = conv.prepare(x, blocks)
+    return conv.finish(sublayer(prepared), taps, blocks)

@@ -68,7 +68,7 @@ class DFlashDraftModel(nn.Module):
 
     def forward(self, position_ids: torch.Tensor, attention_mask: torch.Tensor | list | None = None, *,
                 noise_embedding: torch.Tensor, target_hidden: torch.Tensor,
-                past_key_values: KVCache | None = None, use_cache: bool = False) -> torch.Tensor:
+                past_key_values: KVCache | None = None, use_cache: bool = False, blocks: int = 1) -> torch.Tensor:
         """noise_embedding (B, L_q, d), target_hidden (B, L_c, k·d), position_ids (B, L_c + L_q)
         → block hidden states (B, L_q, d).
 
@@ -76,7 +76,8 @@ class DFlashDraftModel(nn.Module):
         context come from `past_key_values` (which this call appends to: crop it afterwards).
         attention_mask: None (the layers' own rule: non-causal), or a bool (L_q, L_k) of visible keys
         for every layer, or a list of them, one per layer; training uses it to put many blocks in one
-        pass (training/recipe.py).
+        pass (training/recipe.py), with `blocks` = how many equal blocks the L_q rows hold (a DFlash 2
+        convolution restarts at each).
         """
         self._check_inputs(position_ids, noise_embedding, target_hidden)
         masks = self._layer_masks(attention_mask, noise_embedding.shape[1], target_hidden.shape[1], past_key_values)
@@ -87,7 +88,7 @@ class DFlashDraftModel(nn.Module):
                                   self.context)                                    # (B, L_c, d)
         position_embeddings = self.rotary_emb(position_ids, hidden_states.dtype)  # (B, L_c + L_q, d_h) ×2
         for layer, mask in zip(self.layers, masks):
-            hidden_states = layer(hidden_states, context, position_embeddings, past_key_values, mask)
+            hidden_states = layer(hidden_states, context, position_embeddings, past_key_values, mask, blocks)
         return self.hook_out(self.norm(hidden_states))
 
     def _layer_masks(self, attention_mask, q_len: int, ctx_len: int, past_key_values) -> list:

@@ -13,7 +13,8 @@ The two halves of a_t (and of w) serve two convolutions around one sublayer f:
 
 so a draft layer is H' = H + finish(Attn(prepare(RMSNorm(H)), C)), H'' = H' + finish(MLP(prepare(RMSNorm(H')))).
 The convolution runs inside one block: it restarts at every block's first position (the context never
-enters it), which is why a draft pass needs no convolution state across steps.
+enters it), which is why a draft pass needs no convolution state across steps. Training puts m blocks
+of equal length side by side in one pass (`blocks=m`): each is convolved on its own.
 """
 from __future__ import annotations
 
@@ -25,8 +26,15 @@ from torch.nn import functional as F
 from .hooks import HookPoint
 
 
-def convolve(x: torch.Tensor, taps: torch.Tensor, base: torch.Tensor, group_size: int) -> torch.Tensor:
-    """y_t = Σ_j (w_j + a_{t,j,g}) ⊙ x_{t−j}: x (B, L, d), taps a (B, L, K, G), base w (K, d) → (B, L, d)."""
+def convolve(x: torch.Tensor, taps: torch.Tensor, base: torch.Tensor, group_size: int, blocks: int = 1) -> torch.Tensor:
+    """y_t = Σ_j (w_j + a_{t,j,g}) ⊙ x_{t−j}: x (B, L, d), taps a (B, L, K, G), base w (K, d) → (B, L, d);
+    L = blocks · l, every block of l positions restarted (x before its first position is 0)."""
+    if blocks > 1:
+        if x.shape[1] % blocks:
+            raise ValueError(f"{x.shape[1]} positions do not split into {blocks} blocks of equal length")
+        y = convolve(rearrange(x, "b (m l) d -> (b m) l d", m=blocks),                 # (B·m, l, d)
+                     rearrange(taps, "b (m l) k g -> (b m) l k g", m=blocks), base, group_size)
+        return rearrange(y, "(b m) l d -> b (m l) d", m=blocks)                       # (B, m·l, d)
     kernel_size = base.shape[0]
     x = rearrange(x, "b l (g c) -> b l g c", c=group_size)                 # (B, L, G, d/G)
     w = rearrange(base, "k (g c) -> k g c", c=group_size).to(x.dtype)      # (K, G, d/G)
@@ -53,15 +61,16 @@ class GroupedDynamicCausalConv(nn.Module):
         self.hook_prepared = HookPoint()   # (B, L_q, d)        u, the sublayer's input
         self.hook_finished = HookPoint()   # (B, L_q, d)        y, after the sublayer
 
-    def prepare(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def prepare(self, x: torch.Tensor, blocks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, L_q, d) → (u, a¹): the convolved input and the taps `finish` will use."""
         taps = rearrange(self.kernel_projection(x), "b l (h k g) -> b l h k g", h=2, k=self.kernel_size)
         taps = self.hook_taps(taps)                                         # (B, L_q, 2, K, G)
-        return self.hook_prepared(convolve(x, taps[:, :, 0], self.base_kernel[0], self.group_size)), taps[:, :, 1]
+        prepared = convolve(x, taps[:, :, 0], self.base_kernel[0], self.group_size, blocks)
+        return self.hook_prepared(prepared), taps[:, :, 1]
 
-    def finish(self, out: torch.Tensor, taps: torch.Tensor) -> torch.Tensor:
+    def finish(self, out: torch.Tensor, taps: torch.Tensor, blocks: int = 1) -> torch.Tensor:
         """The sublayer's output (B, L_q, d) convolved with the taps of its input (B, L_q, K, G)."""
-        return self.hook_finished(convolve(out, taps, self.base_kernel[1], self.group_size))
+        return self.hook_finished(convolve(out, taps, self.base_kernel[1], self.group_size, blocks))
 
     def extra_repr(self) -> str:
         return f"kernel_size={self.kernel_size}, groups={self.groups}, group_size={self.group_size}"

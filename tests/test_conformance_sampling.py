@@ -52,20 +52,14 @@ def test_the_bundle_holds_exact_distributions(bundle):
     assert mean["rejection"] > mean["match"] + 0.3
 
 
+@pytest.mark.parametrize("which", ["bundle", "bundle2"], ids=["dflash1", "dflash2"])
 @pytest.mark.parametrize("impl, verifier", [("reference", "rejection"), ("reference", "match"), ("zlab", "rejection")])
-def test_the_reference_and_the_official_package_pass(bundle, impl, verifier):
+def test_the_reference_and_the_official_package_pass(request, which, impl, verifier):
     if impl == "zlab":
         pytest.importorskip("dflash.model")
+    bundle = request.getfixturevalue(which)
     [(name, result)] = verify_sampling(impl, bundle.path, RUNS, verifier=verifier)
-    assert name == "sampling" and result.passed, result.text()
-
-
-@pytest.mark.parametrize("impl, verifier", [("reference", "rejection"), ("reference", "match"), ("zlab", "rejection")])
-def test_dflash2_the_reference_and_the_official_package_pass(bundle2, impl, verifier):
-    if impl == "zlab":
-        pytest.importorskip("dflash.model")
-    [(name, result)] = verify_sampling(impl, bundle2.path, RUNS, verifier=verifier)
-    assert name == "sampling_dflash2" and result.passed, result.text()
+    assert name == bundle.name and result.passed, result.text()
 
 
 def test_dflash2_bundle_holds_exact_distributions_with_fewer_candidates_than_tokens(bundle2):

@@ -5,6 +5,7 @@ rejection restricted to candidates, checked by hand, by their properties, agains
 from __future__ import annotations
 
 import functools
+import math
 import random
 
 import numpy as np
@@ -252,11 +253,98 @@ def test_the_trace_records_the_convolution_and_the_selector_per_step():
     assert "draft.candidate_selector.hook_q" not in step              # greedy: no q
 
 
-def test_training_a_dflash2_draft_is_refused_by_name():
-    from dflash_ref.training.recipe import training_logits
-    target, draft = make_pair(0, draft_overrides=dflash2())
-    with pytest.raises(ValueError, match="training a DFlash 2 draft is not implemented"):
-        training_logits(draft, target, torch.zeros(1, 12, dtype=torch.long), torch.zeros(1, 12, 1), torch.tensor([2]))
+# --------------------------------------------------------------------------- training
+
+def _sequence(target, length: int = 20, seed: int = 0) -> torch.Tensor:
+    ids = torch.randint(0, target.config.vocab_size, (1, 4), generator=torch.Generator().manual_seed(seed))
+    return generate(target, ids, length - 4).output_ids                               # (1, length)
+
+
+def follow(candidates: torch.Tensor, truth: list[int]):
+    """A `sample` for CandidateSelector.select that picks, position after position, the index of the
+    next true token among the candidates (1, γ, K)."""
+    positions = iter(range(len(truth)))
+    return lambda q: torch.tensor([candidates[0, (t := next(positions))].tolist().index(truth[t])])
+
+
+def test_training_pass_and_selector_equal_the_inference_draft_and_selector():
+    """The training pass (m blocks side by side, each convolution restarted at its block) and the
+    teacher-forced selector against the inference draft on each block alone and its selector walked
+    along the true tokens (K = V: every true token is a candidate, so the path can follow them)."""
+    from dflash_ref.training.recipe import output_logits, target_features, training_hidden
+    target, draft = make_pair(4, draft_overrides=dflash2(kernel=3, top_k=12))
+    tokens = _sequence(target)
+    features = target_features(target, tokens, draft.target_layer_ids)
+    anchors, b = torch.tensor([4, 7, 8, 13]), draft.block_size
+    selector = draft.candidate_selector
+    with torch.no_grad():
+        hidden, labels = training_hidden(draft, target, tokens, features, anchors)
+        logits, _ = output_logits(draft, target, hidden, labels)
+        previous = tokens[0, anchors[:, None] + torch.arange(b - 1)[None]]               # (m, b − 1)
+        candidates, scores = selector.teacher_forced(hidden, logits, previous)
+        for j, a in enumerate(anchors.tolist()):
+            block = torch.tensor([[tokens[0, a].item()] + [draft.mask_token_id] * (b - 1)])
+            h = draft(torch.arange(a + b)[None], noise_embedding=target.embed(block), target_hidden=features[:, :a],
+                      past_key_values=draft.make_cache())[:, 1:]
+            z = draft.compute_logits(h, target.output_head)
+            assert torch.allclose(logits[j], z[0], atol=1e-5, rtol=1e-5), (j, (logits[j] - z[0]).abs().max())
+            own = torch.topk(z, selector.top_k, dim=-1, sorted=False)[1]                 # select's candidates
+            path, c, q = selector.select(h, z, block[:, 0], 1.0, follow(own, labels[j].tolist()))
+            assert path[0].tolist() == labels[j].tolist()
+            mine = torch.softmax(scores[j], -1).gather(-1, candidates[j].argsort(-1))     # both by token id
+            theirs = q[0].gather(-1, c[0].argsort(-1))
+            assert torch.allclose(mine, theirs, atol=1e-5), (j, (mine - theirs).abs().max())
+
+
+def test_teacher_forced_acceptance_of_a_dflash2_draft_follows_its_greedy_path():
+    from dflash_ref.training.teacher_forced import leading_matches
+    target, draft = make_pair(6, draft_overrides=dflash2(kernel=2, top_k=3))
+    tokens = _sequence(target, 16).clone()                     # out of inference mode
+    leads, _ = leading_matches(draft, target, tokens, 4)
+    features = target_features_of(target, draft, tokens)
+    with torch.no_grad():
+        greedy = target(tokens).logits[0].argmax(-1)                                    # (T,)
+    b = draft.block_size
+    for i, a in enumerate(range(4, 16 - b + 1)):
+        block = torch.tensor([[tokens[0, a].item()] + [draft.mask_token_id] * (b - 1)])
+        with torch.no_grad():
+            h = draft(torch.arange(a + b)[None], noise_embedding=target.embed(block), target_hidden=features[:, :a],
+                      past_key_values=draft.make_cache())[:, 1:]
+            path = draft.candidate_selector.select(h, draft.compute_logits(h, target.output_head), block[:, 0], 0.0)[0]
+        expected = int((path[0] == greedy[a:a + b - 1]).long().cumprod(-1).sum())
+        assert int(leads[i]) == expected, (a, path, greedy[a:a + b - 1])
+
+
+def target_features_of(target, draft, tokens):
+    from dflash_ref.training.recipe import target_features
+    return target_features(target, tokens, draft.target_layer_ids)
+
+
+def test_the_selector_loss_by_hand():
+    from dflash_ref.training.selector_loss import selector_loss
+
+    class Fixed:                     # scores given, candidates given: the loss alone
+        def teacher_forced(self, hidden, logits, previous, vocab=None):
+            return torch.tensor([[[3, 5], [1, 2]]]), torch.tensor([[[0.0, 1.0], [2.0, 2.0]]])
+    # position 1: label 5 is candidate 1 → CE = log(1 + e^{−1}); position 2: label 7 is no candidate → left out
+    loss = selector_loss(Fixed(), None, None, None, torch.tensor([[5, 7]]), torch.tensor([1.0, 0.5]))
+    assert math.isclose(float(loss), math.log(1 + math.exp(-1)), rel_tol=1e-6)
+    nothing = selector_loss(Fixed(), None, None, None, torch.tensor([[4, 7]]), torch.tensor([1.0, 0.5]))
+    assert float(nothing) == 0.0
+
+
+def test_a_tiny_dflash2_training_run_lowers_both_losses_and_trains_every_weight():
+    from dflash_ref.training.recipe import loss_weights, make_optimizer, target_features, train_step
+    target, draft = make_pair(5, draft_overrides=dflash2(kernel=2, top_k=3))
+    sequences = [_sequence(target, 24, seed) for seed in range(3)]
+    batch = [(t, target_features(target, t, draft.target_layer_ids), torch.arange(4, 20, 3)) for t in sequences]
+    before = {n: p.detach().clone() for n, p in draft.named_parameters()}
+    optimizer, schedule = make_optimizer(draft, 3e-3, 60, 5)
+    losses = [train_step(draft, target, batch, loss_weights(draft.block_size, 4.0), optimizer, schedule)
+              for _ in range(60)]
+    assert sum(losses[-5:]) < 0.5 * sum(losses[:5]), losses[::10]
+    unchanged = [n for n, p in draft.named_parameters() if torch.equal(p, before[n])]
+    assert unchanged == [], unchanged            # the codebooks, P, both convolutions' taps included
 
 
 def test_the_candidate_lattice_figure(tmp_path):

@@ -34,8 +34,8 @@ from ..training import distill
 from ..training import options as train_options
 from ..training.measure import acceptance_by_position, fractions, number
 from ..training.prompt_file import heldout_prompts, training_prompts
-from ..training.recipe import (loss_weights, make_optimizer, sample_anchors, sampled_vocabulary,
-                               target_features_batched, train_step, training_vocabulary)
+from ..training.recipe import loss_weights, make_optimizer, sample_anchors, target_features_batched, train_step
+from ..training.sampled_softmax import sampled_vocabulary, training_vocabulary
 from ..training.state import batch_generator, read_moments, read_state, resume_optimizer, run_draft, save_state
 from .folders import make_folder
 

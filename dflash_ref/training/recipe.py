@@ -15,11 +15,13 @@ target_hidden (T, k·d) of the sampled layers at every position (computed once, 
     loss      Σ_j Σ_{k=1}^{b−1} w_k · CE(logits_{j,k}, x_{a_j+k}) / (m · Σ_k w_k),
               w_k = exp(−(k − 1)/γ), γ = 7 for b = 16, 5 for b = 10, 4 for b = 8 (the paper's; any
               other b > 2 must be given its γ: cli/train.py takes γ = 4 for b = 4)
+    DFlash 2  the convolutions restart at every block of the pass (draft(…, blocks=m)), and the loss
+              adds the selector's, teacher-forced: L + L_sel (selector_loss.py)
     frozen    the target's embedding (noise embedding) and lm_head, shared with the draft
     optimiser AdamW, linear warmup then cosine decay to 0, gradient-norm clipping; one step averages
               the loss of several sequences (a batch), each with its own m anchors
 
-Departure for CPU budgets (optional, `vocab=`): the loss's softmax normaliser is estimated instead
+Departure for CPU budgets (optional, `vocab=`; sampled_softmax.py): the loss's softmax normaliser is estimated instead
 of summed over all V. On a CPU the (m·(b − 1), d) × (d, V) product is ~80 % of a step. The sum runs
 over the tokens of the training responses R (all labels are among them) plus K tokens drawn
 uniformly, every step, from the other V − |R|, each counted (V − |R|)/K times:
@@ -44,6 +46,8 @@ from torch.nn import functional as F
 
 from ..attention import position_rule
 from ..layer_sampling import extract_context_feature
+from .sampled_softmax import with_log_weight
+from .selector_loss import selector_loss
 
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -108,25 +112,6 @@ def target_features(target, token_ids: torch.Tensor, layer_ids: list[int]) -> to
     return extract_context_feature(out.hidden_states, layer_ids)
 
 
-def training_vocabulary(token_lists, always=()) -> torch.Tensor:
-    """The sorted distinct ids of the training responses (plus `always`, e.g. the stop tokens)."""
-    ids = {int(t) for tokens in token_lists for t in tokens} | {int(t) for t in always}
-    return torch.tensor(sorted(ids), dtype=torch.long)
-
-
-def sampled_vocabulary(always: torch.Tensor, vocab_size: int, num_sampled: int,
-                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`always` (R) + `num_sampled` distinct ids drawn uniformly from the rest, and each id's
-    log-weight in the normaliser: 0 for R, log((V − |R|)/K) for a sampled id."""
-    others = torch.ones(vocab_size, dtype=torch.bool)
-    others[always] = False
-    rest = others.nonzero()[:, 0]                                              # (V − |R|,)
-    k = min(num_sampled, len(rest))
-    sampled = rest[torch.randperm(len(rest), generator=generator)[:k]]
-    log_weight = torch.cat([torch.zeros(len(always)), torch.full((k,), math.log(len(rest) / max(k, 1)))])
-    return torch.cat([always, sampled]), log_weight
-
-
 def target_features_batched(target, sequences: list[torch.Tensor], layer_ids: list[int],
                             batch_size: int = 16, say=None) -> list[torch.Tensor]:
     """target_features for many (1, T_i) sequences, `batch_size` at a time: sorted by length and
@@ -149,16 +134,10 @@ def target_features_batched(target, sequences: list[torch.Tensor], layer_ids: li
     return out
 
 
-def training_logits(draft, target, token_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
-                    vocab: torch.Tensor | None = None, vocab_log_weight: torch.Tensor | None = None,
-                    vocab_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """All m blocks in one pass → logits (m, b − 1, V) and labels (m, b − 1); with `vocab` (V',)
-    the logits cover only those ids, (m, b − 1, V'), plus `vocab_log_weight` (V',) if given, and
-    labels index into `vocab` (labels must be among the ids). `vocab_rows` (V', d) = the lm_head's
-    rows of `vocab`, if already gathered (train_step gathers them once for its whole batch)."""
-    if draft.config.version == 2:   # its convolution would run across the m blocks of one pass, and no selector loss
-        raise ValueError("training a DFlash 2 draft is not implemented (its convolution must restart at every "
-                         "block of the pass, and the selector needs its own loss)")
+def training_hidden(draft, target, token_ids: torch.Tensor, features: torch.Tensor,
+                    anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """All m blocks in one pass → the final hidden of their proposal positions (m, b − 1, d) and the
+    labels (m, b − 1). A DFlash 2 draft's convolution restarts at every block of the pass."""
     b, seq_len = draft.block_size, token_ids.shape[1]
     offsets = torch.arange(b)
     block_positions = (anchors[:, None] + offsets[None, :]).reshape(-1)      # (m·b,)
@@ -168,10 +147,17 @@ def training_logits(draft, target, token_ids: torch.Tensor, features: torch.Tens
         noise_embedding = target.embed(block_ids[None])                       # (1, m·b, d), frozen
     position_ids = torch.cat([torch.arange(seq_len), block_positions])[None]  # (1, T + m·b)
     hidden = draft(position_ids, block_masks(draft, anchors, b, position_ids[0]), noise_embedding=noise_embedding,
-                   target_hidden=features)                                    # (1, m·b, d)
+                   target_hidden=features, blocks=len(anchors))               # (1, m·b, d)
     # contiguous: a strided input sends F.linear to a broadcast bmm, 3× slower than mm on a CPU
     hidden = hidden.reshape(len(anchors), b, -1)[:, 1:].contiguous()          # (m, b − 1, d)
-    labels = token_ids[0, (anchors[:, None] + offsets[None, 1:])]             # (m, b − 1)
+    return hidden, token_ids[0, (anchors[:, None] + offsets[None, 1:])]       # labels (m, b − 1)
+
+
+def output_logits(draft, target, hidden: torch.Tensor, labels: torch.Tensor, vocab: torch.Tensor | None = None,
+                  vocab_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The frozen lm_head on the proposal positions' hidden (m, b − 1, d) → logits (m, b − 1, V), or with
+    `vocab` (V',) over those ids only, (m, b − 1, V'), the labels then indexing into `vocab` (they must
+    be among the ids). `vocab_rows` (V', d) = the lm_head's rows of `vocab`, if already gathered."""
     if vocab is None:  # the frozen lm_head, detached: backward computes no gradient for its V × d matrix
         return draft.compute_logits(hidden, lambda h: F.linear(h, target.output_weight().detach())), labels
     position_in_vocab = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
@@ -181,11 +167,17 @@ def training_logits(draft, target, token_ids: torch.Tensor, features: torch.Tens
         raise ValueError("a label is not in the training vocabulary; build it from every response trained on")
     if vocab_rows is None:
         vocab_rows = target.output_weight()[vocab.to(target.device)]          # (V', d), frozen rows
-    logits = F.linear(hidden, vocab_rows.detach())                            # (m, b − 1, V')
-    if vocab_log_weight is None:
-        return logits, labels
-    # in fp32: under bf16 autocast the logits are bf16, and log((V − |R|)/K) rounded to bf16 would bias Z
-    return logits.float() + vocab_log_weight.to(logits.device, torch.float32), labels
+    return draft.compute_logits(hidden, lambda h: F.linear(h, vocab_rows.detach())), labels   # (m, b − 1, V')
+
+
+def training_logits(draft, target, token_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
+                    vocab: torch.Tensor | None = None, vocab_log_weight: torch.Tensor | None = None,
+                    vocab_rows: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """All m blocks in one pass → logits (m, b − 1, V) and labels (m, b − 1) (output_logits for `vocab`),
+    plus `vocab_log_weight` (V',) if given."""
+    hidden, labels = training_hidden(draft, target, token_ids, features, anchors)
+    logits, labels = output_logits(draft, target, hidden, labels, vocab, vocab_rows)
+    return with_log_weight(logits, vocab_log_weight), labels
 
 
 def dflash_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -228,9 +220,13 @@ def train_step(draft, target, batch, weights: torch.Tensor, optimizer, schedule,
     total = 0.0
     for token_ids, features, anchors in batch:
         with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=bf16):
-            logits, labels = training_logits(draft, target, token_ids, features, anchors, vocab, vocab_log_weight,
-                                             rows)
-        loss = dflash_loss(logits, labels, weights) / len(batch)
+            hidden, tokens = training_hidden(draft, target, token_ids, features, anchors)
+            logits, labels = output_logits(draft, target, hidden, tokens, vocab, rows)
+        loss = dflash_loss(with_log_weight(logits, vocab_log_weight), labels, weights)
+        if draft.candidate_selector is not None:                  # DFlash 2: and its selector (selector_loss.py)
+            previous = token_ids[0, anchors[:, None] + torch.arange(draft.block_size - 1)[None]]   # (m, b − 1)
+            loss = loss + selector_loss(draft.candidate_selector, hidden, logits, previous, tokens, weights, vocab)
+        loss = loss / len(batch)
         loss.backward()
         total += float(loss.detach())
     torch.nn.utils.clip_grad_norm_(draft.parameters(), max_grad_norm)

@@ -8,8 +8,9 @@ whose whole block fits (a + b − 1 ≤ T − 1):
     c_a     = max_v p(v | x_≤a)                   the target's confidence in the token after the anchor
     d_k     = argmax_v q_k(v | C_<a, x_a)         the draft's proposal at block position k = 1 … b − 1:
                                                   the context features of positions < a, then the block
-                                                  [x_a, mask, …] (training.training_logits; over the
-                                                  draft vocabulary, if the draft has one)
+                                                  [x_a, mask, …] (training.training_hidden; over the
+                                                  draft vocabulary, if the draft has one; DFlash 2: the
+                                                  selector's greedy path from x_a)
     L_a     = max{ℓ ≤ b − 1 : d_k = g_{a+k} for every k ≤ ℓ}    the proposals greedy verification keeps
     τ_tf    = 1 + mean_a L_a,    a_k = share of anchors with L_a ≥ k
 
@@ -25,7 +26,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..layer_sampling import extract_context_feature
-from .recipe import training_logits
+from .recipe import output_logits, training_hidden
 
 # edges of the target-confidence bins (c_a), the last one closed: [0, 0.3), …, [0.99, 1]
 CONFIDENCE_EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
@@ -57,13 +58,16 @@ def leading_matches(draft, target, token_ids: torch.Tensor, prompt_len: int) -> 
     probs = out.logits[0].float().softmax(-1)                                   # (T, V)
     greedy = probs.argmax(-1)                                                   # (T,) g_{p+1} at index p
     features = extract_context_feature(out.hidden_states, draft.target_layer_ids)   # (1, T, k·d)
-    logits, _ = training_logits(draft, target, token_ids, features, anchors)     # (m, b − 1, V)
+    hidden, labels = training_hidden(draft, target, token_ids, features, anchors)   # (m, b − 1, d)
+    logits, _ = output_logits(draft, target, hidden, labels)                    # (m, b − 1, V)
     vocab = getattr(draft, "draft_vocab", None)
     if vocab is not None:                 # proposals among the draft vocabulary only, as decoding makes them
         outside = torch.ones(logits.shape[-1], dtype=torch.bool)
         outside[vocab] = False
         logits = logits.masked_fill(outside, float("-inf"))
-    proposals = logits.argmax(-1)                                               # (m, b − 1) d_k
+    selector = draft.candidate_selector
+    proposals = (logits.argmax(-1) if selector is None                          # (m, b − 1) d_k
+                 else selector.select(hidden, logits, token_ids[0, anchors], 0.0)[0])   # DFlash 2: the greedy path
     wanted = greedy[anchors[:, None] + torch.arange(b - 1)[None, :]]             # (m, b − 1) g_{a+k}
     leads = (proposals == wanted).long().cumprod(-1).sum(-1)                    # (m,) L_a
     return leads, probs.max(-1).values[anchors]                                 # c_a (m,)
