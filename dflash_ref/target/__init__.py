@@ -13,5 +13,7 @@ A target offers what the loop needs and nothing more:
 """
 from .hf import HFTarget
 from .qwen3 import Qwen3Target, TargetOutput
+from .qwen3_5 import Qwen3_5Target
+from .qwen3_5_config import HybridConfig
 
-__all__ = ["HFTarget", "Qwen3Target", "TargetOutput"]
+__all__ = ["HFTarget", "HybridConfig", "Qwen3Target", "Qwen3_5Target", "TargetOutput"]

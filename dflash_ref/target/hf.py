@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 from ..extensions.linear import linear_product, use_rows_first
+from .hf_guard import check_rollback
+from .hf_hybrid import ReplayCache, replayable
 from .qwen3 import TargetOutput
 
 
@@ -40,11 +42,15 @@ class HFCache:
 class HFTarget(nn.Module):
     """`rows_first` (default on) switches the model's plain nn.Linear layers, lm_head included, to
     extensions/linear.py's RowsFirstLinear in place: the same weights, the same product up to float
-    rounding, computed the faster way on a CPU for the 1 … 64 rows of decoding (AR's one token and a
-    verify block alike). The model's own forward is otherwise untouched."""
+    rounding, computed on a CPU for the 1 … 64 rows of decoding (AR's one token and a verify block
+    alike) by the kernel measured fastest on the machine at hand (extensions/linear_plan.py; F.linear
+    unless another is clearly faster). The model's own forward is otherwise untouched."""
 
     def __init__(self, model: nn.Module, rows_first: bool = True) -> None:
         super().__init__()
+        self.replay = replayable(model)   # Qwen3.5 / Qwen3-Next: exact rollback by snapshot + replay (hf_hybrid.py)
+        if not self.replay:
+            check_rollback(model)      # other recurrent (linear-attention, SSM) states: a crop cannot undo them
         config = model.config
         missing = [k for k in ("hidden_size", "vocab_size", "num_hidden_layers", "max_position_embeddings")
                    if getattr(config, k, None) is None]
@@ -79,12 +85,14 @@ class HFTarget(nn.Module):
             raise ValueError("this target's lm_head has a bias; output_weight() alone does not give its logits")
         return head.weight
 
-    def make_cache(self) -> HFCache:
-        return HFCache(self.config)
+    def make_cache(self) -> HFCache | ReplayCache:
+        return ReplayCache(self.model) if self.replay else HFCache(self.config)
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 past_key_values: HFCache | None = None, output_hidden_states: bool = True,
                 logits_to_keep: int = 0) -> TargetOutput:
+        if isinstance(past_key_values, ReplayCache):
+            past_key_values.record(input_ids, position_ids)      # the snapshot a crop restores
         out = self.model(input_ids, position_ids=position_ids,
                          past_key_values=past_key_values.cache if past_key_values is not None else None,
                          use_cache=past_key_values is not None, output_hidden_states=output_hidden_states,
