@@ -503,13 +503,13 @@ def conv_not_causal(mp):
     """DFlash 2's convolution reads x_{t+j} instead of x_{t−j} (the block's later positions)."""
     convolve = dynamic_conv_module.convolve
     mp.setattr(dynamic_conv_module, "convolve",
-               lambda x, taps, base, group: convolve(x.flip(1), taps.flip(1), base, group).flip(1))
+               lambda x, taps, base, group, blocks=1: convolve(x.flip(1), taps.flip(1), base, group).flip(1))
     return ReferenceAdapter()
 
 
 def conv_taps_from_the_output(mp):
     """`finish` computes its dynamic taps from the sublayer's output, not from the sublayer's input."""
-    def finish(self, out, taps):
+    def finish(self, out, taps, blocks=1):
         fresh = einops.rearrange(self.kernel_projection(out), "b l (h k g) -> b l h k g", h=2, k=self.kernel_size)
         return self.hook_finished(dynamic_conv_module.convolve(out, fresh[:, :, 1], self.base_kernel[1],
                                                                self.group_size))
@@ -562,12 +562,12 @@ def conv_not_restarted(mp):
         return convolve
     into, out = carried(), carried()
 
-    def prepare(self, x):
+    def prepare(self, x, blocks=1):
         taps = self.hook_taps(einops.rearrange(self.kernel_projection(x), "b l (h k g) -> b l h k g", h=2,
                                                k=self.kernel_size))                      # (B, L, 2, K, G)
         return self.hook_prepared(into(self, x, taps[:, :, 0], self.base_kernel[0])), taps[:, :, 1]
 
-    def finish(self, o, taps):
+    def finish(self, o, taps, blocks=1):
         return self.hook_finished(out(self, o, taps, self.base_kernel[1]))
     mp.setattr(dynamic_conv_module.GroupedDynamicCausalConv, "prepare", prepare)
     mp.setattr(dynamic_conv_module.GroupedDynamicCausalConv, "finish", finish)
