@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="2: a DFlash 2 draft shaped like z-lab/Qwen3.8-27B-DFlash2, on a target of "
                             "Qwen3.8-27B's widths (shapes assumed: bench/smoke.py says which)")
     bench = sub.add_parser("bench", help="side-by-side benchmarks, reported as ratios")
-    bench.add_argument("names", nargs="*", help="official tracing blocks ceiling memory trained (default: all)")
+    bench.add_argument("names", nargs="*", help="baselines steps dflash2 official tracing blocks ceiling memory trained (default: all)")
     bench.add_argument("--repeats", type=int, default=7)
     bench.add_argument("--out", default="figures/bench")
     bench.add_argument("--draft", help="bench trained: this official-format SmolLM2 draft folder instead of the "

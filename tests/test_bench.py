@@ -59,7 +59,9 @@ def test_run_writes_tables_with_the_machine_they_ran_on(tmp_path, monkeypatch):
     assert report["one"]["tables"] == {"first": [{"a": 1.23456}]} and report["two"]["repeats"] == 3
     text = (tmp_path / "bench.md").read_text()
     assert "### first" in text and "| 1.235 |" in text and "### second" in text
-    assert len(re.findall(r"Python [\d.]+, \d{4}-\d\d-\d\d, probe [\d.]+ ms \(\d+ GB/s: 49152×576 fp32 by 2 columns\);", text)) == 2
+    assert len(re.findall(r"Python [\d.]+, \d{4}-\d\d-\d\d, linear plan (measured|linear|rows-first), "
+                          r"probe [\d.]+ ms \(\d+ GB/s: 49152×576 fp32 by 2 columns\);", text)) == 2
+    assert text.count(bench.cpu_model()) == 2 and bench.cpu_model()
 
 
 def test_run_hands_a_draft_folder_to_trained_alone(tmp_path, monkeypatch):
@@ -107,3 +109,54 @@ def test_bench_trained_names_a_missing_draft_folder(tmp_path):
     from dflash_ref.__main__ import main
     with pytest.raises(SystemExit, match=re.escape(f"--draft: no folder {tmp_path / 'nope'}")):
         main(["bench", "trained", "--draft", str(tmp_path / "nope"), "--out", str(tmp_path / "out")])
+
+
+def test_the_benchmarks_against_transformers_are_registered():
+    assert {"baselines", "steps", "dflash2"} <= set(bench.BENCHES)
+
+
+def tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
+                                      max_position_embeddings=128)
+    torch.manual_seed(0)
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def test_the_transformers_twin_is_the_model_as_made_on_the_same_tensors():
+    """The baseline: plain nn.Linear layers (HFTarget switched the original's) on the original's very
+    weights (tying kept, nothing copied), the same logits; transformers' generate on it gives the
+    tokens dflash_ref's AR gives, stopping after a stop token as AR does."""
+    from dflash_ref import generate
+    from dflash_ref.bench.baselines import transformers_twin
+    from dflash_ref.bench.steps import weight_bytes
+    from dflash_ref.extensions.linear import RowsFirstLinear
+    from dflash_ref.target import HFTarget
+    model = tiny_llama()
+    target = HFTarget(model)
+    twin = transformers_twin(model)
+    assert not any(type(m) is RowsFirstLinear for m in twin.modules())
+    assert all(a.data_ptr() == b.data_ptr() for a, b in zip(model.parameters(), twin.parameters()))
+    assert twin.lm_head.weight is twin.model.embed_tokens.weight
+    assert all(not b.is_meta for b in twin.buffers())
+    per_layer = 2 * 32 * 32 + 2 * 16 * 32 + 3 * 64 * 32            # q o, k v (2 KV heads of 8), gate up down
+    assert weight_bytes(model) == weight_bytes(twin) == 4 * (2 * per_layer + 64 * 32)   # the tied head once
+    ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        torch.testing.assert_close(twin(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+        ours = generate(target, ids, 20).output_ids
+        stop = int(ours[0, 6 + 5])
+        theirs = twin.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
+                               eos_token_id=[stop], pad_token_id=stop)
+    assert torch.equal(theirs, generate(target, ids, 20, [stop]).output_ids)
+
+
+def test_the_official_timer_is_perf_counter_inside_and_restored_after():
+    official = pytest.importorskip("dflash.model")
+    import time
+    from dflash_ref.bench.baselines import official_timer
+    original = official._cuda_time
+    with official_timer() as module:
+        assert module is official and official._cuda_time is time.perf_counter
+    assert official._cuda_time is original

@@ -1,8 +1,6 @@
 """Any transformers causal LM as the target: the adapter must give exactly what the own target gives."""
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 from conftest import make_pair, official_twins
@@ -93,79 +91,7 @@ def test_a_device_or_dtype_that_cannot_run_is_refused():
     assert load_draft(SHIPPED_DRAFT, device="cpu:0").fc.weight.device == torch.device("cpu")
 
 
-@pytest.mark.parametrize("shape", [(1, 7, 16), (3, 2, 16), (5, 16), (16,), (1, 1, 16), (1, 65, 16)])
-def test_the_rows_first_product_is_f_linear_to_float_rounding(shape):
-    """extensions/linear.py computes x·Wᵀ as (W·xᵀ)ᵀ for 1 … 64 rows (one row as two columns): the same
-    numbers as F.linear up to rounding, contiguous, for any leading shape, with and without a bias;
-    target.output_head (the draft's proposals) is the lm_head."""
-    from dflash_ref.extensions.linear import linear_product
-    g = torch.Generator().manual_seed(0)
-    x, weight, bias = torch.randn(shape, generator=g), torch.randn(40, 16, generator=g), torch.randn(40, generator=g)
-    out = linear_product(x, weight)
-    assert out.shape == (*shape[:-1], 40) and out.is_contiguous()
-    torch.testing.assert_close(out, torch.nn.functional.linear(x, weight), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(linear_product(x, weight, bias), torch.nn.functional.linear(x, weight, bias),
-                               rtol=1e-5, atol=1e-5)
-    target, _ = make_pair(0)
-    h = torch.randn(1, 4, target.config.hidden_size, generator=g)
-    torch.testing.assert_close(target.output_head(h), target.lm_head(h), rtol=1e-5, atol=1e-5)
-
-
-@pytest.mark.parametrize("d_in, pieces", [(1536, 2), (1537, 3), (769, 2), (768, 0)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 6, 7])
-def test_a_rows_first_linear_slices_a_wide_input_for_3_to_6_rows(d_in, pieces, rows):
-    """RowsFirstLinear cuts W's d_in columns into ⌈d_in / 768⌉ contiguous slices for 3 … 6 rows (a
-    faster MKL product on few columns): F.linear's numbers to rounding, with a bias too; other row
-    counts never read them, and d_in ≤ 768 has none; they are remade after the weight changes in
-    place or is loaded anew; and grad mode keeps the plain path, so gradients reach W, and x through a
-    frozen W whose slices inference mode made."""
-    from dflash_ref.extensions.linear import RowsFirstLinear, use_rows_first
-    g = torch.Generator().manual_seed(rows)
-    layer = torch.nn.Linear(d_in, 24)
-    use_rows_first(layer)
-    assert type(layer) is RowsFirstLinear
-    x = torch.randn(1, rows, d_in, generator=g)
-    with torch.no_grad():
-        out = layer(x)
-        torch.testing.assert_close(out, torch.nn.functional.linear(x, layer.weight, layer.bias), rtol=1e-5, atol=1e-5)
-        sliced = layer.slices()
-        assert len(sliced or ()) == pieces
-        if sliced:
-            assert sum(p.shape[1] for p in sliced) == d_in and all(p.is_contiguous() for p in sliced)
-            layer._slices_of_weight = [torch.zeros_like(p) for p in sliced]   # read by 3 … 6 rows only
-            torch.testing.assert_close(layer(x), layer.bias.expand(1, rows, 24) if rows in (3, 4, 6) else out)
-            layer.forget_slices()
-            assert torch.equal(torch.cat(layer.slices(), dim=1), layer.weight)   # made again, from W
-            layer.weight.mul_(2)                                        # in place: the slices follow
-            torch.testing.assert_close(layer(x), 2 * out - layer.bias, rtol=1e-5, atol=1e-4)
-            layer.load_state_dict({"weight": torch.zeros(24, d_in), "bias": torch.ones(24)})
-            assert torch.equal(layer(x), torch.ones(1, rows, 24))
-            layer.weight = torch.nn.Parameter(torch.full((24, d_in), 0.5))   # replaced: the slices follow
-            torch.testing.assert_close(layer(x), (x.sum(-1, keepdim=True) / 2 + 1).expand(1, rows, 24),
-                                       rtol=1e-5, atol=1e-4)
-            copied = copy.deepcopy(layer)                               # a copy's weight counts versions anew:
-            assert "_slices_of_weight" not in copied.__dict__           # it makes its own slices
-            copied.weight.mul_(3)
-            torch.testing.assert_close(copied(x), (3 * x.sum(-1, keepdim=True) / 2 + 1).expand(1, rows, 24),
-                                       rtol=1e-5, atol=1e-4)
-    with torch.inference_mode():
-        layer.forget_slices()
-        layer.slices()                                                  # slices made in inference mode, then
-        made_there = torch.nn.Linear(d_in, 24)                          # a weight made there: no version count,
-        use_rows_first(made_there)                                      # so no slices
-        assert made_there.slices() is None and made_there(x).shape == (1, rows, 24)
-    layer.weight.requires_grad_(False)                                  # a frozen W, x's gradient wanted:
-    x.requires_grad_(True)                                              # grad mode takes the plain path
-    layer(x).sum().backward()
-    torch.testing.assert_close(x.grad, layer.weight.sum(0).expand_as(x), rtol=1e-5, atol=1e-5)
-    assert layer.slices() is None
-    layer.weight.requires_grad_(True)
-    x = x.detach()
-    (layer(x) ** 2).sum().backward()
-    reference = torch.nn.Linear(d_in, 24)
-    reference.load_state_dict(layer.state_dict())
-    (reference(x) ** 2).sum().backward()
-    torch.testing.assert_close(layer.weight.grad, reference.weight.grad, rtol=1e-4, atol=1e-4)
+# the CPU linear's own tests (kernels, plans, copies): tests/test_linear.py
 
 
 def test_an_hf_target_switches_its_plain_linear_layers_to_the_rows_first_product():

@@ -5,6 +5,12 @@ as median, spread (min–max) and the ratio of its median to the baseline's: abs
 shared machine drift, ratios measured together much less. Nothing here is asserted (tests check
 correctness, benchmarks report). Each benchmark writes a markdown table and JSON, some a plot:
 
+    baselines  transformers' own generate (the headline's baseline) vs dflash_ref's AR (F.linear and the
+               measured linear plan) vs the official `dflash_generate` vs dflash_ref's spec_generate,
+               shipped draft, every output token-identical to AR
+    steps      one AR step and one verify of q = 2 … 16 tokens by linear plan, beside transformers'
+               forward and the bandwidth bound; a draft pass with its proposals' lm_head
+    dflash2    one DFlash 2 draft pass (convolution + selector) vs DFlash 1 at blocks 4 and 16
     official   the reference loop vs the official `dflash_generate`, same weights, same proposals
     tracing    hook points with nothing attached vs no hook support at all vs full draft tracing
     blocks     one draft pass vs block size 2..32, beside an autoregressive drafter (γ passes)
@@ -25,11 +31,13 @@ from typing import Callable
 
 import torch
 
-from ..bench import suite, trained
+from ..bench import baselines, steps, suite, trained
 from ..bench.timing import measure, summarise  # noqa: F401  (the harness, re-exported)
+from ..extensions.linear_plan import linear_mode
 from .folders import make_folder
 
 BENCHES: dict[str, Callable] = {
+    "baselines": baselines.bench_baselines, "steps": steps.bench_steps, "dflash2": baselines.bench_dflash2,
     "official": suite.bench_official, "tracing": suite.bench_tracing,
     "blocks": suite.bench_blocks, "ceiling": suite.bench_ceiling, "memory": suite.bench_memory,
     "trained": trained.bench_trained,
@@ -51,10 +59,29 @@ def machine_speed(repeats: int = 15) -> str:
     """One fixed product timed on this machine, so that tables run on different machines can be told
     apart: the ratios depend on it (a machine that streams weights slower makes the target's step
     dearer and a verify of a few tokens relatively cheaper). SmolLM2's lm_head shape, fp32, two
-    columns (extensions/linear.py's way for one row): (49152, 576) · (576, 2), 113 MB of weights read."""
+    columns (extensions/linear_plan.py's duplicated-row kernel): (49152, 576) · (576, 2), 113 MB of weights read."""
     weight, x = torch.randn(49152, 576), torch.randn(576, 2)
     median = statistics.median(measure({"probe": lambda: weight @ x}, repeats)["probe"])   # (49152, 2)
     return f"probe {median * 1e3:.1f} ms ({weight.numel() * 4 / median / 1e9:.0f} GB/s: 49152×576 fp32 by 2 columns)"
+
+
+def cpu_model() -> str:
+    """The CPU's model name as lscpu gives it (/proc/cpuinfo's `model name`), else platform's guess."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> str:
+    """What a table's footer says of the machine: CPU, threads, torch, Python, date, the linear plan's
+    mode (extensions/linear_plan.py) and the probe's speed."""
+    return (f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, "
+            f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, "
+            f"linear plan {linear_mode()}, {machine_speed()}")
 
 
 def check_draft_option(names: list[str], draft: str | Path | None) -> None:
@@ -98,16 +125,14 @@ def run(names: list[str], repeats: int, out: str | Path, say=print, draft: str |
     measures instead of the shipped draft (the others take none)."""
     report = check_options(names, repeats, out, draft)
     out = Path(out)
-    machine = (f"{platform.machine()} {platform.processor() or ''}, {torch.get_num_threads()} torch threads, "
-               f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, "
-               f"{machine_speed()}")
+    where = machine()
     saved = out / "bench.json"
     for name in names:
         say(f"== bench {name} ==")
         t0 = time.perf_counter()
         options = {"draft": draft} if name == "trained" and draft is not None else {}
         tables = BENCHES[name](repeats, out=out, progress=lambda s, n=name: say(f"   {n}: {s}"), **options)
-        report["results"][name] = {"machine": machine, "repeats": repeats, "tables": tables}
+        report["results"][name] = {"machine": where, "repeats": repeats, "tables": tables}
         for title, rows in tables.items():
             say(markdown(rows, title))
         say(f"   ({time.perf_counter() - t0:.0f} s)")

@@ -42,8 +42,9 @@ class HFCache:
 class HFTarget(nn.Module):
     """`rows_first` (default on) switches the model's plain nn.Linear layers, lm_head included, to
     extensions/linear.py's RowsFirstLinear in place: the same weights, the same product up to float
-    rounding, computed the faster way on a CPU for the 1 … 64 rows of decoding (AR's one token and a
-    verify block alike). The model's own forward is otherwise untouched."""
+    rounding, computed on a CPU for the 1 … 64 rows of decoding (AR's one token and a verify block
+    alike) by the kernel measured fastest on the machine at hand (extensions/linear_plan.py; F.linear
+    unless another is clearly faster). The model's own forward is otherwise untouched."""
 
     def __init__(self, model: nn.Module, rows_first: bool = True) -> None:
         super().__init__()

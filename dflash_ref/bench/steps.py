@@ -1,0 +1,113 @@
+"""`python -m dflash_ref bench steps` (harness and reporting: cli/bench.py): what one decoding step
+costs on this machine, by linear plan (extensions/linear_plan.py), SmolLM2-135M fp32, 128 positions
+cached:
+
+    t_q       one target forward of q new tokens: q = 1 is an AR step, q = b a verify of a block of b
+    bound     the bytes of the weights one forward reads / the stream bandwidth (the probe's):
+              no forward of few tokens can take less; t_1 / bound says how near an AR step is
+    t_draft   one draft pass of a block of b and its b − 1 proposals through the lm_head
+
+The transformers column is the model as transformers makes it (nn.Linear) on the same weights;
+`verify / AR step` is t_b / t_1 under the measured plan, the number that decides what a block costs.
+"""
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+
+import torch
+
+from ..drafts.folder import open_draft
+from ..drafts.random_draft import random_smollm2_draft
+from ..extensions.draft_vocab import DraftVocabHead
+from ..extensions.linear_plan import linear_mode_as, plans
+from ..target.smollm2 import load_smollm2
+from .baselines import transformers_twin
+from .suite import _draft_pass
+from .timing import measure
+
+QS, CACHED, PLANS = (1, 2, 3, 4, 8, 16), 128, ("linear", "rows-first", "measured")
+
+
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the nn.Linear weights one forward reads (a tied lm_head once: it is one tensor)."""
+    weights = {id(m.weight): m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    return sum(w.numel() * w.element_size() for w in weights.values())
+
+
+def stream_bandwidth(repeats: int = 9) -> float:
+    """Bytes per second this machine reads an fp32 weight at: W.sum() of a (49152, 576) matrix (113 MB,
+    larger than the caches), the fastest of `repeats`; a product cannot read W faster. (The probe in
+    the tables' footers, W by 2 contiguous columns, is a product, slower here than this read.)"""
+    weight = torch.randn(49152, 576)
+    seconds = min(measure({"read": weight.sum}, repeats)["read"])
+    return weight.numel() * 4 / seconds
+
+
+def bench_steps(repeats: int, out: Path, progress) -> dict:
+    """t_q by plan and transformers' own forward; t_draft of a random 3-layer draft (proposals over
+    all V) and of the shipped 2-layer one (over its vocabulary); the plans measured meanwhile."""
+    target, _ = load_smollm2()
+    twin = transformers_twin(target.model)
+    g = torch.Generator().manual_seed(0)
+    vocab = target.config.vocab_size
+    cache = target.make_cache()
+    with torch.inference_mode():
+        target(torch.randint(0, vocab, (1, CACHED), generator=g), past_key_values=cache, output_hidden_states=False)
+    blocks = {q: torch.randint(0, vocab, (1, q), generator=g) for q in QS}
+
+    def forward(q, plan):
+        with torch.inference_mode():
+            if plan == "transformers":
+                twin(blocks[q], past_key_values=cache.cache, use_cache=True)
+            else:
+                with linear_mode_as(plan):
+                    target(blocks[q], past_key_values=cache, output_hidden_states=q > 1)
+            cache.crop(CACHED)
+
+    variants = {(q, plan): (lambda q=q, plan=plan: forward(q, plan)) for q in QS for plan in ("transformers", *PLANS)}
+    t = {k: statistics.median(v) for k, v in measure(variants, repeats, progress=progress).items()}
+    bound = weight_bytes(target.model) / stream_bandwidth()
+    steps = [{"tokens q": q, **{f"{plan} (ms)": 1e3 * t[q, plan] for plan in ("transformers", *PLANS)},
+              "measured / transformers' AR step": t[q, "measured"] / t[1, "transformers"],
+              "verify / AR step (measured)": t[q, "measured"] / t[1, "measured"],
+              "measured / bandwidth bound": t[q, "measured"] / bound, "bound (ms)": 1e3 * bound} for q in QS]
+    return {f"steps · SmolLM2-135M fp32, one forward of q tokens after {CACHED} cached, by linear plan": steps,
+            "draft passes with their proposals (measured plan)":
+                _draft_rows(target, t[1, "measured"], repeats, progress),
+            "the linear plan measured (µs per product, weights cold)": plans()}
+
+
+def _draft_rows(target, t_step: float, repeats: int, progress) -> list[dict]:
+    """t_draft at b = 2, 3, 4, 8, 16: a pass (4 new context positions, 256 cached) and its γ = b − 1
+    proposals' lm_head, for a random 3-layer draft over all V and the shipped draft over its vocabulary."""
+    shipped, _ = open_draft(None)
+    drafts = {"random 3-layer, all V": (random_smollm2_draft(target, 3, 16), target.output_head),
+              "shipped 2-layer, its vocabulary": (shipped, DraftVocabHead(target, shipped.draft_vocab))}
+    d, context = target.config.hidden_size, 256
+    caches = {name: dr.make_cache() for name, (dr, _) in drafts.items()}
+    with torch.inference_mode():
+        for name, (dr, _) in drafts.items():
+            _draft_pass(dr, d, context, 1, caches[name], context)
+            caches[name].crop(context)
+    rows = []
+    for b in (2, 3, 4, 8, 16):
+        hidden = torch.randn(1, b - 1, d)                                    # (1, γ, d)
+        variants = {}
+        for name, (dr, head) in drafts.items():
+            def draft_pass(dr=dr, cache=caches[name], b=b):
+                with torch.inference_mode():
+                    _draft_pass(dr, d, 4, b, cache, context + 4)
+                    cache.crop(context)
+
+            def logits(head=head):
+                with torch.inference_mode():
+                    head(hidden)
+            variants[name, "pass"], variants[name, "head"] = draft_pass, logits
+        t = {k: statistics.median(v) for k, v in measure(variants, repeats, progress=progress).items()}
+        row = {"block size b": b}
+        for name in drafts:
+            row.update({f"{name}: pass (ms)": 1e3 * t[name, "pass"], f"{name}: lm_head (ms)": 1e3 * t[name, "head"],
+                        f"{name}: t_draft / AR step": (t[name, "pass"] + t[name, "head"]) / t_step})
+        rows.append(row)
+    return rows
