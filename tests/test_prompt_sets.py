@@ -30,7 +30,8 @@ def test_any_first_n_varied_prompts_spread_over_the_styles_and_topics(n):
     first = varied.varied_prompts()[:n]
     counts = Counter(varied.style_of(p) for p in first)
     assert len(counts) == min(n, len(varied.STYLES))
-    assert max(counts.values()) - min(counts.values()) <= 1 and max(counts.values()) == math.ceil(n / len(varied.STYLES))
+    assert max(counts.values()) - min(counts.values()) <= 1
+    assert max(counts.values()) == math.ceil(n / len(varied.STYLES))
     topics = TOPICS[:-HELD_OUT_TOPICS]
     named = {t for p in first for t in topics if f" {t}" in p or p.startswith(t)}
     assert len(named) >= min(n, len(topics)) * 0.9                 # nearly as many topics as prompts, up to all

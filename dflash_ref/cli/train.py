@@ -198,7 +198,9 @@ def _curves(losses, by_position, by_position_styles=None):
     a.set_xlabel("step")
     a.set_ylabel("weighted CE (50-step mean)")
     a.set_yscale("log")
-    sets = [("held-out topics", by_position)] + ([("held-out styles", by_position_styles)] if by_position_styles else [])
+    sets = [("held-out topics", by_position)]
+    if by_position_styles:
+        sets.append(("held-out styles", by_position_styles))
     width = 0.8 / len(sets)
     for i, (label, fractions_k) in enumerate(sets):
         b.bar([k + 1 + (i - (len(sets) - 1) / 2) * width for k in range(len(fractions_k))],

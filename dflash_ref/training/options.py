@@ -23,15 +23,17 @@ from .prompt_file import PROMPT_SETS, file_counts
 
 CONFIG_NAME = "train_config.json"
 
-DEFAULTS = {"version": 1, **dict.fromkeys(DFLASH2_DEFAULTS), "layers": 2, "block_size": 4, "gamma": None, "steps": 4400, "lr": 3e-3, "batch": 8, "anchors": 32,
-            "full_vocab": False, "negatives": 4096, "prompt_set": "templates", "prompts": 1860, "max_new_tokens": 192, "distill_batch": 48,
-            "distill_dtype": "bf16", "train_dtype": "bf16", "init": "random", "save_every": 500,
-            "eval_prompts": 12, "eval_styles": 12, "eval_tokens": 128, "figures": "figures/training", "seed": 0, "target": "smollm2",
+DEFAULTS = {"version": 1, **dict.fromkeys(DFLASH2_DEFAULTS), "layers": 2, "block_size": 4, "gamma": None,
+            "steps": 4400, "lr": 3e-3, "batch": 8, "anchors": 32, "full_vocab": False, "negatives": 4096,
+            "prompt_set": "templates", "prompts": 1860, "max_new_tokens": 192, "distill_batch": 48,
+            "distill_dtype": "bf16", "train_dtype": "bf16", "init": "random", "save_every": 500, "eval_prompts": 12,
+            "eval_styles": 12, "eval_tokens": 128, "figures": "figures/training", "seed": 0, "target": "smollm2",
             "prompts_file": None, "heldout_file": None}
 FILES = ("prompts_file", "heldout_file")        # None: the prompts written in prompts.py
 PATHS = ("target", *FILES)                      # kept as absolute paths (but the target "smollm2")
 NULLABLE = tuple(DFLASH2_DEFAULTS)               # None: a DFlash 1 run's, or the DFlash 2 default
-CHOICES = {"version": VERSIONS, "prompt_set": tuple(PROMPT_SETS), "distill_dtype": ("bf16", "fp32"), "train_dtype": ("bf16", "fp32"), "init": ("random", "target")}
+CHOICES = {"version": VERSIONS, "prompt_set": tuple(PROMPT_SETS), "distill_dtype": ("bf16", "fp32"),
+           "train_dtype": ("bf16", "fp32"), "init": ("random", "target")}
 # how long the run goes on, how often it saves, how it is evaluated and where its plot goes
 RESUME_MAY_CHANGE = frozenset({"steps", "save_every", "eval_prompts", "eval_styles", "eval_tokens", "figures",
                                "heldout_file"})

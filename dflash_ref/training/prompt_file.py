@@ -91,7 +91,7 @@ def training_prompts(options: dict) -> list[str]:
     """All the training prompts a run may take from (the first options["prompts"] are used)."""
     if options["prompts_file"]:
         return read_prompts(options["prompts_file"], "--prompts-file")
-    return split_prompts(PROMPT_SETS[options.get("prompt_set", "templates")])
+    return split_prompts(PROMPT_SETS[options["prompt_set"]])
 
 
 def heldout_prompts(options: dict) -> list[str]:
@@ -101,7 +101,7 @@ def heldout_prompts(options: dict) -> list[str]:
 
 def style_prompts(options: dict) -> list[str]:
     """The hand-written held-out prompts a run evaluates on beside the others (the first options["eval_styles"])."""
-    return heldout_styles()[:options.get("eval_styles", 0)]
+    return heldout_styles()[:options["eval_styles"]]
 
 
 def file_counts(options: dict, requested: dict, resumed: bool, default_eval_prompts: int) -> dict:
