@@ -1,5 +1,6 @@
 """A second held-out set, written by hand: prompts in styles that no training prompt written here uses
-(neither prompts.TEMPLATES nor varied_prompts.STYLES), on topics none of them names. It asks what a
+(neither prompts.TEMPLATES nor varied_prompts.STYLES), each on a topic that is none of prompts.TOPICS
+(an everyday word of TOPICS, "milk" or "time", may still occur in its text). It asks what a
 draft learnt beyond the shapes of answer it was trained on; the template held-out set (prompts.py) asks
 only about unseen topics. `train` evaluates the first --eval-styles of them beside its held-out prompts
 (eval.json's "heldout_styles"), `evaluate --sets heldout-styles:0:48` any slice.
@@ -10,7 +11,7 @@ so any first n spread over the styles. No torch here.
 """
 from __future__ import annotations
 
-WRITTEN = {   # style: [(topic, prompt), …]; the topics are in no training prompt's TOPICS
+WRITTEN = {   # style: [(topic, prompt), …]; no topic is one of prompts.TOPICS
     "grammar fix": [
         ("a lost umbrella", "Fix the grammar and spelling: \"me and him goes to the shop yesterday but we forgets "
                             "the umbrela at the counter\""),
