@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .training.options import add_train_arguments
+from .training.arguments import add_train_arguments
 
 
 def _generate_arguments(p: argparse.ArgumentParser) -> None:
@@ -60,13 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--draft", help="an official-format draft folder (default: the shipped SmolLM2 draft; "
                                           "needed with --target DIR)")
     evaluate.add_argument("--sets", nargs="+", default=["heldout:0:12"], metavar="SPLIT:START:COUNT",
-                          help="prompt sets, split train or heldout (default: heldout:0:12, the training "
-                               "run's held-out evaluation)")
+                          help="prompt sets, split train, heldout, varied or heldout-styles, or a prompts file "
+                               "(default: heldout:0:12, the training run's held-out evaluation)")
     evaluate.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt")
     evaluate.add_argument("--block-size", type=int, help="verify blocks of this size (default: the draft's)")
     evaluate.add_argument("--out", help="write the results here as JSON")
     evaluate.add_argument("--by-template", action="store_true",
-                          help="also report each set split by the prompts' template (training/prompts.TEMPLATES)")
+                          help="also report each set split by the prompts' template or style (training/prompt_sets.py)")
     evaluate.add_argument("--teacher-forced", action="store_true",
                           help="measure at every position of the target's own greedy responses instead of decoding, "
                                "split by the target's confidence (training/teacher_forced.py)")

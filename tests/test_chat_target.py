@@ -85,7 +85,8 @@ def folder_target(tmp_path_factory) -> Path:
 
 
 TRAIN = ["--layers", "1", "--prompts", "6", "--max-new-tokens", "24", "--steps", "4", "--batch", "2",
-         "--anchors", "4", "--save-every", "2", "--eval-prompts", "2", "--eval-tokens", "16", "--distill-batch", "3"]
+         "--anchors", "4", "--save-every", "2", "--eval-styles", "1", "--eval-prompts", "2", "--eval-tokens", "16",
+         "--distill-batch", "3"]
 
 
 @needs_smollm2
@@ -104,6 +105,7 @@ def test_train_and_evaluate_a_draft_for_a_folder_target(folder_target, tmp_path,
     assert config["num_target_layers"] == 4 and config["hidden_size"] == 32
     assert config["dflash_config"]["mask_token_id"] == 49151        # SmolLM2's tokenizer fills the vocabulary
     assert (out / "eval.json").is_file() and (out / "fig" / "training.png").is_file()
+    assert len(json.loads((out / "eval.json").read_text())["heldout_styles"]["prompts"]) == 1   # beside them
     # the draft it made decodes the folder's target losslessly
     chat = open_chat_target(str(folder_target))
     assert chat.stop_token_ids == [2]

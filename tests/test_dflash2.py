@@ -348,6 +348,26 @@ def test_a_tiny_dflash2_training_run_lowers_both_losses_and_trains_every_weight(
     assert unchanged == [], unchanged            # the codebooks, P, both convolutions' taps included
 
 
+def test_identity_convolutions_make_each_layer_its_dflash1_layer_and_init_from_target_leaves_them():
+    """`train`'s start for a DFlash 2 draft (drafts/random_draft.identity_convolutions_): with w_0 = 1 and
+    every other tap 0, the draft's hidden states are those of the DFlash 1 draft with the same weights;
+    `--init target` copies the layers around the convolutions, which have no target counterpart."""
+    from dflash_ref.drafts.from_target import init_from_target
+    from dflash_ref.drafts.random_draft import identity_convolutions_
+    target, two = make_pair(3, draft_overrides=dflash2(kernel=3, group=4))
+    _, one = make_pair(3)
+    identity_convolutions_(two)
+    shared = {k: v for k, v in two.state_dict().items() if k in one.state_dict()}
+    assert set(one.state_dict()) <= set(shared)
+    one.load_state_dict(shared)
+    inputs = dict(noise_embedding=torch.randn(1, 4, 32), target_hidden=torch.randn(1, 3, 64))
+    with torch.no_grad():
+        assert torch.allclose(two(torch.arange(7)[None], **inputs), one(torch.arange(7)[None], **inputs), atol=1e-6)
+        init_from_target(two, target)
+    assert torch.equal(two.layers[0].mlp_conv.base_kernel[:, 0], torch.ones(2, 32))
+    assert not two.layers[0].attention_conv.kernel_projection.weight.any()
+
+
 def test_the_candidate_lattice_figure(tmp_path):
     from dflash_ref.plots import plot_candidate_lattice, save_figure
     from dflash_ref.trace import tracing

@@ -11,8 +11,8 @@ import pytest
 from dflash_ref.training import distill
 from dflash_ref.training import prompts as written
 from dflash_ref.__main__ import main
-from dflash_ref.training.options import (CONFIG_NAME, DEFAULTS, TrainOptionError, add_train_arguments,
-                                         read_config_file, resolve, save)
+from dflash_ref.training.arguments import add_train_arguments
+from dflash_ref.training.options import CONFIG_NAME, DEFAULTS, TrainOptionError, read_config_file, resolve, save
 
 SHIPPED = Path(__file__).resolve().parents[1] / "dflash_ref" / "drafts" / "smollm2"
 
@@ -57,6 +57,9 @@ def test_a_saved_config_is_a_config_file(tmp_path):
     ({"lr": True}, "lr must be a number"),
     ({"init": "zeros"}, "init must be one of ['random', 'target']"),
     ({"gamma": "4"}, "gamma must be a number or null"),
+    ({"version": 3}, "version must be one of [1, 2], got 3"),
+    ({"selector_rank": "32"}, "selector_rank must be a whole number or null, got '32'"),
+    ({"prompt_set": "all"}, "prompt_set must be one of ['templates', 'varied']"),
     ('{"block-size": 8, "block_size": 16}', "an option given more than once: ['block-size', 'block_size']"),
     ('{"steps": 1, "steps": 2}', "an option given more than once: ['steps']"),
     ([4, 2], "must hold a JSON object of options, not a list"),
@@ -95,6 +98,48 @@ def test_resume_checks_the_config_file_too(tmp_path):
     config = write(tmp_path / "c.json", {"block_size": 8})
     with pytest.raises(TrainOptionError, match=r"--block-size \(the run has 4, asked 8\)"):
         resolve(parse("--out", str(out), "--resume", "--config", str(config)))
+
+
+def test_a_dflash2_run_saves_its_sizes_and_resumes_only_with_them(tmp_path):
+    """--version 2 fills the sizes not given with DFLASH2_DEFAULTS, so train_config.json holds every one;
+    a DFlash 1 run keeps them null, and a resume may change none of them."""
+    from dflash_ref.training.dflash2_options import DFLASH2_DEFAULTS
+    options = resolve(parse("--out", str(tmp_path / "run"), "--version", "2", "--selector-top-k", "12"))
+    assert options == {**DEFAULTS, **DFLASH2_DEFAULTS, "version": 2, "selector_top_k": 12}
+    assert all(DEFAULTS[k] is None for k in DFLASH2_DEFAULTS) and DEFAULTS["version"] == 1
+    out = started_run(tmp_path / "run", **{k: options[k] for k in ("version", *DFLASH2_DEFAULTS)})
+    assert read_config_file(out / CONFIG_NAME)["selector_top_k"] == 12
+    assert resolve(parse("--out", str(out), "--resume"))["selector_top_k"] == 12
+    for argv, message in ((["--selector-top-k", "8"], "--selector-top-k (the run has 12, asked 8)"),
+                          (["--version", "1"], "--version (the run has 2, asked 1)"),
+                          (["--conv-group-size", "64"], "--conv-group-size (the run has 16, asked 64)")):
+        with pytest.raises(TrainOptionError) as e:
+            resolve(parse("--out", str(out), "--resume", *argv))
+        assert message in str(e.value)
+    ran = resolve(parse("--out", str(out), "--resume", "--eval-styles", "48", "--steps", "20"))   # may change
+    assert ran["eval_styles"] == 48
+
+
+def test_the_prompt_set_is_held_on_resume_and_refused_beside_a_prompts_file(tmp_path, capsys):
+    out = started_run(tmp_path / "run", prompt_set="varied")
+    with pytest.raises(TrainOptionError, match=r"--prompt-set \(the run has 'varied', asked 'templates'\)"):
+        resolve(parse("--out", str(out), "--resume", "--prompt-set", "templates"))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text("Hello?\n")
+    with pytest.raises(SystemExit) as e:
+        main(["train", "--out", str(tmp_path / "new"), "--prompt-set", "varied", "--prompts-file", str(prompts)])
+    assert e.value.code == 2 and "--prompt-set varied chooses among the prompts written here" in capsys.readouterr().err
+
+
+def test_a_target_folders_widths_are_read_from_its_config_without_loading_it(tmp_path):
+    from dflash_ref.training.dflash2_options import target_widths
+    assert target_widths("smollm2") == (576, 49152)
+    write(tmp_path / "config.json", {"hidden_size": 64, "vocab_size": 100})
+    assert target_widths(str(tmp_path)) == (64, 100)
+    write(tmp_path / "config.json", {"text_config": {"hidden_size": 32, "vocab_size": 50}, "hidden_size": 8})
+    assert target_widths(str(tmp_path)) == (32, 50)
+    write(tmp_path / "config.json", {"hidden_size": "64"})
+    assert target_widths(str(tmp_path)) is None and target_widths(str(tmp_path / "none")) is None
 
 
 def test_the_command_line_undoes_a_config_files_switch(tmp_path):
@@ -167,6 +212,19 @@ def test_nothing_to_resume_and_a_run_in_the_way_are_refused(tmp_path):
     (["--max-new-tokens", "4"], "leaves no response long enough to train on with blocks of 4"),
     (["--block-size", "8", "--max-new-tokens", "8"], "at least block size + 1 = 9 tokens"),
     (["--config", "/no/such/config.json"], "--config: no file /no/such/config.json"),
+    (["--conv-kernel-size", "3"], "--conv-kernel-size: DFlash 2 sizes, for a --version 2 draft (this run is "
+                                  "--version 1)"),
+    (["--version", "2", "--conv-group-size", "7"], "--conv-group-size 7 does not divide the target's hidden size 576; "
+                                                   "one of [1, 2, 3, 4, 6, 8, 9, 12, 16, 18,"),
+    (["--version", "2", "--selector-rank", "0"], "--selector-rank must be at least 1, got 0"),
+    (["--version", "2", "--conv-kernel-size", "0"], "--conv-kernel-size must be at least 1, got 0"),
+    (["--version", "2", "--selector-top-k", "49153"], "--selector-top-k 49153 exceeds the target's vocabulary of "
+                                                      "49152"),
+    (["--version", "3"], "argument --version: invalid choice: 3"),
+    (["--prompt-set", "tables"], "argument --prompt-set: invalid choice: 'tables'"),
+    (["--prompt-set", "varied", "--prompts", "28561"], "--prompts must lie in 1…28560 (the varied training prompts"),
+    (["--eval-styles", "49"], "--eval-styles must lie in 0…48"),
+    (["--eval-styles", "-1"], "--eval-styles must lie in 0…48"),
     (["--resume"], "holds no training run to continue")])
 def test_train_refuses_bad_options_before_any_work(tmp_path, capsys, flags, message):
     out = tmp_path / "run"

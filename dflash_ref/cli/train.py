@@ -1,7 +1,8 @@
 """`python -m dflash_ref train`: self-distil data from SmolLM2 (or `--target DIR`, any transformers chat
-model: target/chat.py) on the prompts written in training/prompts.py (or `--prompts-file`: training/prompt_file.py), train a
-draft with the paper's recipe (training/recipe.py), save official-format checkpoints, resume, and plot the loss
-and the acceptance per block position on held-out prompts.
+model: target/chat.py) on the prompts written in training/prompts.py (`--prompt-set varied`:
+training/varied_prompts.py; or `--prompts-file`: training/prompt_file.py), train a draft (`--version 2`: a
+DFlash 2 draft, training/dflash2_options.py) with the paper's recipe (training/recipe.py), save
+official-format checkpoints, resume, and plot the loss and the acceptance per block position on held-out prompts.
 
     out/data.jsonl           the target's own responses (resumable, training/distill.py)
     out/draft/               the draft, official format (config.json + model.safetensors), fp32, and
@@ -13,7 +14,8 @@ and the acceptance per block position on held-out prompts.
     out/train_config.json    every option of the run (training/options.py): what --resume holds it to, and
                              a file --config can start another run from
     figures/training/training.png    loss curve and held-out acceptance per block position (--figures)
-    out/eval.json                    held-out tokens per step and acceptance per block position
+    out/eval.json                    held-out tokens per step and acceptance per block position, and the same
+                                     on the hand-written held-out styles ("heldout_styles", --eval-styles)
 """
 from __future__ import annotations
 
@@ -33,7 +35,9 @@ from ..target.smollm2 import longest_chat_prompt
 from ..training import distill
 from ..training import options as train_options
 from ..training.measure import acceptance_by_position, fractions, number
-from ..training.prompt_file import heldout_prompts, training_prompts
+from ..training.dflash2_options import target_widths
+from ..training.heldout_styles import heldout_styles
+from ..training.prompt_file import heldout_prompts, style_prompts, training_prompts
 from ..training.recipe import loss_weights, make_optimizer, sample_anchors, target_features_batched, train_step
 from ..training.sampled_softmax import sampled_vocabulary, training_vocabulary
 from ..training.state import batch_generator, read_moments, read_state, resume_optimizer, run_draft, save_state
@@ -58,18 +62,22 @@ def block_weights(block_size: int, gamma: float | None) -> torch.Tensor:
 
 
 def check_options(options: dict) -> dict:
-    """`options.check_values` with the run's prompt counts (its prompt files' or the written ones), the
-    block's loss weights, the --target named and held-out prompts that are trained on: everything that can
-    be refused before the target is loaded (`__main__` makes it a usage error)."""
+    """`options.check_values` with the run's prompt counts (its prompt files' or the written ones) and the
+    target's widths (for DFlash 2's sizes), the block's loss weights, the --target named and held-out
+    prompts that are trained on: everything that can be refused before the target is loaded (`__main__`
+    makes it a usage error)."""
     train_options.check_values(options, heldout_prompts=len(heldout_prompts(options)),
-                              training_prompts=len(training_prompts(options)))
+                              training_prompts=len(training_prompts(options)), style_prompts=len(heldout_styles()),
+                              widths=target_widths(options["target"]))
     block_weights(options["block_size"], options["gamma"])
     check_target_name(options["target"])
     trained = set(training_prompts(options)[:options["prompts"]])
-    shared = [p for p in heldout_prompts(options)[:options["eval_prompts"]] if p in trained]
-    if shared:      # the evaluation would not be held out
-        raise train_options.TrainOptionError(f"{len(shared)} of the {options['eval_prompts']} held-out prompts are "
-                                            f"also training prompts, e.g. {shared[0]!r}: hold them out")
+    for name, count, held in (("held-out", options["eval_prompts"], heldout_prompts(options)[:options["eval_prompts"]]),
+                              ("--eval-styles", options["eval_styles"], style_prompts(options))):
+        shared = [p for p in held if p in trained]
+        if shared:      # the evaluation would not be held out
+            raise train_options.TrainOptionError(f"{len(shared)} of the {count} {name} prompts are also training "
+                                                f"prompts, e.g. {shared[0]!r}: hold them out")
     return options
 
 
@@ -78,7 +86,8 @@ def check_lengths(options: dict, tokenizer, max_positions: int) -> None:
     held-out one, must fit the target's positions; refused once the target is loaded, before any distilling
     (an --eval-tokens too long would otherwise fail only after training)."""
     for key, name, prompt_list in (("max_new_tokens", "training", training_prompts(options)[:options["prompts"]]),
-                                   ("eval_tokens", "held-out", heldout_prompts(options)[:options["eval_prompts"]])):
+                                   ("eval_tokens", "held-out", heldout_prompts(options)[:options["eval_prompts"]]
+                                    + style_prompts(options))):
         longest = longest_chat_prompt(tokenizer, prompt_list)
         if longest + options[key] > max_positions:
             raise SystemExit(f"{train_options.flag(key)} {options[key]}: the longest {name} prompt ({longest} tokens) "
@@ -121,6 +130,9 @@ def run(args, say=print) -> int:
     vocab = None if args.full_vocab else training_vocabulary([r["ids"][r["prompt_len"]:] for r in rows], stop)
     # proposals over R only at inference (extensions/draft_vocab.py): the loss never had another token as a label
     draft.draft_vocab = vocab
+    if vocab is not None and args.version == 2 and len(vocab) + args.negatives < args.selector_top_k:
+        raise SystemExit(f"--selector-top-k {args.selector_top_k}: the loss's softmax runs over {len(vocab)} response "
+                         f"tokens + {args.negatives} sampled, fewer than the candidates; lower it or raise --negatives")
     t0 = time.perf_counter()
     data = [(r["prompt_len"], torch.tensor([r["ids"]])) for r in rows]
     feats = target_features_batched(target, [ids for _, ids in data], draft.target_layer_ids, say=say)
@@ -158,11 +170,18 @@ def run(args, say=print) -> int:
     by_position, tokens_per_step = acceptance_by_position(draft, target, tokenizer, heldout, args.eval_tokens, stop)
     say(f"held-out: mean tokens per step {number(tokens_per_step, 2)}; acceptance by block position "
         f"{fractions(by_position, 2)}")
-    save_figure(_curves(losses, by_position), figures / "training.png")
+    styles = {"prompts": style_prompts(vars(args)), "tokens_per_step": None, "acceptance_by_position": None}
+    if styles["prompts"]:          # the hand-written prompts in styles no training prompt has
+        styles["acceptance_by_position"], styles["tokens_per_step"] = acceptance_by_position(
+            draft, target, tokenizer, styles["prompts"], args.eval_tokens, stop)
+        say(f"held-out styles: mean tokens per step {number(styles['tokens_per_step'], 2)}; acceptance by block "
+            f"position {fractions(styles['acceptance_by_position'], 2)}")
+    save_figure(_curves(losses, by_position, styles["acceptance_by_position"]), figures / "training.png")
     total = time.perf_counter() - started
     (out / "eval.json").write_text(json.dumps({"tokens_per_step": tokens_per_step,
                                                "acceptance_by_position": by_position,
                                                "eval_prompts": heldout,
+                                               "heldout_styles": styles,
                                                "this_run_minutes": round(total / 60, 1),
                                                "config": {k: v for k, v in vars(args).items()
                                                           if isinstance(v, (int, float, str, bool))}},
@@ -171,7 +190,7 @@ def run(args, say=print) -> int:
     return 0
 
 
-def _curves(losses, by_position):
+def _curves(losses, by_position, by_position_styles=None):
     fig = Figure(figsize=(9, 3))
     a, b = fig.subplots(1, 2)
     smooth = [sum(losses[max(0, i - 49):i + 1]) / len(losses[max(0, i - 49):i + 1]) for i in range(len(losses))]
@@ -179,7 +198,15 @@ def _curves(losses, by_position):
     a.set_xlabel("step")
     a.set_ylabel("weighted CE (50-step mean)")
     a.set_yscale("log")
-    b.bar(range(1, len(by_position) + 1), [math.nan if a is None else a for a in by_position])
+    sets = [("held-out topics", by_position)]
+    if by_position_styles:
+        sets.append(("held-out styles", by_position_styles))
+    width = 0.8 / len(sets)
+    for i, (label, fractions_k) in enumerate(sets):
+        b.bar([k + 1 + (i - (len(sets) - 1) / 2) * width for k in range(len(fractions_k))],
+              [math.nan if a is None else a for a in fractions_k], width, label=label)
+    if len(sets) > 1:
+        b.legend()
     b.set_xlabel("block position k")
     b.set_ylabel("accepted fraction (held-out)")
     fig.tight_layout()

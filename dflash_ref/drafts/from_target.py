@@ -45,6 +45,8 @@ def init_from_target(draft, target, layer_ids: list[int] | None = None):
                     p.copy_(source[name])
                 elif name.endswith(("q_norm.weight", "k_norm.weight")):
                     p.fill_(1.0)
+                elif name.startswith(("attention_conv.", "mlp_conv.")):
+                    continue        # DFlash 2's: no target counterpart (random_draft.identity_convolutions_)
                 else:
                     raise ValueError(f"target layer {i} has no {name} to copy")
         draft.fc.weight.zero_()

@@ -33,6 +33,20 @@ def randomize_(module: torch.nn.Module, seed: int, std: float = 0.5, norm_jitter
     return module.eval()
 
 
+def identity_convolutions_(draft) -> None:
+    """A DFlash 2 draft's convolutions set to the identity, in place: w_0 = 1, the other taps w_j and the
+    projection W_a of the dynamic taps 0, so y_t = x_t and each layer computes what a DFlash 1 layer with
+    its weights does (`train` starts its DFlash 2 drafts so: they learn to mix positions from there)."""
+    # ours: the official post_init leaves base_kernel uninitialised, and no training recipe is published
+    with torch.no_grad():
+        for layer in draft.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                if conv is not None:
+                    conv.base_kernel.zero_()
+                    conv.base_kernel[:, 0] = 1.0                         # (2, K, d): tap j = 0 of both
+                    conv.kernel_projection.weight.zero_()
+
+
 def _rope_theta(config) -> float:
     params = getattr(config, "rope_parameters", None) or {}
     return float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0)))

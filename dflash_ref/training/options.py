@@ -18,80 +18,29 @@ import math
 import os
 from pathlib import Path
 
-from .prompt_file import file_counts
+from .dflash2_options import DFLASH2_DEFAULTS, VERSIONS, check_dflash2, fill_dflash2
+from .prompt_file import PROMPT_SETS, file_counts
 
 CONFIG_NAME = "train_config.json"
 
-DEFAULTS = {"layers": 2, "block_size": 4, "gamma": None, "steps": 4400, "lr": 3e-3, "batch": 8, "anchors": 32,
-            "full_vocab": False, "negatives": 4096, "prompts": 1860, "max_new_tokens": 192, "distill_batch": 48,
-            "distill_dtype": "bf16", "train_dtype": "bf16", "init": "random", "save_every": 500,
-            "eval_prompts": 12, "eval_tokens": 128, "figures": "figures/training", "seed": 0, "target": "smollm2",
+DEFAULTS = {"version": 1, **dict.fromkeys(DFLASH2_DEFAULTS), "layers": 2, "block_size": 4, "gamma": None,
+            "steps": 4400, "lr": 3e-3, "batch": 8, "anchors": 32, "full_vocab": False, "negatives": 4096,
+            "prompt_set": "templates", "prompts": 1860, "max_new_tokens": 192, "distill_batch": 48,
+            "distill_dtype": "bf16", "train_dtype": "bf16", "init": "random", "save_every": 500, "eval_prompts": 12,
+            "eval_styles": 12, "eval_tokens": 128, "figures": "figures/training", "seed": 0, "target": "smollm2",
             "prompts_file": None, "heldout_file": None}
 FILES = ("prompts_file", "heldout_file")        # None: the prompts written in prompts.py
 PATHS = ("target", *FILES)                      # kept as absolute paths (but the target "smollm2")
-CHOICES = {"distill_dtype": ("bf16", "fp32"), "train_dtype": ("bf16", "fp32"), "init": ("random", "target")}
+NULLABLE = tuple(DFLASH2_DEFAULTS)               # None: a DFlash 1 run's, or the DFlash 2 default
+CHOICES = {"version": VERSIONS, "prompt_set": tuple(PROMPT_SETS), "distill_dtype": ("bf16", "fp32"),
+           "train_dtype": ("bf16", "fp32"), "init": ("random", "target")}
 # how long the run goes on, how often it saves, how it is evaluated and where its plot goes
-RESUME_MAY_CHANGE = frozenset({"steps", "save_every", "eval_prompts", "eval_tokens", "figures", "heldout_file"})
+RESUME_MAY_CHANGE = frozenset({"steps", "save_every", "eval_prompts", "eval_styles", "eval_tokens", "figures",
+                               "heldout_file"})
 
 
 class TrainOptionError(ValueError):
     """An option, a config file or a resume that cannot give a sound run; the message names it."""
-
-
-def add_train_arguments(p: argparse.ArgumentParser) -> None:
-    """The `train` subcommand's arguments. Every option defaults to None here, so that what was given
-    (on the command line) can be told from what was not; DEFAULTS fills the rest (resolve)."""
-    def option(name: str, help: str = "", **kw) -> None:
-        key = name.replace("-", "_")
-        shown = "" if DEFAULTS[key] is None or isinstance(DEFAULTS[key], bool) else f" (default: {DEFAULTS[key]})"
-        p.add_argument(f"--{name}", default=None, help=(help + shown).strip(), **kw)
-    p.add_argument("--out", required=True, help="folder for data, checkpoints, state and plots")
-    p.add_argument("--config", help="a JSON file of options ({\"layers\": 4, \"steps\": 5600, …}; the names of "
-                                    "these options); options on the command line win over it")
-    p.add_argument("--resume", action="store_true",
-                   help=f"continue the run in --out from its checkpoint, with the options in its {CONFIG_NAME}")
-    option("target", "the chat model to distil from and train for: smollm2, or a Hugging Face causal LM folder "
-                     "with a tokenizer and chat template (target/chat.py)")
-    option("layers", "draft layers", type=int)
-    option("block-size", "block size b", type=int)
-    option("gamma", "loss decay γ (default: the paper's for blocks 8, 10, 16; 4 for block 4, ours); "
-                    "`--gamma default` undoes a --config's number", type=_gamma)
-    option("steps", "optimiser steps in all (a resumed run may raise it)", type=int)
-    option("lr", "peak learning rate", type=float)
-    option("batch", "sequences per optimiser step", type=int)
-    option("anchors", "blocks per sequence in one pass", type=int)
-    option("full-vocab", "the loss's softmax over all V (the paper), not estimated (training/recipe.py); "
-                         "--no-full-vocab undoes a --config's true", action=argparse.BooleanOptionalAction)
-    option("negatives", "tokens sampled per step beside the responses' for the softmax estimate", type=int)
-    option("prompts", "distil the first N training prompts (of the 7140 written; all of a --prompts-file)", type=int)
-    option("prompts-file", "training prompts of your own: .txt (one a line) or .jsonl (prompt, messages or "
-                           "conversations; training/prompt_file.py)")
-    option("heldout-file", "held-out prompts of your own for the final evaluation, as --prompts-file")
-    option("max-new-tokens", "longest response distilled", type=int)
-    option("distill-batch", "prompts per generate() call", type=int)
-    option("distill-dtype", "the target copy that writes the responses (features always come from fp32)",
-           choices=CHOICES["distill_dtype"])
-    option("train-dtype", "bf16: mixed precision, the forward under bf16 autocast, weights and AdamW fp32 "
-                          "(faster where the CPU has bf16 instructions); fp32: all fp32",
-           choices=CHOICES["train_dtype"])
-    option("init", "draft layers from noise (the paper) or copied from the target's last layers",
-           choices=CHOICES["init"])
-    option("save-every", "steps between checkpoints", type=int)
-    option("eval-prompts", "held-out prompts for the final evaluation (of a --heldout-file: up to 12 by default)",
-           type=int)
-    option("eval-tokens", "tokens generated per held-out prompt", type=int)
-    option("figures", "where training.png goes")
-    option("seed", "seed of the draft's initialisation, the anchors and the batches", type=int)
-
-
-def _gamma(text: str) -> float | str:
-    """--gamma's value: a number, or `default` (the block size's own γ, as a config file's null)."""
-    if text == "default":
-        return text
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"a number or 'default', got {text!r}") from None
 
 
 def read_config_file(path: str | Path, role: str = "--config") -> dict:
@@ -125,6 +74,9 @@ def _check_kind(key: str, value, where: str) -> None:
     default = DEFAULTS[key]
     if key in FILES:
         ok, kind = value is None or isinstance(value, str), "a file path or null"
+    elif key in NULLABLE:
+        ok = value is None or (isinstance(value, int) and not isinstance(value, bool))
+        kind = "a whole number or null"
     elif key == "gamma":
         ok = value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
         kind = "a number or null"
@@ -149,9 +101,12 @@ def check_seed(seed: int, low: int = 0, high: int = 2**62) -> None:
         raise TrainOptionError(f"--seed must lie in {low}…{high - 1}, got {seed}")
 
 
-def check_values(options: dict, heldout_prompts: int, training_prompts: int) -> None:
+def check_values(options: dict, heldout_prompts: int, training_prompts: int, style_prompts: int,
+                 widths: tuple[int, int] | None = None) -> None:
     """Ranges that would otherwise fail deep in torch, divide by zero, or train on nothing. The counts:
-    the prompts there are to take from (a --prompts-file's or --heldout-file's, else the written ones)."""
+    the prompts there are to take from (a --prompts-file's or --heldout-file's, else the written ones;
+    the hand-written held-out styles'); widths: the target's (hidden size, vocabulary) if known, for the
+    DFlash 2 sizes (dflash2_options.check_dflash2)."""
     def at_least(key: str, low: int) -> None:
         if options[key] < low:
             raise TrainOptionError(f"{flag(key)} must be at least {low}, got {options[key]}")
@@ -159,12 +114,23 @@ def check_values(options: dict, heldout_prompts: int, training_prompts: int) -> 
         at_least(key, 1)
     at_least("eval_tokens", 2)                 # the first token is the prefill's; decode steps start at the second
     at_least("negatives", 0)
+    try:
+        check_dflash2(options, widths)
+    except ValueError as e:
+        raise TrainOptionError(str(e)) from None
+    if options["prompts_file"] and options["prompt_set"] != DEFAULTS["prompt_set"]:
+        raise TrainOptionError(f"--prompt-set {options['prompt_set']} chooses among the prompts written here; "
+                               f"--prompts-file {options['prompts_file']} replaces them: give one of the two")
+    if not 0 <= options["eval_styles"] <= style_prompts:
+        raise TrainOptionError(f"--eval-styles must lie in 0…{style_prompts} (the hand-written held-out styles' "
+                               f"prompts), got {options['eval_styles']}")
     check_seed(options["seed"])
     if not (math.isfinite(options["lr"]) and options["lr"] > 0):
         raise TrainOptionError(f"--lr must be a positive number, got {options['lr']}")
     if options["gamma"] is not None and not (math.isfinite(options["gamma"]) and options["gamma"] > 0):
         raise TrainOptionError(f"--gamma must be a positive number, got {options['gamma']}")
-    for key, count, written, given in (("prompts", training_prompts, "the training prompts written", "prompts_file"),
+    for key, count, written, given in (("prompts", training_prompts, f"the {options['prompt_set']} training "
+                                        "prompts written", "prompts_file"),
                                        ("eval_prompts", heldout_prompts, "the held-out prompts", "heldout_file")):
         if not 1 <= options[key] <= count:
             source = f"the prompts in {options[given]}" if options[given] else written
@@ -197,7 +163,7 @@ def resolve(args: argparse.Namespace) -> dict:
             raise TrainOptionError(f"{out} already holds a training run ({where}); add --resume to "
                                    f"continue it, delete {state} to train again from step 0 on its data, or "
                                    f"choose another --out")
-        return file_counts({**DEFAULTS, **requested}, requested, False, DEFAULTS["eval_prompts"])
+        return fill_dflash2(file_counts({**DEFAULTS, **requested}, requested, False, DEFAULTS["eval_prompts"]))
     if not state.is_file():
         raise TrainOptionError(f"--resume: {out} holds no training run to continue (no {state.name}); "
                                f"leave out --resume to start one")
@@ -215,7 +181,7 @@ def resolve(args: argparse.Namespace) -> dict:
         raise TrainOptionError(f"--resume: {out} was started with other options: {'; '.join(changed)}. A resumed "
                                f"run may change only {[flag(k) for k in sorted(RESUME_MAY_CHANGE)]}; choose "
                                f"another --out for a new run")
-    options = file_counts({**run, **requested}, requested, True, DEFAULTS["eval_prompts"])
+    options = fill_dflash2(file_counts({**run, **requested}, requested, True, DEFAULTS["eval_prompts"]))
     if options["steps"] < step:
         raise TrainOptionError(f"--resume: {out} is at step {step}, past --steps {options['steps']}")
     return options

@@ -12,14 +12,18 @@ Only the first user turn is read: the responses are the target's own (self-disti
 answers, and any later turns, are never used. No torch here (options.py counts the prompts before
 anything is loaded). Which prompts a run uses:
 
-    training   the first --prompts of --prompts-file (default: all of it), else of prompts.prompts("train")
-    held-out   the first --eval-prompts of --heldout-file (default: up to 12), else prompts.eval_prompts
+    training   the first --prompts of --prompts-file (default: all of it), else of the --prompt-set
+               (prompt_sets.py: templates, prompts.prompts("train"); varied, varied_prompts.py)
+    held-out   the first --eval-prompts of --heldout-file (default: up to 12), else prompts.eval_prompts;
+               beside them the first --eval-styles hand-written ones (heldout_styles.py)
 """
 from __future__ import annotations
 
 import functools
 import json
 from pathlib import Path
+from .heldout_styles import heldout_styles
+from .prompt_sets import PROMPT_SETS, split_prompts
 from .prompts import prompts
 
 SUFFIXES = (".txt", ".jsonl")
@@ -85,12 +89,19 @@ def _prompt_of(line: str, where: str) -> str:
 
 def training_prompts(options: dict) -> list[str]:
     """All the training prompts a run may take from (the first options["prompts"] are used)."""
-    return read_prompts(options["prompts_file"], "--prompts-file") if options["prompts_file"] else prompts("train")
+    if options["prompts_file"]:
+        return read_prompts(options["prompts_file"], "--prompts-file")
+    return split_prompts(PROMPT_SETS[options["prompt_set"]])
 
 
 def heldout_prompts(options: dict) -> list[str]:
     """All the held-out prompts a run may evaluate on (the first options["eval_prompts"] are used)."""
     return read_prompts(options["heldout_file"], "--heldout-file") if options["heldout_file"] else prompts("heldout")
+
+
+def style_prompts(options: dict) -> list[str]:
+    """The hand-written held-out prompts a run evaluates on beside the others (the first options["eval_styles"])."""
+    return heldout_styles()[:options["eval_styles"]]
 
 
 def file_counts(options: dict, requested: dict, resumed: bool, default_eval_prompts: int) -> dict:

@@ -26,9 +26,10 @@ from safetensors.torch import load_file, save_file
 from ..compat import IncompatibleModels, check_pair
 from ..drafts.checkpoint import load_draft, save_draft
 from ..drafts.from_target import init_from_target
-from ..drafts.random_draft import random_draft
+from ..drafts.random_draft import identity_convolutions_, random_draft
 from ..extensions.draft_vocab import FILE as DRAFT_VOCAB_FILE
 from ..target.checkpoint import CheckpointError
+from .dflash2_options import DFLASH2_DEFAULTS, draft_fields
 
 
 HASHED = ("draft/model.safetensors", "optimizer.safetensors")     # the files state.json records digests of
@@ -143,7 +144,8 @@ def run_draft(out: Path, args, chat):
             check_pair(draft, target)
         except IncompatibleModels as e:
             raise SystemExit(f"--resume: the draft in {out / 'draft'} does not fit {chat.label}: {e}") from None
-        found = {"layers": draft.config.num_hidden_layers, "block_size": draft.block_size}
+        found = {"layers": draft.config.num_hidden_layers, "block_size": draft.block_size,
+                 "version": draft.config.version, **{k: getattr(draft.config, k) for k in DFLASH2_DEFAULTS}}
         wrong = [f"{k} {v} (asked {getattr(args, k)})" for k, v in found.items() if v != getattr(args, k)]
         if wrong:      # a run from before train_config.json, resumed with other options
             raise SystemExit(f"--resume: the draft in {out / 'draft'} has {', '.join(wrong)}")
@@ -151,12 +153,18 @@ def run_draft(out: Path, args, chat):
     if args.init == "target" and args.layers > target.config.num_hidden_layers:
         raise SystemExit(f"--init target copies the target's last --layers {args.layers} layers, but {chat.label} has "
                          f"{target.config.num_hidden_layers}")
-    try:
-        draft = random_draft(target, args.layers, args.block_size, chat.mask_token_id, args.seed)
-        if args.init == "target":
+    fields = draft_fields(vars(args))
+    sizes = "".join(f" --{k.replace('_', '-')} {v}" for k, v in fields.items())      # DFlash 2's, if any
+    try:      # e.g. more layers than the target has, or a DFlash 2 size its widths refuse (config.py)
+        draft = random_draft(target, args.layers, args.block_size, chat.mask_token_id, args.seed, **fields)
+    except ValueError as e:
+        raise SystemExit(f"--layers {args.layers}{sizes}: {e}") from None
+    identity_convolutions_(draft)          # DFlash 2: each layer starts as the DFlash 1 layer of its weights
+    if args.init == "target":
+        try:
             init_from_target(draft, target)
-    except ValueError as e:   # e.g. more layers than the target has (to sample, or to copy)
-        raise SystemExit(f"--layers {args.layers}{' --init target' if args.init == 'target' else ''}: {e}") from None
+        except ValueError as e:
+            raise SystemExit(f"--layers {args.layers} --init target: {e}") from None
     return draft
 
 
