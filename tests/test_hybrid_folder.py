@@ -112,3 +112,20 @@ def test_a_draft_sized_to_a_hybrid_target_reads_its_layers_and_refuses_ids_past_
     assert draft_config_for(config, 2).target_layer_ids == [1, 1]          # build_target_layer_ids(4, 2)
     with pytest.raises(ConfigError, match=r"target_layer_ids \[1, 4\]: each id must be an integer in 0..3"):
         draft_config_for(config, 2, target_layer_ids=[1, 4])
+
+
+@torch.no_grad()
+def test_a_hybrid_target_saved_in_the_released_layout_loads_back(tmp_path):
+    """save_hybrid_target writes Qwen3_5ForConditionalGeneration's folder (the conformance bundle's target):
+    text_config, model.language_model.* names, full_attention_interval for mlx-lm; loaded back exactly."""
+    from dflash_ref.drafts.random_draft import randomize_
+    from dflash_ref.target.qwen3_5_checkpoint import save_hybrid_target
+    fields = {k: v for k, v in TEXT.items() if k != "initializer_range"}
+    target = randomize_(Qwen3_5Target(HybridConfig(**{**fields, "vocab_size": 64})), 0)
+    save_hybrid_target(target, tmp_path / "target")
+    config = json.loads((tmp_path / "target" / "config.json").read_text())
+    assert (config["model_type"], config["text_config"]["full_attention_interval"]) == ("qwen3_5", 4)
+    assert config["text_config"]["rope_parameters"]["partial_rotary_factor"] == 0.25
+    loaded = load_hybrid_target(tmp_path / "target")
+    ids = torch.tensor([[1, 2, 3, 60, 5]])
+    assert torch.equal(loaded(ids).logits, target(ids).logits)

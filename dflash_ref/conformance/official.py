@@ -190,12 +190,22 @@ class _OfficialRecorder:
             draft_lengths = self.draft_lengths or [loop["past_key_values_draft"].get_seq_length()] * 3
             loop_values(self.out, self.step, block[1:], loop["posterior"][0].tolist(), tau, bonus,
                         draft_lengths + [self.target_before, before, cache.get_seq_length()])
+            self.out.update(linear_states(cache, self.step))
             self.step, self.draft_lengths = self.step + 1, None
+
+
+def linear_states(cache, step: int) -> dict[str, np.ndarray]:
+    """A hybrid target's DynamicCache after a crop: each linear layer's conv window (the last K − 1 of its
+    K columns, (C, K − 1)) and recurrent state (H_v, d_k, d_v); nothing for a plain target."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    linear = [(i, c) for i, c in enumerate(cache.layers) if isinstance(c, LinearAttentionCacheLayerMixin)]
+    return {k: v for i, c in linear for k, v in ((key_for("conv_state", step, i), to_numpy(c.conv_states[0][0, :, 1:])),
+                                                 (key_for("recurrent_state", step, i), to_numpy(c.recurrent_states[0][0])))}
 
 
 class ZLabAdapter:
     """The official PyTorch code (either layout): DFlashDraftModel + dflash_generate, transformers
-    Qwen3 target. `layout` says which it found, after a run."""
+    Qwen3 target (Qwen3.5 for a hybrid bundle: its DynamicCache's linear states read after each crop). `layout` says which it found, after a run."""
     name, layout = "zlab", None
     variants = {"sliding_window": "causal,symmetric"}    # it reads is_causal, not sliding_window_kind
 
@@ -211,7 +221,9 @@ class ZLabAdapter:
         log.set_verbosity_error()
         log.disable_progress_bar()
         try:
-            target = transformers.Qwen3ForCausalLM.from_pretrained(bundle.target_dir, dtype=dtype).eval()
+            hybrid = bundle.config("target").get("model_type") in ("qwen3_5", "qwen3_5_text")
+            target = (transformers.Qwen3_5ForCausalLM if hybrid else transformers.Qwen3ForCausalLM).from_pretrained(
+                bundle.target_dir, dtype=dtype).eval()
             architecture = (bundle.config("draft").get("architectures") or ["DFlashDraftModel"])[0]
             if not hasattr(official, architecture):    # the GitHub code has no DFlash 2
                 raise NotImplementedError(f"this dflash.model has no {architecture}")
