@@ -48,6 +48,7 @@ from ..drafts.random_draft import random_draft
 from ..extensions.linear import use_rows_first
 from ..layer_sampling import extract_context_feature
 from ..target import Qwen3Target
+from .smoke_hybrid import HYBRID_SIZES, hybrid_models
 
 SIZES = {
     "full": dict(target=dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
@@ -189,7 +190,6 @@ def _models(spec: dict, version: int, device, arch: str):
     """(target, draft, report): the random pair of this size; DFlash 2's shapes and one draft pass checked,
     a hybrid's layer types counted."""
     if arch == "qwen3_5":
-        from .smoke_hybrid import hybrid_models
         return hybrid_models(spec, device, _fill_, random_sized_draft)
     target = random_target(TargetConfig(**spec["target"]), device, spec["dtype"])
     if version == 1:
@@ -205,7 +205,6 @@ def run(size: str = "full", say=print, version: int = 1, arch: str = "qwen3") ->
     if arch not in ("qwen3", "qwen3_5") or (arch == "qwen3_5" and version != 1):
         raise ValueError(f"smoke: arch must be 'qwen3' or 'qwen3_5' (the hybrid with a DFlash 1 draft), "
                          f"got arch {arch!r} with version {version}")
-    from .smoke_hybrid import HYBRID_SIZES
     spec = (HYBRID_SIZES if arch == "qwen3_5" else SIZES if version == 1 else DFLASH2_SIZES)[size]
     device = torch.device(spec["device"])
     if device.type == "cuda" and not torch.cuda.is_available():
