@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..bench.timing import one_thread
+from ..target.qwen3_5_checkpoint import is_hybrid_folder
 from .adapters import check_path, loop_values, pair_scores, to_numpy
 from .bundle import Bundle, key_for
 
@@ -199,13 +200,13 @@ def linear_states(cache, step: int) -> dict[str, np.ndarray]:
     K columns, (C, K − 1)) and recurrent state (H_v, d_k, d_v); nothing for a plain target."""
     from transformers.cache_utils import LinearAttentionCacheLayerMixin
     linear = [(i, c) for i, c in enumerate(cache.layers) if isinstance(c, LinearAttentionCacheLayerMixin)]
-    return {k: v for i, c in linear for k, v in ((key_for("conv_state", step, i), to_numpy(c.conv_states[0][0, :, 1:])),
-                                                 (key_for("recurrent_state", step, i), to_numpy(c.recurrent_states[0][0])))}
+    return {**{key_for("conv_state", step, i): to_numpy(c.conv_states[0][0, :, 1:]) for i, c in linear},
+            **{key_for("recurrent_state", step, i): to_numpy(c.recurrent_states[0][0]) for i, c in linear}}
 
 
 class ZLabAdapter:
-    """The official PyTorch code (either layout): DFlashDraftModel + dflash_generate, transformers
-    Qwen3 target (Qwen3.5 for a hybrid bundle: its DynamicCache's linear states read after each crop). `layout` says which it found, after a run."""
+    """The official PyTorch code (either layout): DFlashDraftModel + dflash_generate, a transformers Qwen3
+    target (Qwen3.5 for a hybrid bundle: linear_states after each crop). `layout`: which it found, after a run."""
     name, layout = "zlab", None
     variants = {"sliding_window": "causal,symmetric"}    # it reads is_causal, not sliding_window_kind
 
@@ -221,9 +222,8 @@ class ZLabAdapter:
         log.set_verbosity_error()
         log.disable_progress_bar()
         try:
-            hybrid = bundle.config("target").get("model_type") in ("qwen3_5", "qwen3_5_text")
-            target = (transformers.Qwen3_5ForCausalLM if hybrid else transformers.Qwen3ForCausalLM).from_pretrained(
-                bundle.target_dir, dtype=dtype).eval()
+            kind = transformers.Qwen3_5ForCausalLM if is_hybrid_folder(bundle.target_dir) else transformers.Qwen3ForCausalLM
+            target = kind.from_pretrained(bundle.target_dir, dtype=dtype).eval()
             architecture = (bundle.config("draft").get("architectures") or ["DFlashDraftModel"])[0]
             if not hasattr(official, architecture):    # the GitHub code has no DFlash 2
                 raise NotImplementedError(f"this dflash.model has no {architecture}")
