@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     smoke.add_argument("--version", type=int, choices=[1, 2], default=1,
                        help="2: a DFlash 2 draft shaped like z-lab/Qwen3.8-27B-DFlash2, on a target of "
                             "Qwen3.8-27B's widths (shapes assumed: bench/smoke.py says which)")
+    smoke.add_argument("--arch", choices=["qwen3", "qwen3_5"], default="qwen3",
+                       help="qwen3_5: a hybrid target shaped like Qwen3.5-27B, its DFlash draft (shapes assumed: "
+                            "bench/smoke_hybrid.py says which)")
     bench = sub.add_parser("bench", help="side-by-side benchmarks, reported as ratios")
     bench.add_argument("names", nargs="*", help="baselines steps dflash2 official tracing blocks ceiling memory trained (default: all)")
     bench.add_argument("--repeats", type=int, default=7)
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_generate(args)
     elif args.command == "smoke":
         from .bench.smoke import run as run_smoke
-        run_smoke(args.size, version=args.version)
+        run_smoke(args.size, version=args.version, arch=args.arch)
     elif args.command == "bench":
         from .cli.bench import BENCHES, check_options as check_bench, run as run_bench
         args.names = args.names or list(BENCHES)

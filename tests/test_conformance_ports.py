@@ -31,6 +31,7 @@ def test_official_mlx_backend(golden):
     # it reads every sliding window as rotating (declared): the causal and symmetric bundles do not apply
     assert rows["gqa_sliding"]["verdict"] == rows["window_symmetric"]["verdict"] == "n/a"
     assert "context-only" in rows["walkthrough"]["variants"]     # detected from its cache lengths
+    assert rows["hybrid_target"]["verdict"] == "pass"            # its snapshot + replay rolls Gated DeltaNet back
     # its bug: after a one-position update its rotating cache hands the keys over in ring order, while
     # the window's mask counts positions in temporal order
     rotating = rows["window_rotating"]
@@ -42,6 +43,20 @@ def test_official_pytorch_release_layout(golden):
     pytest.importorskip("dflash.model")
     report = verify("zlab", golden / "01_walkthrough")
     assert report.passed and report.impl == "zlab [0.1.0 code]"
+
+
+def test_official_pytorch_code_rolls_a_hybrid_target_back_by_crop_only(golden):
+    """dflash 0.1.0 with transformers' Qwen3.5: its crop trims the conv windows but leaves the recurrent
+    state with the rejected tokens in; the kit names that stage first, at the first rejection (step 0),
+    and the decoding then parts from the target's own (the output ids differ)."""
+    pytest.importorskip("dflash.model")
+    report = verify("zlab", golden / "16_hybrid_target")
+    first = report.first_failure
+    assert (first.stage, first.step, first.layer) == ("recurrent_state", 0, 0), report.text()
+    assert "leaves S with the rejected tokens in" in first.hint
+    status = {c.key: c.status for c in report.checks}
+    assert status["step0/target.layers.0.linear_attn.conv_state"] == "pass"
+    assert status["step0/posterior"] == "pass" and status["output_ids"] != "pass"
 
 
 @pytest.fixture
@@ -62,7 +77,8 @@ def test_official_pytorch_github_layout(golden, github_code):
     report = verify("zlab", golden)
     assert report.impl == "zlab [github code]"
     rows = verdicts(report)
-    assert all(rows[b]["verdict"] == "pass" for b in rows if b not in WINDOWS | {"dflash2"}), rows
+    # hybrid_target: not measured (no copy of the GitHub code here); its loop crops as 0.1.0's does
+    assert all(rows[b]["verdict"] == "pass" for b in rows if b not in WINDOWS | {"dflash2", "hybrid_target"}), rows
     assert "full-then-truncate" in rows["walkthrough"]["variants"]  # detected from its shapes
     assert rows["dflash2"]["verdict"] == "raised" and "no DFlash2DraftModel" in rows["dflash2"]["first"]
     # its bug: the sliding window goes to the attention kernel as a keyword that SDPA ignores

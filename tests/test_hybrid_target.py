@@ -294,6 +294,30 @@ def test_greedy_speculative_output_is_the_targets_own(layer_types, layer_ids, se
         assert forced.acceptance_lengths[:4] == [1, 2, 0, 3]
 
 
+# SmolLM2-135M's widths (30 layers, hidden 576, 9 / 3 heads of 64, FFN 1536, vocabulary 49152, tied) as a
+# hybrid: transformers' default layout (every 4th layer full: 23 Gated DeltaNet, 7 gated attention), Gated
+# DeltaNet 3 key / 6 value heads of 64 (an assumption: SmolLM2 has none), partial RoPE 0.25
+SMOLLM2_HYBRID = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, head_dim=64, linear_num_key_heads=3,
+                      linear_num_value_heads=6, linear_key_head_dim=64, linear_value_head_dim=64,
+                      max_position_embeddings=2048, tie_word_embeddings=True)
+
+
+@torch.no_grad()
+def test_a_smollm2_sized_random_hybrid_decodes_greedily_as_ar():
+    """Kept cheap for CI (measured 10 s on one thread of a busy 2-core machine): 12 new tokens after an
+    8-token prompt; the random draft (τ ≈ 0: a crop inside every verify) and an oracle forcing τ = 1, 3, 0, 2
+    both give generate()'s tokens."""
+    from dflash_ref.drafts.random_draft import randomize_
+    target = randomize_(Qwen3_5Target(HybridConfig(**SMOLLM2_HYBRID)), seed=3, std=0.05)
+    draft = random_draft(target, num_hidden_layers=2, block_size=8, seed=3, target_layer_ids=[1, 27])
+    ids = torch.randint(0, 49152, (1, 8), generator=torch.Generator().manual_seed(3))
+    ar = generate(target, ids, 12)
+    assert torch.equal(spec_generate(draft, target, ids, 12).output_ids, ar.output_ids)
+    forced = spec_generate(OracleDraft(draft, ar.output_ids[0], [1, 3, 0, 2]), target, ids, 12)
+    assert torch.equal(forced.output_ids, ar.output_ids) and forced.acceptance_lengths[:4] == [1, 3, 0, 2]
+
+
 @pytest.mark.parametrize("through", ["own", "hf"])
 def test_sampled_speculative_output_has_the_targets_distribution(through):
     """Exact enumeration (V = 3, 3 new tokens) against 1200 speculative samples, as test_lossless.py does

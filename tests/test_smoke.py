@@ -1,9 +1,12 @@
 """The smoke check: full size is for a GPU; here its reduced size runs on the CPU (as in CI)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dflash_ref.bench.smoke import SIZES, run
+
+pytestmark = pytest.mark.usefixtures("one_thread_module")    # tiny models: one thread is faster on a small machine
 
 
 def test_tiny_smoke_is_lossless_and_the_oracle_accepts_whole_blocks():
@@ -78,7 +81,6 @@ def test_full_dflash2_is_shaped_like_the_released_qwen3_8_27b_draft_and_skips_wi
 
 
 def test_smoke_refuses_what_it_cannot_check():
-    import pytest
     from dflash_ref.bench.smoke import check_dflash2_shapes, dflash2_shapes, random_target
     from dflash_ref.config import TargetConfig
     from dflash_ref.drafts.random_draft import random_draft
@@ -100,7 +102,48 @@ def test_the_command_line_passes_the_version(monkeypatch):
     import dflash_ref.bench.smoke as smoke
     from dflash_ref.__main__ import main
     calls = []
-    monkeypatch.setattr(smoke, "run", lambda size, version=1: calls.append((size, version)))
+    monkeypatch.setattr(smoke, "run", lambda size, version=1, arch="qwen3": calls.append((size, version, arch)))
     main(["smoke", "--size", "tiny", "--version", "2"])
     main(["smoke", "--size", "tiny"])
-    assert calls == [("tiny", 2), ("tiny", 1)]
+    main(["smoke", "--arch", "qwen3_5"])
+    assert calls == [("tiny", 2, "qwen3"), ("tiny", 1, "qwen3"), ("full", 1, "qwen3_5")]
+
+
+def test_tiny_hybrid_smoke_rolls_gated_deltanet_back_and_is_lossless():
+    from dflash_ref.bench.smoke_hybrid import HYBRID_SIZES
+    lines: list[str] = []
+    result = run("tiny", say=lines.append, arch="qwen3_5")
+    assert result["arch"] == "qwen3_5" and result["layer_types"] == {"linear_attention": 6, "full_attention": 2}
+    assert result["target_layer_ids"] == [1, 6]
+    assert result["random_draft"]["first_difference_from_ar"] is None       # τ ≈ 0: a crop inside every verify
+    assert result["random_draft"]["mean_tokens_per_step"] < 1.5
+    assert result["oracle_draft"]["first_difference_from_ar"] is None
+    assert result["oracle_draft"]["mean_tokens_per_step"] > HYBRID_SIZES["tiny"]["draft"]["block_size"] - 1
+    assert sum("lossless" in line for line in lines) == 2
+
+
+def test_full_hybrid_is_shaped_like_qwen3_5_27b_and_its_draft_and_skips_without_a_gpu():
+    from dflash_ref.bench.smoke_hybrid import HYBRID_SIZES
+    from dflash_ref.config import DraftConfig
+    from dflash_ref.draft_model import DFlashDraftModel
+    from dflash_ref.target import HybridConfig, Qwen3_5Target
+    full = HYBRID_SIZES["full"]
+    t, d = full["target"], full["draft"]
+    with torch.device("meta"):                                 # the shapes, with no memory behind them
+        target = Qwen3_5Target(HybridConfig(**t))
+        draft = DFlashDraftModel(DraftConfig(vocab_size=t["vocab_size"], hidden_size=t["hidden_size"],
+                                             num_target_layers=t["num_hidden_layers"], **d))
+    types = target.config.layer_types
+    assert (types.count("linear_attention"), types.count("full_attention"), types[3]) == (48, 16, "full_attention")
+    assert target.config.rotary_dim == 64                       # 0.25 of head_dim 256
+    assert tuple(target.model.layers[0].linear_attn.in_proj_qkv.weight.shape) == (2 * 16 * 128 + 48 * 128, 5120)
+    assert tuple(target.model.layers[3].self_attn.q_proj.weight.shape) == (2 * 24 * 256, 5120)   # query and gate
+    assert 50.0 < 2 * sum(p.numel() for p in target.parameters()) / 2**30 < 50.2   # bf16 GiB (+ vision, mtp: 51.75)
+    assert 3.2 < 2 * sum(p.numel() for p in draft.parameters()) / 2**30 < 3.25      # the released draft's 3.22
+    assert draft.target_layer_ids == [1, 16, 31, 46, 61]
+    with pytest.raises(ValueError, match="arch must be 'qwen3' or 'qwen3_5'"):
+        run("tiny", say=lambda _: None, version=2, arch="qwen3_5")
+    if not torch.cuda.is_available():
+        lines: list[str] = []
+        assert run("full", say=lines.append, arch="qwen3_5") is None
+        assert "no CUDA device" in lines[0]

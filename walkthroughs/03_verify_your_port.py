@@ -144,16 +144,24 @@ print(report.first_failure.line())
 # ## 5. The official dflash 0.1.0 on every scenario
 # The `zlab` adapter drives the official `DFlashDraftModel` and `dflash_generate` with a transformers
 # `Qwen3ForCausalLM` target loaded from the bundle's folders, reading its tensors through forward
-# hooks on its own modules. It passes on every scenario it applies to; on a sliding-window layer its
-# cache evicts keys outside the window, which the comparison allows (their expected weight is exactly
-# 0), and it does not know the rotating reading of a window, so that bundle is not applicable to it.
+# hooks on its own modules. It passes on every scenario with a plain target it applies to; on a
+# sliding-window layer its cache evicts keys outside the window, which the comparison allows (their
+# expected weight is exactly 0), and it does not know the rotating reading of a window, so that bundle
+# is not applicable to it. On the hybrid target (Qwen3.5: Gated DeltaNet layers) it rolls its cache back
+# by `DynamicCache.crop` alone, and the kit names the stage: the recurrent state after the first rejection.
 
 # %%
 from dflash_ref.conformance.golden import generate_golden
 
-folder = Path(tempfile.mkdtemp())
+folder, plain = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
 generate_golden(folder)
-official = verify("zlab", folder)
+for bundle in sorted(folder.iterdir()):
+    if not bundle.name.endswith("_hybrid_target"):
+        (plain / bundle.name).symlink_to(bundle)
+official = verify("zlab", plain)
 print(official.text().split("\n\n")[0], "…", official.text().rsplit("\n", 1)[-1])
 print("checks where evicted keys were allowed:", sum(bool(c.note) for c in official.checks))
 assert official.passed, official.text()          # the notebook stops here if the official package disagrees
+crop_only = verify("zlab", folder / "16_hybrid_target")
+print(crop_only.text()[crop_only.text().index("FIRST DIVERGENCE"):])
+assert crop_only.first_failure.stage == "recurrent_state"

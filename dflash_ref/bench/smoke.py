@@ -25,6 +25,7 @@ The released config.json could not be read here (no network), so the shapes are 
     attention, partial RoPE). It stands in here as a plain Qwen3 stack of its widths, full attention
     in all 64 layers: hidden 5120, 24 query / 4 KV heads, head_dim 256, FFN 17408, vocabulary 248320,
     rope_theta 1e7 (the Qwen3.5-27B numbers; taken to hold for 3.8): about 24e9 parameters, 49 GB in bf16.
+`--arch qwen3_5`: a hybrid target shaped like Qwen3.5-27B and its DFlash draft (smoke_hybrid.py).
 The tiny DFlash 2 size keeps that structure shrunk (the draft's heads unlike the target's, explicit
 target_layer_ids, sliding layers, K = 2, groups of 16, top 16) with a window of 16 that binds on CPU.
 
@@ -47,6 +48,7 @@ from ..drafts.random_draft import random_draft
 from ..extensions.linear import use_rows_first
 from ..layer_sampling import extract_context_feature
 from ..target import Qwen3Target
+from .smoke_hybrid import HYBRID_SIZES, hybrid_models
 
 SIZES = {
     "full": dict(target=dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
@@ -103,8 +105,8 @@ def random_target(config: TargetConfig, device, dtype, seed: int = 0, std: float
     return target.to(dtype).eval()
 
 
-def random_dflash2_draft(target, fields: dict, seed: int = 1, std: float = 0.02) -> DFlashDraftModel:
-    """A random DFlash 2 draft with `fields` (its heads, FFN, block, DFlash 2 sizes, …) and the target's
+def random_sized_draft(target, fields: dict, seed: int = 1, std: float = 0.02) -> DFlashDraftModel:
+    """A random draft with `fields` (its heads, FFN, block, layer ids, DFlash 2 sizes, …) and the target's
     width, vocabulary and depth, built on the meta device and filled on the target's (base_kernel too)."""
     tc = target.config
     config = DraftConfig(vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, rms_norm_eps=tc.rms_norm_eps,
@@ -184,26 +186,32 @@ def _first_difference(a: torch.Tensor, b: torch.Tensor) -> int | None:
     return int(diff[0, 0]) if diff.numel() else (None if a.shape == b.shape else n)
 
 
-def _models(spec: dict, version: int, device):
-    """(target, draft, report): the random pair of this size; DFlash 2's shapes and one draft pass checked."""
+def _models(spec: dict, version: int, device, arch: str):
+    """(target, draft, report): the random pair of this size; DFlash 2's shapes and one draft pass checked,
+    a hybrid's layer types counted."""
+    if arch == "qwen3_5":
+        return hybrid_models(spec, device, _fill_, random_sized_draft)
     target = random_target(TargetConfig(**spec["target"]), device, spec["dtype"])
     if version == 1:
         return target, random_draft(target, spec["draft_layers"], spec["block_size"], spec["mask_token_id"]), {}
-    draft = random_dflash2_draft(target, spec["draft"])
+    draft = random_sized_draft(target, spec["draft"])
     ids = torch.randint(0, target.config.vocab_size, (1, spec["prompt"]), generator=torch.Generator().manual_seed(1))
     return target, draft, {"dflash2_shapes": check_dflash2_shapes(draft), "draft_pass": draft_pass(draft, target, ids)}
 
 
-def run(size: str = "full", say=print, version: int = 1) -> dict | None:
+def run(size: str = "full", say=print, version: int = 1, arch: str = "qwen3") -> dict | None:
     if version not in (1, 2):
         raise ValueError(f"smoke: version must be 1 or 2, got {version!r}")
-    spec = (SIZES if version == 1 else DFLASH2_SIZES)[size]
+    if arch not in ("qwen3", "qwen3_5") or (arch == "qwen3_5" and version != 1):
+        raise ValueError(f"smoke: arch must be 'qwen3' or 'qwen3_5' (the hybrid with a DFlash 1 draft), "
+                         f"got arch {arch!r} with version {version}")
+    spec = (HYBRID_SIZES if arch == "qwen3_5" else SIZES if version == 1 else DFLASH2_SIZES)[size]
     device = torch.device(spec["device"])
     if device.type == "cuda" and not torch.cuda.is_available():
         say("smoke: no CUDA device here — skipping the full-size check (run `--size tiny` for the CPU version)")
         return None
     torch.manual_seed(0)
-    target, draft, checks = _models(spec, version, device)
+    target, draft, checks = _models(spec, version, device, arch)
     ids = torch.randint(0, target.config.vocab_size, (1, spec["prompt"]), generator=torch.Generator().manual_seed(0))
     n = spec["new"]
     if device.type == "cuda":
@@ -215,7 +223,7 @@ def run(size: str = "full", say=print, version: int = 1) -> dict | None:
     oracle = OracleDraft(draft, ar.output_ids)
     orc, t_orc = _timed(lambda: spec_generate(oracle, target, ids, n), device)
     result = {
-        "size": size, "version": version, "device": str(device),
+        "size": size, "arch": arch, "version": version, "device": str(device),
         "dtype": str(spec["dtype"]).removeprefix("torch."),
         "target_params": sum(p.numel() for p in target.parameters()),
         "draft_params": sum(p.numel() for p in draft.parameters()), "new_tokens": n,

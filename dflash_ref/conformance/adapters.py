@@ -20,6 +20,8 @@ import torch
 
 from ..drafts.checkpoint import load_draft
 from ..target.checkpoint import load_target
+from ..target.hybrid_cache import HybridCache
+from ..target.qwen3_5_checkpoint import is_hybrid_folder, load_hybrid_target
 from ..decoding import spec_generate
 from ..bench.timing import one_thread
 from ..trace import tracing
@@ -61,6 +63,27 @@ def check_path(port: str, path: np.ndarray, candidates: np.ndarray, scores: np.n
                              f"({chosen.tolist()} vs {path.tolist()})")
 
 
+class TargetStates:
+    """A hybrid target's linear-layer states after each step's crop, read off the cache the loop makes
+    (its make_cache wrapped): `after(step)` from on_step, which the loop calls after the crop."""
+
+    def __init__(self, target) -> None:
+        self.cache, self.out, make = None, {}, target.make_cache
+
+        def made():
+            self.cache = make()
+            return self.cache
+        target.make_cache = made
+
+    def after(self, step: int) -> None:
+        if not isinstance(self.cache, HybridCache):
+            return
+        for layer in self.cache.linear:
+            conv, recurrent = self.cache.linear_state(layer)
+            self.out[key_for("conv_state", step, layer)] = to_numpy(conv[0])             # (C, K − 1)
+            self.out[key_for("recurrent_state", step, layer)] = to_numpy(recurrent[0])   # (H_v, d_k, d_v)
+
+
 class ReferenceAdapter:
     """This package. Subclass and override `load`, `generate` or `collect` to make a variant."""
     name, dtype = "reference", None       # dtype None: the bundle's own (torch.float64: its float64 twin)
@@ -68,7 +91,8 @@ class ReferenceAdapter:
     def load(self, bundle: Bundle):
         draft = load_draft(bundle.draft_dir, self.dtype)
         draft.draft_vocab = None          # bundles compare proposals over all V, as the official package makes them
-        return load_target(bundle.target_dir, self.dtype), draft
+        load = load_hybrid_target if is_hybrid_folder(bundle.target_dir) else load_target
+        return load(bundle.target_dir, self.dtype), draft
 
     def generate(self, draft, target, input_ids: torch.Tensor, inputs: dict, on_step):
         return spec_generate(draft, target, input_ids, inputs["max_new_tokens"],
@@ -77,10 +101,11 @@ class ReferenceAdapter:
 
     def run(self, bundle: Bundle) -> dict[str, np.ndarray]:
         target, draft = self.load(bundle)
-        input_ids = torch.tensor([bundle.inputs["input_ids"]])
+        input_ids, states = torch.tensor([bundle.inputs["input_ids"]]), TargetStates(target)
         with one_thread(), tracing(draft, names=TRACED) as trace:
-            output = self.generate(draft, target, input_ids, bundle.inputs, trace.on_step)
-        return self.collect(draft, trace, output)
+            output = self.generate(draft, target, input_ids, bundle.inputs,
+                                   lambda record: (trace.on_step(record), states.after(record.step)))
+        return {**self.collect(draft, trace, output), **states.out}
 
     def collect(self, draft, trace, output) -> dict[str, np.ndarray]:
         out = {key_for("layer_ids"): np.asarray(draft.target_layer_ids, np.int64)}

@@ -17,10 +17,12 @@ import torch
 
 from ..drafts.checkpoint import save_draft
 from ..extensions.linear_plan import linear_mode_as
+from ..target import Qwen3_5Target
 from ..target.checkpoint import save_target
+from ..target.qwen3_5_checkpoint import save_hybrid_target
 from .adapters import ReferenceAdapter
-from .bundle import (FORMAT, KINDS, STAGES, TITLES, Bundle, candidates_in_id_order, parse_key, walk_order,
-                     write_bundle_files)
+from .bundle import (FORMAT, KINDS, STAGES, TARGET_LAYER_STAGES, TITLES, Bundle, candidates_in_id_order, parse_key,
+                     walk_order, write_bundle_files)
 from .exact import DRAFTS, write_sampling
 from .scenarios import SCENARIOS, Scenario
 from .variants import VARIANTS
@@ -80,8 +82,9 @@ def _margin(golden: list[np.ndarray], exact: list[np.ndarray]) -> float:
 
 def _entry(key: str, array: np.ndarray, tolerance: float, sliding: set[int]) -> dict:
     stage, step, layer = parse_key(key)
+    which = "target" if stage in TARGET_LAYER_STAGES else "draft"
     where = ", ".join(([f"step {step}"] if step is not None else []) +
-                      ([f"draft layer {layer}"] if layer is not None else []))
+                      ([f"{which} layer {layer}"] if layer is not None else []))
     layout = next(s[3] for s in STAGES if s[0] == stage)
     integer = np.issubdtype(array.dtype, np.integer)
     entry = {"key": key, "stage": stage, "step": step, "layer": layer, "shape": list(array.shape),
@@ -115,7 +118,8 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
         shutil.rmtree(folder)
     target, draft = scenario.build()
     dtype = getattr(torch, scenario.dtype)
-    save_target(target, folder / "target", dtype)
+    hybrid = isinstance(target, Qwen3_5Target)
+    (save_hybrid_target if hybrid else save_target)(target, folder / "target", dtype)
     save_draft(draft, folder / "draft", dtype)
     if scenario.rope_spelling:
         _keep_one_spelling(folder, scenario.rope_spelling)
@@ -135,7 +139,8 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
                       "weight exactly 0) may be left out along `evictable_axis` (of K, V, weights), and so may the "
                       "final hidden's row at block position 0, which feeds no logit. Batch dimension dropped. "
                       "Keys in the order of the data's walk.",
-        "stages": [{"stage": s, "title": t, "meaning": m, "layout": lay, "kind": KINDS[s]} for s, t, m, lay in STAGES],
+        "stages": [{"stage": s, "title": t, "meaning": m, "layout": lay, "kind": KINDS[s]} for s, t, m, lay in STAGES
+                   if hybrid or s not in TARGET_LAYER_STAGES],     # a hybrid target's states: its bundles only
         "kinds": "semantic: what DFlash defines (a difference is a failure); observable: how the reference lays out "
                  "its state (checked against the port's declared or detected design variant, else a note)",
         "variants": {key: {"reference": choices[0], "choices": list(choices)} for key, choices in VARIANTS.items()},

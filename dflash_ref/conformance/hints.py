@@ -1,6 +1,6 @@
-"""Hints for the first divergence: the usual causes at each stage, and a few causes the tensors
-themselves can tell (a causal block, keys left over from an uncropped cache, tokens stripped or
-committed past a stop token). A hint is a guess to check first, never a verdict."""
+"""Hints for the first divergence: the usual causes at each stage (a hybrid target's state rolled back
+by a crop alone among them), and a few causes the tensors themselves can tell (a causal block, keys
+left over from an uncropped cache, tokens stripped or committed past a stop token). A hint is a guess to check first, never a verdict."""
 from __future__ import annotations
 
 import numpy as np
@@ -45,6 +45,12 @@ BY_STAGE = {
     "acceptance_length": "τ = Σ_i Π_{j≤i} 1[d_j = posterior_{j−1}]: a cumulative product, not a count of matches",
     "bonus": "the bonus is the target's token after the accepted run, posterior[τ], never a draft token",
     "cache_lengths": "the draft cache is cropped back to `start` after every pass; the target's to the new start",
+    "conv_state": "after a verify of L tokens and the crop to n + m, a linear layer's conv window is the last K − 1 "
+                  "committed inputs, [W_n; u_{n+1..n+L}][m : m + K − 1], not the verify's last K − 1",
+    "recurrent_state": "a crop cannot cut a recurrent state back (a crop-only rollback, as transformers' "
+                       "DynamicCache.crop, trims the conv window and leaves S with the rejected tokens in): keep S "
+                       "per verified position and pick S_{n+m} (target/hybrid_cache.py), or snapshot S_n before "
+                       "the verify and replay the m accepted tokens (the official MLX backend)",
     "output_ids": "every committed token is kept (also one equal to mask_token_id), none after a stop token",
 }
 

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..bench.timing import one_thread
+from ..target.qwen3_5_checkpoint import is_hybrid_folder
 from .adapters import check_path, loop_values, pair_scores, to_numpy
 from .bundle import Bundle, key_for
 
@@ -190,12 +191,22 @@ class _OfficialRecorder:
             draft_lengths = self.draft_lengths or [loop["past_key_values_draft"].get_seq_length()] * 3
             loop_values(self.out, self.step, block[1:], loop["posterior"][0].tolist(), tau, bonus,
                         draft_lengths + [self.target_before, before, cache.get_seq_length()])
+            self.out.update(linear_states(cache, self.step))
             self.step, self.draft_lengths = self.step + 1, None
 
 
+def linear_states(cache, step: int) -> dict[str, np.ndarray]:
+    """A hybrid target's DynamicCache after a crop: each linear layer's conv window (the last K − 1 of its
+    K columns, (C, K − 1)) and recurrent state (H_v, d_k, d_v); nothing for a plain target."""
+    from transformers.cache_utils import LinearAttentionCacheLayerMixin
+    linear = [(i, c) for i, c in enumerate(cache.layers) if isinstance(c, LinearAttentionCacheLayerMixin)]
+    return {**{key_for("conv_state", step, i): to_numpy(c.conv_states[0][0, :, 1:]) for i, c in linear},
+            **{key_for("recurrent_state", step, i): to_numpy(c.recurrent_states[0][0]) for i, c in linear}}
+
+
 class ZLabAdapter:
-    """The official PyTorch code (either layout): DFlashDraftModel + dflash_generate, transformers
-    Qwen3 target. `layout` says which it found, after a run."""
+    """The official PyTorch code (either layout): DFlashDraftModel + dflash_generate, a transformers Qwen3
+    target (Qwen3.5 for a hybrid bundle: linear_states after each crop). `layout`: which it found, after a run."""
     name, layout = "zlab", None
     variants = {"sliding_window": "causal,symmetric"}    # it reads is_causal, not sliding_window_kind
 
@@ -211,7 +222,8 @@ class ZLabAdapter:
         log.set_verbosity_error()
         log.disable_progress_bar()
         try:
-            target = transformers.Qwen3ForCausalLM.from_pretrained(bundle.target_dir, dtype=dtype).eval()
+            kind = transformers.Qwen3_5ForCausalLM if is_hybrid_folder(bundle.target_dir) else transformers.Qwen3ForCausalLM
+            target = kind.from_pretrained(bundle.target_dir, dtype=dtype).eval()
             architecture = (bundle.config("draft").get("architectures") or ["DFlashDraftModel"])[0]
             if not hasattr(official, architecture):    # the GitHub code has no DFlash 2
                 raise NotImplementedError(f"this dflash.model has no {architecture}")

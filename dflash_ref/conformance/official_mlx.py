@@ -1,5 +1,5 @@
 """The official MLX backend as a port: `dflash.model_mlx` (its DFlashDraftModel and stream_generate)
-with an mlx-lm Qwen3 target, run on the CPU (`pip install 'dflash-ref[mlx]'`, the `mlx-cpu` wheel),
+with an mlx-lm Qwen3 or Qwen3.5 target (its Gated DeltaNet states read before each verify: mlx_states.py), run on the CPU (`pip install 'dflash-ref[mlx]'`, the `mlx-cpu` wheel),
 read through wrappers around its own submodules and its decoding loop's own variables.
 
 Its design, declared: the draft cache holds only context K/V (`context-only`), and a sliding window
@@ -17,6 +17,7 @@ import numpy as np
 
 from .bundle import Bundle, key_for
 from .adapters import check_path, loop_values, pair_scores
+from .mlx_states import cache_length, linear_states
 
 
 def _np(x) -> np.ndarray:
@@ -28,10 +29,11 @@ class _Tap:
     """A callable standing in for one submodule (or the target model) of an MLX model: calls it, hands
     its output on; every other attribute is the wrapped object's."""
 
-    def __init__(self, module, seen) -> None:
-        self.__dict__.update(module=module, seen=seen)
+    def __init__(self, module, seen, before=lambda *a: None) -> None:
+        self.__dict__.update(module=module, seen=seen, before=before)
 
     def __call__(self, *args, **kwargs):
+        self.before(*args)
         out = self.module(*args, **kwargs)
         self.seen(out, *args)
         return out
@@ -48,7 +50,7 @@ class _MLXRecorder:
         self.draft, self.out, self.step, self.steps = draft, {}, 0, []
         self.layer, self.in_draft, self.pending, self._undo = 0, False, {}, []
         self.draft_lengths, self.draft_cache, self.target_cache = [], None, None
-        self.target = _Tap(target, self.verified)       # what stream_generate is given as the model
+        self.target = _Tap(target, self.verified, self.before_verify)   # what stream_generate is given
 
     def put(self, name: str, array) -> None:
         self.out[f"step{self.step}/{name}"] = array if isinstance(array, np.ndarray) else _np(array)
@@ -83,14 +85,14 @@ class _MLXRecorder:
 
         def draft_pass(inputs, target_hidden, cache, logits_start=0):
             self.in_draft, self.layer, self.draft_cache = True, 0, cache
-            self.draft_lengths = [cache[0].offset]
+            self.draft_lengths = [cache_length(cache)]
             self.put("draft.hook_target_hidden", target_hidden[0])
             self.put("draft.hook_noise_embedding", (d.embed_tokens(inputs) * d.embed_scale)[0])
             try:
                 return hidden_states(inputs, target_hidden, cache, logits_start)
             finally:
                 self.in_draft = False
-                self.draft_lengths.append(cache[0].offset)
+                self.draft_lengths.append(cache_length(cache))
         object.__setattr__(d, "hidden_states", draft_pass)
         self._undo.append(lambda: object.__delattr__(d, "hidden_states"))
 
@@ -134,14 +136,19 @@ class _MLXRecorder:
         object.__setattr__(selector, "select", _Tap(selector.select, selected))
         self._undo.append(lambda: object.__delattr__(selector, "select"))
 
+    def before_verify(self, inputs, cache=None, *args) -> None:
+        """Before a decode step's verify: a hybrid's states after the previous step's rollback."""
+        if self.step:
+            self.out.update(linear_states(cache, self.step - 1, _np))
+
     def verified(self, logits, inputs, cache=None, *args) -> None:
         """After each target pass: the cache lengths around a decode step's verify."""
-        self.target_cache = cache
+        self.target_cache, length = cache, cache_length(cache)
         if self.steps and self.steps[-1][-1][5] is None:      # the previous step's crop, seen now
-            self.steps[-1][-1][5] = cache[0].offset - inputs.shape[1]
+            self.steps[-1][-1][5] = length - inputs.shape[1]
         if self.draft_lengths:                                 # a decode step's verify, not the prefill
-            self.draft_lengths.append(self.draft_cache[0].offset)
-            self.target_lengths = [cache[0].offset - inputs.shape[1], cache[0].offset]
+            self.draft_lengths.append(cache_length(self.draft_cache))
+            self.target_lengths = [length - inputs.shape[1], length]
 
     def pair(self, name: str, o) -> None:
         """k_norm and v_proj run twice per layer, on the context first, then on the block."""
@@ -233,8 +240,10 @@ class MLXAdapter:
                 if response.accepted is not None:      # a decode step (not the first token, not the end)
                     recorder.decoded(stream.gi_yieldfrom.gi_frame.f_locals)
         out = recorder.out
+        if recorder.step:                   # the last step's rollback, after its yield
+            out.update(linear_states(recorder.target_cache, recorder.step - 1, _np))
         for step, drafted, posterior, tau, bonus, lengths in recorder.steps:
-            lengths[5] = recorder.target_cache[0].offset if lengths[5] is None else lengths[5]
+            lengths[5] = cache_length(recorder.target_cache) if lengths[5] is None else lengths[5]
             loop_values(out, step, drafted, posterior, tau, bonus, lengths)
         out[key_for("layer_ids")] = np.asarray(draft.config.target_layer_ids, np.int64)
         out[key_for("output_ids")] = np.asarray(list(inputs["input_ids"]) + tokens, np.int64)

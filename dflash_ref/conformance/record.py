@@ -24,7 +24,7 @@ from typing import Iterator
 
 import numpy as np
 
-from .bundle import LAYER_STAGES, STAGE_INDEX, key_for
+from .bundle import LAYER_STAGES, STAGE_INDEX, TARGET_LAYER_STAGES, key_for
 from .tensorfile import as_array, write_safetensors
 
 
@@ -51,8 +51,10 @@ class Recorder:
             raise ValueError(f"unknown stage {stage!r}; stages: {list(STAGE_INDEX)}")
         if (step is None) != (stage in ("layer_ids", "output_ids")):
             raise ValueError(f"stage {stage!r} " + ("is per step: give step=" if step is None else "has no step"))
-        if (layer is None) == (stage in LAYER_STAGES):
-            raise ValueError(f"stage {stage!r} " + ("is per draft layer: give layer=" if layer is None else "has no layer"))
+        per_layer = "draft" if stage in LAYER_STAGES else "target" if stage in TARGET_LAYER_STAGES else None
+        if (layer is None) == (per_layer is not None):
+            raise ValueError(f"stage {stage!r} " + (f"is per {per_layer} layer: give layer=" if layer is None
+                                                    else "has no layer"))
         key = key_for(stage, step, layer)
         self.arrays[f"{self._bundle}/{key}"] = as_array(value)
         return key

@@ -22,6 +22,8 @@ and checking that property on the reference's own run, so that a change that los
     14_rope_linear        linear RoPE scaling (factor 2), spelled as transformers 5: rope_parameters only
     15_dflash2            a DFlash 2 draft: dynamic convolution (K = 2, groups of 4) around every sublayer,
                           the candidate selector (top 3 of 8, rank 4) choosing the proposals
+    16_hybrid_target      a Qwen3.5-style hybrid target (3 Gated DeltaNet layers, then gated attention): its
+                          linear layers' states after every crop, rejected tokens undone (target/hybrid_cache.py)
 (04, 11 and 12 are the three meanings of a sliding window: attention.py.)
 """
 from __future__ import annotations
@@ -35,7 +37,7 @@ from ..config import DraftConfig, TargetConfig
 from ..draft_model import DFlashDraftModel
 from ..drafts.random_draft import randomize_
 from ..extensions.linear import use_rows_first
-from ..target import Qwen3Target
+from ..target import HybridConfig, Qwen3_5Target, Qwen3Target
 from ..walkthrough.demo import PROMPT, VOCAB, demo_models, encode
 from .bundle import walk_order
 
@@ -53,6 +55,20 @@ def tiny_pair(seed: int, vocab: int = 6, target_layers: int = 4, draft_layers: i
                                          block_size=block_size, mask_token_id=vocab - 1, **shared,
                                          **draft_fields))
     use_rows_first(draft)           # as every draft that decodes here (extensions/linear.py)
+    return randomize_(target, seed), randomize_(draft, seed + 1000)
+
+
+def hybrid_pair(seed: int) -> tuple[Qwen3_5Target, DFlashDraftModel]:
+    """A tiny Qwen3.5 hybrid target (layers linear, linear, linear, full: mlx-lm's every-4th layout; partial
+    RoPE on half of head_dim 8) and a DFlash 1 draft reading layers 0 and 2 (both Gated DeltaNet)."""
+    shared = dict(vocab_size=8, hidden_size=16, intermediate_size=32, max_position_embeddings=128, rope_theta=10000.0)
+    target = Qwen3_5Target(HybridConfig(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=4,
+                                        linear_value_head_dim=4, partial_rotary_factor=0.5, **shared))
+    draft = DFlashDraftModel(DraftConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+                                         num_target_layers=4, block_size=4, mask_token_id=7, target_layer_ids=[0, 2],
+                                         **shared))
+    use_rows_first(draft)
     return randomize_(target, seed), randomize_(draft, seed + 1000)
 
 
@@ -147,6 +163,16 @@ def _check_dflash2(p: dict) -> None:
     assert any(p[f"{s}/draft_tokens"].tolist() != p[f"{s}/draft.hook_logits"].argmax(-1).tolist() for s in steps)
 
 
+def _check_hybrid(p: dict) -> None:
+    """A rejection inside a verify (τ + 1 < L_q) at a step that another follows: its states are rolled back
+    and the next step's posterior reads them."""
+    taus, sizes = _steps(p, "acceptance_length"), [len(q) for q in _steps(p, "posterior")]
+    assert any(t + 1 < n for t, n in zip(taus[:-1], sizes[:-1])), (taus, sizes)
+    assert any(t > 0 for t in taus), taus
+    assert sorted({k.split("/")[1] for k in p if "target.layers" in k}) == \
+        [f"target.layers.{i}.linear_attn.{s}" for i in range(3) for s in ("conv_state", "recurrent_state")]
+
+
 def _check_block16(p: dict) -> None:
     assert p["prefill/layer_ids"].tolist() == [1, 9, 17, 25, 33]
     assert p["step0/draft.layers.4.self_attn.hook_pattern"].shape[1] == 16
@@ -201,4 +227,8 @@ SCENARIOS = [
              "sublayer, the candidate selector (top 3 of 8 candidates, rank 4) choosing the proposals",
              lambda: tiny_pair(12, vocab=8, version=2, conv_kernel_size=2, conv_group_size=4, selector_rank=4,
                                selector_top_k=3), [1, 2, 3, 4, 5], 12, check=_check_dflash2),
+    Scenario("hybrid_target", "a Qwen3.5-style hybrid target (Gated DeltaNet layers 0-2, gated attention layer 3): "
+             "after every step's crop each linear layer's conv window and recurrent state over the committed tokens "
+             "alone (a crop-only rollback keeps the rejected tokens in S), and the next step's posterior from them",
+             lambda: hybrid_pair(4), [1, 2, 3, 4, 5], 16, check=_check_hybrid),
 ]

@@ -105,8 +105,8 @@ def _shards(folder: Path) -> dict[str, list[str]]:
     raise CheckpointError(f"{folder} has neither {SINGLE} nor {INDEX} (found: {found or 'nothing'})")
 
 
-def config_architectures(folder: Path) -> list[str]:
-    """The `architectures` named in folder/config.json ([] if none), or a CheckpointError naming the file."""
+def read_config(folder: Path) -> dict:
+    """folder/config.json as a dict, or a CheckpointError naming the file."""
     path = folder / "config.json"
     try:
         config = json.loads(path.read_text())
@@ -114,7 +114,13 @@ def config_architectures(folder: Path) -> list[str]:
         raise CheckpointError(f"{path} is not a JSON object (not valid JSON: {e})") from None
     if not isinstance(config, dict):
         raise CheckpointError(f"{path} is not a JSON object (a {type(config).__name__})")
-    archs = config.get("architectures") or []
+    return config
+
+
+def config_architectures(folder: Path) -> list[str]:
+    """The `architectures` named in folder/config.json ([] if none), or a CheckpointError naming the file."""
+    path = folder / "config.json"
+    archs = read_config(folder).get("architectures") or []
     if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
         raise CheckpointError(f"{path}: 'architectures' must be a list of class names, got {archs!r}")
     return archs
@@ -126,11 +132,13 @@ def _check_architecture(folder: Path, expected: set[str]) -> None:
         raise CheckpointError(f"{folder}: architectures {archs} is not one of {sorted(expected)}")
 
 
-def _read_shard(path: Path, dtype: torch.dtype, device: str | torch.device) -> dict[str, torch.Tensor]:
-    """One safetensors file's tensors, in `dtype` on `device`; a damaged file is named."""
+def _read_shard(path: Path, dtype: torch.dtype, device: str | torch.device, rename=None) -> dict[str, torch.Tensor]:
+    """One safetensors file's tensors, in `dtype` on `device`, under rename's names (those it maps to
+    None are not read); a damaged file is named."""
+    rename = rename or (lambda name: name)
     try:
         with safe_open(str(path), framework="pt", device=str(device)) as f:
-            stored = {name: f.get_tensor(name) for name in f.keys()}
+            stored = {rename(name): f.get_tensor(name) for name in f.keys() if rename(name) is not None}
     except SafetensorError as e:
         reason = str(e).removeprefix("Error while deserializing header: ")
         raise CheckpointError(f"{path} is not a readable safetensors file ({reason})") from None
@@ -140,13 +148,15 @@ def _read_shard(path: Path, dtype: torch.dtype, device: str | torch.device) -> d
     return {name: t.to(dtype) for name, t in stored.items()}
 
 
-def load_weights(model: nn.Module, folder: Path, dtype: torch.dtype, device: str | torch.device) -> None:
-    """Fill a meta-device model from the folder's safetensors, listing missing/unexpected names."""
+def load_weights(model: nn.Module, folder: Path, dtype: torch.dtype, device: str | torch.device,
+                 rename=None) -> None:
+    """Fill a meta-device model from the folder's safetensors, listing missing/unexpected names.
+    `rename(stored name)` → the model's name, or None for a tensor the model does not use (identity if None)."""
     expected = dict(model.state_dict(keep_vars=True))
     tied = getattr(model.config, "tie_word_embeddings", False) and "lm_head.weight" in expected
     state: dict[str, torch.Tensor] = {}
     for shard in _shards(folder):
-        state.update(_read_shard(folder / shard, dtype, device))
+        state.update(_read_shard(folder / shard, dtype, device, rename))
     if tied:
         state.pop("lm_head.weight", None)
         expected.pop("lm_head.weight")
@@ -163,9 +173,10 @@ def load_weights(model: nn.Module, folder: Path, dtype: torch.dtype, device: str
         model.lm_head.weight = model.model.embed_tokens.weight
 
 
-def load_folder(cls, config_cls, folder, dtype, device, architectures: set[str]):
-    """A folder of this layout → `cls(config_cls.from_json(folder))` with its weights, in eval mode;
-    every problem (no folder, another architecture, a bad config, missing tensors) a CheckpointError."""
+def load_folder(cls, config_cls, folder, dtype, device, architectures: set[str], rename=None):
+    """A folder of this layout → `cls(config_cls.from_json(folder))` with its weights (names mapped by
+    `rename`, see load_weights), in eval mode; every problem (no folder, another architecture, a bad
+    config, missing tensors) a CheckpointError."""
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise CheckpointError(f"{folder} is a file, not a folder")
@@ -180,7 +191,7 @@ def load_folder(cls, config_cls, folder, dtype, device, architectures: set[str])
     device = check_device(device, dtype)
     with torch.device("meta"):
         model = cls(config)
-    load_weights(model, folder, dtype, device)
+    load_weights(model, folder, dtype, device, rename)
     return model.eval()
 
 

@@ -1,5 +1,6 @@
 """Opening a target folder the commands name (`--target DIR`): a Hugging Face causal-LM folder
-with its tokenizer, run on the project's own Qwen3 where it is one (qwen3.py) and in transformers
+with its tokenizer, run on the project's own Qwen3 where it is one (qwen3.py), on the own hybrid
+target where it is a Qwen3.5 / 3.6, text or multimodal (qwen3_5_checkpoint.py), and in transformers
 otherwise (hf.py), and the token ids its answers end with. A folder that cannot serve ends the
 command with a message naming the folder and the problem, never a traceback.
 """
@@ -12,6 +13,7 @@ import torch
 
 from .checkpoint import CheckpointError, config_architectures, load_target
 from .hf import HFTarget
+from .qwen3_5_checkpoint import is_hybrid_folder, load_hybrid_target
 
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -19,8 +21,9 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen3: bool = True):
     """--target FOLDER (a Hugging Face model folder) → (target, tokenizer), or the command ends naming
-    the folder and the problem: a Qwen3ForCausalLM runs on the project's own Qwen3 (unless not
-    `own_qwen3`: training distils through transformers' generate), anything else in transformers."""
+    the folder and the problem: a Qwen3ForCausalLM runs on the project's own Qwen3 and a Qwen3.5 / 3.6
+    on the own hybrid target (unless not `own_qwen3`: training distils through transformers' generate),
+    anything else in transformers."""
     if not (folder / "config.json").is_file():
         raise SystemExit(f"--target {folder}: no config.json there (a Hugging Face model folder, or 'smollm2')")
     try:
@@ -36,9 +39,10 @@ def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError, KeyError, TypeError) as e:       # transformers' own, for damaged files
         raise SystemExit(f"--target {folder}: its tokenizer does not load: {type(e).__name__}: {e}") from None
-    if "Qwen3ForCausalLM" in archs and own_qwen3:
+    own = load_target if "Qwen3ForCausalLM" in archs else load_hybrid_target if is_hybrid_folder(folder) else None
+    if own is not None and own_qwen3:
         try:
-            return load_target(folder, dtype, device), tokenizer              # the project's own Qwen3
+            return own(folder, dtype, device), tokenizer              # the project's own Qwen3 or Qwen3.5
         except CheckpointError as e:
             raise SystemExit(f"--target: {e}") from None
     from transformers import AutoModelForCausalLM    # optional: the hf extra

@@ -2,7 +2,10 @@
 
 The fields are those of transformers' `Qwen3_5TextConfig` that the own hybrid target reads
 (`target/qwen3_5.py`); `HybridConfig.from_hf(config)` takes them off a transformers config (or a
-plain dict), so a transformers state dict loads into the own target unchanged.
+plain dict), so a transformers state dict loads into the own target unchanged; `from_json(folder)` reads
+a folder's config.json. A multimodal config (Qwen3_5ForConditionalGeneration, as Qwen3.5 is released) is
+read through its `text_config`, the text model's fields, with the top level's tie_word_embeddings and
+dtype where the text_config lacks them.
 
     layer_types[l] ∈ {"linear_attention", "full_attention"}       one per layer
     full attention: H_q = num_attention_heads, H_kv = num_key_value_heads, d_h = head_dim,
@@ -13,11 +16,25 @@ plain dict), so a transformers state dict loads into the own target unchanged.
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..config_fields import ConfigError
 
 LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+def text_fields(config: dict) -> dict:
+    """A config dict's text-model fields: the dict itself, or a multimodal config's text_config (the top
+    level's tie_word_embeddings / dtype filled in where the text_config has none)."""
+    text = config.get("text_config")
+    if text is None:
+        return config
+    if not isinstance(text, dict):
+        raise ConfigError(f"text_config must be a JSON object of the text model's fields, got {text!r}")
+    inherited = {k: config[k] for k in ("tie_word_embeddings", "dtype", "torch_dtype") if k in config and k not in text}
+    return {**inherited, **text}
 
 
 @dataclass
@@ -42,6 +59,7 @@ class HybridConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     hidden_act: str = "silu"
+    dtype: str | None = None                  # dtype the checkpoint was saved in, informative
 
     def __post_init__(self) -> None:
         self.validate()
@@ -78,17 +96,17 @@ class HybridConfig:
         if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim % 2:
             raise ConfigError(f"partial_rotary_factor {self.partial_rotary_factor} × head_dim {self.head_dim} "
                               f"= {self.rotary_dim} rotary channels: must be even and ≥ 2")
+        if not isinstance(self.dtype, (str, type(None))):
+            raise ConfigError(f"config field 'dtype' must be a name such as \"bfloat16\", got {self.dtype!r}")
         if self.hidden_act != "silu":
             raise ConfigError(f"hidden_act {self.hidden_act!r} is not implemented (Qwen3.5 uses 'silu')")
         self.rms_norm_eps, self.rope_theta = float(self.rms_norm_eps), float(self.rope_theta)
 
     @classmethod
     def from_hf(cls, config) -> "HybridConfig":
-        """From a transformers Qwen3_5TextConfig (or its dict); RoPE read from either spelling,
-        rope types other than plain ("default") refused (a multimodal model: pass its text_config)."""
-        c = config if isinstance(config, dict) else config.to_dict()
-        if "text_config" in c and "hidden_size" not in c:
-            raise ConfigError("this is a multimodal Qwen3.5 config: pass its text_config")
+        """From a transformers Qwen3_5TextConfig or Qwen3_5Config (or their dicts); RoPE read from either
+        spelling, rope types other than plain ("default") refused."""
+        c = text_fields(config if isinstance(config, dict) else config.to_dict())
         rope = dict(c.get("rope_parameters") or {})
         legacy = c.get("rope_scaling") or {}
         kind = rope.get("rope_type", legacy.get("rope_type", legacy.get("type", "default")))
@@ -99,12 +117,25 @@ class HybridConfig:
         kwargs = {k: c[k] for k in fields if c.get(k) is not None}
         kwargs["rope_theta"] = rope.get("rope_theta", c.get("rope_theta", 10_000.0))
         kwargs["partial_rotary_factor"] = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
+        kwargs["dtype"] = c.get("dtype", c.get("torch_dtype"))
         missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads", "num_key_value_heads", "head_dim") if k not in kwargs]
         if missing:
             raise ConfigError(f"the config lacks {missing}, needed by the hybrid target")
         kwargs["layer_types"] = list(kwargs.get("layer_types") or [])
         return cls(**kwargs)
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "HybridConfig":
+        """A folder's config.json (or that file), text model or multimodal."""
+        path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
+        try:
+            d = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(d, dict):
+            raise ConfigError(f"{path} is not a JSON object")
+        return cls.from_hf(d)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
