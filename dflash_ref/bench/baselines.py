@@ -28,12 +28,12 @@ from ..drafts.folder import SHIPPED_DRAFT, open_draft
 from ..drafts.random_draft import random_smollm2_draft
 from ..extensions.linear_plan import linear_mode_as, plans
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
-from ..training.prompts import eval_prompts
+from ..training.prompt_sets import split_prompts
 from .suite import _draft_pass
 from .timing import measure, summarise
 from .trained import VERIFY_GATE
 
-PROMPTS, NEW_TOKENS = 4, 64
+PROMPTS, NEW_TOKENS = 8, 64   # the first 8 hand-written held-out prompts: 8 styles no training prompt has
 
 
 @contextlib.contextmanager
@@ -69,15 +69,16 @@ def hf_generate(model, ids: torch.Tensor, n: int) -> torch.Tensor:
 
 
 def bench_baselines(repeats: int, out: Path, progress) -> dict:
-    """The decoders above on PROMPTS held-out prompts, NEW_TOKENS tokens each: seconds, the ratio to
-    transformers' generate, speed (its time / theirs), τ (tokens per target pass), identical output."""
+    """The decoders above on PROMPTS hand-written held-out prompts (training/heldout_styles.py), NEW_TOKENS
+    tokens each: seconds, the ratio to transformers' generate, speed (its time / theirs), τ (tokens per
+    target pass), identical output."""
     target, tokenizer = load_smollm2()
     model = transformers_twin(target.model)
     draft, _ = open_draft(None, proposing=True)
     with official_timer() as official:
         zlab = official.DFlashDraftModel.from_pretrained(SHIPPED_DRAFT, dtype=torch.float32).eval()
     all_v = _without_draft_vocab(draft)
-    inputs = [chat_ids(tokenizer, p) for p in eval_prompts(PROMPTS)]
+    inputs = [chat_ids(tokenizer, p) for p in split_prompts("heldout-styles")[:PROMPTS]]
     b, n = draft.block_size, NEW_TOKENS
 
     def transformers_generate(ids):
@@ -118,7 +119,7 @@ def bench_baselines(repeats: int, out: Path, progress) -> dict:
     for row in rows:
         row.update({"speed vs transformers generate": 1 / row["ratio"], "τ (tokens/step)": taus[row["variant"]],
                     "identical output": True})
-    return {f"baselines · SmolLM2-135M fp32, {PROMPTS} held-out prompts, {n} tokens, greedy": rows,
+    return {f"baselines · SmolLM2-135M fp32, {PROMPTS} hand-written held-out prompts, {n} tokens, greedy": rows,
             "the linear plan measured meanwhile (µs per product, weights cold)": plans()}
 
 
