@@ -444,8 +444,8 @@ def test_self_distillation_is_the_targets_greedy_decoding_and_restores_its_atten
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--eval-tokens", "8160"], "--eval-tokens 8160: the longest held-out prompt (41 tokens) + 8160 exceeds the "
-                                "target's 8192 positions; at most 8151"),
+    (["--eval-tokens", "8160"], "--eval-tokens 8160: the longest held-out prompt (65 tokens) + 8160 exceeds the "
+                                "target's 8192 positions; at most 8127"),
     (["--prompts", "3", "--max-new-tokens", "8170"], "--max-new-tokens 8170: the longest training prompt")])
 def test_train_refuses_lengths_past_smollm2s_positions_before_distilling(tmp_path, flags, message):
     """Refused seconds in, once the tokenizer can count the prompts: not after distilling and training."""
