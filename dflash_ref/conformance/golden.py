@@ -27,9 +27,11 @@ from .exact import DRAFTS, write_sampling
 from .scenarios import SCENARIOS, Scenario
 from .variants import VARIANTS
 
-# the floors: max|Δ| / max(1, max|expected|); integers exact. fp32: the official MLX backend on the CPU is
-# 1.02e-5 off the golden at one tensor of the dflash2 bundle (a correct port: every other stage agrees)
-TOLERANCE = {"float32": 3e-5, "bfloat16": 6e-2}
+# the floors: max|Δ| / max(1, max|expected|); integers exact. fp32: the official MLX backend on the CPU, a correct
+# port whose matrix products sum in another order, is up to 3.25e-5 off a golden written on an Intel Xeon
+# (long_context, K context after KNorm: a head dim of 4 magnifies the fc product's rounding, 5.6e-6 there, against
+# the golden's own 1.0e-6 from float64) and 1.02e-5 off one written on an AMD EPYC; the floor is 3× the worst seen
+TOLERANCE = {"float32": 1e-4, "bfloat16": 6e-2}
 SLACK = 4       # a tensor's tolerance: SLACK × the golden's own error against its float64 twin, at least the floor
 TOLERANCE_RULE = (f"tolerance = max(floor, {SLACK} × error_vs_float64), error_vs_float64 being the golden value's own "
                   "max|Δ| / max(1, max|float64|) against the same reference run in float64 from the same weights "
