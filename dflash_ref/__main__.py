@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
                        help="qwen3_5: a hybrid target shaped like Qwen3.5-27B, its DFlash draft (shapes assumed: "
                             "bench/smoke_hybrid.py says which)")
     bench = sub.add_parser("bench", help="side-by-side benchmarks, reported as ratios")
-    bench.add_argument("names", nargs="*", help="baselines steps dflash2 official tracing blocks ceiling memory trained (default: all)")
+    bench.add_argument("names", nargs="*", help="baselines steps dflash2 rollback official tracing blocks ceiling memory "
+                                                "trained (default: all)")
     bench.add_argument("--repeats", type=int, default=7)
     bench.add_argument("--out", default="figures/bench")
     bench.add_argument("--draft", help="bench trained: this official-format SmolLM2 draft folder instead of the "

@@ -112,7 +112,7 @@ def test_bench_trained_names_a_missing_draft_folder(tmp_path):
 
 
 def test_the_benchmarks_against_transformers_are_registered():
-    assert {"baselines", "steps", "dflash2"} <= set(bench.BENCHES)
+    assert {"baselines", "steps", "dflash2", "rollback"} <= set(bench.BENCHES)
 
 
 def tiny_llama():
@@ -160,3 +160,18 @@ def test_the_official_timer_is_perf_counter_inside_and_restored_after():
     with official_timer() as module:
         assert module is official and official._cuda_time is time.perf_counter
     assert official._cuda_time is original
+
+
+def test_bench_rollback_reports_blocks_4_and_16_against_a_verify(monkeypatch):
+    """The table's shape and ratios, on a fake clock-free run: one repeat of a tiny hybrid."""
+    from dflash_ref.bench import hybrid_rollback
+    monkeypatch.setattr(hybrid_rollback, "bench_target",
+                        lambda hidden, layers, real=hybrid_rollback.bench_target: real(32, 4))
+    [rows] = hybrid_rollback.bench_rollback(1, out=None, progress=lambda s: None).values()
+    assert [r["block size b"] for r in rows] == [4, 16]
+    for r in rows:
+        b = r["block size b"]
+        assert set(r) >= {f"replay of {n} token{'s' * (n > 1)} / verify" for n in (1, b // 2, b)}
+        assert r["keeping / final only"] == r["verify keeping every position's state (ms)"] / r[
+            "verify, final state only (ms)"] > 0
+        assert r["kept state (MB per verify)"] > 0

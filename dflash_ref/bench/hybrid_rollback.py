@@ -3,8 +3,9 @@
     keep    a verify of L keeps S_{n+1..n+L} and the conv inputs; crop(n + τ + 1) picks them   (target/hybrid_cache.py)
     final   the same verify keeping S_{n+L} alone (what a plain cache does; it cannot roll back)
     replay  snapshot S_n before the verify, and on a rejection run the τ + 1 accepted tokens again:
-            its extra cost per step is one target forward of τ + 1 tokens (timed here for τ = 0 … L − 1)
+            its extra cost per step is one target forward of τ + 1 tokens (timed here for τ + 1 = 1 … L)
 
+    python -m dflash_ref bench rollback          (blocks 4 and 16, in the tables of cli/bench.py)
     python -m dflash_ref.bench.hybrid_rollback [--hidden 256] [--layers 8] [--verify 4] [--repeats 30]
 
 Times are medians over interleaved repeats on one thread (bench/timing.py); the model is a random Qwen3.5-shaped
@@ -39,9 +40,10 @@ def bench_target(hidden: int, layers: int) -> Qwen3_5Target:
 
 
 @torch.inference_mode()
-def rollback_costs(target: Qwen3_5Target, prompt_len: int = 64, verify: int = 4, repeats: int = 30) -> dict:
+def rollback_costs(target: Qwen3_5Target, prompt_len: int = 64, verify: int = 4, repeats: int = 30,
+                   replays: tuple[int, ...] | None = None, progress=lambda s: None) -> dict:
     """Median seconds of a verify of `verify` tokens (+ its crop) keeping every state or only the last,
-    and of the replay forwards of τ + 1 = 1 … verify tokens."""
+    and of the replay forwards of τ + 1 = `replays` tokens (default 1 … verify)."""
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, target.config.vocab_size, (1, prompt_len), generator=g)
     block = torch.randint(0, target.config.vocab_size, (1, verify), generator=g)
@@ -58,12 +60,12 @@ def rollback_costs(target: Qwen3_5Target, prompt_len: int = 64, verify: int = 4,
 
     variants = {"verify_keep_states": verify_with(caches["keep"], prompt_len + 2),
                 "verify_final_state_only": verify_with(caches["final"], prompt_len)}
-    for accepted in range(1, verify + 1):             # a replay after a verify accepting τ + 1 = accepted tokens
+    for accepted in replays or range(1, verify + 1):  # a replay after a verify accepting τ + 1 = accepted tokens
         replay_cache = HybridCache(target.config.layer_types, keep_positions=1)
         target(prompt, past_key_values=replay_cache, output_hidden_states=False)
         variants[f"replay_{accepted}_tokens"] = verify_with_replay(target, replay_cache, block[:, :accepted],
                                                                    prompt_len)
-    rows = summarise(measure(variants, repeats, warmup=2), baseline="verify_final_state_only")
+    rows = summarise(measure(variants, repeats, warmup=2, progress=progress), baseline="verify_final_state_only")
     keep_bytes = sum(4 * verify * m.num_v_heads * m.head_k_dim * m.head_v_dim
                      for layer in target.model.layers if (m := getattr(layer, "linear_attn", None)) is not None)
     return {"rows": rows, "kept_state_bytes_per_verify": keep_bytes, "prompt_len": prompt_len, "verify": verify}
@@ -75,6 +77,28 @@ def verify_with_replay(target: Qwen3_5Target, cache: HybridCache, tokens: torch.
         target(tokens, past_key_values=cache)
         cache.crop(start)
     return run
+
+
+def bench_rollback(repeats: int, out, progress) -> dict:
+    """`bench rollback`: at blocks 4 and 16, what keeping every verified position's state adds to a verify,
+    against the replay of τ + 1 = 1, b / 2 and b accepted tokens that a snapshot would need instead."""
+    rows = []
+    with one_thread():
+        target = bench_target(256, 8)
+        for b in (4, 16):
+            replays = (1, b // 2, b)
+            result = rollback_costs(target, verify=b, repeats=repeats, replays=replays, progress=progress)
+            ms = {r["variant"]: 1e3 * r["median_s"] for r in result["rows"]}
+            verify = ms["verify_final_state_only"]
+            row = {"block size b": b, "verify, final state only (ms)": verify,
+                   "verify keeping every position's state (ms)": ms["verify_keep_states"],
+                   "keeping / final only": ms["verify_keep_states"] / verify}
+            row.update({f"replay of {n} token{'s' * (n > 1)} / verify": ms[f"replay_{n}_tokens"] / verify
+                        for n in replays})
+            row["kept state (MB per verify)"] = result["kept_state_bytes_per_verify"] / 1e6
+            rows.append(row)
+    return {"rollback · a random Qwen3.5-shaped hybrid (hidden 256, 8 layers, 6 Gated DeltaNet), 64 cached, "
+            "one thread": rows}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -11,6 +11,8 @@ correctness, benchmarks report). Each benchmark writes a markdown table and JSON
     steps      one AR step and one verify of q = 2 … 16 tokens by linear plan, beside transformers'
                forward and the bandwidth bound; a draft pass with its proposals' lm_head
     dflash2    one DFlash 2 draft pass (convolution + selector) vs DFlash 1 at blocks 4 and 16
+    rollback   a hybrid target's exact rollback: a verify keeping every position's linear-layer state vs
+               the final state only vs replaying the accepted tokens, at blocks 4 and 16
     official   the reference loop vs the official `dflash_generate`, same weights, same proposals
     tracing    hook points with nothing attached vs no hook support at all vs full draft tracing
     blocks     one draft pass vs block size 2..32, beside an autoregressive drafter (γ passes)
@@ -31,13 +33,14 @@ from typing import Callable
 
 import torch
 
-from ..bench import baselines, steps, suite, trained
+from ..bench import baselines, hybrid_rollback, steps, suite, trained
 from ..bench.timing import measure, summarise  # noqa: F401  (the harness, re-exported)
 from ..extensions.linear_plan import linear_mode
 from .folders import make_folder
 
 BENCHES: dict[str, Callable] = {
     "baselines": baselines.bench_baselines, "steps": steps.bench_steps, "dflash2": baselines.bench_dflash2,
+    "rollback": hybrid_rollback.bench_rollback,
     "official": suite.bench_official, "tracing": suite.bench_tracing,
     "blocks": suite.bench_blocks, "ceiling": suite.bench_ceiling, "memory": suite.bench_memory,
     "trained": trained.bench_trained,

@@ -7,6 +7,8 @@ the process. The kernels differ by float rounding only (the order of the d_in-te
     rows-first       (W · xᵀ)ᵀ                               N ≥ 2
     sliced           (Σ_j W[:, S_j] · x[:, S_j]ᵀ)ᵀ             N ≥ 2, d_in > 768: slices S_j of ≤ 768 columns
     transposed       x · W_t,  W_t = Wᵀ made contiguous once
+    streamed         the C product of extensions/streamed.py: W read once for all N rows, sums in
+                     16 interleaved partial sums (where a C compiler built it)
 
 `sliced` and `transposed` read copies of W that a RowsFirstLinear keeps (extensions/linear.py), so
 they are candidates only there, for a weight of at most 2²⁴ elements. Each candidate is timed with
@@ -18,7 +20,10 @@ F.linear's, and a kernel that needs copies of W only when it beats the others so
 keep torch's own, and memory is spent only where it pays. DFLASH_REF_LINEAR (or `set_linear_mode`)
 pins the plan: `measured` (the default), `linear` (F.linear everywhere), `rows-first` (duplicated-row
 for one row, rows-first for 2 … 64: the rule this project used before it measured). Tried and left
-out, slower on the machines measured: MKL's packed weights (torch.ops.mkl._mkl_linear), torch.mv.
+out: torch.mv (slower on the machines measured); oneDNN's linear (torch.ops.mkldnn._linear_pointwise:
+slower than F.linear at 1 … 8 rows of SmolLM2's shapes on an Intel Xeon); MKL's packed weights
+(torch.ops.mkl._mkl_linear: slower on AMD EPYC; on that Xeon 1.7–2.2× F.linear on the lm_head at 4–8
+rows, but no faster than `streamed` there, and it needs a packed copy of W per row count).
 """
 from __future__ import annotations
 
@@ -33,6 +38,8 @@ from typing import Callable
 
 import torch
 from torch.nn import functional as F
+
+from . import streamed
 
 ENV = "DFLASH_REF_LINEAR"
 MODES = ("measured", "linear", "rows-first")
@@ -67,6 +74,7 @@ KERNELS: dict[str, Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]] =
     "linear": lambda flat, parts: F.linear(flat, parts[0]),
     "duplicated-row": _duplicated_row, "rows-first": _rows_first, "sliced": _sliced,
     "transposed": lambda flat, parts: flat @ parts[0],                    # (N, d_in) · (d_in, d_out)
+    "streamed": lambda flat, parts: streamed.streamed_product(flat, parts[0]),
 }
 COPIES: dict[str, Callable[[torch.Tensor], list[torch.Tensor]]] = {       # W → the parts a kernel reads
     "sliced": lambda w: [p.contiguous() for p in torch.tensor_split(w, -(-w.shape[1] // SPLIT_WIDTH), dim=1)],
@@ -111,7 +119,7 @@ def linear_mode_as(mode: str):
 
 def candidates(d_in: int, rows: int, with_copies: bool) -> tuple[str, ...]:
     """The kernels that may compute a product of `rows` rows (F.linear first)."""
-    names = ["linear", "duplicated-row" if rows == 1 else "rows-first"]
+    names = ["linear", "duplicated-row" if rows == 1 else "rows-first"] + (["streamed"] if streamed.available() else [])
     if with_copies:
         names += ["transposed"] + (["sliced"] if rows > 1 and d_in > SPLIT_WIDTH else [])
     return tuple(names)

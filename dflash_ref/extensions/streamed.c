@@ -1,0 +1,79 @@
+#include <omp.h>
+#include <stddef.h>
+#include <string.h>
+
+typedef float v16 __attribute__((vector_size(64)));
+
+static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+static inline v16 load_tail(const float *p, int n) { v16 v = {0}; memcpy(&v, p, (size_t)n * sizeof(float)); return v; }
+
+/* Halving steps of the 16 lanes of two vectors at once: after step s, each vector holds 2^s lane-sums
+   of each of its accumulators, the accumulators in order. */
+static inline v16 halve1(v16 a, v16 b) {   /* a, b (one accumulator each) → 8 lanes of a, then 8 of b */
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+         + __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+}
+static inline v16 halve2(v16 a, v16 b) {   /* 2 accumulators × 8 lanes each → 4 accumulators × 4 lanes */
+    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+         + __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+}
+static inline v16 halve3(v16 a, v16 b) {   /* 4 × 4 lanes → 8 × 2 lanes */
+    return __builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
+         + __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+}
+static inline v16 halve4(v16 a, v16 b) {   /* 8 × 2 lanes → 16 × 1 lane: one sum per accumulator */
+    return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+}
+/* The lane sums of 16 accumulators (a zero one where fewer), lane i = Σ lanes of acc[i]. */
+static inline v16 sums16(const v16 *acc) {
+    v16 l1[8], l2[4], l3[2];
+    for (int i = 0; i < 8; i++) l1[i] = halve1(acc[2 * i], acc[2 * i + 1]);
+    for (int i = 0; i < 4; i++) l2[i] = halve2(l1[2 * i], l1[2 * i + 1]);
+    for (int i = 0; i < 2; i++) l3[i] = halve3(l2[2 * i], l2[2 * i + 1]);
+    return halve4(l3[0], l3[1]);
+}
+
+#define OB 8
+#define TILE(MB)                                                                                             \
+static void tile_##MB(const float *x, const float *w, float *y, int N, int K, int m0, int o, int nb) {       \
+    v16 acc[16];                                                                                             \
+    const float *rows[OB];                                                                                   \
+    for (int b = 0; b < OB; b++) rows[b] = w + (size_t)(o + (b < nb ? b : 0)) * K;                            \
+    for (int i = 0; i < 16; i++) acc[i] = (v16){0};                                                          \
+    int k = 0;                                                                                               \
+    for (; k + 16 <= K; k += 16) {                                                                           \
+        v16 wv[OB];                                                                                          \
+        for (int b = 0; b < OB; b++) wv[b] = load16(rows[b] + k);                                            \
+        for (int m = 0; m < MB; m++) {                                                                       \
+            v16 xv = load16(x + (size_t)(m0 + m) * K + k);                                                   \
+            for (int b = 0; b < OB; b++) acc[m * OB + b] += xv * wv[b];                                      \
+        }                                                                                                    \
+    }                                                                                                        \
+    if (k < K) {                                                                                             \
+        v16 wv[OB];                                                                                          \
+        for (int b = 0; b < OB; b++) wv[b] = load_tail(rows[b] + k, K - k);                                  \
+        for (int m = 0; m < MB; m++) {                                                                       \
+            v16 xv = load_tail(x + (size_t)(m0 + m) * K + k, K - k);                                         \
+            for (int b = 0; b < OB; b++) acc[m * OB + b] += xv * wv[b];                                      \
+        }                                                                                                    \
+    }                                                                                                        \
+    v16 s = sums16(acc);                                                                                     \
+    for (int m = 0; m < MB; m++) for (int b = 0; b < nb; b++) y[(size_t)(m0 + m) * N + o + b] = s[m * OB + b]; \
+}
+TILE(1) TILE(2)
+
+void streamed_product(const float *x, const float *w, float *y, int M, int N, int K, int threads) {
+    #pragma omp parallel num_threads(threads)
+    {
+        const int t = omp_get_thread_num(), T = omp_get_num_threads();
+        const int groups = (N + OB - 1) / OB, per = (groups + T - 1) / T;
+        const int g0 = t * per, g1 = g0 + per < groups ? g0 + per : groups;
+        for (int g = g0; g < g1; g++) {
+            const int o = g * OB, nb = o + OB <= N ? OB : N - o;
+            int m0 = 0;
+            for (; m0 + 2 <= M; m0 += 2) tile_2(x, w, y, N, K, m0, o, nb);
+            if (m0 < M) tile_1(x, w, y, N, K, m0, o, nb);
+        }
+    }
+}

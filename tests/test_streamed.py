@@ -1,0 +1,77 @@
+"""The C product (extensions/streamed.py): F.linear's numbers to fp32 rounding for any shape, a
+candidate of the measured plan where it builds, and a clear account of why where it does not."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dflash_ref.extensions import linear_plan, streamed
+
+built = pytest.mark.skipif(not streamed.available(), reason=f"no C product here: {streamed.status()}")
+
+
+@built
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(1, 19), d_out=st.integers(1, 41), d_in=st.integers(0, 70), seed=st.integers(0, 2**16),
+       threads=st.sampled_from([1, 2, 3]))
+def test_the_c_product_is_within_fp32_rounding_of_the_exact_product(rows, d_out, d_in, seed, threads):
+    """|y − y_exact| ≤ γ_n Σ_k |x_k w_k| with γ_n = n·u / (1 − n·u), u = 2⁻²⁴, n = d_in: the bound of any order
+    of fp32 sums (Higham 3.1), so a wrong index, a lost tail or a dropped tile fails it. Every tile width
+    (1 … 4 rows of x, the last rows' narrower tiles), d_in not a multiple of 16, any thread count."""
+    g = torch.Generator().manual_seed(seed)
+    x, w = torch.randn(rows, d_in, generator=g), torch.randn(d_out, d_in, generator=g)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        y = streamed.streamed_product(x, w)
+    finally:
+        torch.set_num_threads(previous)
+    exact = x.double() @ w.double().T                                              # (rows, d_out)
+    u = 2.0 ** -24
+    gamma = d_in * u / (1 - d_in * u)
+    bound = gamma * (x.double().abs() @ w.double().abs().T)
+    assert y.shape == (rows, d_out) and y.dtype == torch.float32
+    assert bool(((y.double() - exact).abs() <= bound + 1e-300).all())
+
+
+@built
+def test_the_c_product_reads_views_and_refuses_what_it_cannot_compute():
+    """A transposed weight or a sliced x is read as its values (made contiguous first); other dtypes
+    and mismatched shapes are named."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(6, 40, generator=g), torch.randn(40, 24, generator=g)
+    torch.testing.assert_close(streamed.streamed_product(x[::2], w.T), x[::2] @ w, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match=r"x \(N, d_in\) and weight \(d_out, d_in\), got \(6, 40\) and \(40, 24\)"):
+        streamed.streamed_product(x, w)
+    with pytest.raises(ValueError, match="fp32 CPU tensors, got torch.float64"):
+        streamed.streamed_product(x.double(), w.T.double())
+
+
+@built
+def test_the_c_product_is_a_candidate_of_the_measured_plan():
+    assert "streamed" in linear_plan.candidates(576, 4, with_copies=False)
+    assert linear_plan.candidates(576, 4, with_copies=False)[0] == "linear"
+
+
+def test_without_a_compiler_the_plan_measures_the_other_kernels(tmp_path):
+    """CC names a compiler that fails: nothing is built, status() says why, and the plan's candidates are
+    torch's own (a fresh process: the library is looked for once per process)."""
+    code = ("from dflash_ref.extensions import linear_plan, streamed\n"
+            "print(streamed.available(), linear_plan.candidates(576, 4, False), streamed.status())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={"CC": "false", "DFLASH_REF_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}).stdout
+    assert out.startswith("False ('linear', 'rows-first') no C product (false failed")
+    assert list(tmp_path.iterdir()) == []                                 # no partial file left behind
+
+
+@built
+def test_the_c_product_shares_torchs_openmp_runtime():
+    """One libgomp in the process, torch's: the C product's threads are torch's pool, not a second one."""
+    maps = open("/proc/self/maps").read() if sys.platform == "linux" else pytest.skip("Linux only")
+    libraries = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
+    assert len(libraries) == 1
