@@ -59,7 +59,7 @@ def test_held_out_sets_share_no_prompt_topic_or_style_with_the_training_prompts(
 
 
 def test_each_split_names_the_template_or_style_of_its_prompts():
-    assert SPLITS == ("train", "heldout", "varied", "heldout-styles")
+    assert SPLITS == ("train", "heldout", "varied", "mixed", "heldout-styles")
     assert kind_of(split_prompts("train")[0]) in TEMPLATES
     assert kind_of(split_prompts("varied")[1]) == varied.STYLES[1][0]
     assert kind_of(split_prompts("heldout-styles")[2]) == list(hand.WRITTEN)[2]
@@ -67,3 +67,10 @@ def test_each_split_names_the_template_or_style_of_its_prompts():
         kind_of("What is love?")
     with pytest.raises(ValueError, match="split must be one of"):
         split_prompts("test")
+
+
+def test_mixed_prompts_take_the_templates_and_the_varied_ones_in_turn():
+    templates, written, mixed = split_prompts("train"), split_prompts("varied"), split_prompts("mixed")
+    assert mixed[:6] == [templates[0], written[0], templates[1], written[1], templates[2], written[2]]
+    assert sorted(mixed) == sorted(templates + written) and len(set(mixed)) == len(mixed)
+    assert mixed[2 * len(templates):] == written[len(templates):]

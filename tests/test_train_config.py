@@ -59,7 +59,7 @@ def test_a_saved_config_is_a_config_file(tmp_path):
     ({"gamma": "4"}, "gamma must be a number or null"),
     ({"version": 3}, "version must be one of [1, 2], got 3"),
     ({"selector_rank": "32"}, "selector_rank must be a whole number or null, got '32'"),
-    ({"prompt_set": "all"}, "prompt_set must be one of ['templates', 'varied']"),
+    ({"prompt_set": "all"}, "prompt_set must be one of ['templates', 'varied', 'mixed']"),
     ('{"block-size": 8, "block_size": 16}', "an option given more than once: ['block-size', 'block_size']"),
     ('{"steps": 1, "steps": 2}', "an option given more than once: ['steps']"),
     ([4, 2], "must hold a JSON object of options, not a list"),

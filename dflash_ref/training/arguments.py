@@ -41,8 +41,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     option("full-vocab", "the loss's softmax over all V (the paper), not estimated (training/recipe.py); "
                          "--no-full-vocab undoes a --config's true", action=argparse.BooleanOptionalAction)
     option("negatives", "tokens sampled per step beside the responses' for the softmax estimate", type=int)
-    option("prompt-set", "the training prompts written here: templates (12 templates × 595 topics, 7140) or "
-                         "varied (48 styles × 595 topics, 28560: training/varied_prompts.py)",
+    option("prompt-set", "the training prompts written here: templates (12 templates × 595 topics, 7140), "
+                         "varied (48 styles × 595 topics, 28560: training/varied_prompts.py) or mixed (the two "
+                         "in turn: training/prompt_sets.py)",
            choices=CHOICES["prompt_set"])
     option("prompts", "distil the first N training prompts (of the --prompt-set; all of a --prompts-file)", type=int)
     option("prompts-file", "training prompts of your own: .txt (one a line) or .jsonl (prompt, messages or "
