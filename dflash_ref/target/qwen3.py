@@ -85,17 +85,18 @@ class Qwen3Model(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class Qwen3Target(nn.Module):
-    def __init__(self, config: TargetConfig) -> None:
+class OwnTarget(nn.Module):
+    """What the project's own targets (this Qwen3, target/qwen3_5.py's hybrid) share: `model.embed_tokens`,
+    an `lm_head` (tied to it when the config says so), and the target protocol's accessors on them. The
+    config is validated before `make_model(config)` builds the layers, so a bad one is named, not a shape."""
+
+    def __init__(self, config, make_model) -> None:
         super().__init__()
         config.validate()
-        self.config = config
-        self.model = Qwen3Model(config)
+        self.config, self.model = config, make_model(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
-        name_hook_points(self, "target")
 
     @property
     def device(self) -> torch.device:
@@ -114,6 +115,13 @@ class Qwen3Target(nn.Module):
     def output_weight(self) -> torch.Tensor:
         """The lm_head matrix (V, d): logits = hidden @ output_weight().T (training takes rows of it)."""
         return self.lm_head.weight
+
+
+class Qwen3Target(OwnTarget):
+    def __init__(self, config: TargetConfig) -> None:
+        super().__init__(config, Qwen3Model)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        name_hook_points(self, "target")
 
     def make_cache(self) -> KVCache:
         return KVCache(self.config.num_hidden_layers)

@@ -25,13 +25,12 @@ from einops import rearrange
 from torch import nn
 
 from ..attention import attend, visibility_mask
-from ..extensions.linear import linear_product
 from ..hooks import HookPoint, name_hook_points
 from .hybrid_cache import KEEP_POSITIONS, HybridCache
 from ..mlp import SwiGLU
 from ..rope import RotaryEmbedding, apply_sliced_rope
 from .gated_deltanet import GatedDeltaNet
-from .qwen3 import TargetOutput
+from .qwen3 import OwnTarget, TargetOutput
 from .qwen3_5_config import HybridConfig
 
 
@@ -118,18 +117,13 @@ class Qwen3_5Model(nn.Module):
         self.norm = OffsetRMSNorm(config.hidden_size, config.rms_norm_eps)
 
 
-class Qwen3_5Target(nn.Module):
+class Qwen3_5Target(OwnTarget):
     def __init__(self, config: HybridConfig, keep_positions: int = KEEP_POSITIONS) -> None:
-        super().__init__()
         if not isinstance(config, HybridConfig):
             raise TypeError(f"Qwen3_5Target needs a HybridConfig (HybridConfig.from_hf reads a transformers "
                             f"one), got {type(config).__name__}")
-        config.validate()
-        self.config, self.keep_positions = config, keep_positions
-        self.model = Qwen3_5Model(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        super().__init__(config, Qwen3_5Model)
+        self.keep_positions = keep_positions
         self.rotary_emb = RotaryEmbedding(config.rotary_dim, config.rope_theta)
         name_hook_points(self, "target")
 
@@ -140,24 +134,6 @@ class Qwen3_5Target(nn.Module):
         target.load_state_dict(model.state_dict(), strict=True)
         first = next(model.parameters())
         return target.to(device=first.device, dtype=first.dtype).eval()
-
-    @property
-    def device(self) -> torch.device:
-        return self.lm_head.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.lm_head.weight.dtype
-
-    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.model.embed_tokens(input_ids)
-
-    def output_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear_product(hidden, self.lm_head.weight)    # the draft's proposals (extensions/linear.py)
-
-    def output_weight(self) -> torch.Tensor:
-        """The lm_head matrix (V, d): logits = hidden @ output_weight().T."""
-        return self.lm_head.weight
 
     def make_cache(self) -> HybridCache:
         return HybridCache(self.config.layer_types, self.keep_positions)
