@@ -159,6 +159,10 @@ def test_config_and_input_errors_name_the_problem():
         HybridConfig.from_hf(dict(hf_config([L, F]).to_dict(), layer_types=[L]))
     with pytest.raises(ConfigError, match="linear_num_value_heads .3. must be a multiple of linear_num_key_heads"):
         HybridConfig.from_hf(dict(hf_config([L]).to_dict(), linear_num_value_heads=3))
+    with pytest.raises(ConfigError, match="num_attention_heads .3. must be a multiple of num_key_value_heads"):
+        HybridConfig.from_hf(dict(hf_config([F]).to_dict(), num_attention_heads=3))
+    with pytest.raises(ConfigError, match="'linear_conv_kernel_dim' must be an integer ≥ 1, got 0"):
+        HybridConfig.from_hf(dict(hf_config([L]).to_dict(), linear_conv_kernel_dim=0))
     with pytest.raises(ConfigError, match="rope type 'yarn' is not implemented"):
         HybridConfig.from_hf(dict(hf_config([F]).to_dict(), rope_parameters=dict(rope_type="yarn", rope_theta=1e4)))
     with pytest.raises(TypeError, match="needs a HybridConfig"):
@@ -168,6 +172,11 @@ def test_config_and_input_errors_name_the_problem():
         ours(torch.tensor([[1, 2]]), past_key_values=transformers.DynamicCache())
     with pytest.raises(ValueError, match="layer types 'linear_attention' / 'full_attention', got \\['conv'\\]"):
         HybridCache([L, "conv"])
+    from dflash_ref.compat import IncompatibleModels, check_pair
+    draft = random_draft(ours, num_hidden_layers=1, block_size=4, target_layer_ids=[0, 1])
+    draft.config.target_layer_ids = [0, 2]                    # a draft made for a deeper target
+    with pytest.raises(IncompatibleModels, match=r"target_layer_ids \[0, 2\] include \[2\], beyond"):
+        check_pair(draft, ours)
 
 
 # ---------------------------------------------------------------------------------------------
