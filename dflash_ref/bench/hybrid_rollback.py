@@ -81,10 +81,12 @@ def verify_with_replay(target: Qwen3_5Target, cache: HybridCache, tokens: torch.
 
 def bench_rollback(repeats: int, out, progress) -> dict:
     """`bench rollback`: at blocks 4 and 16, what keeping every verified position's state adds to a verify,
-    against the replay of τ + 1 = 1, b / 2 and b accepted tokens that a snapshot would need instead."""
+    against the replay of τ + 1 = 1, b / 2 and b accepted tokens that a snapshot would need instead. (`out`:
+    the benchmarks' folder, which this one writes nothing to.)"""
     rows = []
     with one_thread():
         target = bench_target(256, 8)
+        config = target.config
         for b in (4, 16):
             replays = (1, b // 2, b)
             result = rollback_costs(target, verify=b, repeats=repeats, replays=replays, progress=progress)
@@ -97,8 +99,9 @@ def bench_rollback(repeats: int, out, progress) -> dict:
                         for n in replays})
             row["kept state (MB per verify)"] = result["kept_state_bytes_per_verify"] / 1e6
             rows.append(row)
-    return {"rollback · a random Qwen3.5-shaped hybrid (hidden 256, 8 layers, 6 Gated DeltaNet), 64 cached, "
-            "one thread": rows}
+    linear = config.layer_types.count("linear_attention")
+    return {f"rollback · a random Qwen3.5-shaped hybrid (hidden {config.hidden_size}, {config.num_hidden_layers} "
+            f"layers, {linear} Gated DeltaNet), 64 cached, one thread": rows}
 
 
 def main(argv: list[str] | None = None) -> dict:

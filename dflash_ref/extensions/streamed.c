@@ -1,30 +1,49 @@
+/* y = x · wᵀ in fp32 for the few rows of decoding, reading w from memory once (extensions/streamed.py).
+
+   x (M, K), w (N, K), y (M, N), all contiguous and row-major. The N rows of w are split evenly among
+   the threads; each thread walks its rows in groups of OB = 8. A tile keeps (≤ 2 rows of x) × (8 rows
+   of w) sums in 16-lane vector registers while it walks K:
+       acc[m][b][lane] = Σ_j x[m, 16j + lane] · w[o + b, 16j + lane]          (K % 16 terms zero-padded)
+   and y[m, o + b] = the sum of acc[m][b]'s 16 lanes, taken as a tree (sums16). The first tile of a group
+   reads its 8 rows of w from memory; the next rows of x read them again from the cache. Eight rows at a
+   time keep eight streams of w in flight, which is what a single row (an AR step) needs to approach the
+   memory's bandwidth. The same product as F.linear's up to the order of its fp32 sums. */
 #include <omp.h>
 #include <stddef.h>
 #include <string.h>
 
-typedef float v16 __attribute__((vector_size(64)));
+typedef float v16 __attribute__((vector_size(64)));   /* one AVX-512 register; two AVX2 ones, four NEON ones */
 
 static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline v16 load_tail(const float *p, int n) { v16 v = {0}; memcpy(&v, p, (size_t)n * sizeof(float)); return v; }
 
-/* Halving steps of the 16 lanes of two vectors at once: after step s, each vector holds 2^s lane-sums
-   of each of its accumulators, the accumulators in order. */
+/* clang's and GCC's names for picking 16 of the 32 lanes of two vectors (GCC < 12 has only its own) */
+#if defined(__clang__)
+#define PICK(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+typedef int v16i __attribute__((vector_size(64)));
+#define PICK(a, b, ...) __builtin_shuffle(a, b, (v16i){__VA_ARGS__})
+#endif
+
+/* Halving steps of the 16 lanes of two vectors at once: after step s, each vector holds 2^(4-s) partial
+   sums of each of its 2^s accumulators, the accumulators in order. */
 static inline v16 halve1(v16 a, v16 b) {   /* a, b (one accumulator each) → 8 lanes of a, then 8 of b */
-    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
-         + __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+    return PICK(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23)
+         + PICK(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
 }
 static inline v16 halve2(v16 a, v16 b) {   /* 2 accumulators × 8 lanes each → 4 accumulators × 4 lanes */
-    return __builtin_shufflevector(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
-         + __builtin_shufflevector(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+    return PICK(a, b, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27)
+         + PICK(a, b, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
 }
 static inline v16 halve3(v16 a, v16 b) {   /* 4 × 4 lanes → 8 × 2 lanes */
-    return __builtin_shufflevector(a, b, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
-         + __builtin_shufflevector(a, b, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
+    return PICK(a, b, 0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29)
+         + PICK(a, b, 2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31);
 }
 static inline v16 halve4(v16 a, v16 b) {   /* 8 × 2 lanes → 16 × 1 lane: one sum per accumulator */
-    return __builtin_shufflevector(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
-         + __builtin_shufflevector(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    return PICK(a, b, 0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30)
+         + PICK(a, b, 1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
 }
+
 /* The lane sums of 16 accumulators (a zero one where fewer), lane i = Σ lanes of acc[i]. */
 static inline v16 sums16(const v16 *acc) {
     v16 l1[8], l2[4], l3[2];

@@ -1,18 +1,21 @@
 """y = x · Wᵀ, (N, d_in) × (d_out, d_in)ᵀ → (N, d_out) in fp32, by a product written here in C
 (`streamed.c`) for decoding's few rows: W is read from memory once for all N rows, which torch's
-kernels do not manage for N of 1 … 16 on the CPUs measured (extensions/linear_plan.py's docstring).
+kernels do not manage beyond one or two rows on the CPUs measured (figures/bench/README.md).
 
 A decoding forward of a small model is bound by reading its weights: an AR step and a verify of b
 tokens both read every weight once, so both could cost about the time that read takes. The C
-product keeps, per thread, a tile of (≤ 4 rows of x) × (4–8 rows of W) sums in vector registers
-while it walks d_in, so each row of W comes from memory once and then from the L1 cache; its sums
-are F.linear's up to the order of the d_in terms (16 interleaved partial sums, then the lanes).
+product splits W's rows among the threads; each thread walks its rows 8 at a time and keeps a tile
+of (2 rows of x) × (8 rows of W) sums in 16-lane vector registers (one lane set per row of x and W)
+while it walks d_in; the next 2 rows of x read the same 8 rows of W again from the cache (L1 while
+8 rows of W fit, d_in ≲ 1500), not from memory. Its sums are F.linear's up to the order of the d_in
+terms (16 interleaved partial sums, then a tree over the lanes).
 
-It is compiled at first use by the machine's C compiler (`$CC`, else `cc`: `-O3 -march=native
--fopenmp`), once per source and CPU, into `$DFLASH_REF_CACHE` (default `~/.cache/dflash_ref`), and
-loaded with ctypes into the process that already holds torch's OpenMP runtime (libgomp.so.1), so
-both share one thread pool; it runs on `torch.get_num_threads()` threads. Without a compiler it is
-not built, and linear_plan measures the other kernels only (`status()` says why).
+It is compiled at first use by the machine's C compiler (`$CC`, else `cc`, else `gcc`: `-O3
+-march=native -fopenmp`), once per source and CPU, into `$DFLASH_REF_CACHE` (default
+`~/.cache/dflash_ref`), and loaded with ctypes into the process that already holds torch's OpenMP
+runtime (libgomp.so.1), so both share one thread pool; it runs on `torch.get_num_threads()` threads.
+Where it cannot be built or loaded (no compiler, a compiler without GCC's vector extensions or
+OpenMP, a second OpenMP runtime) linear_plan measures the other kernels only; `status()` says why.
 """
 from __future__ import annotations
 
@@ -21,15 +24,21 @@ import functools
 import hashlib
 import os
 import platform
+import shlex
 import shutil
 import subprocess
+import tempfile
+import threading
 from pathlib import Path
 
 import torch
 
 SOURCE = Path(__file__).with_name("streamed.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
-_why_not: list[str] = []                  # why the library could not be built, once tried
+MAX_SIZE = 2**31 - 64                     # the C code's sizes are ints
+CPU_FIELDS = ("model name", "flags", "Features", "CPU implementer", "CPU architecture", "CPU variant", "CPU part")
+_why_not: list[str] = []                  # why the library could not be built or loaded, once tried
+_building = threading.Lock()              # one thread compiles; the others wait for its library
 
 
 def cache_folder() -> Path:
@@ -40,61 +49,89 @@ def cache_folder() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dflash_ref"
 
 
+def compiler() -> list[str] | None:
+    """The C compiler's command: $CC (split as a shell would: "ccache gcc"), else cc, else gcc on the PATH."""
+    if os.environ.get("CC"):
+        return shlex.split(os.environ["CC"])
+    found = shutil.which("cc") or shutil.which("gcc")
+    return [found] if found else None
+
+
 def _cpu_identity() -> str:
-    """What -march=native compiles for: the CPU's model and instruction-set flags (Linux), else the platform."""
+    """What -march=native compiles for: the CPU's model and instruction-set fields of /proc/cpuinfo (x86's
+    model name and flags, Arm's implementer, part and features), else the platform's names."""
     try:
         lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return "\n".join(sorted({ln for ln in lines if ln.split(":")[0].strip() in ("model name", "flags")}))
     except OSError:
-        return platform.processor() or platform.machine()
+        return f"{platform.machine()} {platform.processor()}"
+    return "\n".join(sorted({ln for ln in lines if ln.split(":")[0].strip() in CPU_FIELDS}))
 
 
-def library_path(compiler: str) -> Path:
+def library_path(cc: list[str]) -> Path:
     """The library's file: named by a digest of the source, the flags, the compiler and the CPU."""
-    digest = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), compiler, platform.machine(),
+    digest = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), " ".join(cc), platform.machine(),
                                        _cpu_identity()]).encode()).hexdigest()[:16]
     return cache_folder() / f"streamed-{digest}.so"
 
 
-def _compile(compiler: str, target: Path) -> None:
-    """cc FLAGS -o target streamed.c, written under a temporary name and renamed (another process may be
-    compiling the same file); CalledProcessError / OSError on failure."""
+def _compile(cc: list[str], target: Path) -> None:
+    """cc FLAGS -o target streamed.c, written under a temporary name in the same folder and renamed (another
+    process may be compiling the same file); CalledProcessError / OSError / TimeoutExpired on failure."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(f"{target.name}.{os.getpid()}.tmp")
+    handle, partial = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
+    os.close(handle)
     try:
-        subprocess.run([compiler, *FLAGS, "-o", str(partial), str(SOURCE)], check=True, capture_output=True,
-                       text=True, timeout=300)
+        subprocess.run([*cc, *FLAGS, "-o", partial, str(SOURCE)], check=True, capture_output=True, text=True,
+                       timeout=300)
         os.replace(partial, target)
     finally:
-        partial.unlink(missing_ok=True)
+        Path(partial).unlink(missing_ok=True)
 
 
-def compiler() -> str | None:
-    """The C compiler: $CC, else cc, else gcc on the PATH."""
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+def _openmp_runtimes() -> set[str]:
+    """The OpenMP runtimes mapped into this process (Linux; empty elsewhere)."""
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return set()
+    names = ("libgomp", "libomp", "libiomp")
+    return {line.split()[-1] for line in maps.splitlines() if any(n in line.rsplit("/", 1)[-1] for n in names)}
+
+
+def _load(path: Path) -> ctypes.CDLL:
+    """The library at `path`, its one function typed; OSError if it brought a second OpenMP runtime."""
+    lib = ctypes.CDLL(str(path))
+    runtimes = _openmp_runtimes()
+    if len(runtimes) > 1:
+        raise OSError(f"it loads a second OpenMP runtime beside torch's ({sorted(runtimes)}): build it with GCC")
+    lib.streamed_product.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
+    lib.streamed_product.restype = None
+    return lib
 
 
 @functools.lru_cache(maxsize=1)
 def library() -> ctypes.CDLL | None:
-    """The compiled product (built on first call), or None where it cannot be built (`status()`: why)."""
-    cc = compiler()
-    if cc is None:
-        _why_not.append("no C compiler ($CC, cc or gcc) on the PATH")
-        return None
-    path = library_path(cc)
-    try:
-        if not path.is_file():
+    """The compiled product (built on the first call, by one thread), or None where it cannot be built or
+    loaded (`status()` says why). A cached file that does not load is compiled again, once."""
+    with _building:
+        cc = compiler()
+        if cc is None:
+            _why_not.append("no C compiler ($CC, cc or gcc) on the PATH")
+            return None
+        path = library_path(cc)
+        try:
+            if path.is_file():
+                try:
+                    return _load(path)
+                except OSError:                  # a damaged or foreign file: build it anew
+                    path.unlink(missing_ok=True)
             _compile(cc, path)
-        lib = ctypes.CDLL(str(path))
-    except subprocess.CalledProcessError as e:
-        _why_not.append(f"{cc} failed: {(e.stderr or '').strip()[-300:]}")
+            return _load(path)
+        except subprocess.CalledProcessError as e:
+            _why_not.append(f"{' '.join(cc)} failed: {(e.stderr or '').strip()[-300:]}")
+        except (OSError, subprocess.TimeoutExpired) as e:
+            _why_not.append(f"{type(e).__name__}: {e}")
         return None
-    except (OSError, subprocess.TimeoutExpired) as e:
-        _why_not.append(f"{type(e).__name__}: {e}")
-        return None
-    lib.streamed_product.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
-    lib.streamed_product.restype = None
-    return lib
 
 
 def available() -> bool:
@@ -110,7 +147,8 @@ def status() -> str:
 
 
 def streamed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """x (N, d_in) · weightᵀ (d_out, d_in) → (N, d_out), fp32 on the CPU, by the compiled product."""
+    """x (N, d_in) · weightᵀ (d_out, d_in) → (N, d_out), fp32 on the CPU, by the compiled product (no
+    gradient: it is for inference; the plan uses it outside grad mode only)."""
     lib = library()
     if lib is None:
         raise RuntimeError(f"the C product is not available here: {status()}")
@@ -120,6 +158,11 @@ def streamed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or not (x.is_cpu and weight.is_cpu):
         raise ValueError(f"streamed_product is for fp32 CPU tensors, got {x.dtype} on {x.device} and "
                          f"{weight.dtype} on {weight.device}")
+    if max(*x.shape, weight.shape[0]) > MAX_SIZE:
+        raise ValueError(f"streamed_product takes sizes below 2³¹, got {tuple(x.shape)} and {tuple(weight.shape)}")
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+        raise RuntimeError("streamed_product computes no gradient: call it under torch.no_grad() or "
+                           "inference_mode, or use F.linear")
     x, weight = x.contiguous(), weight.contiguous()                      # row-major, as the C code reads them
     y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)   # (N, d_out)
     lib.streamed_product(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.shape[0], weight.shape[0],
