@@ -59,7 +59,8 @@ def test_run_writes_tables_with_the_machine_they_ran_on(tmp_path, monkeypatch):
     assert report["one"]["tables"] == {"first": [{"a": 1.23456}]} and report["two"]["repeats"] == 3
     text = (tmp_path / "bench.md").read_text()
     assert "### first" in text and "| 1.235 |" in text and "### second" in text
-    assert len(re.findall(r"Python [\d.]+, \d{4}-\d\d-\d\d, linear plan (measured|linear|rows-first), "
+    assert len(re.findall(r"Python [\d.]+, \d{4}-\d\d-\d\d, linear plan (measured|linear|rows-first) "
+                          r"\((C product streamed-\w+\.so|no C product \(.+\))\), "
                           r"probe [\d.]+ ms \(\d+ GB/s: 49152×576 fp32 by 2 columns\);", text)) == 2
     assert text.count(bench.cpu_model()) == 2 and bench.cpu_model()
 
