@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,9 +91,25 @@ def test_a_damaged_cached_library_is_built_again(tmp_path):
 
 
 @built
-def test_the_c_product_shares_torchs_openmp_runtime():
-    """One OpenMP runtime in the process, torch's: the C product's threads are torch's pool, not a second one."""
+def test_the_c_product_binds_to_torchs_openmp_runtime_beside_a_private_copy():
+    """Its OpenMP calls go to torch's libgomp, even where another wheel already loaded a renamed copy
+    (sentencepiece ships libgomp-<hash>.so; the transformers extra imports it): its threads are torch's pool."""
     if sys.platform != "linux":
-        pytest.skip("reads /proc/self/maps")
-    runtimes = streamed._openmp_runtimes()
-    assert len(runtimes) == 1 and "libgomp" in next(iter(runtimes))
+        pytest.skip("reads /proc/self/maps and asks the loader with dladdr")
+    pytest.importorskip("sentencepiece")
+    code = textwrap.dedent("""
+        import ctypes, torch, sentencepiece
+        from dflash_ref.extensions import streamed
+        before = streamed._openmp_runtimes()
+        lib = streamed.library()
+        class Info(ctypes.Structure):
+            _fields_ = [("fname", ctypes.c_char_p), ("fbase", ctypes.c_void_p),
+                        ("sname", ctypes.c_char_p), ("saddr", ctypes.c_void_p)]
+        info = Info()
+        address = ctypes.cast(lib.omp_get_max_threads, ctypes.c_void_p)
+        assert ctypes.CDLL(None).dladdr(address, ctypes.byref(info))
+        print(len(before), streamed._openmp_runtimes() == before, info.fname.decode())
+        """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out[:2] == ["2", "True"], out                   # torch's and sentencepiece's, and no third
+    assert out[2] == str(Path(torch.__file__).parent / "lib" / "libgomp.so.1"), out

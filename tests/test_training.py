@@ -400,7 +400,7 @@ def test_train_command_refuses_an_untrainable_block_before_any_work(tmp_path, ca
 
 @pytest.mark.parametrize("sets, extra, message", [
     (["foo"], [], "expected SPLIT:START:COUNT"),
-    (["test:0:1"], [], "SPLIT one of ['train', 'heldout', 'varied', 'heldout-styles']"),
+    (["test:0:1"], [], "SPLIT one of ['train', 'heldout', 'varied', 'mixed', 'heldout-styles']"),
     (["heldout-styles:40:12"], [], "prompts 40…51 asked for, but the heldout-styles split has 48 (0…47)"),
     (["train:-1:2"], [], "whole numbers"),
     (["train:\u00b2:1"], [], "whole numbers"),                      # a superscript digit is no number here

@@ -99,11 +99,16 @@ def _openmp_runtimes() -> set[str]:
 
 
 def _load(path: Path) -> ctypes.CDLL:
-    """The library at `path`, its one function typed; OSError if it brought a second OpenMP runtime."""
+    """The library at `path`, its one function typed; OSError if it brought a second OpenMP runtime.
+
+    Only a runtime that loading it adds is refused: other packages may already hold privately renamed
+    copies of libgomp (sentencepiece's wheel ships libgomp-<hash>.so), which ours never binds to, since
+    the loader resolves its libgomp.so.1 to the object of that name already loaded, torch's."""
+    before = _openmp_runtimes()
     lib = ctypes.CDLL(str(path))
-    runtimes = _openmp_runtimes()
-    if len(runtimes) > 1:
-        raise OSError(f"it loads a second OpenMP runtime beside torch's ({sorted(runtimes)}): build it with GCC")
+    added = _openmp_runtimes() - before
+    if before and added:
+        raise OSError(f"it loads a second OpenMP runtime ({sorted(added)}) beside torch's: build it with GCC")
     lib.streamed_product.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
     lib.streamed_product.restype = None
     return lib
