@@ -174,3 +174,21 @@ def test_bench_rollback_reports_blocks_4_and_16_against_a_verify(monkeypatch):
         b = r["block size b"]
         assert set(r) >= {f"replay of {n} token{'s' * (n > 1)} / verify" for n in (1, b // 2, b)}
         assert all(v > 0 for k, v in r.items() if k != "block size b")
+
+
+def test_bench_trained_runs_every_decoder_side_by_side(tmp_path, monkeypatch):
+    """One prompt of each held-out set, 8 tokens, one repeat (no timing is asserted): transformers' generate
+    first, then AR and each shipped draft, every output checked equal to AR inside; τ for both sets."""
+    pytest.importorskip("gguf")
+    from dflash_ref.bench import trained
+    from dflash_ref.drafts.folder import SHIPPED_DRAFTS
+    monkeypatch.setattr(trained, "PROMPTS", 1)
+    monkeypatch.setattr(trained, "NEW_TOKENS", 8)
+    tables = trained.bench_trained(1, tmp_path, progress=lambda s: None)
+    rows = next(iter(tables.values()))
+    names = [r["variant"] for r in rows]
+    assert names[:2] == ["transformers generate (nn.Linear)", "dflash_ref AR (target alone)"]
+    assert all(any(n.startswith(f"{label} b=") for n in names) for label in SHIPPED_DRAFTS)
+    assert rows[0]["speed vs transformers generate"] == 1.0
+    assert all({"τ template held-out", "τ other styles", "speed vs AR"} <= set(r) for r in rows)
+    assert (tmp_path / "trained.png").is_file()

@@ -1,5 +1,5 @@
-"""`python -m dflash_ref bench trained [--draft DIR]`: the shipped (or another) SmolLM2 draft against
-the target alone, on held-out prompts (harness and reporting: cli/bench.py; the other benchmarks: bench/suite.py)."""
+"""`python -m dflash_ref bench trained [--draft DIR]`: trained SmolLM2 drafts against transformers' own
+`generate` and the target alone, on held-out prompts of both kinds (harness and reporting: cli/bench.py)."""
 from __future__ import annotations
 
 import copy
@@ -10,75 +10,118 @@ import torch
 from matplotlib.figure import Figure
 
 from ..decoding import generate, spec_generate
-from ..drafts.folder import SHIPPED_DRAFT, check_fits, open_draft
+from ..drafts.folder import SHIPPED_DRAFTS, check_fits, open_draft
 from ..extensions.verify_gate import draft_confidence
 from ..hooks import hooks
 from ..plots import save_figure
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
 from ..training.measure import acceptance_by_position, emitted
+from ..training.prompt_sets import split_prompts
 from ..training.prompts import eval_prompts
+from .baselines import VERIFY_GATE, hf_generate, transformers_twin
 from .suite import _measure
 
-VERIFY_GATE = 0.5   # extensions/verify_gate.py's θ, chosen on held-out prompts 9…24 (not these 8; figures/training/README.md)
+PROMPTS, NEW_TOKENS = 8, 96   # of each held-out set: the templates' held-out topics, the hand-written other styles
+
+
+def prompt_sets() -> dict[str, list[str]]:
+    """What is decoded: PROMPTS of the template held-out set and PROMPTS hand-written in styles no training
+    prompt has (training/heldout_styles.py)."""
+    return {"template held-out": eval_prompts(PROMPTS), "other styles": split_prompts("heldout-styles")[:PROMPTS]}
+
+
+def drafts_to_compare(draft: str | Path | None) -> dict[str, Path]:
+    """label → folder: `--draft DIR` first (if given), then the drafts shipped for SmolLM2 (drafts/folder.py)."""
+    return ({f"draft {draft}": Path(draft)} if draft is not None else {}) | dict(SHIPPED_DRAFTS)
 
 
 def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = None) -> dict:
-    """A trained SmolLM2 draft (`draft`, an official-format folder; default: the shipped one) on
-    held-out prompts (greedy, 96 new tokens): τ and wall-clock speedup over the target's own AR
-    decoding, per block size up to the draft's, all variants interleaved in one run. Every
-    speculative output is checked equal to AR's before anything is timed. Two more variants run the
-    largest block with proposals over all V instead of the draft's vocabulary (extensions/draft_vocab.py), and
-    with the verify gate (extensions/verify_gate.py); a last table checks the gate's premise, calibration."""
-    draft, folder = open_draft(draft, proposing=True)
+    """Greedy, NEW_TOKENS tokens after each prompt of `prompt_sets()`, all variants interleaved in one run:
+    transformers' `generate` (the baseline), dflash_ref's AR, and each draft of `drafts_to_compare` at its
+    own block size; the first draft also at the smaller blocks, proposing over all V instead of its
+    vocabulary (extensions/draft_vocab.py) and, a DFlash 1 draft, with the verify gate (extensions/verify_gate.py).
+    Every output is checked equal to AR's before anything is timed. Speed is over transformers' generate
+    and over AR; τ per prompt set; acceptance per block position; the gate's calibration (its premise)."""
     target, tokenizer = load_smollm2()
-    check_fits(draft, folder, target)
-    all_v = copy.deepcopy(draft)
-    all_v.draft_vocab = None                                  # what an official loader proposes among
-    prompts, n = eval_prompts(8), 96
-    inputs = [chat_ids(tokenizer, p) for p in prompts]
-    blocks = [b for b in (2, 3, 4, 8, 16) if b <= draft.block_size]
-    ar_out = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in inputs]
-    spec = {f"DFlash b={b}": (draft, b, None) for b in blocks}
-    spec[f"DFlash b={blocks[-1]}, proposals over all V"] = (all_v, blocks[-1], None)
-    spec[f"DFlash b={blocks[-1]}, verify gate θ={VERIFY_GATE}"] = (draft, blocks[-1], VERIFY_GATE)
-    stats, accepted, calibration = {}, {}, None
-    for name, (d, b, gate) in spec.items():  # one untimed pass each: the statistics and the lossless check
+    model = transformers_twin(target.model)
+    sets = prompt_sets()
+    inputs = {name: [chat_ids(tokenizer, p) for p in prompts] for name, prompts in sets.items()}
+    every = [ids for group in inputs.values() for ids in group]
+    n = NEW_TOKENS
+    opened = {label: open_draft(folder, proposing=True)[0] for label, folder in drafts_to_compare(draft).items()}
+    for label, d in opened.items():
+        check_fits(d, label, target)
+    spec = _variants(opened)
+    ar_out = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in every]
+    own = _own_blocks(spec)
+    premise = next((name for name in own if spec[name][0].candidate_selector is None), None)   # gate's calibration
+    stats, calibration = {}, None
+    for name, (d, b, gate) in spec.items():     # one untimed pass each: the statistics and the lossless check
         outputs = []
 
-        def run(d=d, b=b, gate=gate, outputs=outputs):
-            return acceptance_by_position(d, target, tokenizer, prompts, n, STOP_TOKEN_IDS, block_size=b,
-                                          outputs=outputs, verify_gate=gate)
-        if name == f"DFlash b={blocks[-1]}":     # the whole block verified every step: the gate's premise
-            stats[name], confidences = confidence_log(d, run)
+        def run_all(d=d, b=b, gate=gate, outputs=outputs):
+            return {set_name: acceptance_by_position(d, target, tokenizer, prompts, n, STOP_TOKEN_IDS, block_size=b,
+                                                     outputs=outputs, verify_gate=gate)
+                    for set_name, prompts in sets.items()}
+        if name == premise:                     # whole blocks verified every step: what the gate relies on
+            by_set, confidences = confidence_log(d, run_all)
             calibration = gate_calibration(confidences, outputs)
         else:
-            stats[name] = run()
+            by_set = run_all()
         if not all(torch.equal(o.output_ids, expected) for o, expected in zip(outputs, ar_out)):
             raise AssertionError(f"{name}: speculative output differs from AR (lossless broken)")
-        lengths = [emitted(a, p) for o in outputs                        # the seed's τ of every step,
-                   for a, p in zip(o.acceptance_lengths, o.tokens_per_step)]  # as far as it was emitted
-        accepted[name] = sum(lengths) / len(lengths)
+        lengths = [emitted(a, p) for o in outputs for a, p in zip(o.acceptance_lengths, o.tokens_per_step)]
+        stats[name] = {"sets": by_set, "accepted": sum(lengths) / len(lengths),
+                       "tau": sum(sum(o.tokens_per_step) for o in outputs) / sum(len(o.tokens_per_step) for o in outputs)}
+    if not all(torch.equal(o, e) for o, e in zip((hf_generate(model, ids, n) for ids in every), ar_out)):
+        raise AssertionError("transformers' generate differs from dflash_ref's AR")
     progress("outputs equal AR in every variant; timing")
-    variants = {"AR (target alone)": lambda: [generate(target, ids, n, STOP_TOKEN_IDS) for ids in inputs]}
+    variants = {"transformers generate (nn.Linear)": lambda: [hf_generate(model, ids, n) for ids in every],
+                "dflash_ref AR (target alone)": lambda: [generate(target, ids, n, STOP_TOKEN_IDS) for ids in every]}
     for name, (d, b, gate) in spec.items():
         variants[name] = lambda d=d, b=b, gate=gate: [
-            spec_generate(d, target, ids, n, STOP_TOKEN_IDS, block_size=b, verify_gate=gate) for ids in inputs]
-    rows = _measure(variants, repeats, progress)
-    rows[0].update({"τ (tokens/step)": 1.0, "accepted/step": 0.0, "speedup vs AR": 1.0})   # AR: one per pass
-    for row in rows[1:]:
-        tau = stats[row["variant"]][1]
-        row.update({"τ (tokens/step)": tau, "accepted/step": accepted[row["variant"]],
-                    "speedup vs AR": 1 / row["ratio"]})
-    by_block = {b: stats[f"DFlash b={b}"] for b in blocks}
-    best = max(blocks, key=lambda b: by_block[b][1])
-    positions = [{"block position k": k + 1, **{f"b={b}": by_block[b][0][k] if k < b - 1 else ""
-                                                for b in blocks}} for k in range(max(blocks) - 1)]
-    _plot_trained(rows[1:len(blocks) + 1], by_block, out / "trained.png")
-    which = "trained draft" if folder == SHIPPED_DRAFT else f"draft {folder}"
-    return {f"{which} · SmolLM2-135M, {len(prompts)} held-out prompts, {n} tokens, greedy": rows,
-            f"accepted fraction per block position (best τ at b={best})": positions,
-            f"verify gate: the draft's c_1·c_2 against what the target accepted (b={blocks[-1]}, no gate)":
-                calibration}
+            spec_generate(d, target, ids, n, STOP_TOKEN_IDS, block_size=b, verify_gate=gate) for ids in every]
+    with torch.inference_mode():
+        rows = _measure(variants, repeats, progress)
+    ar_ratio = rows[1]["ratio"]
+    for row in rows:
+        s = stats.get(row["variant"])
+        row.update({"speed vs transformers generate": 1 / row["ratio"], "speed vs AR": ar_ratio / row["ratio"],
+                    **{f"τ {set_name}": (s["sets"][set_name][1] if s else 1.0) for set_name in sets},
+                    "τ (tokens/step)": s["tau"] if s else 1.0, "accepted/step": s["accepted"] if s else 0.0})
+    positions = [{"block position k": k + 1, **{f"{name} · {set_name}": by_position[k] if k < len(by_position) else ""
+                                                for name in own for set_name, (by_position, _) in
+                                                stats[name]["sets"].items()}}
+                 for k in range(max(spec[name][1] for name in own) - 1)]
+    first = next(iter(opened.values()))                        # its blocks, over its vocabulary, ungated
+    sweep = {spec[r["variant"]][1]: (r, stats[r["variant"]]) for r in rows
+             if r["variant"] in spec and spec[r["variant"]][0] is first and spec[r["variant"]][2] is None}
+    _plot_trained(sweep, out / "trained.png")
+    tables = {f"trained drafts · SmolLM2-135M, {PROMPTS} template held-out + {PROMPTS} hand-written other-style "
+              f"prompts, {n} tokens, greedy": rows, "accepted fraction per block position": positions}
+    if calibration is not None:
+        tables["verify gate: the DFlash 1 draft's c_1·c_2 against what the target accepted (no gate)"] = calibration
+    return tables
+
+
+def _variants(opened: dict[str, object]) -> dict[str, tuple[object, int, float | None]]:
+    """name → (draft, block size, verify gate): each draft at its block size; the first also at smaller
+    blocks, over all V, and (DFlash 1: the gate needs q over all V) with the gate."""
+    spec = {f"{label} b={d.block_size}": (d, d.block_size, None) for label, d in opened.items()}
+    label, d = next(iter(opened.items()))
+    spec |= {f"{label} b={b}": (d, b, None) for b in (2, 3, 4, 8) if b < d.block_size}
+    all_v = copy.deepcopy(d)
+    all_v.draft_vocab = None                                  # what an official loader proposes among
+    spec[f"{label} b={d.block_size}, proposals over all V"] = (all_v, d.block_size, None)
+    if d.candidate_selector is None:
+        spec[f"{label} b={d.block_size}, verify gate θ={VERIFY_GATE}"] = (d, d.block_size, VERIFY_GATE)
+    return spec
+
+
+def _own_blocks(spec: dict) -> set[str]:
+    """The variants that run a draft at its own block size over its vocabulary, ungated: one per draft."""
+    return {name for name, (d, b, gate) in spec.items()
+            if b == d.block_size and gate is None and not name.endswith("all V")}
 
 
 def confidence_log(draft, run) -> tuple[object, list[float | None]]:
@@ -121,21 +164,22 @@ def gate_calibration(confidences: list[float | None], outputs: list) -> list[dic
     return rows
 
 
-def _plot_trained(rows, by_block, path):
-
+def _plot_trained(sweep: dict[int, tuple[dict, dict]], path):
+    """τ and speed against AR by block size (the first draft), and acceptance by block position per prompt set."""
     fig = Figure(figsize=(9, 3.2))
-    a, c = fig.subplots(1, 2)
-    blocks = [int(r["variant"].split("=")[1]) for r in rows]
-    a.plot(blocks, [r["τ (tokens/step)"] for r in rows], "o-", label="τ (tokens/step)")
-    a.plot(blocks, [r["speedup vs AR"] for r in rows], "s-", label="wall-clock speedup vs AR")
-    a.axhline(1.0, color="grey", lw=0.5)
-    a.set_xscale("log", base=2)
-    a.set_xlabel("block size")
-    a.legend()
-    for b, (by_position, _) in by_block.items():
-        c.plot(range(1, b), by_position, "o-", ms=3, label=f"b={b}")
-    c.set_xlabel("block position k")
-    c.set_ylabel("accepted fraction (held-out)")
-    c.legend()
+    left, right = fig.subplots(1, 2)
+    blocks = sorted(sweep)
+    left.plot(blocks, [sweep[b][0]["τ (tokens/step)"] for b in blocks], "o-", label="τ (tokens/step)")
+    left.plot(blocks, [sweep[b][0]["speed vs AR"] for b in blocks], "s-", label="wall-clock speedup vs AR")
+    left.axhline(1.0, color="grey", lw=0.5)
+    left.set_xscale("log", base=2)
+    left.set_xlabel("block size")
+    left.legend()
+    for b in blocks:
+        for (set_name, (by_position, _)), style in zip(sweep[b][1]["sets"].items(), ("o-", "s--")):
+            right.plot(range(1, b), [share or 0.0 for share in by_position], style, ms=3, label=f"b={b}, {set_name}")
+    right.set_xlabel("block position k")
+    right.set_ylabel("accepted fraction (held-out)")
+    right.legend(fontsize=7)
     fig.tight_layout()
     save_figure(fig, path)

@@ -19,8 +19,8 @@ correctness, benchmarks report). Each benchmark writes a markdown table and JSON
     ceiling    SmolLM2 + oracle draft per block size: measured speedup over AR vs the ideal
                b · t_step / (t_draft(b) + t_verify(b)), and the τ at which DFlash breaks even here
     memory     cache sizes and peak RSS against generated length (the draft cache stays at the context)
-    trained    the shipped SmolLM2 draft (or --draft DIR) on held-out prompts: τ and speedup over AR
-               per block size
+    trained    --draft DIR and the shipped SmolLM2 drafts on held-out prompts of both kinds (template topics,
+               hand-written other styles): τ and speed vs transformers' generate and AR, per block size
 """
 from __future__ import annotations
 

@@ -15,6 +15,8 @@ from .checkpoint import load_draft
 
 # the draft trained for SmolLM2 by `python -m dflash_ref train` (figures/training/README.md), official format, bf16
 SHIPPED_DRAFT = Path(__file__).parent / "smollm2"
+# every draft shipped for SmolLM2, the default first, by the label `bench trained` gives it
+SHIPPED_DRAFTS = {"DFlash 1 (shipped)": SHIPPED_DRAFT}
 
 
 def open_draft(folder: str | Path | None, dtype: torch.dtype = torch.float32,
