@@ -48,9 +48,10 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
     inputs = {name: [chat_ids(tokenizer, p) for p in prompts] for name, prompts in sets.items()}
     every = [ids for group in inputs.values() for ids in group]
     n = NEW_TOKENS
-    opened = {label: open_draft(folder, proposing=True)[0] for label, folder in drafts_to_compare(draft).items()}
+    folders = drafts_to_compare(draft)
+    opened = {label: open_draft(folder, proposing=True)[0] for label, folder in folders.items()}
     for label, d in opened.items():
-        check_fits(d, label, target)
+        check_fits(d, folders[label], target)
     spec = _variants(opened)
     ar_out = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in every]
     own = _own_blocks(spec)
