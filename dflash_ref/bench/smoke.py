@@ -31,7 +31,7 @@ target_layer_ids, sliding layers, K = 2, groups of 16, top 16) with a window of 
 
 Lossless here means token-identical to AR. In bf16, a block verify and a one-token step use
 different kernel shapes, so a near-tie in the logits can flip an argmax: a mismatch is reported
-with its position and the logit margin there, not hidden.
+with its position (the first token that differs from AR), not hidden.
 """
 from __future__ import annotations
 
