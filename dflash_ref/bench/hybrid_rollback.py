@@ -95,8 +95,8 @@ def bench_rollback(repeats: int, out, progress) -> dict:
             row = {"block size b": b, "verify, final state only (ms)": verify,
                    "verify keeping every position's state (ms)": ms["verify_keep_states"],
                    "keeping / final only": ms["verify_keep_states"] / verify}
-            row.update({f"replay of {n} token{'s' * (n > 1)} / verify": ms[f"replay_{n}_tokens"] / verify
-                        for n in replays})
+            row.update({f"replay of {label} / verify": ms[f"replay_{n}_tokens"] / verify    # the same columns at each b
+                        for label, n in zip(("1 token", "b/2 tokens", "b tokens"), replays)})
             row["kept state (MB per verify)"] = result["kept_state_bytes_per_verify"] / 1e6
             rows.append(row)
     linear = config.layer_types.count("linear_attention")

@@ -49,10 +49,17 @@ BENCHES: dict[str, Callable] = {
 
 
 def markdown(rows: list[dict], title: str) -> str:
-    """A table of whatever columns the rows have (floats to 4 significant digits)."""
+    """A table of whatever columns the rows have (floats to 4 significant digits); a column only later
+    rows have is placed after the column that precedes it in the first row that has it."""
     if not rows:
         return f"### {title}\n\n(no rows)"
-    cols = list(rows[0])
+    cols: list[str] = []
+    for row in rows:
+        at = 0
+        for c in row:
+            if c not in cols:
+                cols.insert(at, c)
+            at = cols.index(c) + 1
     fmt = lambda v: f"{v:.4g}" if isinstance(v, float) else str(v)  # noqa: E731
     lines = [f"### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
@@ -141,7 +148,12 @@ def run(names: list[str], repeats: int, out: str | Path, say=print, draft: str |
             say(markdown(rows, title))
         say(f"   ({time.perf_counter() - t0:.0f} s)")
         saved.write_text(json.dumps(report, indent=1) + "\n")
-        texts = [f"{markdown(rows, title)}\n\n({r['machine']}; {r['repeats']} interleaved repeats; medians)"
-                 for r in report["results"].values() for title, rows in r["tables"].items()]
-        (out / "bench.md").write_text("\n\n".join(texts) + "\n")
+        (out / "bench.md").write_text(render(report))
     return report
+
+
+def render(report: dict) -> str:
+    """bench.md: every table of every benchmark in the report, each with its machine's footer."""
+    texts = [f"{markdown(rows, title)}\n\n({r['machine']}; {r['repeats']} interleaved repeats; medians)"
+             for r in report["results"].values() for title, rows in r["tables"].items()]
+    return "\n\n".join(texts) + "\n"
