@@ -88,15 +88,16 @@ def bench_rollback(repeats: int, out, progress) -> dict:
         target = bench_target(256, 8)
         config = target.config
         for b in (4, 16):
-            replays = (1, b // 2, b)
-            result = rollback_costs(target, verify=b, repeats=repeats, replays=replays, progress=progress)
+            replays = {"1 token": 1, "b/2 tokens": b // 2, "b tokens": b}   # column label → tokens replayed
+            result = rollback_costs(target, verify=b, repeats=repeats, replays=tuple(replays.values()),
+                                    progress=progress)
             ms = {r["variant"]: 1e3 * r["median_s"] for r in result["rows"]}
             verify = ms["verify_final_state_only"]
             row = {"block size b": b, "verify, final state only (ms)": verify,
                    "verify keeping every position's state (ms)": ms["verify_keep_states"],
                    "keeping / final only": ms["verify_keep_states"] / verify}
             row.update({f"replay of {label} / verify": ms[f"replay_{n}_tokens"] / verify    # the same columns at each b
-                        for label, n in zip(("1 token", "b/2 tokens", "b tokens"), replays)})
+                        for label, n in replays.items()})
             row["kept state (MB per verify)"] = result["kept_state_bytes_per_verify"] / 1e6
             rows.append(row)
     linear = config.layer_types.count("linear_attention")
