@@ -212,7 +212,7 @@ def test_nothing_to_resume_and_a_run_in_the_way_are_refused(tmp_path):
     (["--max-new-tokens", "4"], "leaves no response long enough to train on with blocks of 4"),
     (["--block-size", "8", "--max-new-tokens", "8"], "at least block size + 1 = 9 tokens"),
     (["--config", "/no/such/config.json"], "--config: no file /no/such/config.json"),
-    (["--conv-kernel-size", "3"], "--conv-kernel-size: DFlash 2 sizes, for a --version 2 draft (this run is "
+    (["--conv-kernel-size", "3"], "--conv-kernel-size: DFlash 2 options, for a --version 2 draft (this run is "
                                   "--version 1)"),
     (["--version", "2", "--conv-group-size", "7"], "--conv-group-size 7 does not divide the target's hidden size 576; "
                                                    "one of [1, 2, 3, 4, 6, 8, 9, 12, 16, 18,"),
@@ -220,6 +220,12 @@ def test_nothing_to_resume_and_a_run_in_the_way_are_refused(tmp_path):
     (["--version", "2", "--conv-kernel-size", "0"], "--conv-kernel-size must be at least 1, got 0"),
     (["--version", "2", "--selector-top-k", "49153"], "--selector-top-k 49153 exceeds the target's vocabulary of "
                                                       "49152"),
+    (["--modules", "conv"], "--modules conv: DFlash 2 options, for a --version 2 draft (this run is --version 1)"),
+    (["--version", "2", "--modules", "layers"], "argument --modules: invalid choice: 'layers'"),
+    (["--replay", "1.5"], "--replay is the share of a batch's sequences replayed, in 0…1, got 1.5"),
+    (["--replay", "nan"], "--replay is the share of a batch's sequences replayed, in 0…1, got nan"),
+    (["--replay-every", "0"], "--replay-every must be at least 1, got 0"),
+    (["--replay-sequences", "0"], "--replay-sequences must be at least 1, got 0"),
     (["--version", "3"], "argument --version: invalid choice: 3"),
     (["--prompt-set", "tables"], "argument --prompt-set: invalid choice: 'tables'"),
     (["--prompt-set", "varied", "--prompts", "28561"], "--prompts must lie in 1…28560 (the varied training prompts"),

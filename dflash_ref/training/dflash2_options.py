@@ -5,6 +5,7 @@ for a target of SmolLM2's widths, and the checks that refuse a size before anyth
     --conv-group-size      channels sharing one dynamic tap a_{t,j,g}; must divide the hidden size d
     --selector-rank r      width of the selector's codebooks E_pred, E_succ (V, r) and of P (r, d)
     --selector-top-k K     candidates per proposal position; at most V
+    --modules              both (default), conv or selector: the modules a run trains (MODULES)
 
 A DFlash 1 run (`--version 1`, the default) takes none of them (each stays null in train_config.json); a
 DFlash 2 run fills the ones not given with DFLASH2_DEFAULTS, so that its train_config.json holds the
@@ -16,6 +17,10 @@ import json
 from pathlib import Path
 
 VERSIONS = (1, 2)
+# which of DFlash 2's two modules a run trains (the levers of figures/training/README.md): both; the
+# convolutions only (the selector learns beside them from detached inputs, and the run's evaluation
+# proposes by the argmax of the logits); the selector only (the convolutions stay the identity)
+MODULES = ("both", "conv", "selector")
 # SmolLM2-135M: d = 576, V = 49152. K = 3 (the walkthrough's) reaches two positions back inside a block
 # of 4; 16 channels a group (the released Muse-Glimmer-30B's) gives 36 groups; r = 32 keeps the two
 # codebooks (2 · 49152 · 32 = 3.1 M weights) below the draft's layers; 8 candidates for 3 proposals
@@ -43,9 +48,11 @@ def check_dflash2(options: dict, widths: tuple[int, int] | None) -> None:
     if options["version"] not in VERSIONS:
         raise ValueError(f"--version must be one of {list(VERSIONS)}, got {options['version']!r}")
     given = [_flag(k) for k in DFLASH2_DEFAULTS if options[k] is not None]
+    if options.get("modules", "both") != "both":
+        given.append(f"--modules {options['modules']}")
     if options["version"] == 1:
         if given:
-            raise ValueError(f"{', '.join(given)}: DFlash 2 sizes, for a --version 2 draft (this run is --version 1)")
+            raise ValueError(f"{', '.join(given)}: DFlash 2 options, for a --version 2 draft (this run is --version 1)")
         return
     for key in DFLASH2_DEFAULTS:
         if options[key] < 1:

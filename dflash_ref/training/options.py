@@ -18,7 +18,7 @@ import math
 import os
 from pathlib import Path
 
-from .dflash2_options import DFLASH2_DEFAULTS, VERSIONS, check_dflash2, fill_dflash2
+from .dflash2_options import DFLASH2_DEFAULTS, MODULES, VERSIONS, check_dflash2, fill_dflash2
 from .prompt_file import PROMPT_SETS, file_counts
 
 CONFIG_NAME = "train_config.json"
@@ -28,12 +28,14 @@ DEFAULTS = {"version": 1, **dict.fromkeys(DFLASH2_DEFAULTS), "layers": 2, "block
             "prompt_set": "templates", "prompts": 1860, "max_new_tokens": 192, "distill_batch": 48,
             "distill_dtype": "bf16", "train_dtype": "bf16", "init": "random", "save_every": 500, "eval_prompts": 12,
             "eval_styles": 12, "eval_tokens": 128, "figures": "figures/training", "seed": 0, "target": "smollm2",
-            "prompts_file": None, "heldout_file": None}
+            "prompts_file": None, "heldout_file": None,
+            "modules": "both", "replay": 0.0, "replay_every": 250, "replay_sequences": 64}
 FILES = ("prompts_file", "heldout_file")        # None: the prompts written in prompts.py
 PATHS = ("target", *FILES)                      # kept as absolute paths (but the target "smollm2")
 NULLABLE = tuple(DFLASH2_DEFAULTS)               # None: a DFlash 1 run's, or the DFlash 2 default
 CHOICES = {"version": VERSIONS, "prompt_set": tuple(PROMPT_SETS), "distill_dtype": ("bf16", "fp32"),
-           "train_dtype": ("bf16", "fp32"), "init": ("random", "target")}
+           "train_dtype": ("bf16", "fp32"), "init": ("random", "target"),
+           "modules": MODULES}
 # how long the run goes on, how often it saves, how it is evaluated and where its plot goes
 RESUME_MAY_CHANGE = frozenset({"steps", "save_every", "eval_prompts", "eval_styles", "eval_tokens", "figures",
                                "heldout_file"})
@@ -110,7 +112,8 @@ def check_values(options: dict, heldout_prompts: int, training_prompts: int, sty
     def at_least(key: str, low: int) -> None:
         if options[key] < low:
             raise TrainOptionError(f"{flag(key)} must be at least {low}, got {options[key]}")
-    for key in ("layers", "steps", "batch", "anchors", "distill_batch", "save_every"):
+    for key in ("layers", "steps", "batch", "anchors", "distill_batch", "save_every", "replay_every",
+                "replay_sequences"):
         at_least(key, 1)
     at_least("eval_tokens", 2)                 # the first token is the prefill's; decode steps start at the second
     at_least("negatives", 0)
@@ -125,6 +128,8 @@ def check_values(options: dict, heldout_prompts: int, training_prompts: int, sty
         raise TrainOptionError(f"--eval-styles must lie in 0…{style_prompts} (the hand-written held-out styles' "
                                f"prompts), got {options['eval_styles']}")
     check_seed(options["seed"])
+    if not (math.isfinite(options["replay"]) and 0 <= options["replay"] <= 1):
+        raise TrainOptionError(f"--replay is the share of a batch's sequences replayed, in 0…1, got {options['replay']}")
     if not (math.isfinite(options["lr"]) and options["lr"] > 0):
         raise TrainOptionError(f"--lr must be a positive number, got {options['lr']}")
     if options["gamma"] is not None and not (math.isfinite(options["gamma"]) and options["gamma"] > 0):

@@ -196,8 +196,9 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int) -> float:
 
 
 def make_optimizer(draft, lr: float, total_steps: int, warmup_steps: int, weight_decay: float = 0.01):
-    """AdamW over the draft's own parameters (the target's are not among them) + the schedule."""
-    optimizer = torch.optim.AdamW(draft.parameters(), lr=lr, weight_decay=weight_decay)
+    """AdamW over the draft's own trainable parameters (the target's are not among them) + the schedule."""
+    optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=lr,
+                                  weight_decay=weight_decay)       # not a frozen module's (dflash2_modules.py)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: warmup_cosine(step, total_steps, warmup_steps))
     return optimizer, schedule
@@ -205,13 +206,14 @@ def make_optimizer(draft, lr: float, total_steps: int, warmup_steps: int, weight
 
 def train_step(draft, target, batch, weights: torch.Tensor, optimizer, schedule, max_grad_norm: float = 1.0,
                vocab: torch.Tensor | None = None, vocab_log_weight: torch.Tensor | None = None,
-               bf16: bool = False) -> float:
+               bf16: bool = False, selector_detached: bool = False) -> float:
     """One optimiser step on a batch of (token_ids (1, T), features (1, T, k·d), anchors (m,)),
     the loss averaged over its sequences (each backpropagated alone: memory stays one sequence's).
 
     bf16=True runs the forward under autocast (matrix products in bf16, 2–2.5× faster where the CPU
     has bf16 instructions; weights, gradients and AdamW stay fp32, the CE is taken in fp32 on the
-    bf16 logits): mixed precision."""
+    bf16 logits): mixed precision. selector_detached=True takes a DFlash 2 selector's loss on the
+    draft's detached hidden and logits (`train --modules conv`: dflash2_modules.py)."""
     draft.train()
     optimizer.zero_grad(set_to_none=True)
     rows = None if vocab is None else target.output_weight()[vocab.to(target.device)]   # (V', d), once
@@ -225,7 +227,8 @@ def train_step(draft, target, batch, weights: torch.Tensor, optimizer, schedule,
         loss = dflash_loss(with_log_weight(logits, vocab_log_weight), labels, weights)
         if draft.candidate_selector is not None:                  # DFlash 2: and its selector (selector_loss.py)
             previous = token_ids[0, anchors[:, None] + torch.arange(draft.block_size - 1)[None]]   # (m, b − 1)
-            loss = loss + selector_loss(draft.candidate_selector, hidden, logits, previous, tokens, weights, vocab)
+            inputs = (hidden.detach(), logits.detach()) if selector_detached else (hidden, logits)
+            loss = loss + selector_loss(draft.candidate_selector, *inputs, previous, tokens, weights, vocab)
         loss = loss / len(batch)
         loss.backward()
         total += float(loss.detach())

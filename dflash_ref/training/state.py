@@ -4,7 +4,8 @@ state.json, written so that a resumed run continues exactly as an uninterrupted 
     out/draft/                  config.json, model.safetensors, draft_vocab.json
     out/optimizer.safetensors   AdamW's exp_avg and exp_avg_sq per draft parameter
     out/state.json              step, warmup steps, elapsed seconds, losses, the batch generator's state,
-                                and the SHA-256 of the two weight files it belongs with
+                                the draft's errors found for --replay (training/replay.py), and the
+                                SHA-256 of the two weight files it belongs with
 
 Each file is written whole under a temporary name and renamed; state.json goes last, so a run stopped
 while saving leaves a state.json whose hashes do not match, and its resume is refused by name. A
@@ -29,6 +30,7 @@ from ..drafts.from_target import init_from_target
 from ..drafts.random_draft import identity_convolutions_, random_draft
 from ..extensions.draft_vocab import FILE as DRAFT_VOCAB_FILE
 from ..target.checkpoint import CheckpointError
+from .dflash2_modules import freeze_convolutions_
 from .dflash2_options import DFLASH2_DEFAULTS, draft_fields
 
 
@@ -37,9 +39,9 @@ GENERATOR_STATE_BYTES = torch.Generator().get_state().numel()
 
 
 def save_state(out: Path, draft, optimizer, generator: torch.Generator, step: int, warmup_steps: int,
-                losses: list[float], seconds: float) -> None:
+                losses: list[float], seconds: float, errors: dict[int, list[int]] | None = None) -> None:
     """The checkpoint: the draft, AdamW's moments, and state.json (step, warmup, the generator's state,
-    losses), each file written whole under a temporary name and then renamed, state.json last; it
+    losses, --replay's errors), each file written whole under a temporary name and then renamed, state.json last; it
     records the SHA-256 of the other two, so a run stopped between the renames is caught on resume."""
     staging = out / "draft.saving"
     save_draft(draft, staging)
@@ -58,7 +60,7 @@ def save_state(out: Path, draft, optimizer, generator: torch.Generator, step: in
     os.replace(out / "optimizer.safetensors.saving", out / "optimizer.safetensors")
     state = {"step": step, "warmup_steps": warmup_steps, "seconds": seconds, "losses": losses,
              "generator": base64.b64encode(bytes(generator.get_state().tolist())).decode("ascii"),
-             "sha256": digests}
+             "replay_errors": {str(i): anchors for i, anchors in (errors or {}).items()}, "sha256": digests}
     (out / "state.json.saving").write_text(json.dumps(state) + "\n")
     os.replace(out / "state.json.saving", out / "state.json")
 
@@ -88,6 +90,7 @@ def read_state(out: Path) -> dict:
             ("seconds", lambda v: _number(v) and v >= 0, "a number of seconds ≥ 0"),
             ("losses", lambda v: isinstance(v, list) and all(_number(x) for x in v), "a list of numbers"),
             ("generator", _generator_state, f"a generator state ({GENERATOR_STATE_BYTES} bytes in base64)"),
+            ("replay_errors", _errors, "an object of sequence index → list of anchors"),
             ("sha256", lambda v: isinstance(v, dict) and set(v) <= set(HASHED) and all(
                 isinstance(d, str) for d in v.values()), f"an object of SHA-256 digests of {list(HASHED)}")):
         if key in state and not ok(state[key]):
@@ -115,6 +118,16 @@ def _whole(v) -> bool:
 
 def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v   # not NaN
+
+
+def _errors(v) -> bool:
+    return isinstance(v, dict) and all(k.isdigit() and isinstance(a, list) and all(_whole(x) and x >= 0 for x in a)
+                                       for k, a in v.items())
+
+
+def replay_errors(state: dict) -> dict[int, list[int]]:
+    """--replay's errors as the checkpoint left them ({} for a fresh run or one from before them)."""
+    return {int(i): anchors for i, anchors in state.get("replay_errors", {}).items()}
 
 
 def _generator_state(v) -> bool:
@@ -149,7 +162,7 @@ def run_draft(out: Path, args, chat):
         wrong = [f"{k} {v} (asked {getattr(args, k)})" for k, v in found.items() if v != getattr(args, k)]
         if wrong:      # a run from before train_config.json, resumed with other options
             raise SystemExit(f"--resume: the draft in {out / 'draft'} has {', '.join(wrong)}")
-        return draft
+        return _modules(draft, args)
     if args.init == "target" and args.layers > target.config.num_hidden_layers:
         raise SystemExit(f"--init target copies the target's last --layers {args.layers} layers, but {chat.label} has "
                          f"{target.config.num_hidden_layers}")
@@ -165,12 +178,19 @@ def run_draft(out: Path, args, chat):
             init_from_target(draft, target)
         except ValueError as e:
             raise SystemExit(f"--layers {args.layers} --init target: {e}") from None
+    return _modules(draft, args)
+
+
+def _modules(draft, args):
+    """`--modules selector`: the convolutions kept as they are (the identity: dflash2_modules.py)."""
+    if getattr(args, "modules", "both") == "selector":
+        freeze_convolutions_(draft)
     return draft
 
 
 def read_moments(out: Path, draft) -> dict[str, torch.Tensor]:
     """optimizer.safetensors, checked against the draft it resumes (cli/train.py reads it before distilling):
-    both AdamW moments of every draft parameter, in the parameter's shape; anything else is refused."""
+    both AdamW moments of every trained draft parameter, in the parameter's shape; anything else is refused."""
     path = out / "optimizer.safetensors"
     try:
         moments = load_file(str(path))
@@ -178,7 +198,7 @@ def read_moments(out: Path, draft) -> dict[str, torch.Tensor]:
         raise SystemExit(f"--resume: {path} is not a readable safetensors file ({e})") from None
     wrong = [f"{name}.{k} " + (f"{tuple(moments[f'{name}.{k}'].shape)}, not {tuple(p.shape)}"
                                if f"{name}.{k}" in moments else "missing")
-             for name, p in draft.named_parameters() for k in ("exp_avg", "exp_avg_sq")
+             for name, p in draft.named_parameters() if p.requires_grad for k in ("exp_avg", "exp_avg_sq")
              if f"{name}.{k}" not in moments or moments[f"{name}.{k}"].shape != p.shape]
     if wrong:
         raise SystemExit(f"--resume: {path} is not this draft's optimiser state: {', '.join(wrong[:4])}"
@@ -189,6 +209,8 @@ def read_moments(out: Path, draft) -> dict[str, torch.Tensor]:
 def resume_optimizer(moments: dict[str, torch.Tensor], draft, optimizer, schedule, step: int) -> None:
     """AdamW's moments (`read_moments`) into the optimiser, and the schedule brought to `step`."""
     for name, p in draft.named_parameters():
+        if not p.requires_grad:                        # a module the run does not train (--modules)
+            continue
         optimizer.state[p] = {"step": torch.tensor(float(step)),
                               "exp_avg": moments[f"{name}.exp_avg"], "exp_avg_sq": moments[f"{name}.exp_avg_sq"]}
     with warnings.catch_warnings():      # fast-forwarding the schedule: no optimiser step is missing

@@ -58,6 +58,18 @@ def leading_matches(draft, target, token_ids: torch.Tensor, prompt_len: int) -> 
     probs = out.logits[0].float().softmax(-1)                                   # (T, V)
     greedy = probs.argmax(-1)                                                   # (T,) g_{p+1} at index p
     features = extract_context_feature(out.hidden_states, draft.target_layer_ids)   # (1, T, k·d)
+    proposals = draft_proposals(draft, target, token_ids, features, anchors)    # (m, b − 1) d_k
+    wanted = greedy[anchors[:, None] + torch.arange(b - 1)[None, :]]             # (m, b − 1) g_{a+k}
+    leads = (proposals == wanted).long().cumprod(-1).sum(-1)                    # (m,) L_a
+    return leads, probs.max(-1).values[anchors]                                 # c_a (m,)
+
+
+@torch.no_grad()
+def draft_proposals(draft, target, token_ids: torch.Tensor, features: torch.Tensor,
+                    anchors: torch.Tensor) -> torch.Tensor:
+    """The draft's greedy proposals d_1 … d_{b−1} of the blocks anchored at `anchors` (m,) of one sequence
+    (1, T) with its features (1, T, k·d), as decoding makes them: among the draft vocabulary if it has
+    one, through the selector's greedy path for DFlash 2 → (m, b − 1)."""
     hidden, labels = training_hidden(draft, target, token_ids, features, anchors)   # (m, b − 1, d)
     logits, _ = output_logits(draft, target, hidden, labels)                    # (m, b − 1, V)
     vocab = getattr(draft, "draft_vocab", None)
@@ -66,11 +78,8 @@ def leading_matches(draft, target, token_ids: torch.Tensor, prompt_len: int) -> 
         outside[vocab] = False
         logits = logits.masked_fill(outside, float("-inf"))
     selector = draft.candidate_selector
-    proposals = (logits.argmax(-1) if selector is None                          # (m, b − 1) d_k
-                 else selector.select(hidden, logits, token_ids[0, anchors], 0.0)[0])   # DFlash 2: the greedy path
-    wanted = greedy[anchors[:, None] + torch.arange(b - 1)[None, :]]             # (m, b − 1) g_{a+k}
-    leads = (proposals == wanted).long().cumprod(-1).sum(-1)                    # (m,) L_a
-    return leads, probs.max(-1).values[anchors]                                 # c_a (m,)
+    return (logits.argmax(-1) if selector is None
+            else selector.select(hidden, logits, token_ids[0, anchors], 0.0)[0])   # DFlash 2: the greedy path
 
 
 def teacher_forced(draft, target, rows: list[dict], edges=CONFIDENCE_EDGES) -> dict:

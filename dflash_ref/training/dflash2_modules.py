@@ -1,0 +1,33 @@
+"""`train --modules`: which of a DFlash 2 draft's two modules a run trains (dflash2_options.MODULES), to
+measure each alone (figures/training/README.md, "The levers").
+
+    both      the convolutions, the selector, and the layers through both losses (the recipe)
+    conv      the selector's loss taken on the draft's detached hidden and logits: it learns beside the
+              draft without shaping it, so the draft is what training the convolutions alone makes;
+              the run's evaluation proposes by the argmax of the logits (`proposing_by_argmax`)
+    selector  the convolutions kept the identity they start as (`freeze_convolutions_`): each layer
+              stays its DFlash 1 layer, and the selector proposes
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+
+def freeze_convolutions_(draft) -> None:
+    """The convolutions' weights left out of training (no gradient, so AdamW never moves them)."""
+    for layer in draft.layers:
+        for conv in (layer.attention_conv, layer.mlp_conv):
+            if conv is not None:
+                conv.requires_grad_(False)
+
+
+@contextmanager
+def proposing_by_argmax(draft, on: bool = True):
+    """Inside it, the draft proposes as a DFlash 1 draft does (no selector); its selector is back after."""
+    selector = draft.candidate_selector
+    if on:
+        draft.candidate_selector = None
+    try:
+        yield draft
+    finally:
+        draft.candidate_selector = selector
