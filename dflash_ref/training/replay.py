@@ -21,6 +21,9 @@ their anchors being their errors (at most m, topped up with uniform ones to m); 
 the batch are drawn as without replay. The labels stay the target's tokens, so the loss is the recipe's:
 only where it is taken changes. With ρ = 0 (the default) nothing is drawn differently.
 
+The responses are the target's greedy ones as its bf16 copy wrote them (distill.py's default), so the walk
+is greedy decoding's up to the steps where the fp32 target would have chosen another token.
+
 Departure from the paper: DFlash proposes a whole block in parallel from the committed prefix, so the
 states the draft induces are only *which* anchors decoding visits (a draft's wrong proposal never
 becomes the prefix of a later proposal); that is what is replayed. Draft-OPD also trains on the target's
@@ -31,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from .recipe import sample_anchors
-from .teacher_forced import draft_proposals
+from .teacher_forced import draft_proposals, every_anchor, leading_count
 
 
 def visited_errors(leads: torch.Tensor, first: int, block_size: int) -> list[int]:
@@ -50,15 +53,13 @@ def visited_errors(leads: torch.Tensor, first: int, block_size: int) -> list[int
 def sequence_errors(draft, target, token_ids: torch.Tensor, features: torch.Tensor, prompt_len: int) -> list[int]:
     """E(x) for one training sequence (1, T) with its features (1, T, k·d), the draft as it is now (in
     fp32, in eval mode: its proposals as decoding makes them)."""
-    b, seq_len = draft.block_size, token_ids.shape[1]
-    first = max(prompt_len, 1)
-    anchors = torch.arange(first, max(first, seq_len - b + 1))                  # (m,) every anchor with a whole block
+    b = draft.block_size
+    anchors = every_anchor(prompt_len, token_ids.shape[1], b)                   # (m,) a, a + 1, …
     if len(anchors) == 0:
         return []
     proposals = draft_proposals(draft, target, token_ids, features.float(), anchors)   # (m, b − 1)
     wanted = token_ids[0, anchors[:, None] + torch.arange(1, b)[None, :]]       # (m, b − 1) x_{a+k}
-    leads = (proposals == wanted).long().cumprod(-1).sum(-1)                    # (m,) L_a
-    return visited_errors(leads, first, b)
+    return visited_errors(leading_count(proposals, wanted), int(anchors[0]), b)
 
 
 def find_errors(draft, target, data, feats, count: int, generator: torch.Generator) -> dict[int, list[int]]:

@@ -49,9 +49,8 @@ def summary(leads: torch.Tensor, block_size: int) -> dict:
 def leading_matches(draft, target, token_ids: torch.Tensor, prompt_len: int) -> tuple[torch.Tensor, torch.Tensor]:
     """One sequence (1, T): L_a and c_a for every anchor a ≥ max(prompt_len, 1) with a whole block
     inside it; two empty tensors if there is none."""
-    b, seq_len = draft.block_size, token_ids.shape[1]
-    first = max(prompt_len, 1)
-    anchors = torch.arange(first, max(first, seq_len - b + 1))                  # (m,)
+    b = draft.block_size
+    anchors = every_anchor(prompt_len, token_ids.shape[1], b)                   # (m,)
     if len(anchors) == 0:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0)
     out = target(token_ids, output_hidden_states=True)
@@ -60,8 +59,19 @@ def leading_matches(draft, target, token_ids: torch.Tensor, prompt_len: int) -> 
     features = extract_context_feature(out.hidden_states, draft.target_layer_ids)   # (1, T, k·d)
     proposals = draft_proposals(draft, target, token_ids, features, anchors)    # (m, b − 1) d_k
     wanted = greedy[anchors[:, None] + torch.arange(b - 1)[None, :]]             # (m, b − 1) g_{a+k}
-    leads = (proposals == wanted).long().cumprod(-1).sum(-1)                    # (m,) L_a
-    return leads, probs.max(-1).values[anchors]                                 # c_a (m,)
+    return leading_count(proposals, wanted), probs.max(-1).values[anchors]      # L_a, c_a (m,) each
+
+
+def every_anchor(prompt_len: int, seq_len: int, block_size: int) -> torch.Tensor:
+    """Every anchor a ≥ max(prompt_len, 1) of a sequence of seq_len tokens whose whole block lies inside it
+    (a + b − 1 ≤ T − 1), in order → (m,), empty if none."""
+    first = max(prompt_len, 1)
+    return torch.arange(first, max(first, seq_len - block_size + 1))
+
+
+def leading_count(proposals: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+    """L_a: the leading proposals (m, b − 1) equal to the tokens wanted there (m, b − 1) → (m,)."""
+    return (proposals == wanted).long().cumprod(-1).sum(-1)
 
 
 @torch.no_grad()
