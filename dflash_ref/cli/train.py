@@ -151,10 +151,11 @@ def run(args, say=print) -> int:
         resume_optimizer(moments, draft, optimizer, schedule, step)
     weights, g = block_weights(args.block_size, args.gamma), batch_generator(state, args.seed)
     errors = replay_errors(state)                  # --replay: the draft's errors last found (training/replay.py)
+    argmax_only = args.modules == "conv"           # the convolutions' draft alone: no selector shaping or proposing
     t0 = time.perf_counter() - seconds
     while step < args.steps:
         if args.replay and step % args.replay_every == 0 and step > 0:
-            with proposing_by_argmax(draft, args.modules == "conv"):     # its errors as its evaluation proposes
+            with proposing_by_argmax(draft, argmax_only):     # its errors as its evaluation proposes
                 errors = find_errors(draft, target, data, feats, args.replay_sequences, g)
         replayed = replay_batch(errors, data, args.batch, args.replay, args.anchors, args.block_size, g) \
             if args.replay else []
@@ -166,7 +167,7 @@ def run(args, say=print) -> int:
             sampled_vocabulary(vocab, target.config.vocab_size, args.negatives, g)
         losses.append(train_step(draft, target, batch, weights, optimizer, schedule, vocab=ids,
                                  vocab_log_weight=log_weight, bf16=args.train_dtype == "bf16",
-                                 selector_detached=args.modules == "conv"))
+                                 selector_detached=argmax_only))
         step += 1
         if step % 25 == 0 or step == args.steps:
             recent = losses[-50:]
@@ -179,7 +180,7 @@ def run(args, say=print) -> int:
     say(f"trained {step} steps in {(time.perf_counter() - t0) / 60:.1f} min; bf16 draft in {out / 'draft-bf16'}")
     heldout = heldout_prompts(vars(args))[:args.eval_prompts]
     styles = {"prompts": style_prompts(vars(args)), "tokens_per_step": None, "acceptance_by_position": None}
-    with proposing_by_argmax(draft, args.modules == "conv"):      # --modules conv: the convolutions' draft alone
+    with proposing_by_argmax(draft, argmax_only):
         by_position, tokens_per_step = acceptance_by_position(draft, target, tokenizer, heldout, args.eval_tokens,
                                                               stop)
         say(f"held-out: mean tokens per step {number(tokens_per_step, 2)}; acceptance by block position "
@@ -195,7 +196,7 @@ def run(args, say=print) -> int:
                                                "acceptance_by_position": by_position,
                                                "eval_prompts": heldout,
                                                "heldout_styles": styles,
-                                               "proposals": "argmax" if args.modules == "conv" else "draft",
+                                               "proposals": "argmax" if argmax_only else "draft",
                                                "this_run_minutes": round(total / 60, 1),
                                                "config": {k: v for k, v in vars(args).items()
                                                           if isinstance(v, (int, float, str, bool))}},

@@ -39,12 +39,15 @@ def identity_convolutions_(draft) -> None:
     its weights does (`train` starts its DFlash 2 drafts so: they learn to mix positions from there)."""
     # ours: the official post_init leaves base_kernel uninitialised, and no training recipe is published
     with torch.no_grad():
-        for layer in draft.layers:
-            for conv in (layer.attention_conv, layer.mlp_conv):
-                if conv is not None:
-                    conv.base_kernel.zero_()
-                    conv.base_kernel[:, 0] = 1.0                         # (2, K, d): tap j = 0 of both
-                    conv.kernel_projection.weight.zero_()
+        for conv in convolutions(draft):
+            conv.base_kernel.zero_()
+            conv.base_kernel[:, 0] = 1.0                                 # (2, K, d): tap j = 0 of both
+            conv.kernel_projection.weight.zero_()
+
+
+def convolutions(draft) -> list:
+    """A DFlash 2 draft's dynamic convolutions, two a layer (none for DFlash 1)."""
+    return [conv for layer in draft.layers for conv in (layer.attention_conv, layer.mlp_conv) if conv is not None]
 
 
 def _rope_theta(config) -> float:

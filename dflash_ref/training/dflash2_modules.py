@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+from ..drafts.random_draft import convolutions
+
 
 def freeze_convolutions_(draft) -> None:
     """The convolutions' weights left out of training (no gradient, so AdamW never moves them)."""
-    for layer in draft.layers:
-        for conv in (layer.attention_conv, layer.mlp_conv):
-            if conv is not None:
-                conv.requires_grad_(False)
+    for conv in convolutions(draft):
+        conv.requires_grad_(False)
 
 
 @contextmanager
