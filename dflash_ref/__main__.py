@@ -13,8 +13,8 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `generate` (here, so that building the parser imports no torch)."""
     p.add_argument("--target", required=True, help="a Hugging Face model folder, or 'smollm2'")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--draft", help="an official-format DFlash draft folder (default: for smollm2 the trained "
-                                       "draft shipped with the package, otherwise a random draft)")
+    which.add_argument("--draft", help="an official-format DFlash draft folder, or shipped:dflash1 / shipped:dflash2 "
+                                       "(default: for smollm2 the shipped DFlash 2 draft, otherwise a random draft)")
     which.add_argument("--random-draft", action="store_true", help="use an untrained random draft")
     p.add_argument("--prompt", default="Explain speculative decoding in one paragraph.")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
@@ -53,16 +53,16 @@ def main(argv: list[str] | None = None) -> int:
                                                 "trained (default: all)")
     bench.add_argument("--repeats", type=int, default=7)
     bench.add_argument("--out", default="figures/bench")
-    bench.add_argument("--draft", help="bench trained: this official-format SmolLM2 draft folder instead of the "
-                                       "shipped one (give --out elsewhere to keep figures/bench's results)")
+    bench.add_argument("--draft", help="bench trained: this official-format SmolLM2 draft folder too, first, beside the "
+                                       "shipped ones (give --out elsewhere to keep figures/bench's results)")
     train = sub.add_parser("train", help="self-distil SmolLM2 (or --target DIR) and train a draft with the "
                                          "paper's recipe")
     add_train_arguments(train)
     evaluate = sub.add_parser("evaluate", help="a draft's τ and acceptance per block position on prompt sets")
     evaluate.add_argument("--target", default="smollm2",
                           help="smollm2 (default), or the Hugging Face chat model folder the --draft was trained for")
-    evaluate.add_argument("--draft", help="an official-format draft folder (default: the shipped SmolLM2 draft; "
-                                          "needed with --target DIR)")
+    evaluate.add_argument("--draft", help="an official-format draft folder, or shipped:dflash1 / shipped:dflash2 "
+                                          "(default: the shipped SmolLM2 DFlash 2 draft; needed with --target DIR)")
     evaluate.add_argument("--sets", nargs="+", default=["heldout:0:12"], metavar="SPLIT:START:COUNT",
                           help="prompt sets, split train, heldout, varied or heldout-styles, or a prompts file "
                                "(default: heldout:0:12, the training run's held-out evaluation)")

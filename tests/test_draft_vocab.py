@@ -75,8 +75,9 @@ def test_a_draft_vocabulary_is_saved_beside_the_checkpoint_and_checked_on_load(t
     assert load_draft(tmp_path).draft_vocab is None and not (tmp_path / FILE).exists()
 
 
-def test_the_shipped_draft_proposes_among_its_training_tokens():
-    from dflash_ref.drafts.folder import SHIPPED_DRAFT
+def test_the_shipped_drafts_propose_among_their_training_tokens():
+    from dflash_ref.drafts.folder import SHIPPED_DRAFTS
     from dflash_ref.target.smollm2 import STOP_TOKEN_IDS
-    vocab = load_draft(SHIPPED_DRAFT).draft_vocab
-    assert vocab is not None and 1000 < len(vocab) < 49152 and set(STOP_TOKEN_IDS) <= set(vocab.tolist())
+    for folder in SHIPPED_DRAFTS.values():
+        vocab = load_draft(folder).draft_vocab
+        assert vocab is not None and 1000 < len(vocab) < 49152 and set(STOP_TOKEN_IDS) <= set(vocab.tolist())

@@ -120,19 +120,23 @@ def test_generate_says_why_nothing_came_when_the_first_token_is_a_stop_token():
     assert "clean_up_tokenization_spaces" not in proc.stderr     # target/smollm2.py says False, as transformers uses
 
 
-def test_the_shipped_draft_is_small_bf16_official_and_accepted_on_held_out_prompts(smollm2):
+@pytest.mark.parametrize("version", [1, 2])
+def test_the_shipped_drafts_are_small_bf16_official_and_accepted_on_held_out_prompts(smollm2, version):
     from dflash_ref.drafts.checkpoint import load_draft
     from dflash_ref.training.prompts import TOPICS, HELD_OUT_TOPICS, eval_prompts
     from dflash_ref.target.smollm2 import MASK_TOKEN_ID
-    from dflash_ref.drafts.folder import SHIPPED_DRAFT
+    from dflash_ref.drafts.folder import SHIPPED_DRAFT, SHIPPED_NAMES
     target, tokenizer, _ = smollm2
-    weights = SHIPPED_DRAFT / "model.safetensors"
-    assert weights.stat().st_size < 20 * 2**20                   # a few MB, not a copy of the target
+    folder = SHIPPED_NAMES[f"shipped:dflash{version}"]
+    assert (folder == SHIPPED_DRAFT) == (version == 2)           # DFlash 2 is the default
+    weights = folder / "model.safetensors"
+    assert weights.stat().st_size < 25 * 2**20                   # a few MB, not a copy of the target
     from safetensors import safe_open
     with safe_open(str(weights), "pt") as f:                      # official names, stored in bf16
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
         assert "fc.weight" in f.keys() and "layers.0.self_attn.q_proj.weight" in f.keys()
-    draft = load_draft(SHIPPED_DRAFT, torch.float32)
+    draft = load_draft(folder, torch.float32)
+    assert (draft.candidate_selector is not None) == (version == 2)
     assert draft.mask_token_id == MASK_TOKEN_ID and draft.config.num_target_layers == target.config.num_hidden_layers
     prompt = eval_prompts(1)[0]
     assert any(t in prompt for t in TOPICS[-HELD_OUT_TOPICS:])   # a topic it was not trained on
@@ -144,12 +148,25 @@ def test_the_shipped_draft_is_small_bf16_official_and_accepted_on_held_out_promp
     assert len(spec.tokens_per_step) < len(untrained.tokens_per_step)   # fewer target passes than a random draft
 
 
-def test_generate_uses_the_shipped_draft_by_default():
+def test_generate_uses_the_shipped_dflash2_draft_by_default_and_names_the_dflash1_one():
+    proc = subprocess.run([sys.executable, "-m", "dflash_ref", "generate", "--target", "smollm2", "--chat",
+                           "--prompt", "What is the capital of France?", "--max-new-tokens", "12"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "trained SmolLM2 DFlash 2 draft" in proc.stderr and "Paris" in proc.stdout
+    # the verify gate needs q over all V, so a DFlash 1 draft: refused for the default, before decoding
+    proc = subprocess.run([sys.executable, "-m", "dflash_ref", "generate", "--target", "smollm2", "--chat",
+                           "--prompt", "What is the capital of France?", "--verify-gate", "0.5"],
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert "--verify-gate: not implemented for DFlash 2 drafts" in proc.stderr
+    assert "--draft shipped:dflash1 takes the DFlash 1 draft" in proc.stderr
     proc = subprocess.run([sys.executable, "-m", "dflash_ref", "generate", "--target", "smollm2", "--chat",
                            "--prompt", "What is the capital of France?", "--max-new-tokens", "12",
-                           "--verify-gate", "0.5"], capture_output=True, text=True, timeout=600)
+                           "--draft", "shipped:dflash1", "--verify-gate", "0.5"],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "trained SmolLM2 draft" in proc.stderr and "Paris" in proc.stdout
+    assert "Paris" in proc.stdout
     cut = re.search(r"verify gate θ = 0\.5: (\d+) of (\d+) steps verified \[x_0, d_1\] only", proc.stdout)
     assert cut and 0 < int(cut[1]) <= int(cut[2]), proc.stdout[-500:]
 
@@ -181,6 +198,8 @@ def _usage_error(capsys, argv: list[str]) -> str:
     (["--device", "cpu:3"], "--device: device cpu:3: the CPU is one device"),
     (["--seed", str(2**64)], f"--seed must lie in {-2**63}…{2**64 - 1}, got {2**64}"),
     (["--draft", "some/draft", "--random-draft"], "argument --random-draft: not allowed with argument --draft"),
+    (["--draft", "shipped:dflash3"], "--draft shipped:dflash3: no shipped draft of that name (there are "
+                                     "shipped:dflash2, shipped:dflash1)"),
     (["--trace", "FILE"], "--trace FILE is a file, not a folder"),
     (["--figures", "FILE"], "--figures FILE is a file, not a folder"),
     (["--trace", "FILE/sub"], "--trace FILE/sub: cannot make this folder"),
@@ -215,6 +234,7 @@ def test_generate_checking_an_output_folder_leaves_none_behind(tmp_path, monkeyp
     (["bench", "official", "--draft", "d"], "bench", "only the trained benchmark measures a draft folder"),
     (["generate", "--target", "smollm2", "--verify-gate", "-1"], "generate", "verify_gate must be"),
     (["evaluate", "--tokens", "1"], "evaluate", "--tokens must be at least 2 (the first token is the prefill's"),
+    (["evaluate", "--draft", "shipped:nope"], "evaluate", "--draft shipped:nope: no shipped draft of that name"),
     (["train", "--out", "OUT", "--block-size", "1"], "train", "no position to predict"),
 ])
 def test_usage_errors_show_the_subcommands_usage(tmp_path, capsys, monkeypatch, argv, usage, message):

@@ -12,9 +12,10 @@ from dflash_ref.training import distill
 from dflash_ref.training import prompts as written
 from dflash_ref.__main__ import main
 from dflash_ref.training.arguments import add_train_arguments
+from dflash_ref.training.dflash2_options import DFLASH2_DEFAULTS
 from dflash_ref.training.options import CONFIG_NAME, DEFAULTS, TrainOptionError, read_config_file, resolve, save
 
-SHIPPED = Path(__file__).resolve().parents[1] / "dflash_ref" / "drafts" / "smollm2"
+DRAFTS = Path(__file__).resolve().parents[1] / "dflash_ref" / "drafts"
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -241,12 +242,17 @@ def test_train_refuses_bad_options_before_any_work(tmp_path, capsys, flags, mess
     assert not out.exists()                                   # nothing loaded, distilled or written
 
 
-def test_the_shipped_drafts_options_are_a_config_for_its_run():
-    """drafts/smollm2/train_config.json: the README's command for the shipped draft (the defaults plus
-    --prompts 5580 --steps 5600), readable by --config, and the draft's own shape."""
-    options = read_config_file(SHIPPED / CONFIG_NAME)
-    assert {k: v for k, v in options.items() if v != DEFAULTS[k]} == {"prompts": 5580, "steps": 5600}
-    draft = json.loads((SHIPPED / "config.json").read_text())
+@pytest.mark.parametrize("folder, command", [
+    ("smollm2", {"prompts": 5580, "steps": 5600}),
+    ("smollm2_dflash2", {"version": 2, "prompt_set": "mixed", "prompts": 4000, "steps": 5000})])
+def test_the_shipped_drafts_options_are_a_config_for_their_runs(folder, command):
+    """drafts/*/train_config.json: the training README's command for each shipped draft (the defaults plus
+    the options named here; a DFlash 2 run records its modules' defaults too), readable by --config, and
+    the draft's own shape."""
+    options = read_config_file(DRAFTS / folder / CONFIG_NAME)
+    recorded = DFLASH2_DEFAULTS if options.get("version") == 2 else {}
+    assert {k: v for k, v in options.items() if v != DEFAULTS[k]} == command | recorded
+    draft = json.loads((DRAFTS / folder / "config.json").read_text())
     assert (draft["num_hidden_layers"], draft["block_size"]) == (options["layers"], options["block_size"])
 
 

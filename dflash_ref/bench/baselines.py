@@ -4,7 +4,7 @@ baselines: SmolLM2-135M-Instruct (fp32, greedy) decoded by transformers' own `mo
 honest baseline, on a twin of the model as transformers makes it (plain nn.Linear, the same weight
 tensors); by dflash_ref's AR
 `generate` (F.linear, then the measured linear plan); by the official `dflash_generate` (`dflash`
-0.1.0, `from dflash import model`, its own draft class loaded from the shipped draft's folder, the
+0.1.0, `from dflash import model`, its own draft class loaded from the shipped DFlash 1 draft's folder, the
 target as transformers made it); and by dflash_ref's `spec_generate` with the same draft (also with
 its lossless verify gate, extensions/verify_gate.py, at bench trained's θ). All on
 the same weights, interleaved over the repeats, every output checked token-identical to dflash_ref's
@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..decoding import generate, spec_generate
-from ..drafts.folder import SHIPPED_DRAFT, open_draft
+from ..drafts.folder import SHIPPED_DFLASH1, open_draft
 from ..drafts.random_draft import random_smollm2_draft
 from ..extensions.linear_plan import linear_mode_as, plans
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
@@ -74,9 +74,9 @@ def bench_baselines(repeats: int, out: Path, progress) -> dict:
     target pass), identical output."""
     target, tokenizer = load_smollm2()
     model = transformers_twin(target.model)
-    draft, _ = open_draft(None, proposing=True)
+    draft, _ = open_draft(SHIPPED_DFLASH1, proposing=True)     # the official DFlashDraftModel's kind
     with official_timer() as official:
-        zlab = official.DFlashDraftModel.from_pretrained(SHIPPED_DRAFT, dtype=torch.float32).eval()
+        zlab = official.DFlashDraftModel.from_pretrained(SHIPPED_DFLASH1, dtype=torch.float32).eval()
     all_v = _without_draft_vocab(draft)
     inputs = [chat_ids(tokenizer, p) for p in split_prompts("heldout-styles")[:PROMPTS]]
     b, n = draft.block_size, NEW_TOKENS

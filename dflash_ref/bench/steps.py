@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..drafts.folder import open_draft
+from ..drafts.folder import SHIPPED_DFLASH1, open_draft
 from ..drafts.random_draft import random_smollm2_draft
 from ..extensions.draft_vocab import DraftVocabHead
 from ..extensions.linear_plan import linear_mode_as, plans
@@ -46,7 +46,7 @@ def stream_bandwidth(repeats: int = 9) -> float:
 
 def bench_steps(repeats: int, out: Path, progress) -> dict:
     """t_q by plan and transformers' own forward; t_draft of a random 3-layer draft (proposals over
-    all V) and of the shipped 2-layer one (over its vocabulary); the plans measured meanwhile."""
+    all V) and of the shipped 2-layer DFlash 1 one (over its vocabulary); the plans measured meanwhile."""
     target, _ = load_smollm2()
     twin = transformers_twin(target.model)
     g = torch.Generator().manual_seed(0)
@@ -80,8 +80,8 @@ def bench_steps(repeats: int, out: Path, progress) -> dict:
 
 def _draft_rows(target, t_step: float, repeats: int, progress) -> list[dict]:
     """t_draft at b = 2, 3, 4, 8, 16: a pass (4 new context positions, 256 cached) and its γ = b − 1
-    proposals' lm_head, for a random 3-layer draft over all V and the shipped draft over its vocabulary."""
-    shipped, _ = open_draft(None)
+    proposals' lm_head, for a random 3-layer draft over all V and the shipped DFlash 1 draft over its vocabulary."""
+    shipped, _ = open_draft(SHIPPED_DFLASH1)
     drafts = {"random 3-layer, all V": (random_smollm2_draft(target, 3, 16), target.output_head),
               "shipped 2-layer, its vocabulary": (shipped, DraftVocabHead(target, shipped.draft_vocab))}
     d, context = target.config.hidden_size, 256

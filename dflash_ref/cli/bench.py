@@ -7,7 +7,7 @@ correctness, benchmarks report). Each benchmark writes a markdown table and JSON
 
     baselines  transformers' own generate (the headline's baseline) vs dflash_ref's AR (F.linear and the
                measured linear plan) vs the official `dflash_generate` vs dflash_ref's spec_generate,
-               shipped draft, every output token-identical to AR
+               shipped DFlash 1 draft (the official class's kind), every output token-identical to AR
     steps      one AR step and one verify of q = 2 … 16 tokens by linear plan, beside transformers'
                forward and the bandwidth bound; a draft pass with its proposals' lm_head
     dflash2    one DFlash 2 draft pass (convolution + selector) vs DFlash 1 at blocks 4 and 16
@@ -19,8 +19,9 @@ correctness, benchmarks report). Each benchmark writes a markdown table and JSON
     ceiling    SmolLM2 + oracle draft per block size: measured speedup over AR vs the ideal
                b · t_step / (t_draft(b) + t_verify(b)), and the τ at which DFlash breaks even here
     memory     cache sizes and peak RSS against generated length (the draft cache stays at the context)
-    trained    --draft DIR and the shipped SmolLM2 drafts on held-out prompts of both kinds (template topics,
-               hand-written other styles): τ and speed vs transformers' generate and AR, per block size
+    trained    --draft DIR and the shipped SmolLM2 drafts (DFlash 2 and DFlash 1) on held-out prompts of both
+               kinds (template topics, hand-written other styles): τ and speed vs transformers' generate and
+               AR, per block size
 """
 from __future__ import annotations
 
@@ -133,7 +134,7 @@ def read_report(path: Path) -> dict:
 def run(names: list[str], repeats: int, out: str | Path, say=print, draft: str | Path | None = None) -> dict:
     """Run the named benchmarks; their results replace those of the same names in out/bench.json
     (others stay), and out/bench.md is rewritten from all of them. `draft`: the folder `trained`
-    measures instead of the shipped draft (the others take none)."""
+    measures first, beside the shipped drafts (the others take none)."""
     report = check_options(names, repeats, out, draft)
     out = Path(out)
     where = machine()

@@ -8,18 +8,20 @@ training run's held-out evaluation (`measure.acceptance_by_position`):
 τ pools the steps of all prompts; dflash's benchmark.py instead averages each prompt's tokens per step
 ("Average Acceptance length"), printed beside it as "mean of prompts" (`measure.mean_of_prompts`).
 
-(`DIR/eval.json` measures the fp32 draft `DIR/draft`; a bf16 folder such as `DIR/draft-bf16` or the
+The draft is `--draft` (a folder, or shipped:dflash1 / shipped:dflash2), by default the shipped DFlash 2
+draft. (`DIR/eval.json` measures the fp32 draft `DIR/draft`; a bf16 folder such as `DIR/draft-bf16` or a
 shipped draft is read into fp32 from bf16-rounded weights, so its τ can differ slightly from the run's.)
 
 A set is SPLIT:START:COUNT, the prompts prompt_sets.split_prompts(SPLIT)[START:START + COUNT]: `train` has
-7140 prompts over 595 topics (the shipped draft was trained on the first 5580, the defaults on the first
-1860), `heldout` 144 over 12 topics no draft here was trained on, `varied` the 28560 of `train
---prompt-set varied` (48 styles), `heldout-styles` 48 written by hand in 12 styles no training prompt
+7140 prompts over 595 topics (the shipped DFlash 1 draft was trained on the first 5580, the defaults on the
+first 1860; the shipped DFlash 2 draft on `mixed`'s first 4000: train's first 2000 and varied's, in turn),
+`heldout` 144 over 12 topics no draft here was trained on, `varied` the 28560 of `train --prompt-set varied`
+(48 styles), `heldout-styles` 48 written by hand in 12 styles no training prompt
 has, on other topics (training/heldout_styles.py); SPLIT may also be a prompts file of one's own (.txt or .jsonl, training/prompt_file.py), e.g. `--sets my_prompts.jsonl:0:50`. So
 
     python -m dflash_ref evaluate --sets heldout:0:12 train:0:12 train:3000:12 train:6000:12
 
-sets held-out prompts beside prompts the shipped draft was trained on and prompts it never saw on
+sets held-out prompts beside prompts the shipped DFlash 1 draft was trained on and prompts it never saw on
 topics it knows (figures/training/README.md). `--by-template` also reports each set split by the
 prompts' template ("What is {t}?", "Write a short poem about {t}.", …) or style from the same decoding runs.
 `--teacher-forced` measures instead at every position of the target's own greedy responses to the
@@ -32,7 +34,7 @@ import re
 import time
 from pathlib import Path
 
-from ..drafts.folder import check_fits, open_draft
+from ..drafts.folder import check_fits, draft_folder, open_draft
 from ..plots import save_figure
 from ..target.chat import SMOLLM2, check_target_name, open_chat_target
 from ..target.smollm2 import longest_chat_prompt
@@ -71,10 +73,12 @@ def set_prompts(split: str) -> list[str]:
 def check_arguments(args) -> None:
     """What can be refused before loading anything: the sets (each valid, none twice; no file with
     --by-template), --tokens, --block-size, --figures without --teacher-forced, --teacher-forced with
-    --by-template or --block-size, --out, and a --target without a --draft (the shipped draft is SmolLM2's)."""
+    --by-template or --block-size, --out, an unknown shipped draft's name, and a --target without a --draft
+    (the shipped drafts are SmolLM2's)."""
     check_target_name(args.target)
+    draft_folder(args.draft)
     if args.target != SMOLLM2 and not args.draft:
-        raise ValueError(f"--target {args.target} needs a --draft trained for it (the shipped draft is SmolLM2's)")
+        raise ValueError(f"--target {args.target} needs a --draft trained for it (the shipped drafts are SmolLM2's)")
     parsed = [parse_set(spec) for spec in args.sets]
     twice = sorted({spec for spec, key in zip(args.sets, parsed) if parsed.count(key) > 1})
     if twice:
@@ -150,7 +154,7 @@ def measure_teacher_forced(draft, chat, spec: str, chosen: list[str], tokens: in
 
 
 def run(args, say=print) -> dict:
-    """Evaluate args.draft (default: the shipped draft) on each of args.sets; write args.out if given."""
+    """Evaluate args.draft (default: the shipped DFlash 2 draft) on each of args.sets; write args.out if given."""
     draft, folder = open_draft(args.draft, proposing=args.block_size is None)
     block_size = draft.block_size if args.block_size is None else args.block_size
     if block_size > draft.block_size:

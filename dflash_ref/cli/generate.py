@@ -20,7 +20,7 @@ from .. import plots
 from ..bench.timing import Stopwatch
 from ..config import ConfigError
 from ..decoding import spec_generate
-from ..drafts.folder import SHIPPED_DRAFT, check_fits, open_draft
+from ..drafts.folder import SHIPPED_DRAFT, check_fits, draft_folder, open_draft
 from ..drafts.random_draft import random_draft
 from ..target.checkpoint import DTYPES, CheckpointError, check_device
 from ..target.folder import folder_stop_ids, open_target
@@ -52,12 +52,13 @@ def stop_note(output_ids: torch.Tensor, prompt_len: int, stop: list[int], tokeni
 
 def check_arguments(args) -> None:
     """What can be refused before loading anything (`__main__` makes it a usage error): the numbers,
-    --device, and the --trace and --figures folders."""
+    --device, a shipped draft's name, and the --trace and --figures folders."""
     for flag, value, least in (("--max-new-tokens", args.max_new_tokens, 0), ("--block-size", args.block_size, 1),
                                ("--draft-layers", args.draft_layers, 1)):
         if value is not None and value < least:
             raise ValueError(f"{flag} must be at least {least}, got {value}")
     check_seed(args.seed, -2**63, 2**64)          # what torch.manual_seed takes
+    draft_folder(args.draft)
     if not (args.temperature >= 0 and math.isfinite(args.temperature)):
         raise ValueError(f"--temperature must be a finite number ≥ 0, got {args.temperature}")
     try:
@@ -87,7 +88,8 @@ def load_models(args):
     if args.draft and args.random_draft:
         raise SystemExit("--draft and --random-draft exclude each other")
     if args.target == "smollm2" and not args.draft and not args.random_draft:
-        print(f"[draft: the trained SmolLM2 draft shipped in {SHIPPED_DRAFT}]", file=sys.stderr)
+        print(f"[draft: the trained SmolLM2 DFlash 2 draft shipped in {SHIPPED_DRAFT}; --draft shipped:dflash1 "
+              "for the DFlash 1 one]", file=sys.stderr)
         draft, _ = open_draft(None, dtype, device)
     elif args.draft:
         draft, folder = open_draft(args.draft, dtype, device)
@@ -100,6 +102,10 @@ def load_models(args):
         except ConfigError as e:
             raise SystemExit(f"--random-draft: no random draft of --draft-layers {args.draft_layers} fits the target "
                              f"{args.target}: {e} (it samples one target layer per layer: fewer may fit)") from None
+    if args.verify_gate is not None and draft.candidate_selector is not None:   # before any decoding
+        raise SystemExit("--verify-gate: not implemented for DFlash 2 drafts (their q is over candidates), and "
+                         "this draft is one" + (" (the default for smollm2: --draft shipped:dflash1 takes the "
+                                                "DFlash 1 draft)" if not args.draft else ""))
     return target, draft, tokenizer, stop
 
 

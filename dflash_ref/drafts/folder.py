@@ -1,5 +1,6 @@
-"""Opening a draft folder the commands name (`--draft DIR`), and the draft shipped with the package:
-the one `python -m dflash_ref train` trained for SmolLM2-135M-Instruct (official format, bf16). A
+"""Opening a draft folder the commands name (`--draft DIR`), and the drafts shipped with the package:
+the ones `python -m dflash_ref train` trained for SmolLM2-135M-Instruct (official format, bf16), a
+DFlash 2 draft (the default) and the DFlash 1 draft before it, which `--draft shipped:dflash1` names. A
 folder that cannot serve ends the command with the checkpoint's own message, never a traceback.
 """
 from __future__ import annotations
@@ -13,23 +14,44 @@ from ..draft_model import DFlashDraftModel
 from ..target.checkpoint import CheckpointError
 from .checkpoint import load_draft
 
-# the draft trained for SmolLM2 by `python -m dflash_ref train` (figures/training/README.md), official format, bf16
-SHIPPED_DRAFT = Path(__file__).parent / "smollm2"
+# the drafts trained for SmolLM2 by `python -m dflash_ref train` (figures/training/README.md), official format, bf16
+SHIPPED_DFLASH1 = Path(__file__).parent / "smollm2"
+SHIPPED_DFLASH2 = Path(__file__).parent / "smollm2_dflash2"
+SHIPPED_DRAFT = SHIPPED_DFLASH2                       # what a command without --draft uses for SmolLM2
 # every draft shipped for SmolLM2, the default first, by the label `bench trained` gives it
-SHIPPED_DRAFTS = {"DFlash 1 (shipped)": SHIPPED_DRAFT}
+SHIPPED_DRAFTS = {"DFlash 2 (shipped)": SHIPPED_DFLASH2, "DFlash 1 (shipped)": SHIPPED_DFLASH1}
+# what --draft takes for a shipped draft, in place of its folder
+SHIPPED_NAMES = {"shipped:dflash2": SHIPPED_DFLASH2, "shipped:dflash1": SHIPPED_DFLASH1}
+
+
+def draft_folder(name: str | Path | None) -> Path:
+    """--draft as given → its folder: None is the default shipped draft, `shipped:dflash1` / `shipped:dflash2`
+    a shipped one, anything else a folder; an unknown `shipped:` name is refused (ValueError), naming the ones
+    there are, so that a command can refuse it before loading anything."""
+    if name is None:
+        return SHIPPED_DRAFT
+    if str(name).startswith("shipped:"):
+        if str(name) not in SHIPPED_NAMES:
+            raise ValueError(f"--draft {name}: no shipped draft of that name (there are {', '.join(SHIPPED_NAMES)})")
+        return SHIPPED_NAMES[str(name)]
+    return Path(name)
 
 
 def open_draft(folder: str | Path | None, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu", proposing: bool = False) -> tuple[DFlashDraftModel, Path]:
-    """--draft FOLDER (default: the shipped SmolLM2 draft) → (draft, folder); a bad folder ends the
+    """--draft FOLDER or shipped name (default: the shipped SmolLM2 draft) → (draft, folder); a bad folder ends the
     command with the checkpoint's own message (checkpoint.CheckpointError) instead of a traceback.
     generate, evaluate and bench trained all read --draft here. `proposing`: a measure of acceptance
     at the draft's own block size, which a block of 1 (the anchor alone) cannot give."""
-    folder = Path(folder) if folder else SHIPPED_DRAFT
+    try:
+        folder = draft_folder(folder)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     try:
         draft = load_draft(folder, dtype, device)
     except CheckpointError as e:
-        raise SystemExit(f"{'--draft' if folder != SHIPPED_DRAFT else 'the shipped SmolLM2 draft'}: {e}") from None
+        shipped = folder in SHIPPED_DRAFTS.values()
+        raise SystemExit(f"{f'the shipped SmolLM2 draft {folder.name}' if shipped else '--draft'}: {e}") from None
     if proposing and draft.block_size < 2:
         raise SystemExit(f"--draft {folder}: its block_size {draft.block_size} holds no proposal (a block is the "
                          f"anchor and b − 1 proposals), so there is no acceptance to measure")

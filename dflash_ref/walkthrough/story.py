@@ -26,7 +26,7 @@ import importlib.util
 from .. import plots
 from ..decoding import GenerationOutput, generate, spec_generate
 from ..drafts.checkpoint import load_draft
-from ..drafts.folder import SHIPPED_DRAFT
+from ..drafts.folder import SHIPPED_DFLASH1
 from ..drafts.oracle import OracleDraft
 from ..drafts.random_draft import random_smollm2_draft
 from ..layer_sampling import build_target_layer_ids
@@ -80,10 +80,10 @@ class Comparison:
 
 
 def trained_vs_random_example(max_new_tokens: int = 64) -> Comparison:
-    """The shipped SmolLM2 draft and a random draft of its shape, greedy on the first held-out
+    """The shipped SmolLM2 DFlash 1 draft and a random draft of its shape, greedy on the first held-out
     prompt, draft attention traced; both outputs are the target's own (checked)."""
     target, tokenizer = load_smollm2()
-    trained = load_draft(SHIPPED_DRAFT, torch.float32)
+    trained = load_draft(SHIPPED_DFLASH1, torch.float32)
     drafts = {"trained": trained,
               "random": random_smollm2_draft(target, trained.config.num_hidden_layers, trained.block_size)}
     prompt = eval_prompts(1)[0]
