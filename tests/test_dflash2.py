@@ -253,6 +253,56 @@ def test_the_trace_records_the_convolution_and_the_selector_per_step():
     assert "draft.candidate_selector.hook_q" not in step              # greedy: no q
 
 
+# --------------------------------------------------------------------------- measuring the selector
+
+def test_path_against_argmax_by_hand():
+    """Two steps of one prompt whose output (the target's greedy tokens) is 10 … 16. Step 0 drafts from
+    x_0 = 11 (truth 12 13 14): the path 12 13 99 matches 2, the argmax 12 98 14 matches 1; position 2
+    moved right (13 against 98), position 3 moved wrong (99 against 14) and ends the decisive ones.
+    Step 1 drafts from x_0 = 14, where only 15 16 are left (the output ends): the path 15 0 matches 1,
+    the argmax 15 16 matches 2."""
+    from types import SimpleNamespace
+
+    from dflash_ref.training.measure import path_against_argmax
+    out = SimpleNamespace(output_ids=torch.tensor([[10, 11, 12, 13, 14, 15, 16]]), num_draft_passes=2)
+    steps = [SimpleNamespace(step=0, start=1, draft_tokens=[12, 13, 99], acceptance_length=2),
+             SimpleNamespace(step=1, start=4, draft_tokens=[15, 0, 0], acceptance_length=1)]
+    choices = [(torch.tensor([[12, 50], [13, 98], [99, 14]]), torch.tensor([12, 98, 14])),
+               (torch.tensor([[15, 3], [0, 16], [0, 7]]), torch.tensor([15, 16, 7]))]
+    tally = path_against_argmax([steps], choices, [out])
+    assert tally == {"accepted/step, path": 1.5, "accepted/step, argmax": 1.5, "steps": 2, "decisive": 5,
+                     "in candidates": 5, "argmax right": 4, "path right": 3, "moved": 3,
+                     "moved, path right": 1, "moved, argmax right": 2}
+    with pytest.raises(ValueError, match="left over"):
+        path_against_argmax([steps], choices * 2, [out])
+    with pytest.raises(ValueError, match="not its passes"):
+        path_against_argmax([steps], choices[:1], [out])
+    steps[0].acceptance_length = 1                       # a record the output contradicts (its block is whole)
+    with pytest.raises(ValueError, match="not this run's"):
+        path_against_argmax([steps], choices, [out])
+
+
+def test_selector_log_reads_the_candidates_and_the_argmax_of_each_pass():
+    """On a real run: one entry per draft pass, the candidates as the trace records them, the argmax that
+    of the draft logits; the path's matched prefix is each step's own τ, so the tally's path is the run's."""
+    from dflash_ref.trace import tracing
+    from dflash_ref.training.measure import path_against_argmax, selector_log
+    target, draft = make_pair(3, draft_overrides=dflash2(top_k=3))
+    prompt, records = torch.tensor([[1, 2, 3]]), []
+    with tracing(draft, names=["draft.hook_logits", "draft.candidate_selector.hook_candidates"]) as trace:
+        out, choices = selector_log(draft, lambda: spec_generate(draft, target, prompt, 12, [],
+                                                                 on_step=lambda r: (records.append(r), trace.on_step(r))))
+    assert len(choices) == out.num_draft_passes == len(trace.activations) > 1
+    for (candidates, argmax), acts in zip(choices, trace.activations):
+        assert torch.equal(candidates, acts["draft.candidate_selector.hook_candidates"])
+        assert torch.equal(argmax, acts["draft.hook_logits"].argmax(-1))
+    tally = path_against_argmax([records], choices, [out])
+    truth = [min(len(r.draft_tokens), out.output_ids.shape[1] - r.start - 1) for r in records]   # tokens left
+    assert tally["steps"] == len(records)
+    assert tally["accepted/step, path"] * len(records) == pytest.approx(
+        sum(min(r.acceptance_length, n) for r, n in zip(records, truth)))
+
+
 # --------------------------------------------------------------------------- training
 
 def _sequence(target, length: int = 20, seed: int = 0) -> torch.Tensor:

@@ -15,7 +15,7 @@ from ..extensions.verify_gate import draft_confidence
 from ..hooks import hooks
 from ..plots import save_figure
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
-from ..training.measure import acceptance_by_position, emitted
+from ..training.measure import acceptance_by_position, emitted, path_against_argmax, selector_log
 from ..training.prompt_sets import split_prompts
 from ..training.prompts import eval_prompts
 from .baselines import VERIFY_GATE, hf_generate, transformers_twin
@@ -56,17 +56,20 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
     ar_out = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in every]
     own = _own_blocks(spec)
     premise = next((name for name in own if spec[name][0].candidate_selector is None), None)   # gate's calibration
-    stats, calibration = {}, None
+    stats, calibration, selector = {}, None, {}
     for name, (d, b, gate) in spec.items():     # one untimed pass each: the statistics and the lossless check
-        outputs = []
+        outputs, records = [], []
 
-        def run_all(d=d, b=b, gate=gate, outputs=outputs):
+        def run_all(d=d, b=b, gate=gate, outputs=outputs, records=records):
             return {set_name: acceptance_by_position(d, target, tokenizer, prompts, n, STOP_TOKEN_IDS, block_size=b,
-                                                     outputs=outputs, verify_gate=gate)
+                                                     outputs=outputs, verify_gate=gate, records=records)
                     for set_name, prompts in sets.items()}
         if name == premise:                     # whole blocks verified every step: what the gate relies on
             by_set, confidences = confidence_log(d, run_all)
             calibration = gate_calibration(confidences, outputs)
+        elif d.candidate_selector is not None and name in own:   # the path against the argmax of the same logits
+            by_set, choices = selector_log(d, run_all)
+            selector[name] = path_against_argmax(records, choices, outputs)
         else:
             by_set = run_all()
         if not all(torch.equal(o.output_ids, expected) for o, expected in zip(outputs, ar_out)):
@@ -100,6 +103,9 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
     _plot_trained(sweep, out / "trained.png")
     tables = {f"trained drafts · SmolLM2-135M, {PROMPTS} template held-out + {PROMPTS} hand-written other-style "
               f"prompts, {n} tokens, greedy": rows, "accepted fraction per block position": positions}
+    if selector:
+        tables["candidate selector: its path against the argmax of the same draft logits (greedy, every step)"] = [
+            {"variant": name, **tally} for name, tally in selector.items()]
     if calibration is not None:
         tables["verify gate: the DFlash 1 draft's c_1·c_2 against what the target accepted (no gate)"] = calibration
     return tables

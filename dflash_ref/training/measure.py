@@ -3,12 +3,14 @@
     a_k = #{whole-block steps with ≥ k proposals accepted and emitted} / #{whole-block steps},  k = 1 … b − 1
     τ   = tokens committed per step (bonus included), the steps pooled (`tally`) or per prompt, then
           averaged over prompts (`mean_of_prompts`, as `dflash`'s benchmark.py reports it)
+    a DFlash 2 draft's path against the argmax of its own logits (`path_against_argmax`)
 
 What `train`'s held-out evaluation, `evaluate` and `bench trained` all report, and how they print it.
 """
 from __future__ import annotations
 
 from ..decoding import spec_generate
+from ..hooks import hooks
 from ..target.smollm2 import chat_ids
 
 
@@ -70,3 +72,68 @@ def fractions(values, digits: int = 3) -> str:
     """Acceptance fractions as the reports print them: 0.525, 0.252, 0.111 (n/a: no step verified a
     whole block)."""
     return ", ".join(number(a, digits) for a in values)
+
+
+def selector_log(draft, run) -> tuple[object, list[tuple]]:
+    """(run()'s result, per pass of a DFlash 2 `draft` while it ran, in order: its candidates c_{t,k} (γ, K)
+    and the argmax of its draft logits (γ,)), read at `draft.candidate_selector.hook_candidates` and
+    `hook_unary`. The candidates are the top K of the logits, so their best unary z is the argmax."""
+    candidates, unary = [], []
+
+    def read(tensor, point):                                            # (1, γ, K), once per pass each
+        (candidates if point.name.endswith("hook_candidates") else unary).append(tensor[0])
+
+    names = ("draft.candidate_selector.hook_candidates", "draft.candidate_selector.hook_unary")
+    with hooks(draft, read, lambda name: name in names):
+        result = run()
+    return result, [(c, c.gather(-1, z.argmax(-1, keepdim=True))[:, 0]) for c, z in zip(candidates, unary)]
+
+
+def path_against_argmax(records: list[list], choices: list[tuple], outputs: list) -> dict[str, float | int]:
+    """What the candidate selector's path did, against the argmax of the same draft logits (DFlash 1's
+    proposal from this draft), over every step of greedy runs: `records` and `outputs` per prompt
+    (acceptance_by_position's), `choices` per draft pass (`selector_log`). The draft logits do not
+    depend on the path, and the output is the target's own greedy decoding (lossless), so its tokens
+    y_1..y_γ after each step's anchor say what either proposal would have had accepted:
+
+        accepted_path   = mean over steps of the matched prefix of the path    d_t = y_t
+        accepted_argmax = mean over steps of the matched prefix of the argmax  a_t = y_t
+        at the decisive positions (d_1..d_{t−1} matched, so position t decided how far the step went):
+        recall = share with y_t among the K candidates (the most the selector can get right),
+        argmax = share with a_t = y_t, path = share with d_t = y_t, and where d_t ≠ a_t ("moved")
+        which of the two was y_t."""
+    rest, tally = list(choices), dict.fromkeys(("steps", "decisive", "in candidates", "argmax right", "path right",
+                                                "moved", "moved, path right", "moved, argmax right"), 0)
+    matched = {"path": 0, "argmax": 0}
+    for steps, out in zip(records, outputs, strict=True):
+        if out.num_draft_passes != len(steps) or len(rest) < len(steps):
+            raise ValueError(f"a prompt of {len(steps)} steps made {out.num_draft_passes} draft passes, and "
+                             f"{len(rest)} selector records are left for it: these are not its passes")
+        mine, rest = rest[:len(steps)], rest[len(steps):]
+        for record, (candidates, argmax) in zip(steps, mine):
+            truth = out.output_ids[0, record.start + 1:record.start + 1 + len(record.draft_tokens)].tolist()
+            path, argmax = record.draft_tokens[:len(truth)], argmax[:len(truth)].tolist()
+            tally["steps"] += 1
+            prefix = {name: next((t for t, (p, y) in enumerate(zip(proposal, truth)) if p != y), len(truth))
+                      for name, proposal in (("path", path), ("argmax", argmax))}
+            if len(truth) == len(record.draft_tokens) and prefix["path"] != record.acceptance_length:
+                raise ValueError(f"step {record.step}: the output's tokens accept {prefix['path']} of the path, the "
+                                 f"step record {record.acceptance_length}: the output is not this run's")
+            for name in matched:
+                matched[name] += prefix[name]
+            for t, y in enumerate(truth):              # the decisive positions: the path's prefix right so far
+                moved = path[t] != argmax[t]
+                tally["decisive"] += 1
+                tally["in candidates"] += y in candidates[t].tolist()
+                tally["argmax right"] += argmax[t] == y
+                tally["path right"] += path[t] == y
+                tally["moved"] += moved
+                tally["moved, path right"] += moved and path[t] == y
+                tally["moved, argmax right"] += moved and argmax[t] == y
+                if path[t] != y:
+                    break
+    if rest:
+        raise ValueError(f"{len(rest)} selector records left over: they do not belong to these outputs' draft passes")
+    steps = max(tally["steps"], 1)
+    return {"accepted/step, path": matched["path"] / steps, "accepted/step, argmax": matched["argmax"] / steps,
+            **tally}
