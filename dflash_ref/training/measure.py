@@ -74,6 +74,12 @@ def fractions(values, digits: int = 3) -> str:
     return ", ".join(number(a, digits) for a in values)
 
 
+def best_candidate(candidates, unary):
+    """The argmax of the draft logits, from the selector's top K: the candidate of largest unary z.
+    candidates, unary (…, K) → (…)."""
+    return candidates.gather(-1, unary.argmax(-1, keepdim=True))[..., 0]
+
+
 def selector_log(draft, run) -> tuple[object, list[tuple]]:
     """(run()'s result, per pass of a DFlash 2 `draft` while it ran, in order: its candidates c_{t,k} (γ, K)
     and the argmax of its draft logits (γ,)), read at `draft.candidate_selector.hook_candidates` and
@@ -86,7 +92,7 @@ def selector_log(draft, run) -> tuple[object, list[tuple]]:
     names = ("draft.candidate_selector.hook_candidates", "draft.candidate_selector.hook_unary")
     with hooks(draft, read, lambda name: name in names):
         result = run()
-    return result, [(c, c.gather(-1, z.argmax(-1, keepdim=True))[:, 0]) for c, z in zip(candidates, unary)]
+    return result, [(c, best_candidate(c, z)) for c, z in zip(candidates, unary)]
 
 
 def path_against_argmax(records: list[list], choices: list[tuple], outputs: list) -> dict[str, float | int]:

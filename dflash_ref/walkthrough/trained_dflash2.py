@@ -22,7 +22,7 @@ from ..drafts.checkpoint import load_draft
 from ..drafts.folder import SHIPPED_DFLASH2
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
 from ..trace import Trace, tracing
-from ..training.measure import acceptance_by_position, path_against_argmax, selector_log
+from ..training.measure import acceptance_by_position, best_candidate, path_against_argmax, selector_log
 from ..training.prompt_sets import split_prompts
 from ..training.prompts import eval_prompts
 
@@ -77,8 +77,8 @@ def first_moved_step(trace: Trace) -> int:
     somewhere; 0 if none does."""
     name = "draft.candidate_selector."
     for step, acts in enumerate(trace.activations):
-        best = acts[name + "hook_candidates"].gather(-1, acts[name + "hook_unary"].argmax(-1, keepdim=True))[:, 0]
-        if not torch.equal(best, acts[name + "hook_path"]):
+        if not torch.equal(best_candidate(acts[name + "hook_candidates"], acts[name + "hook_unary"]),
+                           acts[name + "hook_path"]):
             return step
     return 0
 
@@ -100,11 +100,12 @@ def tell_trained_dflash2(ex: TrainedDFlash2, say: Callable[[str], None] = print)
     say(f"   step {step} of {ex.prompt!r}, accepted {record.acceptance_length}: the best 4 of the "
         f"{acts['draft.candidate_selector.hook_candidates'].shape[-1]} candidates by z + pair (the path takes the "
         f"first), the argmax (best z) after the bar")
-    for t, (cands, unary, pair) in enumerate(zip(*(acts["draft.candidate_selector." + h].tolist()
-                                                  for h in ("hook_candidates", "hook_unary", "hook_pair")))):
-        ranked = sorted(zip(cands, unary, pair), key=lambda cell: -(cell[1] + cell[2]))
+    candidates, unary, pair = (acts["draft.candidate_selector." + h] for h in ("hook_candidates", "hook_unary",
+                                                                              "hook_pair"))
+    for t, argmax in enumerate(best_candidate(candidates, unary).tolist()):
+        ranked = sorted(zip(candidates[t].tolist(), unary[t].tolist(), pair[t].tolist()), key=lambda c: -(c[1] + c[2]))
         cells = ", ".join(f"{ex.tokens[c]!r} {u:.1f}{p:+.1f}" for c, u, p in ranked[:4])
-        say(f"   d{t + 1}: {cells} | {ex.tokens[max(zip(unary, cands))[1]]!r}")
+        say(f"   d{t + 1}: {cells} | {ex.tokens[argmax]!r}")
 
 
 def write_figure(ex: TrainedDFlash2, out: str | Path) -> Path:
