@@ -264,7 +264,8 @@ def test_path_against_argmax_by_hand():
     from types import SimpleNamespace
 
     from dflash_ref.training.measure import path_against_argmax
-    out = SimpleNamespace(output_ids=torch.tensor([[10, 11, 12, 13, 14, 15, 16]]), num_draft_passes=2)
+    out = SimpleNamespace(output_ids=torch.tensor([[10, 11, 12, 13, 14, 15, 16]]), num_draft_passes=2,
+                          acceptance_lengths=[2, 1])
     steps = [SimpleNamespace(step=0, start=1, draft_tokens=[12, 13, 99], acceptance_length=2),
              SimpleNamespace(step=1, start=4, draft_tokens=[15, 0, 0], acceptance_length=1)]
     choices = [(torch.tensor([[12, 50], [13, 98], [99, 14]]), torch.tensor([12, 98, 14])),

@@ -15,7 +15,7 @@ from ..extensions.verify_gate import draft_confidence
 from ..hooks import hooks
 from ..plots import save_figure
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
-from ..training.measure import acceptance_by_position, emitted, path_against_argmax, selector_log
+from ..training.measure import acceptance_by_position, emitted, path_against_argmax, per_prompt, selector_log
 from ..training.prompt_sets import split_prompts
 from ..training.prompts import eval_prompts
 from .baselines import VERIFY_GATE, hf_generate, transformers_twin
@@ -152,16 +152,9 @@ def gate_calibration(confidences: list[float | None], outputs: list) -> list[dic
     the same order (`confidence_log`; one pass per step, so each prompt takes as many as it has steps).
     → one row per bin of c_1·c_2: steps, and the fractions in which the target accepted d_1, and d_1
     and d_2."""
-    pairs, rest = [], list(confidences)                          # (c_1·c_2, τ) per step with γ ≥ 2
-    for out in outputs:
-        steps = len(out.acceptance_lengths)
-        if out.num_draft_passes != steps or len(rest) < steps:
-            raise ValueError(f"a prompt of {steps} steps made {out.num_draft_passes} draft passes, and "
-                             f"{len(rest)} confidences are left for it: these are not its passes")
-        mine, rest = rest[:steps], rest[steps:]
-        pairs += [(c, tau) for c, tau in zip(mine, out.acceptance_lengths) if c is not None]
-    if rest:
-        raise ValueError(f"{len(rest)} confidences left over: they do not belong to these outputs' draft passes")
+    # (c_1·c_2, τ) per step that drafted γ ≥ 2
+    pairs = [(c, tau) for out, mine in zip(outputs, per_prompt(confidences, outputs, "confidences"))
+             for c, tau in zip(mine, out.acceptance_lengths) if c is not None]
     edges = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     rows = []
     for lo, hi in zip(edges, edges[1:]):

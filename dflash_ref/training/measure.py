@@ -80,6 +80,23 @@ def best_candidate(candidates, unary):
     return candidates.gather(-1, unary.argmax(-1, keepdim=True))[..., 0]
 
 
+def per_prompt(per_pass: list, outputs: list, what: str) -> list[list]:
+    """A list with one entry per draft pass, logged over several prompts' greedy runs in order, split
+    into each prompt's share: a prompt makes one pass per step, so output i takes the next
+    len(acceptance_lengths) entries. Counts that do not add up are refused, naming `what` was logged."""
+    rest, shares = list(per_pass), []
+    for out in outputs:
+        steps = len(out.acceptance_lengths)
+        if out.num_draft_passes != steps or len(rest) < steps:
+            raise ValueError(f"a prompt of {steps} steps made {out.num_draft_passes} draft passes, and "
+                             f"{len(rest)} {what} are left for it: these are not its passes")
+        shares.append(rest[:steps])
+        rest = rest[steps:]
+    if rest:
+        raise ValueError(f"{len(rest)} {what} left over: they do not belong to these outputs' draft passes")
+    return shares
+
+
 def selector_log(draft, run) -> tuple[object, list[tuple]]:
     """(run()'s result, per pass of a DFlash 2 `draft` while it ran, in order: its candidates c_{t,k} (γ, K)
     and the argmax of its draft logits (γ,)), read at `draft.candidate_selector.hook_candidates` and
@@ -108,14 +125,13 @@ def path_against_argmax(records: list[list], choices: list[tuple], outputs: list
         recall = share with y_t among the K candidates (the most the selector can get right),
         argmax = share with a_t = y_t, path = share with d_t = y_t, and where d_t ≠ a_t ("moved")
         which of the two was y_t."""
-    rest, tally = list(choices), dict.fromkeys(("steps", "decisive", "in candidates", "argmax right", "path right",
-                                                "moved", "moved, path right", "moved, argmax right"), 0)
+    tally = dict.fromkeys(("steps", "decisive", "in candidates", "argmax right", "path right",
+                           "moved", "moved, path right", "moved, argmax right"), 0)
     matched = {"path": 0, "argmax": 0}
-    for steps, out in zip(records, outputs, strict=True):
-        if out.num_draft_passes != len(steps) or len(rest) < len(steps):
-            raise ValueError(f"a prompt of {len(steps)} steps made {out.num_draft_passes} draft passes, and "
-                             f"{len(rest)} selector records are left for it: these are not its passes")
-        mine, rest = rest[:len(steps)], rest[len(steps):]
+    for steps, out, mine in zip(records, outputs, per_prompt(choices, outputs, "selector records"), strict=True):
+        if len(steps) != len(out.acceptance_lengths):
+            raise ValueError(f"{len(steps)} step records for an output of {len(out.acceptance_lengths)} steps: "
+                             f"these are not its records")
         for record, (candidates, argmax) in zip(steps, mine):
             truth = out.output_ids[0, record.start + 1:record.start + 1 + len(record.draft_tokens)].tolist()
             path, argmax = record.draft_tokens[:len(truth)], argmax[:len(truth)].tolist()
@@ -138,8 +154,6 @@ def path_against_argmax(records: list[list], choices: list[tuple], outputs: list
                 tally["moved, argmax right"] += moved and argmax[t] == y
                 if path[t] != y:
                     break
-    if rest:
-        raise ValueError(f"{len(rest)} selector records left over: they do not belong to these outputs' draft passes")
     steps = max(tally["steps"], 1)
     return {"accepted/step, path": matched["path"] / steps, "accepted/step, argmax": matched["argmax"] / steps,
             **tally}
