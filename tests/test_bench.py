@@ -115,6 +115,21 @@ def test_bench_trained_names_a_missing_draft_folder(tmp_path):
         main(["bench", "trained", "--draft", str(tmp_path / "nope"), "--out", str(tmp_path / "out")])
 
 
+def test_bench_trained_takes_a_shipped_name_as_its_first_draft(tmp_path, capsys):
+    """--draft shipped:dflash1 puts that draft first (the one measured at every block), under its own label and
+    once; an unknown shipped name is refused before anything runs."""
+    from dflash_ref.__main__ import main
+    from dflash_ref.bench.trained import drafts_to_compare
+    from dflash_ref.drafts.folder import SHIPPED_DFLASH1, SHIPPED_DRAFTS
+    assert drafts_to_compare("shipped:dflash1") == {"DFlash 1 (shipped)": SHIPPED_DFLASH1,
+                                                     "DFlash 2 (shipped)": SHIPPED_DRAFTS["DFlash 2 (shipped)"]}
+    assert list(drafts_to_compare("runs/x/draft-bf16")) == ["draft runs/x/draft-bf16", *SHIPPED_DRAFTS]
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "trained", "--draft", "shipped:dflash9", "--out", str(tmp_path / "out")])
+    assert e.value.code == 2 and "--draft shipped:dflash9: no shipped draft of that name" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_the_benchmarks_against_transformers_are_registered():
     assert {"baselines", "steps", "dflash2", "rollback"} <= set(bench.BENCHES)
 

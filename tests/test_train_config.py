@@ -56,7 +56,7 @@ def test_a_saved_config_is_a_config_file(tmp_path):
     ({"layers": 4.0}, "layers must be a whole number"),
     ({"full-vocab": 1}, "full_vocab must be true or false"),
     ({"lr": True}, "lr must be a number"),
-    ({"init": "zeros"}, "init must be one of ['random', 'target']"),
+    ({"init": 3}, "init must be a string, got 3"),
     ({"gamma": "4"}, "gamma must be a number or null"),
     ({"version": 3}, "version must be one of [1, 2], got 3"),
     ({"selector_rank": "32"}, "selector_rank must be a whole number or null, got '32'"),
@@ -71,6 +71,37 @@ def test_a_bad_config_file_is_refused_by_name(tmp_path, content, message):
     with pytest.raises(TrainOptionError) as e:
         read_config_file(path)
     assert message in str(e.value) and str(path) in str(e.value)
+
+
+def test_init_from_a_trained_draft_takes_its_shape(tmp_path):
+    """--init DRAFT: the draft's version, layers, block size and DFlash 2 sizes become the run's; a folder
+    is kept absolute, a shipped name as given."""
+    shipped = json.loads((DRAFTS / "smollm2_dflash2" / "config.json").read_text())
+    options = resolve(parse("--out", str(tmp_path / "run"), "--init", "shipped:dflash2", "--block-size", "4"))
+    sizes = {k: shipped["dflash_config"][k] for k in DFLASH2_DEFAULTS}
+    assert options == {**DEFAULTS, "init": "shipped:dflash2", "version": 2, "layers": shipped["num_hidden_layers"],
+                       "block_size": shipped["block_size"], **sizes}
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "config.json").write_text((DRAFTS / "smollm2" / "config.json").read_text())
+    options = resolve(parse("--out", str(tmp_path / "run"), "--init", f"{copy}/"))
+    assert options["init"] == str(copy) and options["version"] == 1 and options["selector_rank"] is None
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--init", "shipped:dflash2", "--layers", "4", "--selector-rank", "8"],
+     "the run asks --layers 4 (the draft has 2), --selector-rank 8 (the draft has 32)"),
+    (["--init", "shipped:dflash1", "--version", "2"], "--version 2 (the draft has 1)"),
+    (["--init", "shipped:dflash1", "--selector-top-k", "4"], "--selector-top-k 4 (the draft has none)"),
+    (["--init", "shipped:dflash3"], "--init shipped:dflash3: no shipped draft of that name"),
+    (["--init", "nowhere"], "nowhere: no such folder; --init takes random or target, a draft folder"),
+    (["--init", "."], "no config.json there"),
+    (["--init", "README.md"], "README.md: a file, not a folder")])
+def test_init_from_a_draft_refuses_by_name(tmp_path, monkeypatch, argv, message):
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    with pytest.raises(TrainOptionError) as e:
+        resolve(parse("--out", str(tmp_path / "run"), *argv))
+    assert message in str(e.value)
 
 
 def test_resume_takes_the_saved_options_and_lets_the_run_grow(tmp_path):

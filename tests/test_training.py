@@ -361,6 +361,20 @@ def test_train_command_makes_a_dflash2_draft_that_resumes_exactly_loads_back_and
     assert main(["generate", "--target", "smollm2", "--chat", "--draft", str(run / "draft-bf16"),
                  "--max-new-tokens", "4"]) == 0
     assert "--- statistics ---" in capsys.readouterr().out
+    # --init DRAFT goes on from that draft (its sizes without asking), at a learning rate too small to move it,
+    # on one response: it starts from the bf16 weights, and keeps every token the draft proposed among
+    further = tmp_path / "further"
+    further.mkdir()
+    (further / "data.jsonl").write_text((run / "data.jsonl").read_text())
+    assert main(["train", "--out", str(further), "--init", str(run / "draft-bf16"), "--steps", "1", "--lr", "1e-12",
+                 "--prompt-set", "varied", "--prompts", "1", "--max-new-tokens", "12", "--anchors", "2", "--batch", "2",
+                 "--eval-prompts", "1", "--eval-styles", "0", "--eval-tokens", "4", "--distill-dtype", "fp32",
+                 "--figures", str(tmp_path / "figures")]) == 0
+    went_on = load_file(str(further / "draft" / "model.safetensors"))
+    assert all((went_on[k] - stored[k].float()).abs().max() < 1e-6 for k in stored)
+    kept = (json.loads((d / "draft_vocab.json").read_text())["token_ids"] for d in (run / "draft-bf16", further / "draft"))
+    assert set(next(kept)) <= set(next(kept))
+    capsys.readouterr()
 
 
 def test_train_command_replays_errors_and_trains_one_dflash2_module_resuming_exactly(tmp_path, capsys):

@@ -10,7 +10,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..decoding import generate, spec_generate
-from ..drafts.folder import SHIPPED_DRAFTS, check_fits, open_draft
+from ..drafts.folder import SHIPPED_DRAFTS, check_fits, draft_folder, open_draft
 from ..extensions.verify_gate import draft_confidence
 from ..hooks import hooks
 from ..plots import save_figure
@@ -31,8 +31,13 @@ def prompt_sets() -> dict[str, list[str]]:
 
 
 def drafts_to_compare(draft: str | Path | None) -> dict[str, Path]:
-    """label → folder: `--draft DIR` first (if given), then the drafts shipped for SmolLM2 (drafts/folder.py)."""
-    return ({f"draft {draft}": Path(draft)} if draft is not None else {}) | dict(SHIPPED_DRAFTS)
+    """label → folder: `--draft` first (a folder, or a shipped name: that draft first, under its own label),
+    then the other drafts shipped for SmolLM2 (drafts/shipped.py)."""
+    if draft is None:
+        return dict(SHIPPED_DRAFTS)
+    folder = draft_folder(draft)
+    first = {label: f for label, f in SHIPPED_DRAFTS.items() if f == folder} or {f"draft {draft}": folder}
+    return first | {label: f for label, f in SHIPPED_DRAFTS.items() if f != folder}
 
 
 def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = None) -> dict:

@@ -38,6 +38,7 @@ from ..bench import baselines, hybrid_rollback, steps, suite, trained
 from ..bench.timing import measure, summarise  # noqa: F401  (the harness, re-exported)
 from ..extensions import streamed
 from ..extensions.linear_plan import linear_mode
+from ..drafts.shipped import draft_folder
 from .folders import make_folder
 
 BENCHES: dict[str, Callable] = {
@@ -101,6 +102,7 @@ def check_draft_option(names: list[str], draft: str | Path | None) -> None:
     if draft is not None and "trained" not in names:
         raise ValueError(f"--draft {draft}: only the trained benchmark measures a draft folder, and it is "
                          f"not among those asked for ({', '.join(names)})")
+    draft_folder(draft)                       # an unknown shipped: name, before anything runs
 
 
 def check_options(names: list[str], repeats: int, out: str | Path, draft: str | Path | None = None) -> dict:

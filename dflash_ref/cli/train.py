@@ -130,7 +130,9 @@ def run(args, say=print) -> int:
     # resume leaves the saved options as they were
     train_options.save(out, vars(args))
     draft.train()
-    vocab = None if args.full_vocab else training_vocabulary([r["ids"][r["prompt_len"]:] for r in rows], stop)
+    # a draft trained before (--init DRAFT, --resume) keeps the tokens it was trained to propose
+    kept = [] if draft.draft_vocab is None else draft.draft_vocab.tolist()
+    vocab = None if args.full_vocab else training_vocabulary([r["ids"][r["prompt_len"]:] for r in rows], [*stop, *kept])
     # proposals over R only at inference (extensions/draft_vocab.py): the loss never had another token as a label
     draft.draft_vocab = vocab
     if vocab is not None and args.version == 2 and len(vocab) + args.negatives < args.selector_top_k:

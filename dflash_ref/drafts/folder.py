@@ -1,7 +1,7 @@
 """Opening a draft folder the commands name (`--draft DIR`), and the drafts shipped with the package:
 the ones `python -m dflash_ref train` trained for SmolLM2-135M-Instruct (official format, bf16), a
-DFlash 2 draft (the default) and the DFlash 1 draft before it, which `--draft shipped:dflash1` names. A
-folder that cannot serve ends the command with the checkpoint's own message, never a traceback.
+DFlash 2 draft (the default) and the DFlash 1 draft before it, which `--draft shipped:dflash1` names
+(their folders and names: shipped.py). A folder that cannot serve ends the command with the checkpoint's own message, never a traceback.
 """
 from __future__ import annotations
 
@@ -13,28 +13,8 @@ from ..compat import IncompatibleModels, check_pair
 from ..draft_model import DFlashDraftModel
 from ..target.checkpoint import CheckpointError
 from .checkpoint import load_draft
-
-# the drafts trained for SmolLM2 by `python -m dflash_ref train` (figures/training/README.md), official format, bf16
-SHIPPED_DFLASH1 = Path(__file__).parent / "smollm2"
-SHIPPED_DFLASH2 = Path(__file__).parent / "smollm2_dflash2"
-SHIPPED_DRAFT = SHIPPED_DFLASH2                       # what a command without --draft uses for SmolLM2
-# every draft shipped for SmolLM2, the default first, by the label `bench trained` gives it
-SHIPPED_DRAFTS = {"DFlash 2 (shipped)": SHIPPED_DFLASH2, "DFlash 1 (shipped)": SHIPPED_DFLASH1}
-# what --draft takes for a shipped draft, in place of its folder
-SHIPPED_NAMES = {"shipped:dflash2": SHIPPED_DFLASH2, "shipped:dflash1": SHIPPED_DFLASH1}
-
-
-def draft_folder(name: str | Path | None) -> Path:
-    """--draft as given → its folder: None is the default shipped draft, `shipped:dflash1` / `shipped:dflash2`
-    a shipped one, anything else a folder; an unknown `shipped:` name is refused (ValueError), naming the ones
-    there are, so that a command can refuse it before loading anything."""
-    if name is None:
-        return SHIPPED_DRAFT
-    if str(name).startswith("shipped:"):
-        if str(name) not in SHIPPED_NAMES:
-            raise ValueError(f"--draft {name}: no shipped draft of that name (there are {', '.join(SHIPPED_NAMES)})")
-        return SHIPPED_NAMES[str(name)]
-    return Path(name)
+from .shipped import (SHIPPED_DFLASH1, SHIPPED_DFLASH2, SHIPPED_DRAFT, SHIPPED_DRAFTS,  # noqa: F401 (imported from here)
+                      SHIPPED_NAMES, draft_folder)
 
 
 def open_draft(folder: str | Path | None, dtype: torch.dtype = torch.float32,

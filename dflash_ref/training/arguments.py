@@ -59,8 +59,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     option("train-dtype", "bf16: mixed precision, the forward under bf16 autocast, weights and AdamW fp32 "
                           "(faster where the CPU has bf16 instructions); fp32: all fp32",
            choices=CHOICES["train_dtype"])
-    option("init", "draft layers from noise (the paper) or copied from the target's last layers",
-           choices=CHOICES["init"])
+    option("init", "random: draft layers from noise (the paper); target: copied from the target's last layers; or "
+                   "a trained draft to go on from, a folder or shipped:dflash1 / shipped:dflash2 (its layers, block "
+                   "size and DFlash 2 sizes are the run's: training/init_draft.py)")
     option("replay", "on-policy error replay: the share of each batch's sequences drawn from the draft's own "
                      "rejected blocks, at the anchors greedy decoding visits (training/replay.py; 0: off)",
            type=float)

@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from .dflash2_options import DFLASH2_DEFAULTS, MODULES, VERSIONS, check_dflash2, fill_dflash2
+from .init_draft import FRESH, InitDraftError, take_draft_shape
 from .prompt_file import PROMPT_SETS, file_counts
 
 CONFIG_NAME = "train_config.json"
@@ -34,8 +35,7 @@ FILES = ("prompts_file", "heldout_file")        # None: the prompts written in p
 PATHS = ("target", *FILES)                      # kept as absolute paths (but the target "smollm2")
 NULLABLE = tuple(DFLASH2_DEFAULTS)               # None: a DFlash 1 run's, or the DFlash 2 default
 CHOICES = {"version": VERSIONS, "prompt_set": tuple(PROMPT_SETS), "distill_dtype": ("bf16", "fp32"),
-           "train_dtype": ("bf16", "fp32"), "init": ("random", "target"),
-           "modules": MODULES}
+           "train_dtype": ("bf16", "fp32"), "modules": MODULES}
 # how long the run goes on, how often it saves, how it is evaluated and where its plot goes
 RESUME_MAY_CHANGE = frozenset({"steps", "save_every", "eval_prompts", "eval_styles", "eval_tokens", "figures",
                                "heldout_file"})
@@ -160,6 +160,9 @@ def resolve(args: argparse.Namespace) -> dict:
     for key in PATHS:     # absolute, so that a run resumes from any folder and `DIR/` is the same as `DIR`
         if requested.get(key) not in (None, DEFAULTS["target"]):
             requested[key] = os.path.abspath(requested[key])
+    init = requested.get("init")
+    if init is not None and init not in FRESH and not init.startswith("shipped:"):      # a draft folder
+        requested["init"] = os.path.abspath(init)
     state = out / "state.json"
     if not args.resume:
         if state.is_file():
@@ -168,7 +171,11 @@ def resolve(args: argparse.Namespace) -> dict:
             raise TrainOptionError(f"{out} already holds a training run ({where}); add --resume to "
                                    f"continue it, delete {state} to train again from step 0 on its data, or "
                                    f"choose another --out")
-        return fill_dflash2(file_counts({**DEFAULTS, **requested}, requested, False, DEFAULTS["eval_prompts"]))
+        try:                                   # --init DRAFT: the draft's shape (init_draft.py)
+            options = take_draft_shape({**DEFAULTS, **requested}, requested)
+        except InitDraftError as e:
+            raise TrainOptionError(str(e)) from None
+        return fill_dflash2(file_counts(options, requested, False, DEFAULTS["eval_prompts"]))
     if not state.is_file():
         raise TrainOptionError(f"--resume: {out} holds no training run to continue (no {state.name}); "
                                f"leave out --resume to start one")

@@ -32,6 +32,7 @@ from ..extensions.draft_vocab import FILE as DRAFT_VOCAB_FILE
 from ..target.checkpoint import CheckpointError
 from .dflash2_modules import freeze_convolutions_
 from .dflash2_options import DFLASH2_DEFAULTS, draft_fields
+from .init_draft import init_folder
 
 
 HASHED = ("draft/model.safetensors", "optimizer.safetensors")     # the files state.json records digests of
@@ -144,25 +145,21 @@ def _short(v) -> str:
 
 def run_draft(out: Path, args, chat):
     """The draft to train: the checkpoint's on a resume (checked against the options: a run from before
-    train_config.json is held to its draft's layers and block size), else a new one, random or with
-    --init target the target's last layers (chat: target/chat.ChatTarget). Whatever cannot be made is
-    refused by name."""
+    train_config.json is held to its draft's layers and block size), the trained draft --init names
+    (init_draft.py), else a new one, random or with --init target the target's last layers (chat:
+    target/chat.ChatTarget). Whatever cannot be made is refused by name."""
     target = chat.model
     if args.resume:
-        try:
-            draft = load_draft(out / "draft")
-        except CheckpointError as e:
-            raise SystemExit(f"--resume: {e}") from None
-        try:                                                   # a run made for another target
-            check_pair(draft, target)
-        except IncompatibleModels as e:
-            raise SystemExit(f"--resume: the draft in {out / 'draft'} does not fit {chat.label}: {e}") from None
+        draft = _trained_draft(out / "draft", "--resume", chat)
         found = {"layers": draft.config.num_hidden_layers, "block_size": draft.block_size,
                  "version": draft.config.version, **{k: getattr(draft.config, k) for k in DFLASH2_DEFAULTS}}
         wrong = [f"{k} {v} (asked {getattr(args, k)})" for k, v in found.items() if v != getattr(args, k)]
         if wrong:      # a run from before train_config.json, resumed with other options
             raise SystemExit(f"--resume: the draft in {out / 'draft'} has {', '.join(wrong)}")
         return _modules(draft, args)
+    init = init_folder(args.init)
+    if init is not None:                # a trained draft, whose shape options.resolve made the run's
+        return _modules(_trained_draft(init, f"--init {args.init}", chat), args)
     if args.init == "target" and args.layers > target.config.num_hidden_layers:
         raise SystemExit(f"--init target copies the target's last --layers {args.layers} layers, but {chat.label} has "
                          f"{target.config.num_hidden_layers}")
@@ -179,6 +176,20 @@ def run_draft(out: Path, args, chat):
         except ValueError as e:
             raise SystemExit(f"--layers {args.layers} --init target: {e}") from None
     return _modules(draft, args)
+
+
+def _trained_draft(folder: Path, flag: str, chat):
+    """A trained draft to go on training, in fp32 (a shipped one is bf16), refused by `flag` if it cannot be
+    loaded or does not fit the target (a run made for another target)."""
+    try:
+        draft = load_draft(folder, torch.float32)
+    except CheckpointError as e:
+        raise SystemExit(f"{flag}: {e}") from None
+    try:
+        check_pair(draft, chat.model)
+    except IncompatibleModels as e:
+        raise SystemExit(f"{flag}: the draft in {folder} does not fit {chat.label}: {e}") from None
+    return draft
 
 
 def _modules(draft, args):
