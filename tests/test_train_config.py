@@ -13,9 +13,11 @@ from dflash_ref.training import prompts as written
 from dflash_ref.__main__ import main
 from dflash_ref.training.arguments import add_train_arguments
 from dflash_ref.training.dflash2_options import DFLASH2_DEFAULTS
+from dflash_ref.training.precision import DTYPE_OPTIONS, choose_dtypes, native_bf16
 from dflash_ref.training.options import CONFIG_NAME, DEFAULTS, TrainOptionError, read_config_file, resolve, save
 
 DRAFTS = Path(__file__).resolve().parents[1] / "dflash_ref" / "drafts"
+RESOLVED = choose_dtypes(DEFAULTS)              # the defaults as a run on this machine takes them (auto dtypes)
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -40,9 +42,33 @@ def started_run(out: Path, step: int = 10, **options) -> Path:
 def test_defaults_then_config_file_then_command_line(tmp_path):
     config = write(tmp_path / "c.json", {"layers": 4, "block-size": 8, "steps": 100, "full_vocab": True})
     options = resolve(parse("--out", str(tmp_path / "run"), "--config", str(config), "--steps", "7"))
-    assert options == {**DEFAULTS, "layers": 4, "block_size": 8, "steps": 7, "full_vocab": True}
-    assert resolve(parse("--out", str(tmp_path / "run"))) == DEFAULTS
+    assert options == {**RESOLVED, "layers": 4, "block_size": 8, "steps": 7, "full_vocab": True}
+    assert resolve(parse("--out", str(tmp_path / "run"))) == RESOLVED
     assert not (tmp_path / "run").exists()                          # resolving writes nothing
+
+
+@pytest.mark.parametrize("cpuinfo, native", [
+    ("processor : 0\nflags : fpu sse avx2 avx512f avx512bw\n", False),            # AVX-512, bf16 emulated
+    ("processor : 0\nflags : fpu avx2 avx512f avx512_bf16 amx_tile amx_bf16\n", True),
+    ("processor : 0\nFeatures : fp asimd sve bf16 i8mm\n", True),                  # Arm FEAT_BF16
+    ("processor : 0\n", False), (None, False)])
+def test_auto_dtypes_are_bf16_only_where_the_cpu_has_bf16_instructions(tmp_path, monkeypatch, cpuinfo, native):
+    path = tmp_path / "cpuinfo"
+    if cpuinfo is not None:
+        path.write_text(cpuinfo)
+    assert native_bf16(path) is native
+    from dflash_ref.training import precision
+    monkeypatch.setattr(precision, "native_bf16", lambda: native)
+    chosen = "bf16" if native else "fp32"
+    assert choose_dtypes({"distill_dtype": "auto", "train_dtype": "fp32", "steps": 3}) == \
+        {"distill_dtype": chosen, "train_dtype": "fp32", "steps": 3}
+    options = resolve(parse("--out", str(tmp_path / "run")))
+    assert (options["distill_dtype"], options["train_dtype"]) == (chosen, chosen)       # saved as chosen
+    out = started_run(tmp_path / "old", distill_dtype="bf16", train_dtype="bf16")
+    assert resolve(parse("--out", str(out), "--resume"))["train_dtype"] == "bf16"        # a run keeps its own
+    if not native:
+        with pytest.raises(TrainOptionError, match=r"--train-dtype \(the run has 'bf16', asked 'fp32'\)"):
+            resolve(parse("--out", str(out), "--resume", "--train-dtype", "auto"))
 
 
 def test_a_saved_config_is_a_config_file(tmp_path):
@@ -79,7 +105,7 @@ def test_init_from_a_trained_draft_takes_its_shape(tmp_path):
     shipped = json.loads((DRAFTS / "smollm2_dflash2" / "config.json").read_text())
     options = resolve(parse("--out", str(tmp_path / "run"), "--init", "shipped:dflash2", "--block-size", "4"))
     sizes = {k: shipped["dflash_config"][k] for k in DFLASH2_DEFAULTS}
-    assert options == {**DEFAULTS, "init": "shipped:dflash2", "version": 2, "layers": shipped["num_hidden_layers"],
+    assert options == {**RESOLVED, "init": "shipped:dflash2", "version": 2, "layers": shipped["num_hidden_layers"],
                        "block_size": shipped["block_size"], **sizes}
     copy = tmp_path / "copy"
     copy.mkdir()
@@ -137,7 +163,7 @@ def test_a_dflash2_run_saves_its_sizes_and_resumes_only_with_them(tmp_path):
     a DFlash 1 run keeps them null, and a resume may change none of them."""
     from dflash_ref.training.dflash2_options import DFLASH2_DEFAULTS
     options = resolve(parse("--out", str(tmp_path / "run"), "--version", "2", "--selector-top-k", "12"))
-    assert options == {**DEFAULTS, **DFLASH2_DEFAULTS, "version": 2, "selector_top_k": 12}
+    assert options == {**RESOLVED, **DFLASH2_DEFAULTS, "version": 2, "selector_top_k": 12}
     assert all(DEFAULTS[k] is None for k in DFLASH2_DEFAULTS) and DEFAULTS["version"] == 1
     out = started_run(tmp_path / "run", **{k: options[k] for k in ("version", *DFLASH2_DEFAULTS)})
     assert read_config_file(out / CONFIG_NAME)["selector_top_k"] == 12
@@ -276,13 +302,14 @@ def test_train_refuses_bad_options_before_any_work(tmp_path, capsys, flags, mess
 @pytest.mark.parametrize("folder, command", [
     ("smollm2", {"prompts": 5580, "steps": 5600}),
     ("smollm2_dflash2", {"version": 2, "prompt_set": "mixed", "prompts": 4000, "steps": 5000})])
+# both ran in bf16 on an Intel Xeon with AMX, where `auto` (the default now) chooses bf16
 def test_the_shipped_drafts_options_are_a_config_for_their_runs(folder, command):
     """drafts/*/train_config.json: the training README's command for each shipped draft (the defaults plus
     the options named here; a DFlash 2 run records its modules' defaults too), readable by --config, and
     the draft's own shape."""
     options = read_config_file(DRAFTS / folder / CONFIG_NAME)
     recorded = DFLASH2_DEFAULTS if options.get("version") == 2 else {}
-    assert {k: v for k, v in options.items() if v != DEFAULTS[k]} == command | recorded
+    assert {k: v for k, v in options.items() if v != DEFAULTS[k]} == command | recorded | dict.fromkeys(DTYPE_OPTIONS, "bf16")
     draft = json.loads((DRAFTS / folder / "config.json").read_text())
     assert (draft["num_hidden_layers"], draft["block_size"]) == (options["layers"], options["block_size"])
 

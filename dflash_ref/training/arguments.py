@@ -54,10 +54,12 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     option("heldout-file", "held-out prompts of your own for the final evaluation, as --prompts-file")
     option("max-new-tokens", "longest response distilled", type=int)
     option("distill-batch", "prompts per generate() call", type=int)
-    option("distill-dtype", "the target copy that writes the responses (features always come from fp32)",
+    option("distill-dtype", "the target copy that writes the responses (features always come from fp32); auto: "
+                            "bf16 where the CPU has bf16 instructions, else fp32 (training/precision.py)",
            choices=CHOICES["distill_dtype"])
     option("train-dtype", "bf16: mixed precision, the forward under bf16 autocast, weights and AdamW fp32 "
-                          "(faster where the CPU has bf16 instructions); fp32: all fp32",
+                          "(faster where the CPU has bf16 instructions); fp32: all fp32; auto: bf16 where the CPU "
+                          "has bf16 instructions, else fp32",
            choices=CHOICES["train_dtype"])
     option("init", "random: draft layers from noise (the paper); target: copied from the target's last layers; or "
                    "a trained draft to go on from, a folder or shipped:dflash1 / shipped:dflash2 (its layers, block "

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .dflash2_options import DFLASH2_DEFAULTS, MODULES, VERSIONS, check_dflash2, fill_dflash2
 from .init_draft import FRESH, InitDraftError, take_draft_shape
+from .precision import choose_dtypes
 from .prompt_file import PROMPT_SETS, file_counts
 
 CONFIG_NAME = "train_config.json"
@@ -27,15 +28,15 @@ CONFIG_NAME = "train_config.json"
 DEFAULTS = {"version": 1, **dict.fromkeys(DFLASH2_DEFAULTS), "layers": 2, "block_size": 4, "gamma": None,
             "steps": 4400, "lr": 3e-3, "batch": 8, "anchors": 32, "full_vocab": False, "negatives": 4096,
             "prompt_set": "templates", "prompts": 1860, "max_new_tokens": 192, "distill_batch": 48,
-            "distill_dtype": "bf16", "train_dtype": "bf16", "init": "random", "save_every": 500, "eval_prompts": 12,
+            "distill_dtype": "auto", "train_dtype": "auto", "init": "random", "save_every": 500, "eval_prompts": 12,
             "eval_styles": 12, "eval_tokens": 128, "figures": "figures/training", "seed": 0, "target": "smollm2",
             "prompts_file": None, "heldout_file": None,
             "modules": "both", "replay": 0.0, "replay_every": 250, "replay_sequences": 64}
 FILES = ("prompts_file", "heldout_file")        # None: the prompts written in prompts.py
 PATHS = ("target", *FILES)                      # kept as absolute paths (but the target "smollm2")
 NULLABLE = tuple(DFLASH2_DEFAULTS)               # None: a DFlash 1 run's, or the DFlash 2 default
-CHOICES = {"version": VERSIONS, "prompt_set": tuple(PROMPT_SETS), "distill_dtype": ("bf16", "fp32"),
-           "train_dtype": ("bf16", "fp32"), "modules": MODULES}
+CHOICES = {"version": VERSIONS, "prompt_set": tuple(PROMPT_SETS), "distill_dtype": ("auto", "bf16", "fp32"),
+           "train_dtype": ("auto", "bf16", "fp32"), "modules": MODULES}
 # how long the run goes on, how often it saves, how it is evaluated and where its plot goes
 RESUME_MAY_CHANGE = frozenset({"steps", "save_every", "eval_prompts", "eval_styles", "eval_tokens", "figures",
                                "heldout_file"})
@@ -160,6 +161,7 @@ def resolve(args: argparse.Namespace) -> dict:
     for key in PATHS:     # absolute, so that a run resumes from any folder and `DIR/` is the same as `DIR`
         if requested.get(key) not in (None, DEFAULTS["target"]):
             requested[key] = os.path.abspath(requested[key])
+    requested = choose_dtypes(requested)       # `auto` → what this CPU runs fast (precision.py)
     init = requested.get("init")
     if init is not None and init not in FRESH and not init.startswith("shipped:"):      # a draft folder
         requested["init"] = os.path.abspath(init)
@@ -175,7 +177,7 @@ def resolve(args: argparse.Namespace) -> dict:
             options = take_draft_shape({**DEFAULTS, **requested}, requested)
         except InitDraftError as e:
             raise TrainOptionError(str(e)) from None
-        return fill_dflash2(file_counts(options, requested, False, DEFAULTS["eval_prompts"]))
+        return fill_dflash2(file_counts(choose_dtypes(options), requested, False, DEFAULTS["eval_prompts"]))
     if not state.is_file():
         raise TrainOptionError(f"--resume: {out} holds no training run to continue (no {state.name}); "
                                f"leave out --resume to start one")
@@ -193,7 +195,7 @@ def resolve(args: argparse.Namespace) -> dict:
         raise TrainOptionError(f"--resume: {out} was started with other options: {'; '.join(changed)}. A resumed "
                                f"run may change only {[flag(k) for k in sorted(RESUME_MAY_CHANGE)]}; choose "
                                f"another --out for a new run")
-    options = fill_dflash2(file_counts({**run, **requested}, requested, True, DEFAULTS["eval_prompts"]))
+    options = fill_dflash2(file_counts(choose_dtypes({**run, **requested}), requested, True, DEFAULTS["eval_prompts"]))
     if options["steps"] < step:
         raise TrainOptionError(f"--resume: {out} is at step {step}, past --steps {options['steps']}")
     return options
