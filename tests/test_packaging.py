@@ -311,7 +311,10 @@ def test_no_import_cycle():
 # import torch: `--help` and usage errors need not wait), and conformance/verify.py's adapters (a dump
 # is compared with numpy alone; torch comes only when an implementation is run)
 LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient", "mlx", "mlx_lm"}
-LOCAL_IMPORT_OF = {"__main__.py": None, "conformance/verify.py": {"conformance.ports"}}   # None: any
+# None: any. training/init_draft.py reads a draft's config.json through config.py only for `train --init DRAFT`:
+# config.py brings torch, which training's options otherwise never import (`train --help` stays cheap)
+LOCAL_IMPORT_OF = {"__main__.py": None, "conformance/verify.py": {"conformance.ports"},
+                   "training/init_draft.py": {"config", "config_fields"}}
 
 
 def test_imports_sit_at_module_top_but_optional_dependencies():

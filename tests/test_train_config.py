@@ -114,6 +114,17 @@ def test_init_from_a_trained_draft_takes_its_shape(tmp_path):
     assert options["init"] == str(copy) and options["version"] == 1 and options["selector_rank"] is None
 
 
+def test_the_options_and_their_init_checks_import_no_torch():
+    """training/options.py (with init_draft.py and precision.py) stays torch-free, so that `train --help` and a
+    usage error stay cheap; only an --init naming a draft reads its config through config.py."""
+    import subprocess
+    import sys
+    code = ("import sys; from dflash_ref.training import arguments, options, init_draft, precision; "
+            "init_draft.init_folder('shipped:dflash2'); assert 'torch' not in sys.modules, 'torch imported'")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--init", "shipped:dflash2", "--layers", "4", "--selector-rank", "8"],
      "the run asks --layers 4 (the draft has 2), --selector-rank 8 (the draft has 32)"),

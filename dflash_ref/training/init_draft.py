@@ -4,15 +4,14 @@ fine-tuning, and the start that on-policy error replay (training/replay.py) was 
 
 A draft fixes the run's shape: its version, layers, block size and DFlash 2 sizes are read from its
 config.json, and the command line may repeat them but not change them (a draft of 2 layers cannot be
-trained as one of 4). Everything else (data, steps, learning rate, replay) is the run's own. No torch
-here: the shape is read, and refused, before anything is loaded.
+trained as one of 4). Everything else (data, steps, learning rate, replay) is the run's own. The shape is
+read, and refused, before any model is loaded; config.py (and with it torch) is imported only where --init
+names a draft, so that `train --help` and the other options stay cheap.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..config import DraftConfig
-from ..config_fields import ConfigError
 from ..drafts.shipped import SHIPPED_NAMES, draft_folder
 from .dflash2_options import DFLASH2_DEFAULTS
 
@@ -36,6 +35,8 @@ def init_folder(init: str) -> Path | None:
 def draft_shape(folder: Path) -> dict:
     """The options a draft folder fixes, from its config.json: version, layers, block size and (DFlash 2)
     its four sizes; a folder that holds no readable draft config is refused by name."""
+    from ..config import DraftConfig                  # torch, through layer_sampling: only for a draft
+    from ..config_fields import ConfigError
     if not (folder / "config.json").is_file():
         raise InitDraftError(f"--init {folder}: " + ("no config.json there" if folder.is_dir() else
                                                  "a file, not a folder" if folder.exists() else "no such folder")
