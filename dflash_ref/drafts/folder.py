@@ -1,7 +1,8 @@
 """Opening a draft folder the commands name (`--draft DIR`), and the drafts shipped with the package:
 the ones `python -m dflash_ref train` trained for SmolLM2-135M-Instruct (official format, bf16), a
 DFlash 2 draft (the default) and the DFlash 1 draft before it, which `--draft shipped:dflash1` names
-(their folders and names: shipped.py). A folder that cannot serve ends the command with the checkpoint's own message, never a traceback.
+(their folders and names: shipped.py). A folder that cannot serve ends the command with the checkpoint's
+own message, never a traceback.
 """
 from __future__ import annotations
 

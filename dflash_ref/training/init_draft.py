@@ -46,8 +46,14 @@ def draft_shape(folder: Path) -> dict:
         config = DraftConfig.from_json(folder)
     except ConfigError as e:
         raise InitDraftError(f"--init {folder}: its config.json is not a draft's: {e}") from None
-    shape = {"version": config.version, "layers": config.num_hidden_layers, "block_size": config.block_size}
-    return {**shape, **{k: getattr(config, k) if config.version == 2 else None for k in DFLASH2_DEFAULTS}}
+    return config_shape(config)
+
+
+def config_shape(config) -> dict:
+    """A DraftConfig → the run options it fixes (a DFlash 1 config's DFlash 2 sizes are None); also what
+    state.run_draft holds a resumed checkpoint's draft to."""
+    return {"version": config.version, "layers": config.num_hidden_layers, "block_size": config.block_size,
+            **{k: getattr(config, k) for k in DFLASH2_DEFAULTS}}
 
 
 def take_draft_shape(options: dict, requested: dict) -> dict:

@@ -31,8 +31,8 @@ from ..drafts.random_draft import identity_convolutions_, random_draft
 from ..extensions.draft_vocab import FILE as DRAFT_VOCAB_FILE
 from ..target.checkpoint import CheckpointError
 from .dflash2_modules import freeze_convolutions_
-from .dflash2_options import DFLASH2_DEFAULTS, draft_fields
-from .init_draft import init_folder
+from .dflash2_options import draft_fields
+from .init_draft import config_shape, init_folder
 
 
 HASHED = ("draft/model.safetensors", "optimizer.safetensors")     # the files state.json records digests of
@@ -151,8 +151,7 @@ def run_draft(out: Path, args, chat):
     target = chat.model
     if args.resume:
         draft = _trained_draft(out / "draft", "--resume", chat)
-        found = {"layers": draft.config.num_hidden_layers, "block_size": draft.block_size,
-                 "version": draft.config.version, **{k: getattr(draft.config, k) for k in DFLASH2_DEFAULTS}}
+        found = config_shape(draft.config)
         wrong = [f"{k} {v} (asked {getattr(args, k)})" for k, v in found.items() if v != getattr(args, k)]
         if wrong:      # a run from before train_config.json, resumed with other options
             raise SystemExit(f"--resume: the draft in {out / 'draft'} has {', '.join(wrong)}")
