@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from ..target.grouped_attention import GROUPED, register
+
 
 class DataFileError(ValueError):
     """A data.jsonl that does not belong to the prompts or the length asked for; names file and line."""
@@ -70,16 +72,20 @@ def read_responses(out: Path, prompt_list: list[str], max_new_tokens: int, stop_
 
 def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path | None, max_new_tokens: int = 96,
                  batch_size: int = 16, stop_token_ids: list[int] = (2,), say=print,
-                 attention: str | None = "eager") -> list[dict]:
+                 attention: str | None = GROUPED) -> list[dict]:
     """Greedy responses of a transformers-backed target (HFTarget) for every prompt, appended to
     `out` (JSON lines) batch by batch; a rerun continues where the file ends. `out=None`: returned only.
     A response ends with the first of `stop_token_ids` (SmolLM2's <|im_end|> by default) or at the limit.
 
     `attention`: the model's attention implementation while it generates (restored afterwards;
-    None keeps its own). "eager" by default: batched decoding sends one query row per sequence,
-    for which this torch's CPU SDPA kernel is slow: SmolLM2 in bf16, 48 prompts × 160 tokens,
-    took 39.7 / 38.2 s with "sdpa" and 25.6 s with "eager" (193 / 201 against 300 tokens/s).
-    Either is the target's own greedy decoding; in bf16 their roundings differ, so the texts may."""
+    None keeps its own). Batched decoding sends one query row per sequence, for which this torch's
+    CPU SDPA kernel is slow (SmolLM2 in bf16, 48 prompts × 160 tokens, on an Intel Xeon: 39.7 / 38.2 s
+    with "sdpa", 25.6 s with "eager"), and "eager" copies every key/value head of the cache H/G times at
+    every layer and token, a cost that grows with the response. So the default is eager's arithmetic
+    without the copies (target/grouped_attention.py). SmolLM2 in fp32, training prompts 49–96 × 192 tokens
+    (7157 response tokens), 2 threads, on an AMD EPYC (family 25 model 1), twice in turn: 90.4 / 85.9 s with
+    "eager", 48.8 / 51.6 s grouped (1.8×), the same 48 responses. Each is the target's own
+    greedy decoding; their roundings may differ in the last bits, and so, at a near tie, a text."""
     from transformers import GenerationConfig
     stop = [int(t) for t in stop_token_ids]
     done = [] if out is None else read_responses(Path(out), prompt_list, max_new_tokens, stop, say,
@@ -91,6 +97,8 @@ def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path | No
     t0 = time.perf_counter()
     model = target.model
     previous, settings = model.config._attn_implementation, model.generation_config
+    if attention == GROUPED:
+        register()
     if attention is not None:
         model.set_attn_implementation(attention)
     # transformers' defaults alone while it generates: a model folder's generation_config.json (a repetition

@@ -1,0 +1,63 @@
+"""Grouped-query attention for a transformers model, without repeating the key and value heads.
+
+A model with H query heads and G < H key/value heads (SmolLM2: 9 and 3; Qwen3: 16 and 8) lets query
+head h read key/value head ⌊h / (H/G)⌋. transformers' "eager" attention makes that explicit by
+copying every key and value head H/G times (repeat_kv) before its two products, at every layer of
+every step: in batched decoding (training/distill.py) it copies the whole cache twice per layer per
+token. Here the H/G query heads of a group ride on its one key/value head instead:
+
+    q (B, H, n, d) → (B, G, (H/G)·n, d)          the group's query rows, one after another
+    s = q · kᵀ · scaling + mask                  (B, G, (H/G)·n, L) → (B, G, H/G, n, L), mask per (n, L)
+    p = softmax(s) in fp32, cast back            as eager does
+    o = p · v                                    (B, G, (H/G)·n, d_v) → (B, H, n, d_v)
+
+the same dot products as eager's (each one the same d-term sum), with no copy of the cache.
+Registered with transformers as GROUPED (its mask the one eager gets); `register()` is idempotent.
+Variants eager has and this does not (attention sinks, logit soft-capping) are refused.
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn import functional as F
+
+# not "dflash_…": transformers takes a name containing "flash" for a flash-attention kernel to import
+GROUPED = "grouped_kv"
+
+
+def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
+    """transformers' attention interface: query (B, H, n, d), key (B, G, L, d), value (B, G, L, d_v), an additive
+    float or a boolean (True: attend) mask broadcastable to (B, 1, n, L) → ((B, n, H, d_v), p (B, H, n, L))."""
+    unsupported = [name for name in ("sinks", "s_aux", "softcap") if kwargs.get(name) is not None] + \
+        (["sinks"] if getattr(module, "sinks", None) is not None else [])
+    if unsupported:
+        raise NotImplementedError(f"{GROUPED} attention has no {', '.join(sorted(set(unsupported)))}: use the "
+                                  f"model's own attention implementation")
+    batch, heads, n, d = query.shape
+    groups = key.shape[1]
+    if heads % groups:
+        raise ValueError(f"{heads} query heads do not split into {groups} key/value groups")
+    q = query.reshape(batch, groups, heads // groups * n, d)                   # (B, G, (H/G)·n, d)
+    scores = torch.matmul(q, key.transpose(2, 3)) * scaling                  # (B, G, (H/G)·n, L)
+    scores = scores.view(batch, groups, heads // groups, n, -1)              # (B, G, H/G, n, L)
+    if attention_mask is not None:
+        mask = attention_mask[:, :, None, :, :scores.shape[-1]]              # (B, 1, 1, n, L)
+        # a boolean mask as eager's float one: the dtype's lowest, not −inf, so that a row with no key (a
+        # left pad's) gets finite weights, not NaNs that would reach the cache's padded values
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool \
+            else scores + mask
+    p = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    p = F.dropout(p, p=dropout, training=module.training)
+    out = torch.matmul(p.view(batch, groups, heads // groups * n, -1), value)   # (B, G, (H/G)·n, d_v)
+    out = out.view(batch, heads, n, value.shape[-1])                         # (B, H, n, d_v)
+    return out.transpose(1, 2).contiguous(), p.view(batch, heads, n, -1)
+
+
+def register() -> str:
+    """Make GROUPED a name `model.set_attn_implementation` takes (its mask: eager's) → the name."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, eager_mask
+
+    AttentionInterface.register(GROUPED, grouped_attention)
+    AttentionMaskInterface.register(GROUPED, eager_mask)
+    return GROUPED
