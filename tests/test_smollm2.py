@@ -489,6 +489,30 @@ def test_self_distillation_is_the_targets_greedy_decoding_and_restores_its_atten
         assert row["ids"] == expected and row["prompt_len"] == chat_ids(tokenizer, prompt).shape[1]
 
 
+def test_self_distillation_falls_back_to_eager_where_grouped_attention_refuses(smollm2, monkeypatch):
+    """A model whose attention has more than grouped_attention computes (sinks, soft-capping, …) is refused by
+    it mid-generate: distillation says so and goes on with eager attention, to the same greedy responses."""
+    from dflash_ref.target.grouped_attention import GROUPED, UnsupportedAttention
+    from dflash_ref.training import distill
+    target, tokenizer, _ = smollm2
+    before, greedy, used = target.model.config._attn_implementation, distill._greedy, []
+
+    def refusing(model, *args):
+        used.append(model.config._attn_implementation)
+        if used[-1] == GROUPED:
+            raise UnsupportedAttention(f"{GROUPED} attention has no softcap (Gemma2Attention)")
+        return greedy(model, *args)
+    monkeypatch.setattr(distill, "_greedy", refusing)
+    said = []
+    rows = distill.self_distill(target, tokenizer, PROMPTS[:2], None, max_new_tokens=8, batch_size=1,
+                                stop_token_ids=STOP_TOKEN_IDS, say=said.append)
+    assert used == [GROUPED, "eager", "eager"]            # refused once, then eager for the rest of the run
+    assert said[0] == f"{GROUPED} attention has no softcap (Gemma2Attention); distilling with eager attention"
+    for prompt, row in zip(PROMPTS, rows):
+        assert row["ids"] == generate(target, chat_ids(tokenizer, prompt), 8, STOP_TOKEN_IDS).output_ids[0].tolist()
+    assert target.model.config._attn_implementation == before != "eager"          # its own again
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--eval-tokens", "8160"], "--eval-tokens 8160: the longest held-out prompt (65 tokens) + 8160 exceeds the "
                                 "target's 8192 positions; at most 8127"),

@@ -13,7 +13,9 @@ token. Here the H/G query heads of a group ride on its one key/value head instea
 
 the same dot products as eager's (each one the same d-term sum), with no copy of the cache.
 Registered with transformers as GROUPED (its mask the one eager gets); `register()` is idempotent.
-Variants eager has and this does not (attention sinks, logit soft-capping) are refused.
+What a model passes beyond plain attention (attention sinks, logit soft-capping, a position bias,
+sparse key indices: any keyword outside SAFE_KEYWORDS that is not None) is refused with
+UnsupportedAttention, never ignored; distill.py then falls back to the model's eager attention.
 """
 from __future__ import annotations
 
@@ -22,17 +24,26 @@ from torch.nn import functional as F
 
 # not "dflash_…": transformers takes a name containing "flash" for a flash-attention kernel to import
 GROUPED = "grouped_kv"
+# what Llama, Qwen2/3, Mistral and Gemma 3 pass besides q, k, v, the mask and the scaling (sliding_window
+# is in the mask already), and what eager itself ignores; any other keyword changes the attention
+SAFE_KEYWORDS = frozenset({"position_ids", "sliding_window", "use_cache", "output_attentions", "cache_position",
+                           "is_causal", "past_key_values", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
+                           "max_length_k"})
+
+
+class UnsupportedAttention(NotImplementedError):
+    """A model's attention has a part grouped_attention does not compute (named): use its own."""
 
 
 def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
     """transformers' attention interface: query (B, H, n, d), key (B, G, L, d), value (B, G, L, d_v), an additive
     float or a boolean (True: attend) mask broadcastable to (B, 1, n, L) → ((B, n, H, d_v), p (B, H, n, L))."""
-    unsupported = [name for name in ("sinks", "s_aux", "softcap") if kwargs.get(name) is not None] + \
+    unsupported = [name for name, v in kwargs.items() if v is not None and name not in SAFE_KEYWORDS] + \
         (["sinks"] if getattr(module, "sinks", None) is not None else [])
     if unsupported:
-        raise NotImplementedError(f"{GROUPED} attention has no {', '.join(sorted(set(unsupported)))}: use the "
-                                  f"model's own attention implementation")
+        raise UnsupportedAttention(f"{GROUPED} attention has no {', '.join(sorted(set(unsupported)))} "
+                                   f"({type(module).__name__}): use the model's own attention implementation")
     batch, heads, n, d = query.shape
     groups = key.shape[1]
     if heads % groups:

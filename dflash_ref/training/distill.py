@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..target.grouped_attention import GROUPED, register
+from ..target.grouped_attention import GROUPED, UnsupportedAttention, register
 
 
 class DataFileError(ValueError):
@@ -110,9 +110,12 @@ def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path | No
             texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                    tokenize=False) for p in batch]
             enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-            with torch.no_grad():
-                generated = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                           eos_token_id=stop, pad_token_id=pad)
+            try:
+                generated = _greedy(model, enc, max_new_tokens, stop, pad)
+            except UnsupportedAttention as e:           # a model with more in its attention (sinks, soft-capping, …)
+                say(f"{e}; distilling with eager attention")
+                model.set_attn_implementation("eager")
+                generated = _greedy(model, enc, max_new_tokens, stop, pad)
             width = enc["input_ids"].shape[1]
             rows = []
             for j, prompt in enumerate(batch):
@@ -131,3 +134,10 @@ def self_distill(target, tokenizer, prompt_list: list[str], out: str | Path | No
         model.set_attn_implementation(previous)
         model.generation_config = settings
     return done
+
+
+def _greedy(model, enc, max_new_tokens: int, stop: list[int], pad: int) -> torch.Tensor:
+    """transformers' batched greedy generate of the left-padded prompts `enc` → (n, width + new)."""
+    with torch.no_grad():
+        return model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=stop,
+                              pad_token_id=pad)
