@@ -476,8 +476,8 @@ def test_a_bad_draft_folder_is_refused_by_name(smollm2, tmp_path, command):
 
 
 def test_self_distillation_is_the_targets_greedy_decoding_and_restores_its_attention(smollm2, tmp_path):
-    """Batched, left-padded, eager attention (training/distill.py's default) → each response equals the target's
-    own one-prompt greedy decoding; the model's attention implementation is restored afterwards."""
+    """Batched, left-padded, grouped-query attention (training/distill.py's default) → each response equals the
+    target's own one-prompt greedy decoding; the model's attention implementation is restored afterwards."""
     from dflash_ref.training.distill import self_distill
     target, tokenizer, _ = smollm2
     before = target.model.config._attn_implementation
