@@ -28,12 +28,11 @@ def test_grouped_attention_gives_eagers_outputs_and_weights(batch, groups, per_g
     key, value = torch.randn(2, batch, groups, length, d, generator=g)
     attend = torch.rand(batch, 1, n, length, generator=g) < 0.7                 # (B, 1, n, L), True: attend
     attend[..., 0] = True                                                         # every row attends somewhere
-    attention_mask = {"none": None, "bool": attend,
-                      "float": torch.zeros(attend.shape).masked_fill(~attend, torch.finfo(torch.float32).min)}[mask]
+    float_mask = torch.zeros(attend.shape).masked_fill(~attend, torch.finfo(torch.float32).min)
+    attention_mask = {"none": None, "bool": attend, "float": float_mask}[mask]
     module = Module(per_group).eval()
     out, weights = grouped_attention(module, query, key, value, attention_mask, scaling=d ** -0.5)
-    float_mask = attention_mask if mask != "bool" else \
-        torch.zeros(attend.shape).masked_fill(~attend, torch.finfo(torch.float32).min)
+    float_mask = None if mask == "none" else float_mask                          # eager's own kind of mask
     want_out, want_weights = eager_attention_forward(module, query, key, value, float_mask, scaling=d ** -0.5)
     assert out.shape == want_out.shape == (batch, n, heads, d) and out.is_contiguous()
     # the same d-term dot products; only the kernels' summation order may differ (measured on 300 random cases

@@ -48,9 +48,10 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
     groups = key.shape[1]
     if heads % groups:
         raise ValueError(f"{heads} query heads do not split into {groups} key/value groups")
-    q = query.reshape(batch, groups, heads // groups * n, d)                   # (B, G, (H/G)·n, d)
+    per_group = heads // groups                                              # H/G
+    q = query.reshape(batch, groups, per_group * n, d)                       # (B, G, (H/G)·n, d)
     scores = torch.matmul(q, key.transpose(2, 3)) * scaling                  # (B, G, (H/G)·n, L)
-    scores = scores.view(batch, groups, heads // groups, n, -1)              # (B, G, H/G, n, L)
+    scores = scores.view(batch, groups, per_group, n, -1)                    # (B, G, H/G, n, L)
     if attention_mask is not None:
         mask = attention_mask[:, :, None, :, :scores.shape[-1]]              # (B, 1, 1, n, L)
         # a boolean mask as eager's float one: the dtype's lowest, not −inf, so that a row with no key (a
@@ -59,7 +60,7 @@ def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: tor
             else scores + mask
     p = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     p = F.dropout(p, p=dropout, training=module.training)
-    out = torch.matmul(p.view(batch, groups, heads // groups * n, -1), value)   # (B, G, (H/G)·n, d_v)
+    out = torch.matmul(p.view(batch, groups, per_group * n, -1), value)      # (B, G, (H/G)·n, d_v)
     out = out.view(batch, heads, n, value.shape[-1])                         # (B, H, n, d_v)
     return out.transpose(1, 2).contiguous(), p.view(batch, heads, n, -1)
 
