@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 
 import pytest
 import torch
@@ -240,3 +241,84 @@ def test_a_real_measurement_picks_a_candidate_and_every_plan_decodes_alike():
         with linear_mode_as(mode):
             outputs.append(spec_generate(draft, target, ids, 20).output_ids)
     assert all(torch.equal(o, outputs[0]) for o in outputs)
+
+
+@pytest.fixture
+def store(monkeypatch, tmp_path):
+    """The plans' store in an empty cache folder of this test's own → its path."""
+    monkeypatch.setenv("DFLASH_REF_CACHE", str(tmp_path / "cache"))
+    linear_plan.forget_plans()
+    return linear_plan.store_path()
+
+
+def test_a_measured_plan_is_stored_and_a_later_process_reads_it_instead_of_measuring(monkeypatch, store):
+    """The first product of a shape measures it and writes the plan to the store; a process starting
+    afresh (forget_plans: nothing in memory) reads that plan back and measures nothing, and says so;
+    forget_plans(stored=True) deletes the file."""
+    weight = torch.randn(24, 16)
+    chosen = kernel_for(weight, 3, False)
+    entry = json.loads(store.read_text())["plans"][f"24×16 rows 3 no-copies torch.float32 threads {torch.get_num_threads()}"]
+    assert entry["chosen"] == chosen and tuple(entry["times"]) == candidates(16, 3, False)
+    linear_plan.forget_plans()
+    monkeypatch.setattr(linear_plan, "measure", lambda *a, **k: pytest.fail("measured again"))
+    assert kernel_for(weight, 3, False) == chosen
+    assert [(p["rows"], p["chosen"], p["measured"]) for p in linear_plan.plans()] == [(3, chosen, "earlier (stored)")]
+    with pytest.raises(pytest.fail.Exception, match="measured again"):
+        kernel_for(weight, 2, False)                     # another row count: not in the store
+    linear_plan.forget_plans(stored=True)
+    assert not store.exists()
+
+
+@pytest.mark.parametrize("damage", ["not json {", '{"plans": []}', "a kernel gone", "times not seconds", "chosen unknown"])
+def test_a_damaged_or_outdated_store_is_measured_again_and_rewritten(store, damage):
+    """A store file that does not parse, or whose plan names candidates other than those measurable
+    now (a C product built since, say) or holds no times, is measured again, not trusted, and rewritten."""
+    weight = torch.randn(24, 16)
+    kernel_for(weight, 3, False)
+    name = next(iter(json.loads(store.read_text())["plans"]))
+    data = json.loads(store.read_text())
+    entry = data["plans"][name]
+    if damage == "a kernel gone":
+        entry["times"].pop("rows-first")
+    elif damage == "times not seconds":
+        entry["times"]["linear"] = ["fast"]
+    elif damage == "chosen unknown":
+        entry["chosen"] = "mystery"
+    store.write_text(damage if damage.startswith(("not", "{")) else json.dumps(data))
+    linear_plan.forget_plans()
+    names = candidates(16, 3, False)
+    measured = []
+    real_measure = linear_plan.measure
+
+    def counted(*args, **kwargs):
+        measured.append(args[1])
+        return real_measure(*args, **kwargs)
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(linear_plan, "measure", counted)
+        assert kernel_for(weight, 3, False) in names
+    assert measured == [3]
+    rewritten = json.loads(store.read_text())["plans"][name]
+    assert tuple(rewritten["times"]) == names and rewritten["chosen"] in names
+
+
+def test_a_fake_clock_neither_reads_nor_writes_the_store_and_an_unwritable_cache_is_no_error(monkeypatch, store,
+                                                                                                  tmp_path):
+    """A plan timed by a fake clock (tests) is measured even where the store holds one, and not written;
+    a cache folder that cannot be made keeps measured plans for the process, without an error."""
+    weight = torch.randn(24, 16)
+    names = candidates(16, 3, False)
+    kernel_for(weight, 3, False)                                          # a real plan in the store …
+    data = json.loads(store.read_text())
+    next(iter(data["plans"].values()))["chosen"] = "linear"               # … that says F.linear
+    store.write_text(before := json.dumps(data))
+    linear_plan.forget_plans()
+    seconds = {name: 1.0 for name in names} | {names[-1]: 0.5}
+    assert kernel_for(weight, 3, False, clock=fake_clock(seconds, names, weight)) == names[-1]   # measured, not read
+    assert store.read_text() == before                                    # and not written
+    blocked = tmp_path / "a file"
+    blocked.write_text("")
+    monkeypatch.setenv("DFLASH_REF_CACHE", str(blocked))                  # the cache folder cannot be made
+    linear_plan.forget_plans()
+    assert kernel_for(weight, 4, False) in candidates(16, 4, False)       # kept for this process only
+    assert kernel_for(weight, 4, False, clock=lambda: pytest.fail("measured again")) in candidates(16, 4, False)
+    assert not list(tmp_path.glob("a file*.json*"))

@@ -57,7 +57,7 @@ def compiler() -> list[str] | None:
     return [found] if found else None
 
 
-def _cpu_identity() -> str:
+def cpu_identity() -> str:
     """What -march=native compiles for: the CPU's model and instruction-set fields of /proc/cpuinfo (x86's
     model name and flags, Arm's implementer, part and features), else the platform's names."""
     try:
@@ -70,7 +70,7 @@ def _cpu_identity() -> str:
 def library_path(cc: list[str]) -> Path:
     """The library's file: named by a digest of the source, the flags, the compiler and the CPU."""
     digest = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), " ".join(cc), platform.machine(),
-                                       _cpu_identity()]).encode()).hexdigest()[:16]
+                                       cpu_identity()]).encode()).hexdigest()[:16]
     return cache_folder() / f"streamed-{digest}.so"
 
 
