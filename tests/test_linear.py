@@ -12,7 +12,7 @@ import torch
 from conftest import make_pair
 from torch.nn import functional as F
 
-from dflash_ref.extensions import linear, linear_plan
+from dflash_ref.extensions import linear, linear_plan, plan_store
 from dflash_ref.extensions.linear import linear_product, use_rows_first
 from dflash_ref.extensions.linear_plan import (COPIES, KERNELS, MODES, candidates, choose, kernel_for, linear_mode,
                                                linear_mode_as, measure, set_linear_mode)
@@ -248,7 +248,7 @@ def store(monkeypatch, tmp_path):
     """The plans' store in an empty cache folder of this test's own → its path."""
     monkeypatch.setenv("DFLASH_REF_CACHE", str(tmp_path / "cache"))
     linear_plan.forget_plans()
-    return linear_plan.store_path()
+    return plan_store.store_path()
 
 
 def test_a_measured_plan_is_stored_and_a_later_process_reads_it_instead_of_measuring(monkeypatch, store):

@@ -18,10 +18,8 @@ that large is timed as it is); the candidates take turns product by product, REP
 kernel replaces F.linear only when its median and its fastest sample are both at most MARGIN times
 F.linear's, and a kernel that needs copies of W only when it beats the others so: ties and noise
 keep torch's own, and memory is spent only where it pays. A plan measured is also written to the
-cache folder (`$DFLASH_REF_CACHE`, else ~/.cache/dflash_ref: `linear-plans-<machine>.json`, one file
-per CPU, last-level cache, CPUs at hand, torch and C product), and read from there by later processes
-on the same machine instead of measuring again (a SmolLM2 decode measures about 50 shapes, about 10 s
-on a 2-core machine); delete the file, or call `forget_plans(stored=True)`, to measure afresh. DFLASH_REF_LINEAR (or `set_linear_mode`)
+cache folder, and later processes on the same machine read it instead of measuring again
+(extensions/plan_store.py). DFLASH_REF_LINEAR (or `set_linear_mode`)
 pins the plan: `measured` (the default), `linear` (F.linear everywhere), `rows-first` (duplicated-row
 for one row, rows-first for 2 … 64: the rule this project used before it measured). Tried and left
 out: torch.mv (slower on the machines measured); oneDNN's linear (torch.ops.mkldnn._linear_pointwise:
@@ -32,13 +30,9 @@ rows, but no faster than `streamed` there, and it needs a packed copy of W per r
 from __future__ import annotations
 
 import contextlib
-import functools
-import hashlib
-import json
 import math
 import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -46,7 +40,7 @@ from typing import Callable
 import torch
 from torch.nn import functional as F
 
-from . import streamed
+from . import plan_store, streamed
 
 ENV = "DFLASH_REF_LINEAR"
 MODES = ("measured", "linear", "rows-first")
@@ -90,7 +84,6 @@ COPIES: dict[str, Callable[[torch.Tensor], list[torch.Tensor]]] = {       # W �
 
 _mode: str | None = None                                 # None: read DFLASH_REF_LINEAR at the next product
 _plans: dict[tuple, tuple[str, dict[str, list[float]]]] = {}   # key → (kernel, each candidate's samples)
-_stored: dict[str, dict] | None = None                   # the store file's plans, read at the first measured product
 _from_store: set[tuple] = set()                          # keys of _plans read from the store, not measured here
 
 
@@ -146,7 +139,7 @@ def kernel_for(weight: torch.Tensor, rows: int, with_copies: bool,
     if key not in _plans:
         names = candidates(weight.shape[1], rows, with_copies)
         real = clock is time.perf_counter           # a fake clock's plan is neither read from nor written to the store
-        stored = _stored_plan(key, names) if real else None
+        stored = plan_store.lookup(key, names) if real else None
         if stored is not None:
             _plans[key] = stored
             _from_store.add(key)
@@ -154,75 +147,8 @@ def kernel_for(weight: torch.Tensor, rows: int, with_copies: bool,
             times = measure(weight, rows, names, clock)
             _plans[key] = (choose(times), times)
             if real:
-                _store(key, _plans[key])
+                plan_store.add(key, _plans[key])
     return _plans[key][0]
-
-
-def _entry_name(key: tuple) -> str:
-    """A plan's name in the store: "d_out×d_in rows N copies|no-copies dtype threads T"."""
-    d_out, d_in, rows, with_copies, dtype, threads = key
-    return f"{d_out}×{d_in} rows {rows} {'copies' if with_copies else 'no-copies'} {dtype} threads {threads}"
-
-
-def store_path() -> Path:
-    """The store of measured plans for this machine, in the cache folder."""
-    return streamed.cache_folder() / f"linear-plans-{_machine_digest()}.json"
-
-
-@functools.lru_cache(maxsize=1)
-def _machine_digest() -> str:
-    """What a plan depends on beyond its shape: the CPU (model and instruction sets), the last-level cache,
-    the CPUs this process may use, torch's version and the C product (built from which source, or why not)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    machine = "\n".join([streamed.cpu_identity(), str(pool_bytes()), str(cpus), torch.__version__, streamed.status()])
-    return hashlib.sha256(machine.encode()).hexdigest()[:16]
-
-
-def _read_store() -> dict[str, dict]:
-    """The store's plans by name; {} where there is no file or it does not parse as one (it is then rewritten)."""
-    try:
-        plans_ = json.loads(store_path().read_text())["plans"]
-        return plans_ if isinstance(plans_, dict) else {}
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-
-
-def _stored_plan(key: tuple, names: tuple[str, ...]) -> tuple[str, dict[str, list[float]]] | None:
-    """The stored plan for `key`, if its candidates were the ones measurable now (the C product built or
-    not alike) and its times are lists of seconds; else None (measured again)."""
-    global _stored
-    if _stored is None:
-        _stored = _read_store()
-    entry = _stored.get(_entry_name(key))
-    try:
-        chosen, times = entry["chosen"], entry["times"]
-        if tuple(times) == names and chosen in names and all(
-                isinstance(t, list) and t and all(isinstance(s, (int, float)) for s in t) for t in times.values()):
-            return chosen, {n: [float(s) for s in t] for n, t in times.items()}
-    except (TypeError, KeyError, AttributeError):
-        pass
-    return None
-
-
-def _store(key: tuple, plan: tuple[str, dict[str, list[float]]]) -> None:
-    """Add a measured plan to the store file (read again and merged, written whole under another name and
-    renamed, so that a reader never sees half a file; another process writing at once may drop this plan,
-    which is then measured again). A cache folder that cannot be written keeps the plan for this process only."""
-    global _stored
-    path = store_path()
-    merged = _read_store() | {_entry_name(key): {"chosen": plan[0], "times": plan[1]}}
-    written = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name + ".", delete=False) as f:
-            written = f.name
-            json.dump({"plans": merged}, f)
-        os.replace(written, path)
-    except OSError:
-        if written is not None:
-            Path(written).unlink(missing_ok=True)
-        return
-    _stored = merged
 
 
 def choose(times: dict[str, list[float]], margin: float = MARGIN) -> str:
@@ -291,14 +217,9 @@ def _cold_slots(weight: torch.Tensor, name: str, buffer: torch.Tensor | None) ->
     return slots
 
 
-@functools.lru_cache(maxsize=1)
 def pool_bytes() -> int:
-    """Twice the last-level cache this process sees (Linux sysfs), at least 64 MiB."""
-    size = 0
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = path.read_text().strip()
-        size = max(size, int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text))
-    return max(64 << 20, 2 * size)
+    """Twice the last-level cache this process sees, at least 64 MiB."""
+    return max(64 << 20, 2 * plan_store.last_level_cache())
 
 
 def plans() -> list[dict]:
@@ -313,9 +234,6 @@ def plans() -> list[dict]:
 def forget_plans(stored: bool = False) -> None:
     """Drop every plan of this process (each is read from the store, or measured, at its shape's next
     product); `stored`: delete the store file too, so that every plan is measured afresh."""
-    global _stored
     _plans.clear()
     _from_store.clear()
-    _stored = None
-    if stored:
-        store_path().unlink(missing_ok=True)
+    plan_store.forget(delete=stored)
