@@ -34,7 +34,6 @@ import math
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
