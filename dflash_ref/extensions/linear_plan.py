@@ -1,6 +1,7 @@
 """Which exact fp32 kernel computes y = x · Wᵀ, (N, d_in) × (d_out, d_in)ᵀ → (N, d_out), fastest on
 the machine at hand: measured once per (d_out, d_in, N) and thread count, at first use, kept for the
-process and stored for the next ones (below). The kernels differ by float rounding only (the order of the d_in-term sums):
+process and stored for the next ones (below). The kernels differ by float rounding only (the order
+of the d_in-term sums):
 
     linear           F.linear(x, W)                          torch's own, the default: always a candidate
     duplicated-row   (W · [x; x]ᵀ)[:, 0]ᵀ                     N = 1: the matrix-matrix kernel, not gemv
@@ -19,9 +20,9 @@ kernel replaces F.linear only when its median and its fastest sample are both at
 F.linear's, and a kernel that needs copies of W only when it beats the others so: ties and noise
 keep torch's own, and memory is spent only where it pays. A plan measured is also written to the
 cache folder, and later processes on the same machine read it instead of measuring again
-(extensions/plan_store.py). DFLASH_REF_LINEAR (or `set_linear_mode`)
-pins the plan: `measured` (the default), `linear` (F.linear everywhere), `rows-first` (duplicated-row
-for one row, rows-first for 2 … 64: the rule this project used before it measured). Tried and left
+(extensions/plan_store.py). DFLASH_REF_LINEAR (or `set_linear_mode`) pins the plan: `measured` (the
+default), `linear` (F.linear everywhere), `rows-first` (duplicated-row for one row, rows-first for
+2 … 64: the rule this project used before it measured). Tried and left
 out: torch.mv (slower on the machines measured); oneDNN's linear (torch.ops.mkldnn._linear_pointwise:
 slower than F.linear at 1 … 8 rows of SmolLM2's shapes on an Intel Xeon); MKL's packed weights
 (torch.ops.mkl._mkl_linear: slower on AMD EPYC; on that Xeon 1.7–2.2× F.linear on the lm_head at 4–8
@@ -82,7 +83,7 @@ COPIES: dict[str, Callable[[torch.Tensor], list[torch.Tensor]]] = {       # W �
 }
 
 _mode: str | None = None                                 # None: read DFLASH_REF_LINEAR at the next product
-_plans: dict[tuple, tuple[str, dict[str, list[float]]]] = {}   # key → (kernel, each candidate's samples)
+_plans: dict[tuple, plan_store.Plan] = {}               # key → (kernel, each candidate's samples)
 _from_store: set[tuple] = set()                          # keys of _plans read from the store, not measured here
 
 
