@@ -1,6 +1,8 @@
 """Shared factories for the tests: tiny random targets and drafts, and their official twins."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -8,6 +10,38 @@ from dflash_ref import DFlashDraftModel, DraftConfig, Qwen3Target, TargetConfig
 from dflash_ref.drafts.random_draft import randomize_  # noqa: F401  (tests import it from here)
 from dflash_ref.bench.timing import one_thread
 from dflash_ref.extensions.linear import use_rows_first
+from dflash_ref.extensions.streamed import cpus_at_hand
+
+# -- on several workers (the README's test command: pytest-xdist, `-n auto --dist loadfile`) ------------
+# Each worker takes whole files, and the CPUs are shared out: two 2-thread processes on a 2-core machine ran
+# 5× slower each, not 2× (OpenMP threads spin waiting for a core), so a worker runs cpus / workers threads,
+# and so do the command-line runs and notebook kernels it starts (OMP_NUM_THREADS, which they inherit).
+MAX_WORKERS = 4     # each may hold SmolLM2 (0.5 GB in fp32) beside a training subprocess
+# Files handed out first, slowest first (`pytest --durations`, 2-core AMD EPYC): a slow file handed out last
+# would leave the other workers idle while it runs. The rest follow in their usual order.
+SLOWEST_FILES = ["test_walkthrough.py", "test_conformance_sampling.py", "test_smollm2.py", "test_training.py",
+                 "test_conformance.py", "test_lossless.py", "test_dflash2.py", "test_hybrid_target.py",
+                 "test_conformance_variants.py", "test_bench.py"]
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: one worker per CPU this process may use, MAX_WORKERS at most."""
+    return max(1, min(cpus_at_hand(), MAX_WORKERS))
+
+
+def pytest_configure(config) -> None:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        threads = max(1, cpus_at_hand() // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """On workers, the slowest files first (the command's --no-loadscope-reorder keeps this order)."""
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST_FILES)))
 
 
 def target_config(**overrides) -> TargetConfig:

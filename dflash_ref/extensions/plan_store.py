@@ -41,9 +41,8 @@ def last_level_cache() -> int:
 @functools.lru_cache(maxsize=1)
 def machine_digest() -> str:
     """16 hex digits naming the machine a plan was measured on (the module's docstring)."""
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    machine = "\n".join([streamed.cpu_identity(), str(last_level_cache()), str(cpus), torch.__version__,
-                         streamed.status()])
+    machine = "\n".join([streamed.cpu_identity(), str(last_level_cache()), str(streamed.cpus_at_hand()),
+                         torch.__version__, streamed.status()])
     return hashlib.sha256(machine.encode()).hexdigest()[:16]
 
 

@@ -67,6 +67,11 @@ def cpu_identity() -> str:
     return "\n".join(sorted({ln for ln in lines if ln.split(":")[0].strip() in CPU_FIELDS}))
 
 
+def cpus_at_hand() -> int:
+    """The CPUs this process may run on (its affinity, not os.cpu_count(): a container counts its host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def library_path(cc: list[str]) -> Path:
     """The library's file: named by a digest of the source, the flags, the compiler and the CPU."""
     digest = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), " ".join(cc), platform.machine(),
