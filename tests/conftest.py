@@ -24,6 +24,7 @@ SLOWEST_FILES = ["test_walkthrough.py", "test_conformance_sampling.py", "test_sm
                  "test_conformance_variants.py", "test_bench.py"]
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: without pytest-xdist the tests still run, in turn
 def pytest_xdist_auto_num_workers(config) -> int:
     """`-n auto`: one worker per CPU this process may use, MAX_WORKERS at most."""
     return max(1, min(cpus_at_hand(), MAX_WORKERS))
