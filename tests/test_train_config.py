@@ -14,10 +14,12 @@ from dflash_ref.__main__ import main
 from dflash_ref.training.arguments import add_train_arguments
 from dflash_ref.training.dflash2_options import DFLASH2_DEFAULTS
 from dflash_ref.training.precision import DTYPE_OPTIONS, choose_dtypes, native_bf16
-from dflash_ref.training.options import CONFIG_NAME, DEFAULTS, TrainOptionError, read_config_file, resolve, save
+from dflash_ref.training.options import (CONFIG_NAME, DEFAULTS, TrainOptionError, fill_target_layers, read_config_file,
+                                         resolve, save)
 
 DRAFTS = Path(__file__).resolve().parents[1] / "dflash_ref" / "drafts"
-RESOLVED = choose_dtypes(DEFAULTS)              # the defaults as a run on this machine takes them (auto dtypes)
+# the defaults as a run on this machine takes them (auto dtypes; as many target layers as draft layers)
+RESOLVED = fill_target_layers(choose_dtypes(dict(DEFAULTS)))
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -42,7 +44,7 @@ def started_run(out: Path, step: int = 10, **options) -> Path:
 def test_defaults_then_config_file_then_command_line(tmp_path):
     config = write(tmp_path / "c.json", {"layers": 4, "block-size": 8, "steps": 100, "full_vocab": True})
     options = resolve(parse("--out", str(tmp_path / "run"), "--config", str(config), "--steps", "7"))
-    assert options == {**RESOLVED, "layers": 4, "block_size": 8, "steps": 7, "full_vocab": True}
+    assert options == {**RESOLVED, "layers": 4, "target_layers": 4, "block_size": 8, "steps": 7, "full_vocab": True}
     assert resolve(parse("--out", str(tmp_path / "run"))) == RESOLVED
     assert not (tmp_path / "run").exists()                          # resolving writes nothing
 
@@ -106,6 +108,7 @@ def test_init_from_a_trained_draft_takes_its_shape(tmp_path):
     options = resolve(parse("--out", str(tmp_path / "run"), "--init", "shipped:dflash2", "--block-size", "4"))
     sizes = {k: shipped["dflash_config"][k] for k in DFLASH2_DEFAULTS}
     assert options == {**RESOLVED, "init": "shipped:dflash2", "version": 2, "layers": shipped["num_hidden_layers"],
+                       "target_layers": len(shipped["dflash_config"]["target_layer_ids"]),
                        "block_size": shipped["block_size"], **sizes}
     copy = tmp_path / "copy"
     copy.mkdir()
@@ -129,6 +132,7 @@ def test_the_options_and_their_init_checks_import_no_torch():
     (["--init", "shipped:dflash2", "--layers", "4", "--selector-rank", "8"],
      "the run asks --layers 4 (the draft has 2), --selector-rank 8 (the draft has 32)"),
     (["--init", "shipped:dflash1", "--version", "2"], "--version 2 (the draft has 1)"),
+    (["--init", "shipped:dflash2", "--target-layers", "4"], "--target-layers 4 (the draft has 2)"),
     (["--init", "shipped:dflash1", "--selector-top-k", "4"], "--selector-top-k 4 (the draft has none)"),
     (["--init", "shipped:dflash3"], "--init shipped:dflash3: no shipped draft of that name"),
     (["--init", "nowhere"], "nowhere: no such folder; --init takes random or target, a draft folder"),
@@ -153,6 +157,7 @@ def test_resume_takes_the_saved_options_and_lets_the_run_grow(tmp_path):
     (["--layers", "2"], "layers (the run has 4, asked 2)"),
     (["--lr", "0.001", "--batch", "4"], "--batch (the run has 8, asked 4); --lr (the run has 0.003, asked 0.001)"),
     (["--no-full-vocab"], "--full-vocab (the run has True, asked False)"),
+    (["--soft-labels", "0.5"], "--soft-labels (the run has 0.0, asked 0.5)"),
     (["--steps", "5"], "is at step 10, past --steps 5"),
 ])
 def test_resume_refuses_a_changed_run(tmp_path, argv, message):
@@ -294,6 +299,9 @@ def test_nothing_to_resume_and_a_run_in_the_way_are_refused(tmp_path):
     (["--replay", "1.5"], "--replay is the share of a batch's sequences replayed, in 0…1, got 1.5"),
     (["--replay", "nan"], "--replay is the share of a batch's sequences replayed, in 0…1, got nan"),
     (["--replay-every", "0"], "--replay-every must be at least 1, got 0"),
+    (["--target-layers", "0"], "--target-layers must be at least 1, got 0"),
+    (["--soft-labels", "-0.1"], "--soft-labels is the soft labels' share α of the loss, in 0…1, got -0.1"),
+    (["--soft-labels", "inf"], "--soft-labels is the soft labels' share α of the loss, in 0…1, got inf"),
     (["--replay-sequences", "0"], "--replay-sequences must be at least 1, got 0"),
     (["--version", "3"], "argument --version: invalid choice: 3"),
     (["--prompt-set", "tables"], "argument --prompt-set: invalid choice: 'tables'"),

@@ -114,8 +114,9 @@ def test_batched_features_equal_one_sequence_at_a_time():
     target, draft = make_pair(4)
     sequences = [_sequence(target, seed=s, new=n) for s, n in [(0, 5), (1, 17), (2, 9), (3, 12), (4, 3)]]
     lines = []
-    batched = target_features_batched(target, sequences, draft.target_layer_ids, batch_size=2, say=lines.append)
-    assert lines[-1] == f"target features: {len(sequences)}/{len(sequences)} sequences"
+    batched, soft = target_features_batched(target, sequences, draft.target_layer_ids, batch_size=2,
+                                            say=lines.append)
+    assert lines[-1] == f"target features: {len(sequences)}/{len(sequences)} sequences" and soft is None
     for tokens, got in zip(sequences, batched):
         expected = target_features(target, tokens, draft.target_layer_ids)
         assert got.shape == expected.shape     # batched matmuls reduce in another order: fp32 rounding only
@@ -378,9 +379,10 @@ def test_train_command_makes_a_dflash2_draft_that_resumes_exactly_loads_back_and
 
 
 def test_train_command_replays_errors_and_trains_one_dflash2_module_resuming_exactly(tmp_path, capsys):
-    """`train --replay` with `--modules selector` (the convolutions stay the identity) stopped and resumed
-    ends with an uninterrupted run's weights, bit for bit: the errors found are in the checkpoint; with
-    `--modules conv` the selector's loss shapes nothing of the draft, and the evaluation proposes by the argmax."""
+    """`train --replay` with `--modules selector` (the convolutions stay the identity) and `--soft-labels`, stopped
+    and resumed, ends with an uninterrupted run's weights, bit for bit: the errors found are in the checkpoint; with
+    `--modules conv` the selector's loss shapes nothing of the draft, and the evaluation proposes by the argmax
+    (that run reads its context from 3 target layers: `--target-layers`)."""
     import importlib.util
     import json
 
@@ -394,8 +396,9 @@ def test_train_command_replays_errors_and_trains_one_dflash2_module_resuming_exa
             "--layers", "1", "--block-size", "4", "--prompts", "3", "--max-new-tokens", "24", "--anchors", "2",
             "--batch", "2", "--save-every", "2", "--eval-prompts", "1", "--eval-styles", "0", "--eval-tokens", "4",
             "--distill-dtype", "fp32", "--figures", str(tmp_path / "figures"), "--replay", "0.5", "--replay-every",
-            "1", "--replay-sequences", "2"]
+            "1", "--replay-sequences", "2", "--soft-labels", "0.5"]
     assert main(["train", "--out", str(run), *tiny, "--modules", "selector", "--steps", "2"]) == 0
+    assert json.loads((run / "train_config.json").read_text())["soft_labels"] == 0.5
     assert main(["train", "--out", str(run), "--resume", "--steps", "4"]) == 0
     for folder in (whole, conv):
         folder.mkdir()
@@ -409,9 +412,13 @@ def test_train_command_replays_errors_and_trains_one_dflash2_module_resuming_exa
     kernel = straight["layers.0.attention_conv.base_kernel"]                      # (2, K, d), still the identity
     assert torch.equal(kernel[:, 0], torch.ones_like(kernel[:, 0])) and not kernel[:, 1:].any()
     assert not straight["layers.0.mlp_conv.kernel_projection.weight"].any()
-    assert main(["train", "--out", str(conv), *tiny, "--modules", "conv", "--steps", "2"]) == 0
+    # and its context from 3 target layers for the 1 draft layer (--target-layers: evenly spaced, as the official rule)
+    assert main(["train", "--out", str(conv), *tiny, "--modules", "conv", "--steps", "2", "--target-layers", "3"]) == 0
     assert json.loads((conv / "eval.json").read_text())["proposals"] == "argmax"
+    assert json.loads((conv / "draft-bf16" / "config.json").read_text())["dflash_config"]["target_layer_ids"] == \
+        [1, 14, 27]
     trained = load_file(str(conv / "draft" / "model.safetensors"))
+    assert trained["fc.weight"].shape == (576, 3 * 576)
     assert trained["layers.0.attention_conv.kernel_projection.weight"].any()       # the convolutions learn
     capsys.readouterr()
 

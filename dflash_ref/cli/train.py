@@ -42,6 +42,7 @@ from ..training.prompt_file import heldout_prompts, style_prompts, training_prom
 from ..training.replay import find_errors, replay_batch
 from ..training.recipe import loss_weights, make_optimizer, sample_anchors, target_features_batched, train_step
 from ..training.sampled_softmax import sampled_vocabulary, training_vocabulary
+from ..training.soft_labels import TOP_K, restrict_to_vocab
 from ..training.state import (batch_generator, read_moments, read_state, replay_errors, resume_optimizer,
                                run_draft, save_state)
 from .folders import make_folder
@@ -140,7 +141,10 @@ def run(args, say=print) -> int:
                          f"tokens + {args.negatives} sampled, fewer than the candidates; lower it or raise --negatives")
     t0 = time.perf_counter()
     data = [(r["prompt_len"], torch.tensor([r["ids"]])) for r in rows]
-    feats = target_features_batched(target, [ids for _, ids in data], draft.target_layer_ids, say=say)
+    feats, soft = target_features_batched(target, [ids for _, ids in data], draft.target_layer_ids, say=say,
+                                          top_k=TOP_K if args.soft_labels else 0)
+    # soft labels (--soft-labels): the target's distribution at every position, over the loss's R
+    carried = [()] * len(data) if soft is None else [(restrict_to_vocab(*top, vocab),) for top in soft]
     say(f"{len(data)} sequences ({sum(ids.shape[1] - n for n, ids in data)} response tokens), loss softmax over "
         f"{'all tokens' if vocab is None else f'{len(vocab)} response tokens + {args.negatives} sampled'}, "
         f"features in {time.perf_counter() - t0:.0f} s")
@@ -162,14 +166,14 @@ def run(args, say=print) -> int:
         replayed = replay_batch(errors, data, args.batch, args.replay, args.anchors, args.block_size, g) \
             if args.replay else []
         picks = torch.randint(len(data), (args.batch - len(replayed),), generator=g).tolist()
-        batch = [(data[i][1], feats[i], anchors) for i, anchors in replayed] + \
+        batch = [(data[i][1], feats[i], anchors, *carried[i]) for i, anchors in replayed] + \
                 [(data[i][1], feats[i], sample_anchors(data[i][0], data[i][1].shape[1], args.block_size,
-                                                       args.anchors, g)) for i in picks]
+                                                       args.anchors, g), *carried[i]) for i in picks]
         ids, log_weight = (None, None) if vocab is None else \
             sampled_vocabulary(vocab, target.config.vocab_size, args.negatives, g)
         losses.append(train_step(draft, target, batch, weights, optimizer, schedule, vocab=ids,
                                  vocab_log_weight=log_weight, bf16=args.train_dtype == "bf16",
-                                 selector_detached=argmax_only))
+                                 selector_detached=argmax_only, soft_weight=args.soft_labels))
         step += 1
         if step % 25 == 0 or step == args.steps:
             recent = losses[-50:]

@@ -34,6 +34,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
                       "argmax in the run's evaluation) or selector (the convolutions stay the identity)",
            choices=CHOICES["modules"])
     option("layers", "draft layers", type=int)
+    option("target-layers", "target layers the draft's context is read from, evenly spaced "
+                            "(build_target_layer_ids; default: as many as --layers, the official drafts' rule)",
+           type=int)
     option("block-size", "block size b", type=int)
     option("gamma", "loss decay γ (default: the paper's for blocks 8, 10, 16; 4 for block 4, ours); "
                     "`--gamma default` undoes a --config's number", type=_gamma)
@@ -69,6 +72,9 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
            type=float)
     option("replay-every", "--replay: steps between two searches for the draft's errors", type=int)
     option("replay-sequences", "--replay: training sequences searched each time", type=int)
+    option("soft-labels", "α: the loss is (1 − α) · cross-entropy on the target's greedy tokens + α · cross-entropy "
+                          "on its top-16 next-token distribution (training/soft_labels.py; 0: off, the paper's)",
+           type=float)
     option("save-every", "steps between checkpoints", type=int)
     option("eval-prompts", "held-out prompts for the final evaluation (of a --heldout-file: up to 12 by default)",
            type=int)

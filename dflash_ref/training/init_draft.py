@@ -2,7 +2,7 @@
 layers (`target`): a folder in the official format, or `shipped:dflash1` / `shipped:dflash2`. That is
 fine-tuning, and the start that on-policy error replay (training/replay.py) was described from.
 
-A draft fixes the run's shape: its version, layers, block size and DFlash 2 sizes are read from its
+A draft fixes the run's shape: its version, layers, target layers, block size and DFlash 2 sizes are read from its
 config.json, and the command line may repeat them but not change them (a draft of 2 layers cannot be
 trained as one of 4). Everything else (data, steps, learning rate, replay) is the run's own. The shape is
 read, and refused, before any model is loaded; config.py (and with it torch) is imported only where --init
@@ -53,7 +53,7 @@ def config_shape(config) -> dict:
     """A DraftConfig → the run options it fixes (a DFlash 1 config's DFlash 2 sizes are None); also what
     state.run_draft holds a resumed checkpoint's draft to."""
     return {"version": config.version, "layers": config.num_hidden_layers, "block_size": config.block_size,
-            **{k: getattr(config, k) for k in DFLASH2_DEFAULTS}}
+            "target_layers": len(config.target_layer_ids), **{k: getattr(config, k) for k in DFLASH2_DEFAULTS}}
 
 
 def take_draft_shape(options: dict, requested: dict) -> dict:

@@ -31,10 +31,12 @@ DEFAULTS = {"version": 1, **dict.fromkeys(DFLASH2_DEFAULTS), "layers": 2, "block
             "distill_dtype": "auto", "train_dtype": "auto", "init": "random", "save_every": 500, "eval_prompts": 12,
             "eval_styles": 12, "eval_tokens": 128, "figures": "figures/training", "seed": 0, "target": "smollm2",
             "prompts_file": None, "heldout_file": None,
-            "modules": "both", "replay": 0.0, "replay_every": 250, "replay_sequences": 64}
+            "modules": "both", "replay": 0.0, "replay_every": 250, "replay_sequences": 64, "soft_labels": 0.0,
+            "target_layers": None}
 FILES = ("prompts_file", "heldout_file")        # None: the prompts written in prompts.py
 PATHS = ("target", *FILES)                      # kept as absolute paths (but the target "smollm2")
-NULLABLE = tuple(DFLASH2_DEFAULTS)               # None: a DFlash 1 run's, or the DFlash 2 default
+# None: a DFlash 1 run's, or the DFlash 2 default; target_layers: as many as --layers (the official rule)
+NULLABLE = (*DFLASH2_DEFAULTS, "target_layers")
 CHOICES = {"version": VERSIONS, "prompt_set": tuple(PROMPT_SETS), "distill_dtype": ("auto", "bf16", "fp32"),
            "train_dtype": ("auto", "bf16", "fp32"), "modules": MODULES}
 # how long the run goes on, how often it saves, how it is evaluated and where its plot goes
@@ -116,6 +118,8 @@ def check_values(options: dict, heldout_prompts: int, training_prompts: int, sty
     for key in ("layers", "steps", "batch", "anchors", "distill_batch", "save_every", "replay_every",
                 "replay_sequences"):
         at_least(key, 1)
+    if options["target_layers"] is not None:
+        at_least("target_layers", 1)
     at_least("eval_tokens", 2)                 # the first token is the prefill's; decode steps start at the second
     at_least("negatives", 0)
     try:
@@ -131,6 +135,9 @@ def check_values(options: dict, heldout_prompts: int, training_prompts: int, sty
     check_seed(options["seed"])
     if not (math.isfinite(options["replay"]) and 0 <= options["replay"] <= 1):
         raise TrainOptionError(f"--replay is the share of a batch's sequences replayed, in 0…1, got {options['replay']}")
+    if not (math.isfinite(options["soft_labels"]) and 0 <= options["soft_labels"] <= 1):
+        raise TrainOptionError(f"--soft-labels is the soft labels' share α of the loss, in 0…1, got "
+                               f"{options['soft_labels']}")
     if not (math.isfinite(options["lr"]) and options["lr"] > 0):
         raise TrainOptionError(f"--lr must be a positive number, got {options['lr']}")
     if options["gamma"] is not None and not (math.isfinite(options["gamma"]) and options["gamma"] > 0):
@@ -177,7 +184,8 @@ def resolve(args: argparse.Namespace) -> dict:
             options = take_draft_shape({**DEFAULTS, **requested}, requested)
         except InitDraftError as e:
             raise TrainOptionError(str(e)) from None
-        return fill_dflash2(file_counts(choose_dtypes(options), requested, False, DEFAULTS["eval_prompts"]))
+        return fill_target_layers(fill_dflash2(file_counts(choose_dtypes(options), requested, False,
+                                                           DEFAULTS["eval_prompts"])))
     if not state.is_file():
         raise TrainOptionError(f"--resume: {out} holds no training run to continue (no {state.name}); "
                                f"leave out --resume to start one")
@@ -195,9 +203,18 @@ def resolve(args: argparse.Namespace) -> dict:
         raise TrainOptionError(f"--resume: {out} was started with other options: {'; '.join(changed)}. A resumed "
                                f"run may change only {[flag(k) for k in sorted(RESUME_MAY_CHANGE)]}; choose "
                                f"another --out for a new run")
-    options = fill_dflash2(file_counts(choose_dtypes({**run, **requested}), requested, True, DEFAULTS["eval_prompts"]))
+    options = fill_target_layers(fill_dflash2(file_counts(choose_dtypes({**run, **requested}), requested, True,
+                                                          DEFAULTS["eval_prompts"])))
     if options["steps"] < step:
         raise TrainOptionError(f"--resume: {out} is at step {step}, past --steps {options['steps']}")
+    return options
+
+
+def fill_target_layers(options: dict) -> dict:
+    """--target-layers not given (null, or a run from before the option) → as many as --layers: the official
+    layer sampling, one target layer per draft layer (layer_sampling.py)."""
+    if options["target_layers"] is None:
+        options["target_layers"] = options["layers"]
     return options
 
 

@@ -46,8 +46,9 @@ from torch.nn import functional as F
 
 from ..attention import position_rule
 from ..layer_sampling import extract_context_feature
-from .sampled_softmax import with_log_weight
+from .sampled_softmax import positions_in, with_log_weight
 from .selector_loss import selector_loss
+from .soft_labels import SoftTargets, block_soft_targets, soft_label_loss, top_k_distribution
 
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -107,31 +108,43 @@ def block_masks(draft, anchors: torch.Tensor, block_size: int, position_ids: tor
 
 def target_features(target, token_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
     """(1, T) → the sampled layers' features (1, T, k·d), without gradient (the target is frozen)."""
-    with torch.no_grad():
-        out = target(token_ids, output_hidden_states=True, logits_to_keep=1)   # the logits are not needed
-    return extract_context_feature(out.hidden_states, layer_ids)
+    return target_pass(target, token_ids, layer_ids)[0]
 
 
-def target_features_batched(target, sequences: list[torch.Tensor], layer_ids: list[int],
-                            batch_size: int = 16, say=None) -> list[torch.Tensor]:
-    """target_features for many (1, T_i) sequences, `batch_size` at a time: sorted by length and
-    right-padded, which changes nothing before the padding (causal attention) → [(1, T_i, k·d)].
-    `say`, if given, gets a progress line about every 10 % of the sequences."""
+def target_pass(target, token_ids: torch.Tensor, layer_ids: list[int], top_k: int = 0):
+    """(n, T) → the sampled layers' features (n, T, k·d) and, with top_k > 0, the target's top-k next-token
+    distribution at every position (ids, probabilities (n, T, top_k): soft_labels.py), else None."""
+    with torch.no_grad():      # without top_k the logits are not needed: the last position's only
+        out = target(token_ids, output_hidden_states=True, logits_to_keep=0 if top_k else 1)
+    features = extract_context_feature(out.hidden_states, layer_ids)
+    return features, (top_k_distribution(out.logits, top_k) if top_k else None)
+
+
+def target_features_batched(target, sequences: list[torch.Tensor], layer_ids: list[int], batch_size: int = 16,
+                            say=None, top_k: int = 0) -> tuple[list[torch.Tensor], list[SoftTargets] | None]:
+    """target_pass for many (1, T_i) sequences, `batch_size` at a time: sorted by length and right-padded,
+    which changes nothing before the padding (causal attention) → [(1, T_i, k·d)] and, with top_k > 0,
+    [SoftTargets (T_i, top_k)] (the target's whole distribution, not yet restricted: soft_labels.py), else
+    None. `say`, if given, gets a progress line about every 10 % of the sequences."""
     order = sorted(range(len(sequences)), key=lambda i: sequences[i].shape[1])
     out: list[torch.Tensor | None] = [None] * len(sequences)
+    soft: list[SoftTargets | None] = [None] * len(sequences)
     for start in range(0, len(order), batch_size):
         group = order[start:start + batch_size]
         width = max(sequences[i].shape[1] for i in group)
         padded = torch.zeros(len(group), width, dtype=torch.long)               # (n, T_max), pad id 0
         for row, i in enumerate(group):
             padded[row, :sequences[i].shape[1]] = sequences[i][0]
-        features = target_features(target, padded.to(target.device), layer_ids)  # (n, T_max, k·d)
+        features, top = target_pass(target, padded.to(target.device), layer_ids, top_k)   # (n, T_max, k·d)
         for row, i in enumerate(group):
-            out[i] = features[row:row + 1, :sequences[i].shape[1]].clone()
+            length = sequences[i].shape[1]
+            out[i] = features[row:row + 1, :length].clone()
+            if top is not None:                                                  # (n, T_max, top_k) each
+                soft[i] = SoftTargets(top[0][row, :length].clone(), top[1][row, :length].clone())
         group_number, groups = start // batch_size + 1, math.ceil(len(order) / batch_size)
         if say is not None and (group_number == groups or group_number % math.ceil(groups / 10) == 0):
             say(f"target features: {start + len(group)}/{len(order)} sequences")
-    return out
+    return out, (soft if top_k else None)
 
 
 def training_hidden(draft, target, token_ids: torch.Tensor, features: torch.Tensor,
@@ -160,9 +173,7 @@ def output_logits(draft, target, hidden: torch.Tensor, labels: torch.Tensor, voc
     be among the ids). `vocab_rows` (V', d) = the lm_head's rows of `vocab`, if already gathered."""
     if vocab is None:  # the frozen lm_head, detached: backward computes no gradient for its V × d matrix
         return draft.compute_logits(hidden, lambda h: F.linear(h, target.output_weight().detach())), labels
-    position_in_vocab = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
-    position_in_vocab[vocab] = torch.arange(len(vocab))
-    labels = position_in_vocab[labels]
+    labels = positions_in(vocab, labels)
     if (labels < 0).any():
         raise ValueError("a label is not in the training vocabulary; build it from every response trained on")
     if vocab_rows is None:
@@ -206,25 +217,34 @@ def make_optimizer(draft, lr: float, total_steps: int, warmup_steps: int, weight
 
 def train_step(draft, target, batch, weights: torch.Tensor, optimizer, schedule, max_grad_norm: float = 1.0,
                vocab: torch.Tensor | None = None, vocab_log_weight: torch.Tensor | None = None,
-               bf16: bool = False, selector_detached: bool = False) -> float:
-    """One optimiser step on a batch of (token_ids (1, T), features (1, T, k·d), anchors (m,)),
+               bf16: bool = False, selector_detached: bool = False, soft_weight: float = 0.0) -> float:
+    """One optimiser step on a batch of (token_ids (1, T), features (1, T, k·d), anchors (m,)[, soft]),
     the loss averaged over its sequences (each backpropagated alone: memory stays one sequence's).
 
     bf16=True runs the forward under autocast (matrix products in bf16, 2–2.5× faster where the CPU
     has bf16 instructions; weights, gradients and AdamW stay fp32, the CE is taken in fp32 on the
     bf16 logits): mixed precision. selector_detached=True takes a DFlash 2 selector's loss on the
-    draft's detached hidden and logits (`train --modules conv`: dflash2_modules.py)."""
+    draft's detached hidden and logits (`train --modules conv`: dflash2_modules.py). soft_weight α > 0
+    mixes in the soft labels each item then carries as SoftTargets (restricted to the loss's R):
+    (1 − α) L_hard + α L_soft (soft_labels.py)."""
     draft.train()
     optimizer.zero_grad(set_to_none=True)
     rows = None if vocab is None else target.output_weight()[vocab.to(target.device)]   # (V', d), once
     if rows is not None and bf16:
         rows = rows.to(torch.bfloat16)            # cast once, not once per sequence by autocast
     total = 0.0
-    for token_ids, features, anchors in batch:
+    for token_ids, features, anchors, *soft in batch:
         with torch.autocast(features.device.type, dtype=torch.bfloat16, enabled=bf16):
             hidden, tokens = training_hidden(draft, target, token_ids, features, anchors)
             logits, labels = output_logits(draft, target, hidden, tokens, vocab, rows)
-        loss = dflash_loss(with_log_weight(logits, vocab_log_weight), labels, weights)
+        weighted = with_log_weight(logits, vocab_log_weight)
+        loss = dflash_loss(weighted, labels, weights)
+        if soft_weight:
+            if not soft:
+                raise ValueError("soft_weight > 0 needs every batch item's SoftTargets (soft_labels.py)")
+            soft_ids, soft_probs = block_soft_targets(soft[0], anchors, draft.block_size)   # (m, b − 1, K) each
+            loss = (1 - soft_weight) * loss + soft_weight * soft_label_loss(weighted, soft_ids, soft_probs,
+                                                                            weights, vocab)
         if draft.candidate_selector is not None:                  # DFlash 2: and its selector (selector_loss.py)
             previous = token_ids[0, anchors[:, None] + torch.arange(draft.block_size - 1)[None]]   # (m, b − 1)
             inputs = (hidden.detach(), logits.detach()) if selector_detached else (hidden, logits)

@@ -36,3 +36,11 @@ def with_log_weight(logits: torch.Tensor, vocab_log_weight: torch.Tensor | None)
     if vocab_log_weight is None:
         return logits
     return logits.float() + vocab_log_weight.to(logits.device, torch.float32)
+
+
+def positions_in(vocab: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Where each of `ids` (any shape) lies in `vocab` (V',), −1 for an id not in it."""
+    size = int(torch.cat([vocab, ids.reshape(-1)]).max()) + 1
+    position_in_vocab = torch.full((size,), -1, dtype=torch.long)
+    position_in_vocab[vocab] = torch.arange(len(vocab))
+    return position_in_vocab[ids]

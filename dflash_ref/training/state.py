@@ -29,6 +29,7 @@ from ..drafts.checkpoint import load_draft, save_draft
 from ..drafts.from_target import init_from_target
 from ..drafts.random_draft import identity_convolutions_, random_draft
 from ..extensions.draft_vocab import FILE as DRAFT_VOCAB_FILE
+from ..layer_sampling import build_target_layer_ids
 from ..target.checkpoint import CheckpointError
 from .dflash2_modules import freeze_convolutions_
 from .dflash2_options import draft_fields
@@ -164,6 +165,11 @@ def run_draft(out: Path, args, chat):
                          f"{target.config.num_hidden_layers}")
     fields = draft_fields(vars(args))
     sizes = "".join(f" --{k.replace('_', '-')} {v}" for k, v in fields.items())      # DFlash 2's, if any
+    distinct = target.config.num_hidden_layers - 3        # ids 1 … L − 3 (layer_sampling.py), for more than one
+    if args.target_layers > max(distinct, 1):
+        raise SystemExit(f"--target-layers {args.target_layers}: {chat.label}'s {target.config.num_hidden_layers} "
+                         f"layers give at most {max(distinct, 1)} distinct evenly spaced ones")
+    fields["target_layer_ids"] = build_target_layer_ids(target.config.num_hidden_layers, args.target_layers)
     try:      # e.g. more layers than the target has, or a DFlash 2 size its widths refuse (config.py)
         draft = random_draft(target, args.layers, args.block_size, chat.mask_token_id, args.seed, **fields)
     except ValueError as e:
