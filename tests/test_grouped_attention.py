@@ -6,9 +6,11 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 
-from dflash_ref.target.grouped_attention import GROUPED, UnsupportedAttention, grouped_attention, register
+from dflash_ref.target.grouped_attention import (GROUPED, SDPA_GROUPED, UnsupportedAttention, grouped_attention,
+                                                 register, sdpa_grouped_attention, use_sdpa_grouped)
 
 transformers = pytest.importorskip("transformers")
+from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
 from transformers.models.llama.modeling_llama import eager_attention_forward  # noqa: E402
 
 
@@ -110,3 +112,60 @@ def test_batched_left_padded_greedy_generation_equals_eagers():
     assert register() == GROUPED                                  # again: idempotent
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
     assert ALL_ATTENTION_FUNCTIONS[GROUPED] is grouped_attention
+
+
+@settings(max_examples=40, deadline=None)
+@given(groups=st.integers(1, 3), per_group=st.integers(1, 4), n=st.integers(1, 9), past=st.integers(0, 40),
+       mask=st.sampled_from(["none", "float", "bool"]), seed=st.integers(0, 2**16))
+def test_sdpa_grouped_gives_transformers_sdpa_bit_for_bit(groups, per_group, n, past, mask, seed):
+    """SDPA_GROUPED: a masked call reads the key/value heads in place (enable_gqa) where transformers repeats
+    them; the same kernel on the same numbers, so the outputs are equal bit for bit (a verify block after the
+    cache is such a call), and an unmasked call is transformers' own."""
+    g = torch.Generator().manual_seed(seed)
+    heads, length, d = groups * per_group, past + n, 64
+    query = torch.randn(1, n, heads, d, generator=g).transpose(1, 2)            # (B, H, n, d)
+    key, value = torch.randn(2, 1, groups, length, d, generator=g)
+    attend = torch.ones(n, length, dtype=torch.bool).tril(past)[None, None]        # (1, 1, n, L): causal block
+    attention_mask = {"none": None, "bool": attend,
+                      "float": torch.zeros(attend.shape).masked_fill(~attend, torch.finfo(torch.float32).min)}[mask]
+    module = Module(per_group).eval()
+    out, weights = sdpa_grouped_attention(module, query, key, value, attention_mask, scaling=d ** -0.5)
+    want, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=d ** -0.5)
+    assert weights is None and out.shape == (1, n, heads, d) and out.is_contiguous()
+    assert torch.equal(out, want)
+
+
+def test_sdpa_grouped_leaves_what_it_does_not_do_to_transformers():
+    """A keyword beyond plain attention (here a position bias) goes to transformers' sdpa as it is."""
+    module, g = Module(2), torch.Generator().manual_seed(0)
+    query, key = torch.randn(1, 4, 3, 8, generator=g), torch.randn(1, 2, 5, 8, generator=g)
+    mask = torch.ones(3, 5, dtype=torch.bool).tril(2)[None, None]
+    bias = torch.randn(1, 4, 3, 5, generator=g)
+    out, _ = sdpa_grouped_attention(module, query, key, key, mask, scaling=0.3, position_bias=bias)
+    want, _ = sdpa_attention_forward(module, query, key, key, mask, scaling=0.3, position_bias=bias)
+    assert torch.equal(out, want)
+
+
+def test_hf_target_switches_an_sdpa_model_and_verifies_bit_for_bit():
+    """HFTarget puts a model on "sdpa" on SDPA_GROUPED (an eager one stays eager): a verify block of 4 after
+    the cache gives the same logits and hidden states as transformers' sdpa, bit for bit."""
+    from dflash_ref.target.hf import HFTarget
+    config = transformers.LlamaConfig(vocab_size=64, hidden_size=48, intermediate_size=96, num_hidden_layers=3,
+                                      num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    model.set_attn_implementation("sdpa")
+    target = HFTarget(model)
+    assert model.config._attn_implementation == SDPA_GROUPED
+    ids = torch.randint(0, 64, (1, 20), generator=torch.Generator().manual_seed(1))
+    outputs = {}
+    for attention in ("sdpa", SDPA_GROUPED):
+        model.set_attn_implementation(attention)
+        cache = target.make_cache()
+        with torch.no_grad():
+            target(ids[:, :16], past_key_values=cache)
+            outputs[attention] = target(ids[:, 16:], past_key_values=cache, output_hidden_states=True)
+    assert torch.equal(outputs["sdpa"].logits, outputs[SDPA_GROUPED].logits)
+    assert all(torch.equal(a, b) for a, b in zip(outputs["sdpa"].hidden_states, outputs[SDPA_GROUPED].hidden_states))
+    model.set_attn_implementation("eager")
+    assert not use_sdpa_grouped(model) and model.config._attn_implementation == "eager"

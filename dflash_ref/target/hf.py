@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..extensions.linear import linear_product, use_rows_first
+from .grouped_attention import use_sdpa_grouped
 from .hf_guard import check_rollback
 from .hf_hybrid import ReplayCache, replayable
 from .qwen3 import TargetOutput
@@ -62,6 +63,7 @@ class HFTarget(nn.Module):
         self.config = config
         if rows_first:
             use_rows_first(model)
+        use_sdpa_grouped(model)     # "sdpa" without copying the cache's key/value heads: the same numbers
 
     @property
     def device(self) -> torch.device:
