@@ -322,7 +322,8 @@ def test_training_pass_and_selector_equal_the_inference_draft_and_selector():
     """The training pass (m blocks side by side, each convolution restarted at its block) and the
     teacher-forced selector against the inference draft on each block alone and its selector walked
     along the true tokens (K = V: every true token is a candidate, so the path can follow them)."""
-    from dflash_ref.training.recipe import output_logits, target_features, training_hidden
+    from dflash_ref.training.features import target_features
+    from dflash_ref.training.recipe import output_logits, training_hidden
     target, draft = make_pair(4, draft_overrides=dflash2(kernel=3, top_k=12))
     tokens = _sequence(target)
     features = target_features(target, tokens, draft.target_layer_ids)
@@ -368,7 +369,7 @@ def test_teacher_forced_acceptance_of_a_dflash2_draft_follows_its_greedy_path():
 
 
 def target_features_of(target, draft, tokens):
-    from dflash_ref.training.recipe import target_features
+    from dflash_ref.training.features import target_features
     return target_features(target, tokens, draft.target_layer_ids)
 
 
@@ -386,7 +387,8 @@ def test_the_selector_loss_by_hand():
 
 
 def test_a_tiny_dflash2_training_run_lowers_both_losses_and_trains_every_weight():
-    from dflash_ref.training.recipe import loss_weights, make_optimizer, target_features, train_step
+    from dflash_ref.training.features import target_features
+    from dflash_ref.training.recipe import loss_weights, make_optimizer, train_step
     target, draft = make_pair(5, draft_overrides=dflash2(kernel=2, top_k=3))
     sequences = [_sequence(target, 24, seed) for seed in range(3)]
     batch = [(t, target_features(target, t, draft.target_layer_ids), torch.arange(4, 20, 3)) for t in sequences]

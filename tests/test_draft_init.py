@@ -8,7 +8,7 @@ from conftest import assert_close, make_pair
 from einops import rearrange
 
 from dflash_ref.drafts.from_target import init_from_target
-from dflash_ref.training.recipe import target_features
+from dflash_ref.training.features import target_features
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 

@@ -7,7 +7,7 @@ import torch
 from conftest import make_pair
 
 from dflash_ref import generate, spec_generate
-from dflash_ref.training.recipe import target_features
+from dflash_ref.training.features import target_features
 from dflash_ref.training.replay import replay_batch, sequence_errors, visited_errors
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")

@@ -9,8 +9,8 @@ import torch
 from conftest import make_pair
 
 from dflash_ref import generate
-from dflash_ref.training.recipe import (dflash_loss, loss_weights, make_optimizer, target_features,
-                                        target_features_batched, train_step, training_logits)
+from dflash_ref.training.features import target_features, target_features_batched
+from dflash_ref.training.recipe import dflash_loss, loss_weights, make_optimizer, train_step, training_logits
 from dflash_ref.training.sampled_softmax import positions_in, sampled_vocabulary
 from dflash_ref.training.soft_labels import (SoftTargets, block_soft_targets, restrict_to_vocab, soft_label_loss,
                                              top_k_distribution)

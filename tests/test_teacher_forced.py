@@ -8,7 +8,8 @@ from conftest import make_pair
 
 from dflash_ref import generate
 from dflash_ref.training.teacher_forced import CONFIDENCE_EDGES, teacher_forced
-from dflash_ref.training.recipe import loss_weights, make_optimizer, sample_anchors, target_features, train_step
+from dflash_ref.training.features import target_features
+from dflash_ref.training.recipe import loss_weights, make_optimizer, sample_anchors, train_step
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 

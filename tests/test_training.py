@@ -8,9 +8,9 @@ import torch
 from conftest import make_pair
 
 from dflash_ref import generate, spec_generate
+from dflash_ref.training.features import target_features, target_features_batched
 from dflash_ref.training.recipe import (block_mask, dflash_loss, loss_weights, make_optimizer, sample_anchors,
-                                        target_features, target_features_batched, train_step, training_logits,
-                                        warmup_cosine)
+                                        train_step, training_logits, warmup_cosine)
 from dflash_ref.training.sampled_softmax import sampled_vocabulary, training_vocabulary
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")

@@ -40,7 +40,8 @@ from ..training.dflash2_options import target_widths
 from ..training.heldout_styles import heldout_styles
 from ..training.prompt_file import heldout_prompts, style_prompts, training_prompts
 from ..training.replay import find_errors, replay_batch
-from ..training.recipe import loss_weights, make_optimizer, sample_anchors, target_features_batched, train_step
+from ..training.features import target_features_batched
+from ..training.recipe import loss_weights, make_optimizer, sample_anchors, train_step
 from ..training.sampled_softmax import sampled_vocabulary, training_vocabulary
 from ..training.soft_labels import TOP_K, restrict_to_vocab
 from ..training.state import (batch_generator, read_moments, read_state, replay_errors, resume_optimizer,

@@ -1,7 +1,7 @@
 """Training a DFlash draft: the paper's recipe (arXiv 2602.06036), every choice in one module.
 
 Data: a sequence x_0 … x_{T−1} (prompt + the target's own response) and the target's features
-target_hidden (T, k·d) of the sampled layers at every position (computed once, no gradient).
+target_hidden (T, k·d) of the sampled layers at every position (computed once, no gradient: features.py).
 
     anchors   m positions a_j in the response, a_j + b − 1 ≤ T − 1, resampled at every step
     block j   [x_{a_j}, mask, …, mask] at positions a_j … a_j + b − 1; labels x_{a_j+1} … x_{a_j+b−1}
@@ -45,10 +45,9 @@ import torch
 from torch.nn import functional as F
 
 from ..attention import position_rule
-from ..layer_sampling import extract_context_feature
 from .sampled_softmax import positions_in, with_log_weight
 from .selector_loss import selector_loss
-from .soft_labels import SoftTargets, block_soft_targets, soft_label_loss, top_k_distribution
+from .soft_labels import block_soft_targets, soft_label_loss
 
 PAPER_GAMMA = {16: 7.0, 10: 5.0, 8: 4.0}
 
@@ -104,47 +103,6 @@ def block_masks(draft, anchors: torch.Tensor, block_size: int, position_ids: tor
     if all(rule is None for rule in rules):                                  # the official drafts: non-causal, full
         return mask
     return [mask if rule is None else mask & rule for rule in rules]
-
-
-def target_features(target, token_ids: torch.Tensor, layer_ids: list[int]) -> torch.Tensor:
-    """(1, T) → the sampled layers' features (1, T, k·d), without gradient (the target is frozen)."""
-    return target_pass(target, token_ids, layer_ids)[0]
-
-
-def target_pass(target, token_ids: torch.Tensor, layer_ids: list[int], top_k: int = 0):
-    """(n, T) → the sampled layers' features (n, T, k·d) and, with top_k > 0, the target's top-k next-token
-    distribution at every position (ids, probabilities (n, T, top_k): soft_labels.py), else None."""
-    with torch.no_grad():      # without top_k the logits are not needed: the last position's only
-        out = target(token_ids, output_hidden_states=True, logits_to_keep=0 if top_k else 1)
-    features = extract_context_feature(out.hidden_states, layer_ids)
-    return features, (top_k_distribution(out.logits, top_k) if top_k else None)
-
-
-def target_features_batched(target, sequences: list[torch.Tensor], layer_ids: list[int], batch_size: int = 16,
-                            say=None, top_k: int = 0) -> tuple[list[torch.Tensor], list[SoftTargets] | None]:
-    """target_pass for many (1, T_i) sequences, `batch_size` at a time: sorted by length and right-padded,
-    which changes nothing before the padding (causal attention) → [(1, T_i, k·d)] and, with top_k > 0,
-    [SoftTargets (T_i, top_k)] (the target's whole distribution, not yet restricted: soft_labels.py), else
-    None. `say`, if given, gets a progress line about every 10 % of the sequences."""
-    order = sorted(range(len(sequences)), key=lambda i: sequences[i].shape[1])
-    out: list[torch.Tensor | None] = [None] * len(sequences)
-    soft: list[SoftTargets | None] = [None] * len(sequences)
-    for start in range(0, len(order), batch_size):
-        group = order[start:start + batch_size]
-        width = max(sequences[i].shape[1] for i in group)
-        padded = torch.zeros(len(group), width, dtype=torch.long)               # (n, T_max), pad id 0
-        for row, i in enumerate(group):
-            padded[row, :sequences[i].shape[1]] = sequences[i][0]
-        features, top = target_pass(target, padded.to(target.device), layer_ids, top_k)   # (n, T_max, k·d)
-        for row, i in enumerate(group):
-            length = sequences[i].shape[1]
-            out[i] = features[row:row + 1, :length].clone()
-            if top is not None:                                                  # (n, T_max, top_k) each
-                soft[i] = SoftTargets(top[0][row, :length].clone(), top[1][row, :length].clone())
-        group_number, groups = start // batch_size + 1, math.ceil(len(order) / batch_size)
-        if say is not None and (group_number == groups or group_number % math.ceil(groups / 10) == 0):
-            say(f"target features: {start + len(group)}/{len(order)} sequences")
-    return out, (soft if top_k else None)
 
 
 def training_hidden(draft, target, token_ids: torch.Tensor, features: torch.Tensor,

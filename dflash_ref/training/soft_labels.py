@@ -4,7 +4,7 @@ applies it to drafts, arXiv 2310.08461). A departure from the paper's recipe, wh
 hard tokens alone; an option, measured in figures/training/README.md.
 
     q_p        = softmax(z^target_p), the target's distribution of token p + 1 after x_0 … x_p, kept as
-                 its top K (ids, probabilities) from the feature pass (the same fp32 forward)
+                 its top K (ids, probabilities) from the feature pass (features.py: the same fp32 forward)
     q̃_p        = q_p restricted to the training vocabulary R and renormalised (the draft proposes
                  among R only: extensions/draft_vocab.py; the loss's softmax holds R anyway)
     L_soft     = Σ_j Σ_{k=1}^{b−1} w_k · Σ_v q̃_{a_j+k−1}(v) · (−log p_{j,k}(v)) / (m · Σ_k w_k)
