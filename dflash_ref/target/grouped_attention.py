@@ -43,12 +43,18 @@ class UnsupportedAttention(NotImplementedError):
     """A model's attention has a part grouped_attention does not compute (named): use its own."""
 
 
+def beyond_plain(module, kwargs: dict) -> list[str]:
+    """What a call asks beyond plain attention: its keywords outside SAFE_KEYWORDS that are not None, and the
+    module's attention sinks."""
+    return [name for name, v in kwargs.items() if v is not None and name not in SAFE_KEYWORDS] + \
+        (["sinks"] if getattr(module, "sinks", None) is not None else [])
+
+
 def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
     """transformers' attention interface: query (B, H, n, d), key (B, G, L, d), value (B, G, L, d_v), an additive
     float or a boolean (True: attend) mask broadcastable to (B, 1, n, L) → ((B, n, H, d_v), p (B, H, n, L))."""
-    unsupported = [name for name, v in kwargs.items() if v is not None and name not in SAFE_KEYWORDS] + \
-        (["sinks"] if getattr(module, "sinks", None) is not None else [])
+    unsupported = beyond_plain(module, kwargs)
     if unsupported:
         raise UnsupportedAttention(f"{GROUPED} attention has no {', '.join(sorted(set(unsupported)))} "
                                    f"({type(module).__name__}): use the model's own attention implementation")
@@ -82,9 +88,7 @@ def sdpa_grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
-    plain = all(v is None or name in SAFE_KEYWORDS for name, v in kwargs.items() if name != "is_causal") \
-        and getattr(module, "sinks", None) is None
-    if attention_mask is None or groups == 1 or not plain or not query.is_cpu \
+    if attention_mask is None or groups == 1 or beyond_plain(module, kwargs) or not query.is_cpu \
             or key.shape[-1] != value.shape[-1] or query.shape[1] != key.shape[1] * groups:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)

@@ -26,7 +26,7 @@ from torch.nn import functional as F
 
 from .sampled_softmax import positions_in
 
-TOP_K = 16          # of SmolLM2's next-token distributions on its own responses, the top 16 hold most of the mass
+TOP_K = 16          # the soft label's support: the target's 16 likeliest next tokens (the rest is left out)
 
 
 class SoftTargets(NamedTuple):
