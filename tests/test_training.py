@@ -667,9 +667,10 @@ def test_a_nan_loss_in_state_json_is_named_by_its_index(tmp_path):
 
 
 def test_train_command_refuses_a_resume_or_init_that_cannot_work_before_distilling(tmp_path):
-    """A state.json alone (no draft, no moments) and --init target with more layers than SmolLM2's 30
-    are refused once SmolLM2 is loaded, before any response is distilled (they used to be found only
-    after distilling every prompt, the second as a raw traceback)."""
+    """A state.json alone (no draft, no moments), --init target with more layers than SmolLM2's 30 and more
+    --target-layers than it has distinct evenly spaced ones are refused once SmolLM2 is loaded, before any
+    response is distilled (the first two used to be found only after distilling every prompt, the second as a
+    raw traceback)."""
     import importlib.util
 
     from dflash_ref.__main__ import main
@@ -684,4 +685,7 @@ def test_train_command_refuses_a_resume_or_init_that_cannot_work_before_distilli
     deep = tmp_path / "deep"
     with pytest.raises(SystemExit, match="copies the target's last --layers 31 layers, but SmolLM2 has 30"):
         main(["train", "--out", str(deep), "--init", "target", "--layers", "31"] + common)
-    assert not (only_state / "data.jsonl").exists() and not (deep / "data.jsonl").exists()
+    wide = tmp_path / "wide"          # evenly spaced ids 1 … 27: at most 27 distinct target layers
+    with pytest.raises(SystemExit, match="--target-layers 28: SmolLM2's 30 layers give at most 27 distinct"):
+        main(["train", "--out", str(wide), "--target-layers", "28"] + common)
+    assert not any((d / "data.jsonl").exists() for d in (only_state, deep, wide))
