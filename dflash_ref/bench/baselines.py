@@ -27,6 +27,7 @@ from ..decoding import generate, spec_generate
 from ..drafts.folder import SHIPPED_DFLASH1, open_draft
 from ..drafts.random_draft import random_smollm2_draft
 from ..extensions.linear_plan import linear_mode_as, plans
+from ..target.grouped_attention import SDPA_GROUPED
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
 from ..training.prompt_sets import split_prompts
 from .suite import _draft_pass
@@ -49,10 +50,14 @@ def official_timer():
 
 
 def transformers_twin(model):
-    """The same transformers model as transformers makes it (plain nn.Linear layers: HFTarget switched
-    the original's), on the original's very weight tensors and buffers: no copy of the weights."""
+    """The same transformers model as transformers makes it (plain nn.Linear layers and sdpa attention:
+    HFTarget switched the original's), on the original's very weight tensors and buffers: no copy of the
+    weights. Its config is a copy, so that the original keeps its own attention."""
+    config = copy.deepcopy(model.config)
+    if config._attn_implementation == SDPA_GROUPED:
+        config._attn_implementation = "sdpa"
     with torch.device("meta"):
-        twin = type(model)(model.config)
+        twin = type(model)(config)
     tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
     for name, tensor in tensors:                                            # a tied weight: one tensor, two names
         module, _, leaf = name.rpartition(".")
