@@ -146,7 +146,10 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
             block_ids[:, 1:], draft_probs, candidates = _propose(draft, hidden, draft_logits, block_ids[:, 0],
                                                                  temperature, top_p, top_k, verifier)
         proposals = block_ids[0, 1:].tolist()                                 # d_1..d_γ, every one drafted
-        block_ids, draft_probs = gate_block(verify_gate, block_ids, draft_logits, draft_probs)  # (1, L)
+        if verify_gate is not None and draft_size > 2:                        # (1, L): the gate's cut
+            block_ids, draft_probs, candidates = gate_block(verify_gate, block_ids, draft_logits, draft_probs,
+                                                            candidates, getattr(draft, "candidate_selector", None),
+                                                            hidden)
 
         # 3. verify: one target pass over [x_0, d_1, …]
         verify_size = block_ids.shape[1]                                      # L
@@ -184,8 +187,6 @@ def _check_arguments(draft, target, input_ids, max_new_tokens, stop_token_ids, t
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {VERIFIERS}")
     check_gate(verify_gate)
-    if verify_gate is not None and getattr(draft, "candidate_selector", None) is not None:
-        raise ValueError("verify_gate is not implemented for DFlash 2 drafts (their q is over candidates)")
     block_size = draft.block_size if block_size is None else block_size
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be an integer ≥ 1, got {block_size!r}")

@@ -214,10 +214,12 @@ def test_greedy_dflash2_is_lossless(seed):
                        generate(target, prompt, max_new).output_ids)
 
 
-@pytest.mark.parametrize("top_k", [2, 4])
-def test_sampled_dflash2_has_the_targets_distribution(top_k):
+@pytest.mark.parametrize("top_k, gate", [(2, None), (4, None), (4, 0.4)])
+def test_sampled_dflash2_has_the_targets_distribution(top_k, gate):
     """The first 3 sampled tokens (V = 4, T = 1.5) against their exact probabilities under the target,
-    enumerated in float64, by a chi-square test: with K < V (q zero on two tokens) and K = V."""
+    enumerated in float64, by a chi-square test: with K < V (q zero on two tokens) and K = V, and with the
+    verify gate (extensions/verify_gate.py), which reads c_2 from q_2 given the drawn d_1: it must both cut
+    blocks to [x_0, d_1] and let whole ones through."""
     import itertools
 
     from dflash_ref.conformance.exact import _next_probs
@@ -229,13 +231,44 @@ def test_sampled_dflash2_has_the_targets_distribution(top_k):
     with torch.inference_mode():
         exact = np.array([np.prod([float(_next_probs(target, prompt + list(seq[:i]), t)[-1, tok])
                                    for i, tok in enumerate(seq)]) for seq in sequences])
-        counts = dict.fromkeys(sequences, 0)
+        counts, cut = dict.fromkeys(sequences, 0), []
         for seed in range(1500):
             torch.manual_seed(seed)
-            out = spec_generate(draft, target, torch.tensor([prompt]), 4, temperature=t)
+            out = spec_generate(draft, target, torch.tensor([prompt]), 4, temperature=t, verify_gate=gate,
+                                on_step=lambda r: cut.append(r.verify_size < len(r.q_position_ids))
+                                if len(r.q_position_ids) > 2 else None)         # blocks the gate may cut
             counts[tuple(out.output_ids[0, 3:6].tolist())] += 1
     _, _, p_value = chi_square(np.array([counts[s] for s in sequences], float), exact * 1500)
     assert p_value > 1e-3, p_value
+    assert (0.1 * len(cut) < sum(cut) < 0.9 * len(cut)) if gate is not None else not any(cut), sum(cut)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_gate_reads_c1_c2_from_the_selectors_own_scores_and_stays_lossless(seed):
+    """Greedy: c_k = the largest softmax of score_k = z_k + pair_k over the K candidates, as `select` walked
+    them (its hooks' unary and pair terms); the block is verified whole exactly where c_1·c_2 ≥ θ, θ the
+    median of an ungated run's c_1·c_2, and the output is the target's own."""
+    from dflash_ref.trace import tracing
+    target, draft = make_pair(seed, target_overrides=dict(vocab_size=16),
+                              draft_overrides=dflash2(top_k=4, block_size=4))
+    prompt, n = torch.tensor([[1, 5, 2]]), 24
+    ar = generate(target, prompt, n).output_ids
+    names = ["draft.candidate_selector.hook_unary", "draft.candidate_selector.hook_pair"]
+
+    def run(gate):
+        with tracing(draft, names=names) as trace:
+            out = spec_generate(draft, target, prompt, n, verify_gate=gate, on_step=trace.on_step)
+        assert torch.equal(out.output_ids, ar)
+        scores = [a["draft.candidate_selector.hook_unary"] + a["draft.candidate_selector.hook_pair"]
+                  for a in trace.activations]                                   # (γ, K) per step
+        c = [torch.softmax(s.float(), -1).amax(-1) for s in scores]
+        return [(float(ck[0] * ck[1]), r) for ck, r in zip(c, trace.records) if len(r.q_position_ids) > 2]
+
+    theta = float(np.median([c for c, _ in run(None)]))
+    steps = run(theta)
+    for c, r in steps:
+        assert r.verify_size == (len(r.q_position_ids) if c >= theta else 2), (c, theta, r.verify_size)
+    assert {r.verify_size == 2 for _, r in steps} == {True, False}
 
 
 def test_the_trace_records_the_convolution_and_the_selector_per_step():

@@ -43,7 +43,7 @@ def drafts_to_compare(draft: str | Path | None) -> dict[str, Path]:
 def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = None) -> dict:
     """Greedy, NEW_TOKENS tokens after each prompt of `prompt_sets()`, all variants interleaved in one run:
     transformers' `generate` (the baseline), dflash_ref's AR, and each draft of `drafts_to_compare` at its
-    own block size, each DFlash 1 draft also with the verify gate (extensions/verify_gate.py); the first draft
+    own block size, each also with the verify gate (extensions/verify_gate.py); the first draft
     also at the smaller blocks and proposing over all V instead of its vocabulary (extensions/draft_vocab.py).
     Every output is checked equal to AR's before anything is timed. Speed is over transformers' generate
     and over AR; τ per prompt set; acceptance per block position; the gate's calibration (its premise)."""
@@ -117,12 +117,12 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
 
 
 def _variants(opened: dict[str, object]) -> dict[str, tuple[object, int, float | None]]:
-    """name → (draft, block size, verify gate): each draft at its block size, and each DFlash 1 draft also
-    with the gate (it needs q over all V, which a DFlash 2 draft's candidates are not); the first draft
-    also at smaller blocks and over all V."""
+    """name → (draft, block size, verify gate): each draft at its block size, and also with the gate (a
+    DFlash 2 draft's c_k read from its selector's q over the candidates); the first draft also at smaller
+    blocks and over all V."""
     spec = {f"{label} b={d.block_size}": (d, d.block_size, None) for label, d in opened.items()}
     spec |= {f"{label} b={d.block_size}, verify gate θ={VERIFY_GATE}": (d, d.block_size, VERIFY_GATE)
-             for label, d in opened.items() if d.candidate_selector is None}
+             for label, d in opened.items()}
     label, d = next(iter(opened.items()))
     spec |= {f"{label} b={b}": (d, b, None) for b in (2, 3, 4, 8) if b < d.block_size}
     all_v = copy.deepcopy(d)

@@ -102,10 +102,6 @@ def load_models(args):
         except ConfigError as e:
             raise SystemExit(f"--random-draft: no random draft of --draft-layers {args.draft_layers} fits the target "
                              f"{args.target}: {e} (it samples one target layer per layer: fewer may fit)") from None
-    if args.verify_gate is not None and draft.candidate_selector is not None:   # before any decoding
-        raise SystemExit("--verify-gate: not implemented for DFlash 2 drafts (their q is over candidates), and "
-                         "this draft is one" + (" (the default for smollm2: --draft shipped:dflash1 takes the "
-                                                "DFlash 1 draft)" if not args.draft else ""))
     return target, draft, tokenizer, stop
 
 
