@@ -11,13 +11,18 @@ from dflash_ref.cli import bench
 from dflash_ref.cli.bench import markdown
 from dflash_ref.bench.suite import without_hook_support
 from dflash_ref.hooks import HookPoint, hooks
-from dflash_ref.bench.timing import Stopwatch, measure, summarise
+from dflash_ref.bench.timing import Stopwatch, measure, paired_ratio, summarise
 
 
 def test_measure_interleaves_and_summarise_gives_ratios_to_the_baseline():
     order: list[str] = []
     times = measure({"a": lambda: order.append("a"), "b": lambda: order.append("b")}, repeats=3, warmup=1)
     assert order == ["a", "b"] * 4 and all(len(t) == 3 for t in times.values())
+    # paired: each repeat's ratio, then the median; a slow minute (that began at the 2nd repeat's first variant)
+    # cancels out of the 3rd repeat's ratio, while the ratio of the medians is 4.5 / 1
+    assert paired_ratio([1.5, 4.5, 4.5], [1.0, 1.0, 3.0]) == 1.5 and paired_ratio([4.0, 3.0], [2.0, 2.0]) == 1.75
+    with pytest.raises(ValueError):
+        paired_ratio([1.0, 2.0], [1.0])
     rows = summarise({"base": [1.0, 2.0, 3.0], "other": [4.0, 4.0, 5.0]}, "base")
     assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] == 2.0
     assert (rows[1]["min_s"], rows[1]["max_s"], rows[1]["median_s"]) == (4.0, 5.0, 4.0)

@@ -266,8 +266,9 @@ def test_the_gate_reads_c1_c2_from_the_selectors_own_scores_and_stays_lossless(s
 
     theta = float(np.median([c for c, _ in run(None)]))
     steps = run(theta)
-    for c, r in steps:
-        assert r.verify_size == (len(r.q_position_ids) if c >= theta else 2), (c, theta, r.verify_size)
+    for c, r in steps:       # the gate recomputes the scores (teacher_forced): equal to the hooks' up to rounding
+        if abs(c - theta) > 1e-5:
+            assert r.verify_size == (len(r.q_position_ids) if c >= theta else 2), (c, theta, r.verify_size)
     assert {r.verify_size == 2 for _, r in steps} == {True, False}
 
 

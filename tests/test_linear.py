@@ -96,7 +96,7 @@ def test_choose_keeps_f_linear_unless_another_is_clearly_faster():
 
 @pytest.mark.parametrize("d_in", [16, 1537])
 def test_a_measured_plan_follows_the_clock_once_per_shape_and_is_cached(d_in):
-    """kernel_for times the candidates (interleaved, medians) with the clock it is given, keeps the
+    """kernel_for times the candidates (interleaved, paired) with the clock it is given, keeps the
     fastest, and reads it from the cache afterwards; another row count or thread count is measured
     anew, and plans() reports what was measured."""
     weight = torch.randn(24, d_in)
@@ -268,16 +268,26 @@ def test_a_measured_plan_is_stored_and_a_later_process_reads_it_instead_of_measu
     monkeypatch.setattr(linear_plan, "measure", lambda *a, **k: pytest.fail("measured again"))
     assert kernel_for(weight, 3, False) == chosen
     assert [(p["rows"], p["chosen"], p["measured"]) for p in linear_plan.plans()] == [(3, chosen, "earlier (stored)")]
+    # a stored choice is re-decided from the stored samples by today's rule (choose)
+    data = json.loads(store.read_text())
+    entry = next(iter(data["plans"].values()))
+    entry["times"] = {n: [1.0, 1.0, 1.0] for n in entry["times"]} | {"rows-first": [0.5, 0.5, 0.5]}
+    entry["chosen"] = "linear"
+    store.write_text(json.dumps(data))
+    linear_plan.forget_plans()
+    assert kernel_for(weight, 3, False) == choose(entry["times"]) == "rows-first"
     with pytest.raises(pytest.fail.Exception, match="measured again"):
         kernel_for(weight, 2, False)                     # another row count: not in the store
     linear_plan.forget_plans(stored=True)
     assert not store.exists()
 
 
-@pytest.mark.parametrize("damage", ["not json {", '{"plans": []}', "a kernel gone", "times not seconds", "chosen unknown"])
+@pytest.mark.parametrize("damage", ["not json {", '{"plans": []}', "a kernel gone", "times not seconds", "chosen unknown",
+                                    "a zero time", "unequal lengths"])
 def test_a_damaged_or_outdated_store_is_measured_again_and_rewritten(store, damage):
     """A store file that does not parse, or whose plan names candidates other than those measurable
-    now (a C product built since, say) or holds no times, is measured again, not trusted, and rewritten."""
+    now (a C product built since, say) or holds no times, a zero time or lists of unequal lengths, is
+    measured again, not trusted, and rewritten."""
     weight = torch.randn(24, 16)
     kernel_for(weight, 3, False)
     data = json.loads(store.read_text())
@@ -288,6 +298,10 @@ def test_a_damaged_or_outdated_store_is_measured_again_and_rewritten(store, dama
         entry["times"]["linear"] = ["fast"]
     elif damage == "chosen unknown":
         entry["chosen"] = "mystery"
+    elif damage == "a zero time":                       # choose() divides by the chosen kernel's samples
+        entry["times"]["linear"][0] = 0.0
+    elif damage == "unequal lengths":                   # choose() pairs the i-th samples
+        entry["times"]["linear"].pop()
     store.write_text(damage if damage.startswith(("not", "{")) else json.dumps(data))
     linear_plan.forget_plans()
     names = candidates(16, 3, False)

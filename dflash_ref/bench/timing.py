@@ -58,6 +58,12 @@ def measure(variants: dict[str, Callable[[], object]], repeats: int, warmup: int
     return times
 
 
+def paired_ratio(times: list[float], baseline: list[float]) -> float:
+    """The median of times[i] / baseline[i]: `measure` takes each repeat's samples of all variants in turn,
+    moments apart, so a slow or quiet minute of a shared machine cancels out of each ratio."""
+    return statistics.median(a / b for a, b in zip(times, baseline, strict=True))
+
+
 def summarise(times: dict[str, list[float]], baseline: str) -> list[dict]:
     base = statistics.median(times[baseline])
     return [{"variant": name, "median_s": statistics.median(t), "min_s": min(t), "max_s": max(t),

@@ -68,19 +68,26 @@ def _file_plans() -> dict[str, dict]:
 
 def lookup(key: tuple, names: tuple[str, ...]) -> Plan | None:
     """The stored plan for `key` if its candidates are `names` (those measurable now: the C product built
-    or not alike) and its times are lists of seconds; else None (to be measured)."""
+    or not alike) and its times are lists of seconds, as `measure` takes them: one as long as another
+    (linear_plan.choose pairs them) and each finite and > 0; else None (to be measured)."""
     global _read
     if _read is None:
         _read = _file_plans()
     entry = _read.get(entry_name(key))
     try:
         chosen, times = entry["chosen"], entry["times"]
-        if tuple(times) == names and chosen in names and all(
-                isinstance(t, list) and t and all(isinstance(s, (int, float)) for s in t) for t in times.values()):
+        if tuple(times) == names and chosen in names and all(_seconds(t) for t in times.values()) \
+                and len({len(t) for t in times.values()}) == 1:
             return chosen, {n: [float(s) for s in t] for n, t in times.items()}
     except (TypeError, KeyError, AttributeError):
         pass
     return None
+
+
+def _seconds(samples) -> bool:
+    """Whether `samples` is a non-empty list of durations: numbers (not booleans), finite and > 0."""
+    return isinstance(samples, list) and bool(samples) and all(
+        isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s < float("inf") for s in samples)
 
 
 def add(key: tuple, plan: Plan) -> None:

@@ -68,7 +68,7 @@ def selector_confidence(selector, hidden: torch.Tensor, draft_logits: torch.Tens
 
 def gated_verify_size(confidence: torch.Tensor, draft_size: int, threshold: float | None) -> int:
     """L: `draft_size` (the whole drafted block) if the gate is off, the block has no second
-    proposal, or c_1 · c_2 ≥ θ; else 2. confidence (1, ≥ 2) from `draft_confidence`."""
+    proposal, or c_1 · c_2 ≥ θ; else 2. confidence (1, ≥ 2) from `draft_confidence` or `selector_confidence`."""
     if threshold is None or draft_size <= 2:
         return draft_size
     return draft_size if float(confidence[0, 0] * confidence[0, 1]) >= threshold else 2
