@@ -23,12 +23,12 @@ def test_measure_interleaves_and_summarise_gives_ratios_to_the_baseline():
     assert paired_ratio([1.5, 4.5, 4.5], [1.0, 1.0, 3.0]) == 1.5 and paired_ratio([4.0, 3.0], [2.0, 2.0]) == 1.75
     with pytest.raises(ValueError):
         paired_ratio([1.0, 2.0], [1.0])
-    rows = summarise({"base": [1.0, 2.0, 3.0], "other": [4.0, 4.0, 5.0]}, "base")
-    assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] == 2.0
-    assert (rows[1]["min_s"], rows[1]["max_s"], rows[1]["median_s"]) == (4.0, 5.0, 4.0)
+    rows = summarise({"base": [1.0, 2.0, 3.0], "other": [4.0, 5.0, 4.5]}, "base")
+    assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] == 2.5                   # median of 4, 2.5, 1.5
+    assert (rows[1]["min_s"], rows[1]["max_s"], rows[1]["median_s"]) == (4.0, 5.0, 4.5)
     table = markdown(rows, "t")
     assert table.splitlines()[2] == "| variant | median_s | min_s | max_s | ratio |"
-    assert "| other | 4 | 4 | 5 | 2 |" in table
+    assert "| other | 4.5 | 4 | 5 | 2.5 |" in table
     ragged = markdown([{"b": 4, "x1": 1.0, "size": 2.0}, {"b": 16, "x1": 3.0, "x8": 5.0, "size": 6.0}], "r")
     assert ragged.splitlines()[2:] == ["| b | x1 | x8 | size |", "|---|---|---|---|", "| 4 | 1 |  | 2 |",
                                        "| 16 | 3 | 5 | 6 |"]

@@ -1,5 +1,5 @@
 """Timing: one_thread() for tiny models, seconds spent inside a module's forwards (Stopwatch, forward hooks, CUDA synchronised),
-and the side-by-side harness of the benchmarks (variants interleaved round-robin, medians, ratios).
+and the side-by-side harness of the benchmarks (variants interleaved round-robin, medians, paired ratios).
 
     clock = Stopwatch(draft, device); …run…; clock.seconds, clock.calls, clock.times; clock.remove()
     summarise(measure({"a": fn_a, "b": fn_b}, repeats), baseline="a")
@@ -65,9 +65,9 @@ def paired_ratio(times: list[float], baseline: list[float]) -> float:
 
 
 def summarise(times: dict[str, list[float]], baseline: str) -> list[dict]:
-    base = statistics.median(times[baseline])
+    """A row per variant: its median, min and max seconds, and its ratio to the baseline, paired (paired_ratio)."""
     return [{"variant": name, "median_s": statistics.median(t), "min_s": min(t), "max_s": max(t),
-             "ratio": statistics.median(t) / base} for name, t in times.items()]
+             "ratio": paired_ratio(t, times[baseline])} for name, t in times.items()]
 
 
 @contextlib.contextmanager

@@ -1,8 +1,9 @@
 """Benchmarks as side-by-side ratios (`python -m dflash_ref bench [NAMES] [--repeats N] [--out DIR]`).
 
 Every variant runs in the same process, interleaved round-robin over the repeats, and is reported
-as median, spread (min–max) and the ratio of its median to the baseline's: absolute times on a
-shared machine drift, ratios measured together much less. Nothing here is asserted (tests check
+as median, spread (min–max) and its ratio to the baseline: the median over the repeats of its time
+over the baseline's in the same repeat (since 2026-12-04; the ratio of the medians before). Absolute
+times on a shared machine drift, ratios measured together much less, and paired ones least. Nothing here is asserted (tests check
 correctness, benchmarks report). Each benchmark writes a markdown table and JSON, some a plot:
 
     baselines  transformers' own generate (the headline's baseline) vs dflash_ref's AR (F.linear and the
