@@ -111,6 +111,18 @@ def make_pair(seed: int = 0, target_overrides: dict | None = None, draft_overrid
     return target, draft
 
 
+def hand_selector():
+    """A DFlash 2 selector small enough to score by hand: V = 3, d = 1, rank 1, K = 2, E_pred (1, −1, 2),
+    E_succ (0, 3, −3), P = 1, so score_k = z_k + E_pred(prev) · h · E_succ(c_k)."""
+    from dflash_ref.candidate_selector import CandidateSelector
+    selector = CandidateSelector(vocab_size=3, hidden_size=1, rank=1, top_k=2)
+    with torch.no_grad():
+        selector.predecessor_codebook.copy_(torch.tensor([[1.0], [-1.0], [2.0]]))
+        selector.successor_codebook.copy_(torch.tensor([[0.0], [3.0], [-3.0]]))
+        selector.hidden_projection.weight.fill_(1.0)
+    return selector
+
+
 def official_twins(target: Qwen3Target, draft: DFlashDraftModel):
     """transformers' Qwen3ForCausalLM and the official DFlashDraftModel with the same weights."""
     transformers = pytest.importorskip("transformers")

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_pair
+from conftest import hand_selector, make_pair
 from dflash_ref import generate, spec_generate
 from dflash_ref.candidate_selector import CandidateSelector
 from dflash_ref.config import ConfigError, DraftConfig
@@ -73,11 +73,7 @@ def test_selector_with_one_candidate_is_the_argmax():
 
 def test_selector_pair_term_by_hand():
     # V = 3, rank 1, d = 1: score_k = z_k + E_pred(prev) · P h · E_succ(c_k)
-    selector = CandidateSelector(vocab_size=3, hidden_size=1, rank=1, top_k=2)
-    with torch.no_grad():
-        selector.predecessor_codebook.copy_(torch.tensor([[1.0], [-1.0], [2.0]]))
-        selector.successor_codebook.copy_(torch.tensor([[0.0], [3.0], [-3.0]]))
-        selector.hidden_projection.weight.fill_(1.0)
+    selector = hand_selector()
     logits = torch.tensor([[[0.0, 1.0, 1.5], [0.0, 1.0, 1.5]]])            # candidates {1, 2} at both positions
     hidden = torch.tensor([[[1.0], [1.0]]])
     # t = 1 from anchor 0 (E_pred 1): token 1 → 1 + 3 = 4, token 2 → 1.5 − 3 = −1.5: picks 1

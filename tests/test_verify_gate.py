@@ -6,11 +6,10 @@ import math
 
 import pytest
 import torch
-from conftest import make_pair
+from conftest import hand_selector, make_pair
 
 from dflash_ref import generate, spec_generate
 from dflash_ref.drafts.oracle import OracleDraft
-from dflash_ref.candidate_selector import CandidateSelector
 from dflash_ref.extensions.verify_gate import check_gate, draft_confidence, gated_verify_size, selector_confidence
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
@@ -28,11 +27,7 @@ def test_confidence_by_hand():
 def test_selector_confidence_by_hand():
     # test_dflash2's selector by hand (V = 3, rank 1, K = 2): from x_0 = 0 the candidates 1, 2 score 4 and −1.5;
     # after d_1 = 1 they score −2 and 4.5; c_k = the larger softmax of the two, along the path [0, 1, 2]
-    selector = CandidateSelector(vocab_size=3, hidden_size=1, rank=1, top_k=2)
-    with torch.no_grad():
-        selector.predecessor_codebook.copy_(torch.tensor([[1.0], [-1.0], [2.0]]))
-        selector.successor_codebook.copy_(torch.tensor([[0.0], [3.0], [-3.0]]))
-        selector.hidden_projection.weight.fill_(1.0)
+    selector = hand_selector()
     logits, hidden = torch.tensor([[[0.0, 1.0, 1.5], [0.0, 1.0, 1.5]]]), torch.ones(1, 2, 1)
     c = selector_confidence(selector, hidden, logits, torch.tensor([[0, 1, 2]]))
     assert torch.allclose(c, torch.tensor([[1 / (1 + math.exp(-5.5)), 1 / (1 + math.exp(-6.5))]]))
