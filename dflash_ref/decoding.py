@@ -134,7 +134,7 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
         draft_size = min(block_size, max_length - start)                     # L_q
         block_ids = output_ids[:, start:start + draft_size].clone()          # (1, L_q)
         ctx_len = target_hidden.shape[1] if draft_size > 1 else 0            # L_c, new context features
-        draft_logits = draft_probs = candidates = None
+        draft_logits = draft_probs = candidates = hidden = None
         if draft_size > 1:
             noise = target.embed(block_ids) * draft.config.input_embedding_scale  # (1, L_q, d)
             hidden = draft(position_ids[:, start - ctx_len:start + draft_size], noise_embedding=noise,
@@ -146,10 +146,8 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
             block_ids[:, 1:], draft_probs, candidates = _propose(draft, hidden, draft_logits, block_ids[:, 0],
                                                                  temperature, top_p, top_k, verifier)
         proposals = block_ids[0, 1:].tolist()                                 # d_1..d_γ, every one drafted
-        if verify_gate is not None and draft_size > 2:                        # (1, L): the gate's cut
-            block_ids, draft_probs, candidates = gate_block(verify_gate, block_ids, draft_logits, draft_probs,
-                                                            candidates, getattr(draft, "candidate_selector", None),
-                                                            hidden)
+        block_ids, draft_probs, candidates = gate_block(verify_gate, block_ids, draft_logits, draft_probs,   # (1, L)
+                                                        candidates, getattr(draft, "candidate_selector", None), hidden)
 
         # 3. verify: one target pass over [x_0, d_1, …]
         verify_size = block_ids.shape[1]                                      # L

@@ -3,8 +3,8 @@
 Every variant runs in the same process, interleaved round-robin over the repeats, and is reported
 as median, spread (min–max) and its ratio to the baseline: the median over the repeats of its time
 over the baseline's in the same repeat (since 2026-12-04; the ratio of the medians before). Absolute
-times on a shared machine drift, ratios measured together much less, and paired ones least. Nothing here is asserted (tests check
-correctness, benchmarks report). Each benchmark writes a markdown table and JSON, some a plot:
+times on a shared machine drift, ratios measured together much less, and paired ones least. Nothing
+here is asserted (tests check correctness, benchmarks report). Each benchmark writes a markdown table and JSON, some a plot:
 
     baselines  transformers' own generate (the headline's baseline) vs dflash_ref's AR (F.linear and the
                measured linear plan) vs the official `dflash_generate` vs dflash_ref's spec_generate,
