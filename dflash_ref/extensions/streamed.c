@@ -7,7 +7,11 @@
    and y[m, o + b] = the sum of acc[m][b]'s 16 lanes, taken as a tree (sums16). The first tile of a group
    reads its 8 rows of w from memory; the next rows of x read them again from the cache. Eight rows at a
    time keep eight streams of w in flight, which is what a single row (an AR step) needs to approach the
-   memory's bandwidth. The same product as F.linear's up to the order of its fp32 sums. */
+   memory's bandwidth. While a tile walks k it also asks for the same 64 bytes of the thread's next 8 rows
+   of w (a prefetch into L2, every tile of the group), so the memory works on the next group while the
+   core sums this one; without it, a group of 4 rows of x left the memory idle during its second tile
+   (../../figures/bench/README.md, "Prefetching the next rows"). A prefetch changes no number. The same
+   product as F.linear's up to the order of its fp32 sums. */
 #include <omp.h>
 #include <stddef.h>
 #include <string.h>
@@ -55,15 +59,18 @@ static inline v16 sums16(const v16 *acc) {
 
 #define OB 8
 #define TILE(MB)                                                                                             \
-static void tile_##MB(const float *x, const float *w, float *y, int N, int K, int m0, int o, int nb) {       \
+static void tile_##MB(const float *x, const float *w, float *y, int N, int K, int m0, int o, int nb,       \
+                      const float *next, int next_nb) {                                                      \
     v16 acc[16];                                                                                             \
-    const float *rows[OB];                                                                                   \
+    const float *rows[OB], *ahead[OB];                                                                       \
     for (int b = 0; b < OB; b++) rows[b] = w + (size_t)(o + (b < nb ? b : 0)) * K;                            \
+    for (int b = 0; b < OB; b++) ahead[b] = next + (size_t)(b < next_nb ? b : 0) * K;                         \
     for (int i = 0; i < 16; i++) acc[i] = (v16){0};                                                          \
     int k = 0;                                                                                               \
     for (; k + 16 <= K; k += 16) {                                                                           \
         v16 wv[OB];                                                                                          \
         for (int b = 0; b < OB; b++) wv[b] = load16(rows[b] + k);                                            \
+        for (int b = 0; b < OB; b++) __builtin_prefetch(ahead[b] + k, 0, 2);                                 \
         for (int m = 0; m < MB; m++) {                                                                       \
             v16 xv = load16(x + (size_t)(m0 + m) * K + k);                                                   \
             for (int b = 0; b < OB; b++) acc[m * OB + b] += xv * wv[b];                                      \
@@ -90,9 +97,13 @@ void streamed_product(const float *x, const float *w, float *y, int M, int N, in
         const int g0 = t * per, g1 = g0 + per < groups ? g0 + per : groups;
         for (int g = g0; g < g1; g++) {
             const int o = g * OB, nb = o + OB <= N ? OB : N - o;
+            /* the thread's next group of rows of w, to prefetch; after its last group, this group's own
+               first row again (a prefetch of what the cache holds, never past the end of w) */
+            const int next_nb = g + 1 < g1 ? (o + 2 * OB <= N ? OB : N - o - OB) : 0;
+            const float *next = w + (size_t)(o + (next_nb ? OB : 0)) * K;
             int m0 = 0;
-            for (; m0 + 2 <= M; m0 += 2) tile_2(x, w, y, N, K, m0, o, nb);
-            if (m0 < M) tile_1(x, w, y, N, K, m0, o, nb);
+            for (; m0 + 2 <= M; m0 += 2) tile_2(x, w, y, N, K, m0, o, nb, next, next_nb);
+            if (m0 < M) tile_1(x, w, y, N, K, m0, o, nb, next, next_nb);
         }
     }
 }
