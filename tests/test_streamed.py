@@ -2,6 +2,7 @@
 candidate of the measured plan where it builds, and a clear account of why where it does not."""
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -34,12 +35,49 @@ def test_the_c_product_is_within_fp32_rounding_of_the_exact_product(rows, d_out,
         y = streamed.streamed_product(x, w)
     finally:
         torch.set_num_threads(previous)
+    assert y.shape == (rows, d_out) and y.dtype == torch.float32
+    assert_within_fp32_rounding(y, x, w)
+
+
+def assert_within_fp32_rounding(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """|y − x·wᵀ| ≤ γ_n |x|·|w|ᵀ elementwise, n = d_in, against the product in float64."""
     exact = x.double() @ w.double().T                                              # (rows, d_out)
-    u = 2.0 ** -24
+    u, d_in = 2.0 ** -24, x.shape[1]
     gamma = d_in * u / (1 - d_in * u)
     bound = gamma * (x.double().abs() @ w.double().abs().T)
-    assert y.shape == (rows, d_out) and y.dtype == torch.float32
     assert bool(((y.double() - exact).abs() <= bound + 1e-300).all())
+
+
+def narrow_library(folder: Path) -> ctypes.CDLL:
+    """streamed.c as it is built for a CPU without AVX-512 (tiles of 1 row of x in 8-lane vectors): built
+    with -mno-avx512f where this CPU has AVX-512, else as the library itself is built (then it is that code)."""
+    flags = ["-mno-avx512f"] if "avx512f" in streamed.cpu_identity().split() else []
+    path = folder / "narrow.so"
+    subprocess.run([*streamed.compiler(), *streamed.FLAGS, *flags, "-o", str(path), str(streamed.SOURCE)],
+                   check=True, capture_output=True, timeout=300)
+    return streamed._load(path)
+
+
+def product_by(lib: ctypes.CDLL, x: torch.Tensor, w: torch.Tensor, threads: int) -> torch.Tensor:
+    y = torch.empty(x.shape[0], w.shape[0])                                        # (rows, d_out)
+    lib.streamed_product(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], w.shape[0], w.shape[1], threads)
+    return y
+
+
+@built
+def test_both_builds_give_each_row_the_same_sums_for_any_number_of_rows(tmp_path):
+    """The AVX-512 code (tiles of 2 rows of x, then 1) and the code for other CPUs (1-row tiles of 8 lanes):
+    each within fp32 rounding, and a row's result bit for bit the same whether it comes alone or with others
+    (what lets a verify's rows equal AR steps' where the plan takes the C product for both)."""
+    libraries = {"as built here": streamed.library(), "narrow": narrow_library(tmp_path)}
+    g = torch.Generator().manual_seed(0)
+    for rows, d_out, d_in, threads in [(9, 41, 70, 2), (4, 17, 16, 3), (3, 8, 7, 1), (5, 100, 33, 2), (2, 3, 0, 2)]:
+        x, w = torch.randn(rows, d_in, generator=g), torch.randn(d_out, d_in, generator=g)
+        for name, lib in libraries.items():
+            y = product_by(lib, x, w, threads)
+            assert_within_fp32_rounding(y, x, w)
+            for i in range(rows):
+                assert torch.equal(product_by(lib, x[i:i + 1].clone(), w, threads)[0], y[i]), (name, rows, i)
 
 
 @built

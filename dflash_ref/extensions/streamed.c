@@ -10,13 +10,23 @@
    memory's bandwidth. While a tile walks k it also asks for the same 64 bytes of the thread's next 8 rows
    of w (a prefetch into L2, every tile of the group), so the memory works on the next group while the
    core sums this one; without it, a group of 4 rows of x left the memory idle during its second tile
-   (../../figures/bench/README.md, "Prefetching the next rows"). A prefetch changes no number. The same
-   product as F.linear's up to the order of its fp32 sums. */
+   (../../figures/bench/README.md, "Prefetching the next rows"). A prefetch changes no number.
+
+   That is the code for a CPU with AVX-512 (32 vector registers of 16 lanes). Compiled for any other (AVX2:
+   16 registers of 8 lanes; NEON: 32 of 4), a 2-row tile's 16 accumulators of 16 lanes would not fit in its
+   registers, and spilling them made 2 … 8 rows 2–5 times slower (AVX2 code on an AVX-512 CPU); there a tile
+   keeps 1 row of x × 8 rows of w in 8-lane vectors (acc[b][lane] = Σ_j x[m, 8j + lane] · w[o + b, 8j + lane],
+   the 8 lanes summed as a tree), and the other rows of x are further tiles over the same 8 rows. Either way a row's sums are the same for any
+   number of rows M, and the same product as F.linear's up to the order of its fp32 sums. */
 #include <omp.h>
 #include <stddef.h>
 #include <string.h>
 
-typedef float v16 __attribute__((vector_size(64)));   /* one AVX-512 register; two AVX2 ones, four NEON ones */
+#define OB 8
+
+#if defined(__AVX512F__)
+#define PAIRS 1                                        /* tiles of 2 rows of x, then 1 */
+typedef float v16 __attribute__((vector_size(64)));   /* one AVX-512 register */
 
 static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 static inline v16 load_tail(const float *p, int n) { v16 v = {0}; memcpy(&v, p, (size_t)n * sizeof(float)); return v; }
@@ -57,7 +67,6 @@ static inline v16 sums16(const v16 *acc) {
     return halve4(l3[0], l3[1]);
 }
 
-#define OB 8
 #define TILE(MB)                                                                                             \
 static void tile_##MB(const float *x, const float *w, float *y, int N, int K, int m0, int o, int nb,       \
                       const float *next, int next_nb) {                                                      \
@@ -89,6 +98,37 @@ static void tile_##MB(const float *x, const float *w, float *y, int N, int K, in
 }
 TILE(1) TILE(2)
 
+#else
+#define PAIRS 0                                        /* tiles of 1 row of x */
+typedef float v8 __attribute__((vector_size(32)));     /* one AVX2 register, two NEON ones */
+
+static inline v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
+static inline v8 load_tail8(const float *p, int n) { v8 v = {0}; memcpy(&v, p, (size_t)n * sizeof(float)); return v; }
+static inline float sum8(v8 a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+
+static void tile_1(const float *x, const float *w, float *y, int N, int K, int m, int o, int nb,
+                   const float *next, int next_nb) {
+    v8 acc[OB];
+    const float *rows[OB], *ahead[OB], *xm = x + (size_t)m * K;
+    for (int b = 0; b < OB; b++) rows[b] = w + (size_t)(o + (b < nb ? b : 0)) * K;
+    for (int b = 0; b < OB; b++) ahead[b] = next + (size_t)(b < next_nb ? b : 0) * K;
+    for (int b = 0; b < OB; b++) acc[b] = (v8){0};
+    int k = 0;
+    for (; k + 16 <= K; k += 16) {                     /* 64 bytes of each row: one prefetch per row */
+        const v8 x0 = load8(xm + k), x1 = load8(xm + k + 8);
+        for (int b = 0; b < OB; b++) __builtin_prefetch(ahead[b] + k, 0, 2);
+        for (int b = 0; b < OB; b++) acc[b] += x0 * load8(rows[b] + k);
+        for (int b = 0; b < OB; b++) acc[b] += x1 * load8(rows[b] + k + 8);
+    }
+    for (; k < K; k += 8) {                            /* the last K % 16 terms, zero-padded */
+        const int n = K - k < 8 ? K - k : 8;
+        const v8 xv = load_tail8(xm + k, n);
+        for (int b = 0; b < OB; b++) acc[b] += xv * load_tail8(rows[b] + k, n);
+    }
+    for (int b = 0; b < nb; b++) y[(size_t)m * N + o + b] = sum8(acc[b]);
+}
+#endif
+
 void streamed_product(const float *x, const float *w, float *y, int M, int N, int K, int threads) {
     #pragma omp parallel num_threads(threads)
     {
@@ -102,8 +142,10 @@ void streamed_product(const float *x, const float *w, float *y, int M, int N, in
             const int next_nb = g + 1 < g1 ? (o + 2 * OB <= N ? OB : N - o - OB) : 0;
             const float *next = w + (size_t)(o + (next_nb ? OB : 0)) * K;
             int m0 = 0;
+#if PAIRS
             for (; m0 + 2 <= M; m0 += 2) tile_2(x, w, y, N, K, m0, o, nb, next, next_nb);
-            if (m0 < M) tile_1(x, w, y, N, K, m0, o, nb, next, next_nb);
+#endif
+            for (; m0 < M; m0++) tile_1(x, w, y, N, K, m0, o, nb, next, next_nb);
         }
     }
 }
