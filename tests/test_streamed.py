@@ -52,8 +52,11 @@ def narrow_library(folder: Path) -> ctypes.CDLL:
     """streamed.c as it is built for a CPU without AVX-512 (tiles of 1 row of x in 8-lane vectors): built
     with -mno-avx512f where this CPU has AVX-512, else as the library itself is built (then it is that code)."""
     flags = ["-mno-avx512f"] if "avx512f" in streamed.cpu_identity().split() else []
-    path = folder / "narrow.so"
-    subprocess.run([*streamed.compiler(), *streamed.FLAGS, *flags, "-o", str(path), str(streamed.SOURCE)],
+    cc, path = streamed.compiler(), folder / "narrow.so"
+    macros = subprocess.run([*cc, *streamed.FLAGS, *flags, "-dM", "-E", "-x", "c", os.devnull],
+                            check=True, capture_output=True, text=True, timeout=60).stdout
+    assert "__AVX512F__" not in macros.split(), "the narrow build still targets AVX-512"
+    subprocess.run([*cc, *streamed.FLAGS, *flags, "-o", str(path), str(streamed.SOURCE)],
                    check=True, capture_output=True, timeout=300)
     return streamed._load(path)
 
@@ -71,7 +74,9 @@ def test_both_builds_give_each_row_the_same_sums_for_any_number_of_rows(tmp_path
     (what lets a verify's rows equal AR steps' where the plan takes the C product for both)."""
     libraries = {"as built here": streamed.library(), "narrow": narrow_library(tmp_path)}
     g = torch.Generator().manual_seed(0)
-    for rows, d_out, d_in, threads in [(9, 41, 70, 2), (4, 17, 16, 3), (3, 8, 7, 1), (5, 100, 33, 2), (2, 3, 0, 2)]:
+    shapes = [(9, 41, 70, 2), (4, 17, 16, 3), (3, 8, 7, 1), (5, 100, 33, 2), (2, 3, 0, 2), (3, 9, 25, 2),
+              (4, 20, 45, 3), (2, 16, 15, 1)]                     # d_in % 16: 6, 0, 7, 1, 0, 9, 13, 15
+    for rows, d_out, d_in, threads in shapes:
         x, w = torch.randn(rows, d_in, generator=g), torch.randn(d_out, d_in, generator=g)
         for name, lib in libraries.items():
             y = product_by(lib, x, w, threads)

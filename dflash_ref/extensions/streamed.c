@@ -5,19 +5,21 @@
    of w) sums in 16-lane vector registers while it walks K:
        acc[m][b][lane] = Σ_j x[m, 16j + lane] · w[o + b, 16j + lane]          (K % 16 terms zero-padded)
    and y[m, o + b] = the sum of acc[m][b]'s 16 lanes, taken as a tree (sums16). The first tile of a group
-   reads its 8 rows of w from memory; the next rows of x read them again from the cache. Eight rows at a
-   time keep eight streams of w in flight, which is what a single row (an AR step) needs to approach the
-   memory's bandwidth. While a tile walks k it also asks for the same 64 bytes of the thread's next 8 rows
-   of w (a prefetch into L2, every tile of the group), so the memory works on the next group while the
-   core sums this one; without it, a group of 4 rows of x left the memory idle during its second tile
-   (../../figures/bench/README.md, "Prefetching the next rows"). A prefetch changes no number.
+   reads its 8 rows of w from memory (from L2, where the prefetch below brought them); the next rows of x
+   read them again from the cache. Eight rows at a time keep eight streams of w in flight, which is what a
+   single row (an AR step) needs to approach the memory's bandwidth. While a tile walks k it also asks for
+   the same 64 bytes of the thread's next 8 rows of w (a prefetch into L2, every tile of the group), so the
+   memory works on the next group while the core sums this one; without it, a group of 4 rows of x left
+   the memory idle during its second tile (../../figures/bench/README.md, "Prefetching the next rows"). A
+   prefetch changes no number.
 
    That is the code for a CPU with AVX-512 (32 vector registers of 16 lanes). Compiled for any other (AVX2:
    16 registers of 8 lanes; NEON: 32 of 4), a 2-row tile's 16 accumulators of 16 lanes would not fit in its
    registers, and spilling them made 2 … 8 rows 2–5 times slower (AVX2 code on an AVX-512 CPU); there a tile
    keeps 1 row of x × 8 rows of w in 8-lane vectors (acc[b][lane] = Σ_j x[m, 8j + lane] · w[o + b, 8j + lane],
-   the 8 lanes summed as a tree), and the other rows of x are further tiles over the same 8 rows. Either way a row's sums are the same for any
-   number of rows M, and the same product as F.linear's up to the order of its fp32 sums. */
+   the 8 lanes summed as a tree), and the other rows of x are further tiles over the same 8 rows. (With SSE
+   alone, 16 registers of 4 lanes, even that spills: slower, never wrong.) Either way a row's sums are the
+   same for any number of rows M, and the same product as F.linear's up to the order of its fp32 sums. */
 #include <omp.h>
 #include <stddef.h>
 #include <string.h>
