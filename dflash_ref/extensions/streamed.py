@@ -10,8 +10,9 @@ while it walks d_in; the next 2 rows of x read the same 8 rows of W again from t
 8 rows of W fit, d_in ≲ 1500), not from memory. (Built for a CPU without AVX-512, whose registers
 would not hold that tile, a tile is 1 row of x × 8 rows of W in 8-lane vectors.) While it sums, it
 prefetches its next 8 rows of W into L2, so that the memory is not idle while the core works (at 4
-rows of x this made the product about as fast as at one). Its sums are F.linear's up to the order of the d_in terms (16 or 8 interleaved
-partial sums, then a tree over the lanes), and a row's sums are the same for any number of rows.
+rows of x this made the product about as fast as at one). Its sums are F.linear's up to the order of
+the d_in terms (16 or 8 interleaved partial sums, then a tree over the lanes), and a row's sums are
+the same for any number of rows.
 
 It is compiled at first use by the machine's C compiler (`$CC`, else `cc`, else `gcc`: `-O3
 -march=native -fopenmp`), once per source and CPU, into `$DFLASH_REF_CACHE` (default
