@@ -30,6 +30,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from . import streamed
 from .linear_plan import COPIES, KERNELS, MAX_COPY, MEASURED_ROWS, kernel_for
 
 
@@ -46,11 +47,15 @@ def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     name = kernel_for(weight, rows, copies is not None and can_copy(weight))
     if name == "linear":
         return F.linear(x, weight, bias)
-    parts = copies(name) if name in COPIES else [weight]
-    y = KERNELS[name](x.reshape(rows, x.shape[-1]), parts)                # (N, d_in) → (N, d_out)
+    if name == "streamed":             # the C product takes x as it is: no reshape of x or of y (µs each)
+        y = streamed.product(x, weight)                                   # (…, d_in) → (…, d_out)
+    else:
+        parts = copies(name) if name in COPIES else [weight]
+        y = KERNELS[name](x.reshape(rows, x.shape[-1]), parts)            # (N, d_in) → (N, d_out)
+        y = y.reshape(*x.shape[:-1], weight.shape[0])                    # (N, d_out) → (…, d_out)
     if bias is not None:
         y += bias
-    return y.reshape(*x.shape[:-1], weight.shape[0])                     # (N, d_out) → (…, d_out)
+    return y
 
 
 def can_copy(weight: torch.Tensor) -> bool:

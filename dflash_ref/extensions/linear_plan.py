@@ -76,7 +76,7 @@ KERNELS: dict[str, Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]] =
     "linear": lambda flat, parts: F.linear(flat, parts[0]),
     "duplicated-row": _duplicated_row, "rows-first": _rows_first, "sliced": _sliced,
     "transposed": lambda flat, parts: flat @ parts[0],                    # (N, d_in) · (d_in, d_out)
-    "streamed": lambda flat, parts: streamed.streamed_product(flat, parts[0]),
+    "streamed": lambda flat, parts: streamed.product(flat, parts[0]),  # checked by linear_product, candidates
 }
 COPIES: dict[str, Callable[[torch.Tensor], list[torch.Tensor]]] = {       # W → the parts a kernel reads
     "sliced": lambda w: [p.contiguous() for p in torch.tensor_split(w, -(-w.shape[1] // SPLIT_WIDTH), dim=1)],
@@ -120,9 +120,11 @@ def linear_mode_as(mode: str):
         set_linear_mode(previous)
 
 
-def candidates(d_in: int, rows: int, with_copies: bool) -> tuple[str, ...]:
+def candidates(d_in: int, rows: int, with_copies: bool, d_out: int = 1) -> tuple[str, ...]:
     """The kernels that may compute a product of `rows` rows (F.linear first)."""
-    names = ["linear", "duplicated-row" if rows == 1 else "rows-first"] + (["streamed"] if streamed.available() else [])
+    sizes_fit = max(d_in, d_out) <= streamed.MAX_SIZE          # the C code's sizes are ints
+    names = ["linear", "duplicated-row" if rows == 1 else "rows-first"] + (["streamed"] if streamed.available()
+                                                                          and sizes_fit else [])
     if with_copies:
         names += ["transposed"] + (["sliced"] if rows > 1 and d_in > SPLIT_WIDTH else [])
     return tuple(names)
@@ -138,7 +140,7 @@ def kernel_for(weight: torch.Tensor, rows: int, with_copies: bool,
         return "linear" if mode == "linear" else "duplicated-row" if rows == 1 else "rows-first"
     key = (*weight.shape, rows, with_copies, weight.dtype, torch.get_num_threads())
     if key not in _plans:
-        names = candidates(weight.shape[1], rows, with_copies)
+        names = candidates(weight.shape[1], rows, with_copies, weight.shape[0])
         real = clock is time.perf_counter           # a fake clock's plan is neither read from nor written to the store
         stored = plan_store.lookup(key, names) if real else None
         if stored is not None:                       # its samples decide, by today's rule

@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import math
 import os
 import platform
 import shlex
@@ -177,8 +178,17 @@ def streamed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
         raise RuntimeError("streamed_product computes no gradient: call it under torch.no_grad() or "
                            "inference_mode, or use F.linear")
+    return product(x, weight)
+
+
+def product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x (…, d_in) · weightᵀ (d_out, d_in) → (…, d_out) by the compiled product, unchecked: what
+    `streamed_product` checks must hold (fp32 CPU tensors, no gradient wanted, sizes in 1 … MAX_SIZE, the
+    library available). The linear plan calls this on each of decoding's products, whose inputs
+    linear_product has checked already: checking them again cost about 2 µs a product, a sixth of a
+    576 × 576 product's at one row."""
     x, weight = x.contiguous(), weight.contiguous()                      # row-major, as the C code reads them
-    y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)   # (N, d_out)
-    lib.streamed_product(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.shape[0], weight.shape[0],
-                         weight.shape[1], torch.get_num_threads())
+    y = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32)   # (…, d_out)
+    library().streamed_product(x.data_ptr(), weight.data_ptr(), y.data_ptr(), math.prod(x.shape[:-1]),
+                               weight.shape[0], weight.shape[1], torch.get_num_threads())
     return y
