@@ -27,7 +27,8 @@ _EXPORTS = {
     "config": ["ConfigError", "DraftConfig", "TargetConfig"], "decoding": ["GenerationOutput", "generate", "spec_generate"],
     "draft_model": ["DFlashDraftModel"], "drafts.checkpoint": ["load_draft", "save_draft"],
     "layer_sampling": ["build_target_layer_ids", "extract_context_feature"], "target": ["Qwen3Target"],
-    "target.checkpoint": ["load_target", "save_target"], "trace": ["StepRecord"],
+    "target.checkpoint": ["load_target", "save_target"], "target.llama": ["LlamaTarget", "load_llama_target"],
+    "trace": ["StepRecord"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from .layer_sampling import build_target_layer_ids, extract_context_feature
     from .target import Qwen3Target
     from .target.checkpoint import load_target, save_target
+    from .target.llama import LlamaTarget, load_llama_target
     from .trace import StepRecord
 
 

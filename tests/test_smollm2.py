@@ -101,6 +101,41 @@ def test_a_smollm2_sized_dflash2_draft_is_lossless_and_traced(smollm2, tmp_path)
     assert (tmp_path / "figures" / "candidate_lattice_step0.png").is_file()
 
 
+def test_the_own_llama_target_is_smollm2_in_transformers_bit_for_bit(smollm2):
+    """What decoding runs SmolLM2 on (target/llama.py, load_smollm2_own) against HFTarget (transformers'
+    forward), both on the measured plan's products: a chat prompt, then AR steps and verifies of 2–8
+    tokens with rejected tails cropped: every logit and hidden state equal, not only close."""
+    from dflash_ref.target.smollm2 import load_smollm2_own
+    target, tokenizer, _ = smollm2
+    own, _ = load_smollm2_own()
+    assert own.model.embed_tokens.weight.data_ptr() == target.model.model.embed_tokens.weight.data_ptr()
+    g = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        caches = own.make_cache(), target.make_cache()
+        ids = chat_ids(tokenizer, PROMPTS[2])
+        for q in (None, 1, 4, 2, 8, 1, 3):
+            block = ids if q is None else torch.randint(0, 49152, (1, q), generator=g)
+            ours, theirs = (t(block, past_key_values=c) for t, c in zip((own, target), caches))
+            assert torch.equal(ours.logits, theirs.logits), q
+            assert all(torch.equal(a, b) for a, b in zip(ours.hidden_states, theirs.hidden_states)), q
+            for c in caches:
+                c.crop(c.get_seq_length() - (q or 0) // 2)
+
+
+def test_the_shipped_draft_on_the_own_target_gives_transformers_greedy_output(smollm2):
+    """Lossless across the two targets: speculative decoding on the own Llama target (the commands' default)
+    emits what AR decoding in transformers' forward (HFTarget) emits."""
+    from dflash_ref.drafts.folder import open_draft
+    from dflash_ref.target.smollm2 import load_smollm2_own
+    target, tokenizer, _ = smollm2
+    own, _ = load_smollm2_own()
+    draft, _ = open_draft(None, proposing=True)
+    for prompt in PROMPTS:
+        ids = chat_ids(tokenizer, prompt)
+        expected = generate(target, ids, 40, STOP_TOKEN_IDS).output_ids
+        assert torch.equal(spec_generate(draft, own, ids, 40, STOP_TOKEN_IDS).output_ids, expected), prompt
+
+
 def test_generate_command_streams_and_prints_statistics(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "dflash_ref", "generate", "--target", "smollm2", "--chat",
                            "--prompt", "What is the capital of France?", "--max-new-tokens", "12",

@@ -28,7 +28,7 @@ from ..drafts.folder import SHIPPED_DFLASH1, open_draft
 from ..drafts.random_draft import random_smollm2_draft
 from ..extensions.linear_plan import linear_mode_as, plans
 from ..target.grouped_attention import SDPA_GROUPED
-from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
+from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2, load_smollm2_own
 from ..training.prompt_sets import split_prompts
 from .suite import _draft_pass
 from .timing import measure, summarise
@@ -77,8 +77,8 @@ def bench_baselines(repeats: int, out: Path, progress) -> dict:
     """The decoders above on PROMPTS hand-written held-out prompts (training/heldout_styles.py), NEW_TOKENS
     tokens each: seconds, the ratio to transformers' generate, speed (its time / theirs), τ (tokens per
     target pass), identical output."""
-    target, tokenizer = load_smollm2()
-    model = transformers_twin(target.model)
+    target, tokenizer = load_smollm2_own()          # the own Llama target (target/llama.py)
+    model = transformers_twin(load_smollm2()[0].model)
     draft, _ = open_draft(SHIPPED_DFLASH1, proposing=True)     # the official DFlashDraftModel's kind
     with official_timer() as official:
         zlab = official.DFlashDraftModel.from_pretrained(SHIPPED_DFLASH1, dtype=torch.float32).eval()

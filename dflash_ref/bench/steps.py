@@ -7,7 +7,10 @@ cached:
               no forward of few tokens can take less; t_1 / bound says how near an AR step is
     t_draft   one draft pass of a block of b and its b − 1 proposals through the lm_head
 
-The transformers column is the model as transformers makes it (nn.Linear) on the same weights;
+The plans' columns run the project's own Llama target (target/llama.py), what decoding runs on; the
+transformers column is the model as transformers makes it (nn.Linear) on the same weights, and the
+HFTarget column transformers' forward with the measured plan's products (target/hf.py), so that own /
+HFTarget is what the own forward saves, the products being the same;
 `verify / AR step` is t_b / t_1 under the measured plan, the number that decides what a block costs; its
 paired form is the median of each repeat's t_b / t_1 (timing.paired_ratio), which a noisy machine sways less.
 """
@@ -22,7 +25,7 @@ from ..drafts.folder import SHIPPED_DFLASH1, open_draft
 from ..drafts.random_draft import random_smollm2_draft
 from ..extensions.draft_vocab import DraftVocabHead
 from ..extensions.linear_plan import linear_mode_as, plans
-from ..target.smollm2 import load_smollm2
+from ..target.smollm2 import load_smollm2, load_smollm2_own
 from .baselines import transformers_twin
 from .suite import _draft_pass
 from .timing import measure, paired_ratio
@@ -48,29 +51,38 @@ def stream_bandwidth(repeats: int = 9) -> float:
 def bench_steps(repeats: int, out: Path, progress) -> dict:
     """t_q by plan and transformers' own forward; t_draft of a random 3-layer draft (proposals over
     all V) and of the shipped 2-layer DFlash 1 one (over its vocabulary); the plans measured meanwhile."""
-    target, _ = load_smollm2()
-    twin = transformers_twin(target.model)
+    adapter, _ = load_smollm2()                     # HFTarget: transformers' forward, on the measured plan
+    target, _ = load_smollm2_own()                  # the own Llama target (target/llama.py), the same weights
+    twin = transformers_twin(adapter.model)
     g = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
-    cache = target.make_cache()
+    prompt = torch.randint(0, vocab, (1, CACHED), generator=g)
+    caches = {"own": target.make_cache(), "HFTarget": adapter.make_cache()}
     with torch.inference_mode():
-        target(torch.randint(0, vocab, (1, CACHED), generator=g), past_key_values=cache, output_hidden_states=False)
+        target(prompt, past_key_values=caches["own"], output_hidden_states=False)
+        adapter(prompt, past_key_values=caches["HFTarget"], output_hidden_states=False)
     blocks = {q: torch.randint(0, vocab, (1, q), generator=g) for q in QS}
 
     def forward(q, plan):
         with torch.inference_mode():
-            if plan == "transformers":
-                twin(blocks[q], past_key_values=cache.cache, use_cache=True)
+            if plan == "transformers":                   # the twin on the adapter's transformers cache
+                twin(blocks[q], past_key_values=caches["HFTarget"].cache, use_cache=True)
+                caches["HFTarget"].crop(CACHED)
+            elif plan == "HFTarget":
+                adapter(blocks[q], past_key_values=caches["HFTarget"], output_hidden_states=q > 1)
+                caches["HFTarget"].crop(CACHED)
             else:
                 with linear_mode_as(plan):
-                    target(blocks[q], past_key_values=cache, output_hidden_states=q > 1)
-            cache.crop(CACHED)
+                    target(blocks[q], past_key_values=caches["own"], output_hidden_states=q > 1)
+                caches["own"].crop(CACHED)
 
-    variants = {(q, plan): (lambda q=q, plan=plan: forward(q, plan)) for q in QS for plan in ("transformers", *PLANS)}
+    variants = {(q, plan): (lambda q=q, plan=plan: forward(q, plan))
+                for q in QS for plan in ("transformers", "HFTarget", *PLANS)}
     raw = measure(variants, repeats, progress=progress)
     t = {k: statistics.median(v) for k, v in raw.items()}
-    bound = weight_bytes(target.model) / stream_bandwidth()
-    steps = [{"tokens q": q, **{f"{plan} (ms)": 1e3 * t[q, plan] for plan in ("transformers", *PLANS)},
+    bound = weight_bytes(adapter.model) / stream_bandwidth()
+    steps = [{"tokens q": q, **{f"{plan} (ms)": 1e3 * t[q, plan] for plan in ("transformers", "HFTarget", *PLANS)},
+              "own target / HFTarget (measured, paired)": paired_ratio(raw[q, "measured"], raw[q, "HFTarget"]),
               "measured / transformers' AR step": t[q, "measured"] / t[1, "transformers"],
               "verify / AR step (measured)": t[q, "measured"] / t[1, "measured"],
               "verify / AR step (measured, paired)": paired_ratio(raw[q, "measured"], raw[1, "measured"]),

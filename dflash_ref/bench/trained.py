@@ -14,7 +14,7 @@ from ..drafts.folder import SHIPPED_DRAFTS, check_fits, draft_folder, open_draft
 from ..extensions.verify_gate import draft_confidence
 from ..hooks import hooks
 from ..plots import save_figure
-from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
+from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2, load_smollm2_own
 from ..training.measure import acceptance_by_position, emitted, path_against_argmax, per_prompt, selector_log
 from ..training.prompt_sets import split_prompts
 from ..training.prompts import eval_prompts
@@ -47,8 +47,8 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
     also at the smaller blocks and proposing over all V instead of its vocabulary (extensions/draft_vocab.py).
     Every output is checked equal to AR's before anything is timed. Speed is over transformers' generate
     and over AR; τ per prompt set; acceptance per block position; the gate's calibration (its premise)."""
-    target, tokenizer = load_smollm2()
-    model = transformers_twin(target.model)
+    target, tokenizer = load_smollm2_own()          # the own Llama target (target/llama.py)
+    model = transformers_twin(load_smollm2()[0].model)
     sets = prompt_sets()
     inputs = {name: [chat_ids(tokenizer, p) for p in prompts] for name, prompts in sets.items()}
     every = [ids for group in inputs.values() for ids in group]

@@ -24,7 +24,7 @@ from ..drafts.folder import SHIPPED_DRAFT, check_fits, draft_folder, open_draft
 from ..drafts.random_draft import random_draft
 from ..target.checkpoint import DTYPES, CheckpointError, check_device
 from ..target.folder import folder_stop_ids, open_target
-from ..target.smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, chat_ids, load_smollm2
+from ..target.smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, chat_ids, load_smollm2_own
 from ..trace import tracing
 from ..training.options import check_seed
 from .folders import check_output_folder
@@ -78,7 +78,7 @@ def load_models(args):
     if note:
         print(note, file=sys.stderr)
     if args.target == "smollm2":
-        target, tokenizer = load_smollm2(dtype)
+        target, tokenizer = load_smollm2_own(dtype)     # the own Llama target: transformers' numbers
         target = target.to(device)
         stop, mask = STOP_TOKEN_IDS, MASK_TOKEN_ID
     else:

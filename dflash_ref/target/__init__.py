@@ -12,8 +12,9 @@ A target offers what the loop needs and nothing more:
                                         → TargetOutput(logits (B, L, V), hidden_states: L_t + 1 tensors)
 """
 from .hf import HFTarget
+from .llama import LlamaTarget
 from .qwen3 import Qwen3Target, TargetOutput
 from .qwen3_5 import Qwen3_5Target
 from .qwen3_5_config import HybridConfig
 
-__all__ = ["HFTarget", "HybridConfig", "Qwen3Target", "Qwen3_5Target", "TargetOutput"]
+__all__ = ["HFTarget", "HybridConfig", "LlamaTarget", "Qwen3Target", "Qwen3_5Target", "TargetOutput"]

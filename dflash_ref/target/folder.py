@@ -1,7 +1,7 @@
 """Opening a target folder the commands name (`--target DIR`): a Hugging Face causal-LM folder
-with its tokenizer, run on the project's own Qwen3 where it is one (qwen3.py), on the own hybrid
-target where it is a Qwen3.5 / 3.6, text or multimodal (qwen3_5_checkpoint.py), and in transformers
-otherwise (hf.py), and the token ids its answers end with. A folder that cannot serve ends the
+with its tokenizer, run on the project's own Qwen3 or Llama where it is one (qwen3.py, llama.py), on
+the own hybrid target where it is a Qwen3.5 / 3.6, text or multimodal (qwen3_5_checkpoint.py), and in
+transformers otherwise (hf.py), and the token ids its answers end with. A folder that cannot serve ends the
 command with a message naming the folder and the problem, never a traceback.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 
 from .checkpoint import CheckpointError, config_architectures, load_target
 from .hf import HFTarget
+from .llama import load_llama_target
 from .qwen3_5_checkpoint import is_hybrid_folder, load_hybrid_target
 
 
@@ -21,9 +22,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
 def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen3: bool = True):
     """--target FOLDER (a Hugging Face model folder) → (target, tokenizer), or the command ends naming
-    the folder and the problem: a Qwen3ForCausalLM runs on the project's own Qwen3 and a Qwen3.5 / 3.6
-    on the own hybrid target (unless not `own_qwen3`: training distils through transformers' generate),
-    anything else in transformers."""
+    the folder and the problem: a Qwen3ForCausalLM or LlamaForCausalLM runs on the project's own Qwen3 or
+    Llama and a Qwen3.5 / 3.6 on the own hybrid target (unless not `own_qwen3`: training distils through
+    transformers' generate), anything else in transformers. The own Llama's linear layers take the measured
+    plan's products, as HFTarget's do."""
     if not (folder / "config.json").is_file():
         raise SystemExit(f"--target {folder}: no config.json there (a Hugging Face model folder, or 'smollm2')")
     try:
@@ -39,7 +41,8 @@ def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError, KeyError, TypeError) as e:       # transformers' own, for damaged files
         raise SystemExit(f"--target {folder}: its tokenizer does not load: {type(e).__name__}: {e}") from None
-    own = load_target if "Qwen3ForCausalLM" in archs else load_hybrid_target if is_hybrid_folder(folder) else None
+    own = (load_target if "Qwen3ForCausalLM" in archs else load_llama_target if "LlamaForCausalLM" in archs
+           else load_hybrid_target if is_hybrid_folder(folder) else None)
     if own is not None and own_qwen3:
         try:
             return own(folder, dtype, device), tokenizer              # the project's own Qwen3 or Qwen3.5

@@ -4,8 +4,9 @@ The adapter exposes the target protocol (see `target/__init__.py`) on top of the
 pieces: `get_input_embeddings()` for the block's noise embedding, `get_output_embeddings()` as the
 lm_head, `output_hidden_states=True` for the context features (same layout: embedding output first,
 the last entry after the final norm), and a transformers `DynamicCache` cropped in place.
-Hook points live in the project's own Qwen3 target only: a transformers model gives no attention
-weights on its SDPA path, so tracing such a target is refused rather than silently empty.
+Hook points live in the project's own targets only (Qwen3, Llama, the Qwen3.5 hybrid): a transformers
+model gives no attention weights on its SDPA path, so tracing such a target is refused rather than
+silently empty; a Llama folder or model runs on the own Llama instead (llama.py), with the same numbers.
 """
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ import torch
 
 from ..extensions.streamed import cache_folder
 from .hf import HFTarget
+from .llama import LlamaTarget, from_transformers
 
 STOP_TOKEN_IDS = [2]   # <|im_end|>
 MASK_TOKEN_ID = 16     # <empty_output>, a special token chat text never contains
@@ -94,6 +95,15 @@ def _load(dtype: torch.dtype):
 def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[HFTarget, object]:
     """(target, tokenizer); loaded once per process and dtype, from the converted folder (`converted_folder`)."""
     return _load(dtype)
+
+
+@functools.lru_cache(maxsize=2)
+def load_smollm2_own(dtype: torch.dtype = torch.float32) -> tuple[LlamaTarget, object]:
+    """(target, tokenizer): SmolLM2 on the project's own Llama target (target/llama.py), on the weights of
+    `load_smollm2`'s model (shared, not copied), its linear layers on the measured plan as HFTarget's are.
+    transformers' logits bit for bit, with hook points and a leaner forward: what decoding runs on."""
+    target, tokenizer = load_smollm2(dtype)
+    return from_transformers(target.model), tokenizer
 
 
 def chat_ids(tokenizer, prompt: str) -> torch.Tensor:
