@@ -56,6 +56,20 @@ def test_every_kernel_is_f_linear_to_float_rounding(d_out, d_in, rows):
     assert ("sliced" in candidates(d_in, rows, True)) == (rows > 1 and d_in > linear_plan.SPLIT_WIDTH)
 
 
+def test_of_kernels_timed_alike_the_c_product_is_kept_before_torchs_other_products():
+    """Within MARGIN of each other, the one first in the candidates' order stays (the order itself:
+    tests/test_streamed.py); a kernel clearly faster replaces it."""
+    from dflash_ref.extensions import streamed
+    if not streamed.available():
+        pytest.skip(f"no C product here: {streamed.status()}")
+    for rows, other in ((1, "duplicated-row"), (4, "rows-first")):
+        names = candidates(576, rows, with_copies=True)
+        times = {name: [1.0] * 5 for name in names} | {"streamed": [0.5] * 5, other: [0.49] * 5}
+        assert choose(times) == "streamed"                      # 2 % faster is not clearly faster
+        assert choose(times | {other: [0.45] * 5}) == other     # 10 % is
+    assert "streamed" not in candidates(576, 1, True, d_out=linear_plan.streamed.MAX_SIZE + 1)   # int sizes
+
+
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("shape", [(1, 7, 16), (3, 2, 16), (5, 16), (16,), (1, 1, 16), (1, 65, 16)])
 def test_linear_product_is_f_linear_to_float_rounding_under_every_plan(mode, shape):

@@ -101,10 +101,11 @@ def test_the_c_product_reads_views_and_refuses_what_it_cannot_compute():
 
 
 @built
-def test_the_plan_offers_it_before_the_kernels_that_copy_w():
-    """choose() walks the candidates in order: the C product, which needs no copy of W, comes before them."""
-    assert linear_plan.candidates(1536, 4, with_copies=True) == ("linear", "rows-first", "streamed", "transposed",
+def test_the_plan_offers_it_after_f_linear_and_before_torchs_other_products():
+    """choose() walks the candidates in order: F.linear, the C product, torch's other products, the copies of W."""
+    assert linear_plan.candidates(1536, 4, with_copies=True) == ("linear", "streamed", "rows-first", "transposed",
                                                                   "sliced")
+    assert linear_plan.candidates(576, 1, with_copies=False) == ("linear", "streamed", "duplicated-row")
 
 
 @pytest.mark.parametrize("env, why", [({"CC": "false"}, "no C product (false failed"),

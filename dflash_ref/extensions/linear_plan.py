@@ -19,7 +19,7 @@ that large is timed as it is); the candidates take turns product by product, REP
 kernel replaces F.linear only when it is at most MARGIN times as slow in the median pair (its i-th
 sample over F.linear's i-th, taken moments apart: a slow or quiet minute of a shared machine hits
 both), and a kernel that needs copies of W only when it beats the others so: ties and noise keep
-torch's own, and memory is spent only where it pays. A plan measured is also written to the
+F.linear, and memory is spent only where it pays; between the others, `candidates`' order decides a tie. A plan measured is also written to the
 cache folder, and later processes on the same machine read it instead of measuring again
 (extensions/plan_store.py). DFLASH_REF_LINEAR (or `set_linear_mode`) pins the plan: `measured` (the
 default), `linear` (F.linear everywhere), `rows-first` (duplicated-row for one row, rows-first for
@@ -121,10 +121,15 @@ def linear_mode_as(mode: str):
 
 
 def candidates(d_in: int, rows: int, with_copies: bool, d_out: int = 1) -> tuple[str, ...]:
-    """The kernels that may compute a product of `rows` rows (F.linear first)."""
+    """The kernels that may compute a product of `rows` rows, in the order `choose` walks them: F.linear,
+    the C product, torch's other products, then those that read copies of W. The C product goes before
+    torch's duplicated row / rows-first because the cold pool times them alike where a forward does not:
+    SmolLM2's AR step (AMD EPYC, AVX-512) with its one-row products on the C product took 0.905 of its
+    time with the duplicated row there, which the pool had timed within 1-4 % of the C product (two
+    rows, against rows-first: 0.959), so of two kernels within MARGIN of each other, the C product stays."""
     sizes_fit = max(d_in, d_out) <= streamed.MAX_SIZE          # the C code's sizes are ints
-    names = ["linear", "duplicated-row" if rows == 1 else "rows-first"] + (["streamed"] if streamed.available()
-                                                                          and sizes_fit else [])
+    names = ["linear", *(["streamed"] if streamed.available() and sizes_fit else []),
+             "duplicated-row" if rows == 1 else "rows-first"]
     if with_copies:
         names += ["transposed"] + (["sliced"] if rows > 1 and d_in > SPLIT_WIDTH else [])
     return tuple(names)
