@@ -353,3 +353,12 @@ def test_a_fake_clock_neither_reads_nor_writes_the_store_and_an_unwritable_cache
     linear_plan.forget_plans()
     assert kernel_for(weight, 4, False) in candidates(16, 4, False)       # kept for this process only
     assert kernel_for(weight, 4, False, clock=lambda: pytest.fail("measured again")) in candidates(16, 4, False)
+
+
+def test_a_weight_off_the_cpu_never_reaches_the_c_product(monkeypatch):
+    """The C product reads W's memory as the CPU's: linear_product leaves any other device to F.linear
+    (here the plan is made to answer the C product for every shape)."""
+    monkeypatch.setattr(linear, "kernel_for", lambda *args, **kwargs: "streamed")
+    x, w = torch.randn(1, 24), torch.empty(40, 24, device="meta")
+    with torch.inference_mode():
+        assert linear_product(x, w).device == F.linear(x, w).device

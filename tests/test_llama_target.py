@@ -77,7 +77,7 @@ def test_a_saved_llama_folder_loads_as_the_own_target_with_the_plans_products(tm
         assert_close(ours(ids).logits, model(ids).logits)        # other products: the same sums up to rounding
 
 
-def test_open_target_runs_a_llama_folder_on_the_own_target_and_training_in_transformers(tmp_path):
+def test_open_target_runs_a_llama_folder_on_the_own_target_and_training_in_transformers(tmp_path, capsys):
     from dflash_ref.target.folder import open_target
     from dflash_ref.target.hf import HFTarget
     from dflash_ref.target.smollm2 import load_smollm2
@@ -89,6 +89,13 @@ def test_open_target_runs_a_llama_folder_on_the_own_target_and_training_in_trans
     load_smollm2()[1].save_pretrained(tmp_path)
     assert isinstance(open_target(tmp_path, torch.float32, torch.device("cpu"))[0], LlamaTarget)
     assert isinstance(open_target(tmp_path, torch.float32, torch.device("cpu"), own_qwen3=False)[0], HFTarget)
+    config = json.loads((tmp_path / "config.json").read_text())     # Llama 3's RoPE: the own Llama refuses it
+    config["rope_parameters"] = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert isinstance(open_target(tmp_path, torch.float32, torch.device("cpu"))[0], HFTarget)   # as before it came
+    note = capsys.readouterr().err
+    assert "not on the own Llama" in note and "llama3" in note
 
 
 @pytest.mark.parametrize("field,value,named", [
@@ -134,3 +141,18 @@ def test_its_hook_points_give_the_attention_pattern_on_the_explicit_path():
     assert torch.allclose(pattern.sum(-1), torch.ones(1, 4, 7))
     assert torch.equal(pattern.triu(1), torch.zeros_like(pattern))            # causal: nothing after the query
     assert_close(traced, plain)                                               # the explicit path: the same sums
+
+
+def test_a_model_whose_rope_frequencies_were_rounded_is_refused():
+    """transformers keeps the RoPE frequencies in a buffer; `.to(bfloat16)` rounds it, and its cos/sin with it:
+    the own target, which computes them from the config, would not be that model's numbers."""
+    model = hf_llama(*LLAMAS[0]).to(torch.bfloat16)
+    with pytest.raises(ValueError, match="inv_freq"):
+        from_transformers(model)
+
+
+def test_a_llama_config_without_max_positions_takes_llamas_default():
+    from dflash_ref.target.llama import LlamaTargetConfig
+    config = hf_llama(*LLAMAS[0]).config.to_dict()
+    del config["max_position_embeddings"]
+    assert LlamaTargetConfig.from_dict(config).max_position_embeddings == transformers.LlamaConfig().max_position_embeddings

@@ -18,8 +18,8 @@ plan measured): it can also hold the copies of W that two kernels read (W's d_in
 slices, Wᵀ made contiguous), made once when the plan first asks for them and remade when the weight
 changes (`RowsFirstLinear.copies` says what it notices); weights over 2²⁴ elements or made in
 inference mode are not copied. `use_rows_first` switches a model's plain nn.Linear layers to it where
-models are made or loaded (HFTarget, load_draft, random_draft), and `linear_product` is what the
-draft's proposals go through (target.output_head, extensions/draft_vocab.py).
+models are made or loaded (HFTarget, the own Llama, load_draft, random_draft), and `linear_product` is
+what the draft's proposals go through (target.output_head, extensions/draft_vocab.py).
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     kernel of linear_plan.COPIES reads; without it those kernels are not candidates."""
     rows = x.numel() // max(x.shape[-1], 1)
     if (torch.is_grad_enabled() or rows not in MEASURED_ROWS or x.dtype != torch.float32
-            or weight.dtype != torch.float32 or not x.is_cpu or weight.dim() != 2
+            or weight.dtype != torch.float32 or not x.is_cpu or not weight.is_cpu or weight.dim() != 2
             or x.shape[-1] != weight.shape[-1] or torch.is_autocast_enabled("cpu")):
         return F.linear(x, weight, bias)   # incl. its own shape errors, and autocast's bf16 products
     name = kernel_for(weight, rows, copies is not None and can_copy(weight))

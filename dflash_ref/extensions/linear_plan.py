@@ -19,12 +19,12 @@ that large is timed as it is); the candidates take turns product by product, REP
 kernel replaces F.linear only when it is at most MARGIN times as slow in the median pair (its i-th
 sample over F.linear's i-th, taken moments apart: a slow or quiet minute of a shared machine hits
 both), and a kernel that needs copies of W only when it beats the others so: ties and noise keep
-F.linear, and memory is spent only where it pays; between the others, `candidates`' order decides a tie. A plan measured is also written to the
-cache folder, and later processes on the same machine read it instead of measuring again
-(extensions/plan_store.py). DFLASH_REF_LINEAR (or `set_linear_mode`) pins the plan: `measured` (the
-default), `linear` (F.linear everywhere), `rows-first` (duplicated-row for one row, rows-first for
-2 … 64: the rule this project used before it measured). Tried and left
-out: torch.mv (slower on the machines measured); oneDNN's linear (torch.ops.mkldnn._linear_pointwise:
+F.linear, and memory is spent only where it pays; between the others, `candidates`' order decides a
+tie. A plan measured is also written to the cache folder, and later processes on the same machine
+read it instead of measuring again (extensions/plan_store.py). DFLASH_REF_LINEAR (or
+`set_linear_mode`) pins the plan: `measured` (the default), `linear` (F.linear everywhere), `rows-first`
+(duplicated-row for one row, rows-first for 2 … 64: the rule this project used before it measured).
+Tried and left out: torch.mv (slower on the machines measured); oneDNN's linear (torch.ops.mkldnn._linear_pointwise:
 slower than F.linear at 1 … 8 rows of SmolLM2's shapes on an Intel Xeon); MKL's packed weights
 (torch.ops.mkl._mkl_linear: slower on AMD EPYC; on that Xeon 1.7–2.2× F.linear on the lm_head at 4–8
 rows, but no faster than `streamed` there, and it needs a packed copy of W per row count).

@@ -7,11 +7,12 @@ command with a message naming the folder and the problem, never a traceback.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, config_architectures, load_target
+from .checkpoint import CheckpointConfigError, CheckpointError, config_architectures, load_target
 from .hf import HFTarget
 from .llama import load_llama_target
 from .qwen3_5_checkpoint import is_hybrid_folder, load_hybrid_target
@@ -24,8 +25,8 @@ def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen
     """--target FOLDER (a Hugging Face model folder) → (target, tokenizer), or the command ends naming
     the folder and the problem: a Qwen3ForCausalLM or LlamaForCausalLM runs on the project's own Qwen3 or
     Llama and a Qwen3.5 / 3.6 on the own hybrid target (unless not `own_qwen3`: training distils through
-    transformers' generate), anything else in transformers. The own Llama's linear layers take the measured
-    plan's products, as HFTarget's do."""
+    transformers' generate), anything else in transformers, as is a Llama whose config the own Llama
+    refuses. The own Llama's linear layers take the measured plan's products, as HFTarget's do."""
     if not (folder / "config.json").is_file():
         raise SystemExit(f"--target {folder}: no config.json there (a Hugging Face model folder, or 'smollm2')")
     try:
@@ -45,7 +46,12 @@ def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen
            else load_hybrid_target if is_hybrid_folder(folder) else None)
     if own is not None and own_qwen3:
         try:
-            return own(folder, dtype, device), tokenizer              # the project's own Qwen3 or Qwen3.5
+            return own(folder, dtype, device), tokenizer              # the project's own Qwen3, Llama or Qwen3.5
+        except CheckpointConfigError as e:
+            if own is not load_llama_target:
+                raise SystemExit(f"--target: {e}") from None
+            # a Llama the own target cannot compute (Llama 3's RoPE, biases): transformers runs it, as before
+            print(f"[--target: not on the own Llama ({e}); running it in transformers]", file=sys.stderr)
         except CheckpointError as e:
             raise SystemExit(f"--target: {e}") from None
     from transformers import AutoModelForCausalLM    # optional: the hf extra

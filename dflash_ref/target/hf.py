@@ -6,7 +6,8 @@ lm_head, `output_hidden_states=True` for the context features (same layout: embe
 the last entry after the final norm), and a transformers `DynamicCache` cropped in place.
 Hook points live in the project's own targets only (Qwen3, Llama, the Qwen3.5 hybrid): a transformers
 model gives no attention weights on its SDPA path, so tracing such a target is refused rather than
-silently empty; a Llama folder or model runs on the own Llama instead (llama.py), with the same numbers.
+silently empty; the own Llama (llama.py) gives a transformers Llama's numbers with them
+(`from_transformers(model)`, and what `--target DIR` opens a Llama folder on).
 """
 from __future__ import annotations
 

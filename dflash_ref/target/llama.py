@@ -26,13 +26,18 @@ from .checkpoint import load_folder
 from .qwen3 import Qwen3Target
 
 
+LLAMA_MAX_POSITIONS = 2048   # transformers' LlamaConfig default (a yarn RoPE without its original length reads it)
+
+
 class LlamaTargetConfig(TargetConfig):
     """A Llama causal LM used as the target (architectures: LlamaForCausalLM)."""
 
     @classmethod
     def _fields_from_dict(cls, d: dict) -> dict:
-        if isinstance(d, dict) and bool_field(d.get("mlp_bias", False), "mlp_bias"):
-            raise ConfigError("mlp_bias=true is not supported (the SwiGLU here has no biases)")
+        if isinstance(d, dict):
+            if bool_field(d.get("mlp_bias", False), "mlp_bias"):
+                raise ConfigError("mlp_bias=true is not supported (the SwiGLU here has no biases)")
+            d = {"max_position_embeddings": LLAMA_MAX_POSITIONS, **d}   # LlamaConfig's default, not Qwen3's
         return super()._fields_from_dict(d)
 
     def to_dict(self) -> dict:
@@ -63,6 +68,11 @@ def from_transformers(model, rows_first: bool = True) -> LlamaTarget:
                          f"unexpected {unexpected or 'none'}")
     if config.tie_word_embeddings:
         target.lm_head.weight = target.model.embed_tokens.weight
+    theirs = model.model.rotary_emb.inv_freq
+    if not torch.equal(theirs.float(), target.rotary_emb.inv_freq(theirs.device)) or theirs.dtype != torch.float32:
+        raise ValueError("this model's RoPE frequencies (model.model.rotary_emb.inv_freq, "
+                         f"{theirs.dtype}) are not the fp32 ones its config gives: a model cast by .to(dtype) "
+                         "rounds them; load it with from_pretrained(..., dtype=...) instead")
     return _planned(target.eval(), rows_first)
 
 
