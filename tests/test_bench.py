@@ -34,6 +34,17 @@ def test_measure_interleaves_and_summarise_gives_ratios_to_the_baseline():
                                        "| 16 | 3 | 5 | 6 |"]
 
 
+def test_each_timed_variant_of_baselines_runs_its_own_decoder():
+    """bench baselines times one call per decoder over every input; each must run that decoder (a comprehension
+    whose lambdas defaulted to an earlier loop's last decoder once timed that one in every row)."""
+    from dflash_ref.bench.baselines import over_inputs
+    decoders = {name: (lambda ids, name=name: (name, ids)) for name in ("transformers", "ours", "official")}
+    variants = over_inputs(decoders, [1, 2])
+    assert list(variants) == list(decoders)
+    assert {name: call() for name, call in variants.items()} == {
+        name: [(name, 1), (name, 2)] for name in decoders}
+
+
 def test_without_hook_support_is_scoped_and_really_skips_hooks():
     point, seen, original = HookPoint(), [], HookPoint.__call__
     point.name = "p"

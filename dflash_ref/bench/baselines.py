@@ -20,6 +20,7 @@ import contextlib
 import copy
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -119,13 +120,19 @@ def bench_baselines(repeats: int, out: Path, progress) -> dict:
             raise AssertionError(f"{name}: output differs from dflash_ref's AR (not token-identical)")
         taus[name] = sum(t or 1.0 for _, t in results) / len(results)
     progress("every output equals dflash_ref's AR; timing")
-    rows = summarise(measure({name: lambda d=decode: [d(ids) for ids in inputs] for name, d in decoders.items()},
-                             repeats, progress=progress), next(iter(decoders)))
+    rows = summarise(measure(over_inputs(decoders, inputs), repeats, progress=progress), next(iter(decoders)))
     for row in rows:
         row.update({"speed vs transformers generate": 1 / row["ratio"], "τ (tokens/step)": taus[row["variant"]],
                     "identical output": True})
     return {f"baselines · SmolLM2-135M fp32, {PROMPTS} hand-written held-out prompts, {n} tokens, greedy": rows,
             "the linear plan measured meanwhile (µs per product, weights cold)": plans()}
+
+
+def over_inputs(decoders: dict[str, Callable], inputs: list[torch.Tensor]) -> dict[str, Callable[[], list]]:
+    """name → a call running that decoder over every input: what `measure` times, one variant per decoder.
+    (Until 2026-12-04 the calls were made by a comprehension whose lambdas took the last decoder of an
+    earlier loop as their default, so every row of `bench baselines` timed that last decoder.)"""
+    return {name: (lambda decode=decode: [decode(ids) for ids in inputs]) for name, decode in decoders.items()}
 
 
 def _ours(result) -> tuple[torch.Tensor, float | None]:
