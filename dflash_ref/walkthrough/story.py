@@ -32,7 +32,7 @@ from ..drafts.folder import SHIPPED_DFLASH1
 from ..drafts.oracle import OracleDraft
 from ..drafts.random_draft import random_smollm2_draft
 from ..layer_sampling import build_target_layer_ids
-from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
+from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2_own
 from ..trace import Trace, tracing
 from ..training.prompts import eval_prompts
 from . import dflash2, trained_dflash2
@@ -84,7 +84,7 @@ class Comparison:
 def trained_vs_random_example(max_new_tokens: int = 64) -> Comparison:
     """The shipped SmolLM2 DFlash 1 draft and a random draft of its shape, greedy on the first held-out
     prompt, draft attention traced; both outputs are the target's own (checked)."""
-    target, tokenizer = load_smollm2()
+    target, tokenizer = load_smollm2_own()          # the own Llama target: transformers' numbers, faster
     trained = load_draft(SHIPPED_DFLASH1, torch.float32)
     drafts = {"trained": trained,
               "random": random_smollm2_draft(target, trained.config.num_hidden_layers, trained.block_size)}

@@ -20,7 +20,7 @@ from .. import plots
 from ..decoding import generate, spec_generate
 from ..drafts.checkpoint import load_draft
 from ..drafts.folder import SHIPPED_DFLASH2
-from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
+from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2_own
 from ..trace import Trace, tracing
 from ..training.measure import acceptance_by_position, best_candidate, path_against_argmax, selector_log
 from ..training.prompt_sets import split_prompts
@@ -57,7 +57,7 @@ def trained_dflash2_example() -> TrainedDFlash2:
     """The shipped SmolLM2 DFlash 2 draft (fp32, proposing among its draft vocabulary) greedy on the first
     TRAINED_PROMPTS prompts of both held-out sets: its path against the argmax of its own logits at every
     step, and the first prompt's selector traced (its output checked equal to the target's own)."""
-    target, tokenizer = load_smollm2()
+    target, tokenizer = load_smollm2_own()          # the own Llama target: transformers' numbers, faster
     draft = load_draft(SHIPPED_DFLASH2, torch.float32)
     prompts = eval_prompts(TRAINED_PROMPTS) + split_prompts("heldout-styles")[:TRAINED_PROMPTS]
     ids = chat_ids(tokenizer, prompts[0])
