@@ -14,6 +14,8 @@ Speculative (`spec_generate`), the seed's five stages:
     3. verify    target([x_0, d_1, …, d_γ]) → the posterior at every block position, new hidden states
     4. accept    τ by cumprod and the bonus token (acceptance.py); commit x_0, d_1..d_τ, bonus
     5. crop      the target cache to the new start = start + τ + 1; target_hidden = new features[:, :τ + 1]
+    (extension: `lookup`, extensions/prompt_lookup.py, may propose instead of stage 2: no draft pass, and
+     the step's features wait in target_hidden for the next draft pass)
 
 Why `[:, 1:]`: block position 0 holds the known token x_0; positions 1..γ are the predictions.
 Output buffer and position rules follow `dflash` 0.1.0 exactly, so both give the same tokens, and
@@ -33,6 +35,7 @@ import torch
 from .acceptance import check_sampling, sample, sample_probs, sampling_probs, verify_block
 from .compat import check_pair, check_request
 from .extensions.draft_vocab import DraftVocabHead
+from .extensions.prompt_lookup import check_lookup, lookup_distribution, lookup_proposals
 from .extensions.verify_gate import check_gate, gate_block
 from .layer_sampling import extract_context_feature
 from .trace import StepRecord
@@ -96,16 +99,18 @@ def generate(target, input_ids: torch.Tensor, max_new_tokens: int,
 def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
                   stop_token_ids: list[int] | None = None, temperature: float = 0.0,
                   top_p: float = 1.0, top_k: int = 0, block_size: int | None = None,
-                  verifier: str = "rejection", verify_gate: float | None = None,
+                  verifier: str = "rejection", verify_gate: float | None = None, lookup: int | None = None,
                   on_step: Callable[[StepRecord], None] | None = None) -> GenerationOutput:
     """Up to `max_new_tokens` tokens after `input_ids` (1, L) from draft + target: the five stages above.
 
     Lossless: greedy output equals `generate(target, …)`; sampled output has the target's distribution
     with either verifier ("rejection" or "match", acceptance.py). `verify_gate` θ, an extension
     (extensions/verify_gate.py): verify the whole block only when the draft's c_1·c_2 ≥ θ, else d_1
-    alone; None (official) verifies every block whole. `on_step` gets a StepRecord after every step."""
+    alone; None (official) verifies every block whole. `lookup` N, an extension (extensions/prompt_lookup.py):
+    a step whose last N or more tokens occurred before proposes what followed them, without a draft pass;
+    None (official) always drafts. `on_step` gets a StepRecord after every step."""
     block_size = _check_arguments(draft, target, input_ids, max_new_tokens, stop_token_ids, temperature,
-                                  top_p, top_k, block_size, verifier, verify_gate)
+                                  top_p, top_k, block_size, verifier, verify_gate, lookup)
     device, prompt_len = target.device, input_ids.shape[1]
     input_ids, max_length = input_ids.to(device), prompt_len + max_new_tokens
     result = GenerationOutput(input_ids.clone(), prompt_len)
@@ -133,9 +138,13 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
         # 2. draft: [x_0, mask, …] → d_1..d_γ in one parallel pass; then the block's K/V go
         draft_size = min(block_size, max_length - start)                     # L_q
         block_ids = output_ids[:, start:start + draft_size].clone()          # (1, L_q)
-        ctx_len = target_hidden.shape[1] if draft_size > 1 else 0            # L_c, new context features
+        copied = lookup_proposals(output_ids, start, draft_size - 1, lookup)  # (1, γ) or None
+        ctx_len = target_hidden.shape[1] if draft_size > 1 and copied is None else 0   # L_c, new context features
         draft_logits = draft_probs = candidates = hidden = None
-        if draft_size > 1:
+        if copied is not None:                                                # no draft pass: its context waits
+            block_ids[:, 1:] = copied
+            draft_probs, candidates = lookup_distribution(copied)
+        elif draft_size > 1:
             noise = target.embed(block_ids) * draft.config.input_embedding_scale  # (1, L_q, d)
             hidden = draft(position_ids[:, start - ctx_len:start + draft_size], noise_embedding=noise,
                            target_hidden=target_hidden, past_key_values=draft_cache)[:, 1:]   # (1, γ, d)
@@ -145,8 +154,10 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
             draft_logits = draft.compute_logits(hidden, head)                 # (1, γ, V)
             block_ids[:, 1:], draft_probs, candidates = _propose(draft, hidden, draft_logits, block_ids[:, 0],
                                                                  temperature, top_p, top_k, verifier)
+            target_hidden = target_hidden[:, :0]                              # consumed: in the draft cache now
         proposals = block_ids[0, 1:].tolist()                                 # d_1..d_γ, every one drafted
-        block_ids, draft_probs, candidates = gate_block(verify_gate, block_ids, draft_logits, draft_probs,   # (1, L)
+        block_ids, draft_probs, candidates = gate_block(verify_gate if copied is None else None,   # (1, L)
+                                                        block_ids, draft_logits, draft_probs,
                                                         candidates, getattr(draft, "candidate_selector", None), hidden)
 
         # 3. verify: one target pass over [x_0, d_1, …]
@@ -166,11 +177,13 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
         # 5. crop the target cache to the committed tokens; their features are the next context
         target_cache.crop(start + produced)                                   # rejected K/V go
         if draft_size > 1:
-            target_hidden = extract_context_feature(out.hidden_states, draft.target_layer_ids)[:, :produced]
+            new = extract_context_feature(out.hidden_states, draft.target_layer_ids)[:, :produced]   # (1, produced, k·d)
+            target_hidden = torch.cat([target_hidden, new], dim=1)            # after what a lookup step left
         result.add_step(tau, produced)
         if on_step is not None:
-            on_step(_step_record(len(result.acceptance_lengths) - 1, start, block_ids, draft_size, proposals,
-                                 posterior, tau, bonus, produced, ctx_len, caches, draft_cache, target_cache))
+            on_step(StepRecord.of_step(len(result.acceptance_lengths) - 1, start, block_ids,
+                                       0 if copied is not None else draft_size, proposals, posterior, tau, bonus,
+                                       produced, ctx_len, caches, draft_cache, target_cache))
         start += produced
 
     result.output_ids = output_ids[:, :min(start + 1, max_length)]
@@ -178,13 +191,14 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
 
 
 def _check_arguments(draft, target, input_ids, max_new_tokens, stop_token_ids, temperature, top_p, top_k,
-                     block_size, verifier, verify_gate) -> int:
+                     block_size, verifier, verify_gate, lookup) -> int:
     """Refuse what cannot be decoded, before any compute (compat.py); → the block size to use."""
     check_pair(draft, target)
     check_sampling(temperature, top_p, top_k)
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {VERIFIERS}")
     check_gate(verify_gate)
+    check_lookup(lookup)
     block_size = draft.block_size if block_size is None else block_size
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be an integer ≥ 1, got {block_size!r}")
@@ -228,20 +242,3 @@ def _committed(output_ids: torch.Tensor, start: int, tau: int, max_length: int,
         return int(hits[0, 0]) + 1, True
     return produced, False
 
-
-def _step_record(step: int, start: int, block_ids: torch.Tensor, draft_size: int, proposals: list[int],
-                 posterior: torch.Tensor | None, tau: int, bonus, produced: int, ctx_len: int,
-                 caches: dict[str, int], draft_cache, target_cache) -> StepRecord:
-    """The trace's record of one step, `start` still the step's own (the position of its x_0)."""
-    return StepRecord(
-        step=step, start=start, block_ids=block_ids[0].tolist(),
-        q_position_ids=list(range(start, start + draft_size)),
-        k_position_ids=list(range(start + draft_size)) if draft_size > 1 else [],
-        draft_tokens=proposals, verify_size=block_ids.shape[1],
-        posterior=posterior[0].tolist() if posterior is not None else [],
-        acceptance_length=tau, bonus=int(bonus), produced=produced, ctx_len=ctx_len,
-        draft_cache_before=caches["draft_cache_before"],
-        draft_cache_after_draft=caches.get("draft_cache_after_draft", caches["draft_cache_before"]),
-        draft_cache_after=draft_cache.get_seq_length(), target_cache_before=caches["target_cache_before"],
-        target_cache_after_verify=caches["target_cache_after_verify"],
-        target_cache_after=target_cache.get_seq_length())

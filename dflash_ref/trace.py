@@ -26,8 +26,8 @@ from torch import nn
 
 from .hooks import HookPoint, hook_points, hooks
 
-FORMAT = "dflash_ref.trace/2"                       # /2: StepRecord.verify_size (the verify gate)
-READABLE = ("dflash_ref.trace/1", FORMAT)            # a /1 trace loads with verify_size = 0
+FORMAT = "dflash_ref.trace/3"                       # /3: StepRecord.lookup (prompt lookup); /2: verify_size
+READABLE = ("dflash_ref.trace/1", "dflash_ref.trace/2", FORMAT)   # older ones load with lookup False, verify_size 0
 
 
 @dataclasses.dataclass
@@ -53,6 +53,27 @@ class StepRecord:
     target_cache_after: int          # after its crop (= new start)
     verify_size: int = 0             # L, tokens verified: L_q, or 2 where verify_gate shut (0: not recorded,
                                      # a trace saved before this field existed)
+    lookup: bool = False             # d_1..d_γ copied by prompt lookup (extensions/prompt_lookup.py): no
+                                     # draft pass, so no draft positions and no draft activations this step
+
+    @classmethod
+    def of_step(cls, step: int, start: int, block_ids: torch.Tensor, drafted: int, proposals: list[int],
+                posterior: torch.Tensor | None, tau: int, bonus, produced: int, ctx_len: int,
+                caches: dict[str, int], draft_cache, target_cache) -> "StepRecord":
+        """The record of one step of spec_generate, `start` still the step's own (the position of its x_0);
+        `drafted` the draft's L_q, 0 where a lookup proposed instead."""
+        return cls(
+            step=step, start=start, block_ids=block_ids[0].tolist(),
+            q_position_ids=list(range(start, start + drafted)),
+            k_position_ids=list(range(start + drafted)) if drafted > 1 else [],
+            draft_tokens=proposals, verify_size=block_ids.shape[1],
+            posterior=posterior[0].tolist() if posterior is not None else [],
+            acceptance_length=tau, bonus=int(bonus), produced=produced, ctx_len=ctx_len,
+            draft_cache_before=caches["draft_cache_before"],
+            draft_cache_after_draft=caches.get("draft_cache_after_draft", caches["draft_cache_before"]),
+            draft_cache_after=draft_cache.get_seq_length(), target_cache_before=caches["target_cache_before"],
+            target_cache_after_verify=caches["target_cache_after_verify"],
+            target_cache_after=target_cache.get_seq_length(), lookup=drafted == 0)
 
 NameFilter = Iterable[str] | Callable[[str], bool] | None
 

@@ -129,21 +129,27 @@ def test_save_load_round_trip_is_bit_identical(tmp_path):
         Trace.load(tmp_path / "missing")
 
 
-def test_a_trace_saved_before_the_verify_gate_still_loads(tmp_path):
-    """Format /1 had no StepRecord.verify_size: it loads as 0 ("not recorded"); an unknown format is refused."""
+def test_a_trace_saved_before_the_verify_gate_or_lookup_still_loads(tmp_path):
+    """Format /1 had no StepRecord.verify_size, /2 no StepRecord.lookup: they load as 0 ("not recorded") and
+    False (no lookup existed); an unknown format is refused."""
     import json
     _, _, _, _, trace = traced_run(1, {"block_size": 4}, [3, 0, 1])
     trace.save(tmp_path / "t")
     doc = json.loads((tmp_path / "t" / "trace.json").read_text())
-    assert doc["format"] == "dflash_ref.trace/2"
-    assert all(r["verify_size"] == len(r["q_position_ids"]) for r in doc["records"])
-    doc["format"] = "dflash_ref.trace/1"
-    for r in doc["records"]:
-        del r["verify_size"]
-    (tmp_path / "t" / "trace.json").write_text(json.dumps(doc))
-    back = Trace.load(tmp_path / "t")
-    assert [r.verify_size for r in back.records] == [0] * len(trace.records)
-    assert [r.block_ids for r in back.records] == [r.block_ids for r in trace.records]
+    assert doc["format"] == "dflash_ref.trace/3"
+    assert all(r["verify_size"] == len(r["q_position_ids"]) and r["lookup"] is False for r in doc["records"])
+    for old in ("dflash_ref.trace/2", "dflash_ref.trace/1"):
+        doc["format"] = old
+        for r in doc["records"]:
+            r.pop("lookup", None)
+            if old.endswith("/1"):
+                del r["verify_size"]
+        (tmp_path / "t" / "trace.json").write_text(json.dumps(doc))
+        back = Trace.load(tmp_path / "t")
+        assert [r.verify_size for r in back.records] == ([0] * len(trace.records) if old.endswith("/1") else
+                                                         [r.verify_size for r in trace.records])
+        assert [r.block_ids for r in back.records] == [r.block_ids for r in trace.records]
+        assert not any(r.lookup for r in back.records)
     doc["format"] = "dflash_ref.trace/9"
     (tmp_path / "t" / "trace.json").write_text(json.dumps(doc))
     with pytest.raises(ValueError, match="unknown format"):
