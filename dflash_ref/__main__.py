@@ -27,6 +27,9 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verify-gate", type=float, metavar="θ",
                    help="verify the whole block only when the draft's c_1·c_2 ≥ θ, else its first proposal "
                         "alone (extensions/verify_gate.py; bench trained uses 0.5; default: off, every block verified whole)")
+    p.add_argument("--lookup", type=int, metavar="N",
+                   help="where the last N or more committed tokens occurred before, propose what followed them "
+                        "instead of drafting (extensions/prompt_lookup.py; 2 measured best; default: off, always draft)")
     p.add_argument("--draft-layers", type=int, default=3, help="layers of a random draft")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", help="save the trace (draft attention of every step) to this folder")
@@ -68,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
                                "(default: heldout:0:12, the training run's held-out evaluation)")
     evaluate.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt")
     evaluate.add_argument("--block-size", type=int, help="verify blocks of this size (default: the draft's)")
+    evaluate.add_argument("--lookup", type=int, metavar="N", help="decode with prompt lookup beside the draft, "
+                          "as generate --lookup (extensions/prompt_lookup.py; default: off)")
     evaluate.add_argument("--out", help="write the results here as JSON")
     evaluate.add_argument("--by-template", action="store_true",
                           help="also report each set split by the prompts' template or style (training/prompt_sets.py)")
@@ -117,9 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         run(args.out)
     elif args.command == "generate":
         from .cli.generate import check_arguments as check_generate, run as run_generate
+        from .extensions.prompt_lookup import check_lookup
         from .extensions.verify_gate import check_gate
         try:
             check_gate(args.verify_gate)
+            check_lookup(args.lookup)
             check_generate(args)
         except ValueError as e:
             gen.error(str(e))

@@ -226,6 +226,8 @@ def test_bench_trained_runs_every_decoder_side_by_side(tmp_path, monkeypatch):
     names = [r["variant"] for r in rows]
     assert names[:2] == ["transformers generate (nn.Linear)", "dflash_ref AR (target alone)"]
     assert all(any(n.startswith(f"{label} b=") for n in names) for label in SHIPPED_DRAFTS)
+    assert all(any(n.endswith(f", prompt lookup N={trained.LOOKUP}") and n.startswith(label) for n in names)
+               for label in SHIPPED_DRAFTS)
     assert rows[0]["speed vs transformers generate"] == 1.0
     assert all({"τ template held-out", "τ other styles", "speed vs AR"} <= set(r) for r in rows)
     assert (tmp_path / "trained.png").is_file()

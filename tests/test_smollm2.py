@@ -289,6 +289,9 @@ def test_generate_checking_an_output_folder_leaves_none_behind(tmp_path, monkeyp
     (["bench", "nope"], "bench", "unknown benchmark(s) ['nope']"),
     (["bench", "official", "--draft", "d"], "bench", "only the trained benchmark measures a draft folder"),
     (["generate", "--target", "smollm2", "--verify-gate", "-1"], "generate", "verify_gate must be"),
+    (["generate", "--target", "smollm2", "--lookup", "0"], "generate", "lookup must be None"),
+    (["evaluate", "--lookup", "4"], "evaluate", "lookup must be None"),
+    (["evaluate", "--teacher-forced", "--lookup", "2"], "evaluate", "it takes no --lookup"),
     (["evaluate", "--tokens", "1"], "evaluate", "--tokens must be at least 2 (the first token is the prefill's"),
     (["evaluate", "--draft", "shipped:nope"], "evaluate", "--draft shipped:nope: no shipped draft of that name"),
     (["train", "--out", "OUT", "--block-size", "1"], "train", "no position to predict"),
@@ -406,6 +409,31 @@ def test_evaluate_counts_what_spec_generate_does_on_the_named_prompts(smollm2, t
         assert got["tokens_per_step"] == pytest.approx(sum(r.produced for r in records) / len(records))
         assert got["tokens_per_step_mean_of_prompts"] == pytest.approx(sum(per_prompt) / len(per_prompt))
         assert got["acceptance_by_position"] == pytest.approx(_acceptance_by_position(records, 4))
+
+
+def test_evaluate_and_generate_with_lookup_count_what_spec_generate_does(smollm2, tmp_path, capsys):
+    """`evaluate --lookup 2` against spec_generate(lookup=2)'s step records on the same prompt (lookup steps
+    among them), and `generate --lookup 2` says how many steps the lookup proposed."""
+    import json
+    from dflash_ref.__main__ import main
+    from dflash_ref.drafts.folder import SHIPPED_DRAFT, open_draft
+    from dflash_ref.training.prompts import prompts
+    target, tokenizer, _ = smollm2
+    out = tmp_path / "eval.json"
+    assert main(["evaluate", "--sets", "heldout:0:1", "--tokens", "64", "--lookup", "2", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["lookup"] == 2
+    draft = open_draft(SHIPPED_DRAFT, proposing=True)[0]
+    records = []
+    spec_generate(draft, target, chat_ids(tokenizer, prompts("heldout")[0]), 64, STOP_TOKEN_IDS, lookup=2,
+                  on_step=records.append)
+    assert any(r.lookup for r in records) and any(not r.lookup for r in records)
+    assert got["sets"]["heldout:0:1"]["tokens_per_step"] == pytest.approx(sum(r.produced for r in records) / len(records))
+    capsys.readouterr()
+    assert main(["generate", "--target", "smollm2", "--chat", "--prompt", prompts("heldout")[0],
+                 "--max-new-tokens", "64", "--lookup", "2"]) == 0
+    said = capsys.readouterr().out
+    assert f"prompt lookup N = 2: {sum(r.lookup for r in records)} of {len(records)} steps proposed by lookup" in said
 
 
 def test_evaluate_by_template_splits_a_set_as_separate_sets_would(smollm2, tmp_path, capsys):

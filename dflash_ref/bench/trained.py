@@ -22,6 +22,7 @@ from .baselines import VERIFY_GATE, hf_generate, transformers_twin
 from .suite import _measure
 
 PROMPTS, NEW_TOKENS = 8, 96   # of each held-out set: the templates' held-out topics, the hand-written other styles
+LOOKUP = 2                    # prompt lookup's shortest suffix (figures/training/README.md, "Prompt lookup beside the draft")
 
 
 def prompt_sets() -> dict[str, list[str]]:
@@ -62,12 +63,12 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
     own = _own_blocks(spec)
     premise = next((name for name in own if spec[name][0].candidate_selector is None), None)   # gate's calibration
     stats, calibration, selector = {}, None, {}
-    for name, (d, b, gate) in spec.items():     # one untimed pass each: the statistics and the lossless check
+    for name, (d, b, gate, lookup) in spec.items():     # one untimed pass each: the statistics and the lossless check
         outputs, records = [], []
 
-        def run_all(d=d, b=b, gate=gate, outputs=outputs, records=records):
+        def run_all(d=d, b=b, gate=gate, lookup=lookup, outputs=outputs, records=records):
             return {set_name: acceptance_by_position(d, target, tokenizer, prompts, n, STOP_TOKEN_IDS, block_size=b,
-                                                     outputs=outputs, verify_gate=gate, records=records)
+                                                     outputs=outputs, verify_gate=gate, records=records, lookup=lookup)
                     for set_name, prompts in sets.items()}
         if name == premise:                     # whole blocks verified every step: what the gate relies on
             by_set, confidences = confidence_log(d, run_all)
@@ -87,9 +88,10 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
     progress("outputs equal AR in every variant; timing")
     variants = {"transformers generate (nn.Linear)": lambda: [hf_generate(model, ids, n) for ids in every],
                 "dflash_ref AR (target alone)": lambda: [generate(target, ids, n, STOP_TOKEN_IDS) for ids in every]}
-    for name, (d, b, gate) in spec.items():
-        variants[name] = lambda d=d, b=b, gate=gate: [
-            spec_generate(d, target, ids, n, STOP_TOKEN_IDS, block_size=b, verify_gate=gate) for ids in every]
+    for name, (d, b, gate, lookup) in spec.items():
+        variants[name] = lambda d=d, b=b, gate=gate, lookup=lookup: [
+            spec_generate(d, target, ids, n, STOP_TOKEN_IDS, block_size=b, verify_gate=gate, lookup=lookup)
+            for ids in every]
     with torch.inference_mode():
         rows = _measure(variants, repeats, progress)
     ar_ratio = rows[1]["ratio"]
@@ -104,7 +106,7 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
                  for k in range(max(spec[name][1] for name in own) - 1)]
     first = next(iter(opened.values()))                        # its blocks, over its vocabulary, ungated
     sweep = {spec[r["variant"]][1]: (r, stats[r["variant"]]) for r in rows
-             if r["variant"] in spec and spec[r["variant"]][0] is first and spec[r["variant"]][2] is None}
+             if r["variant"] in spec and spec[r["variant"]][0] is first and spec[r["variant"]][2:] == (None, None)}
     _plot_trained(sweep, out / "trained.png")
     tables = {f"trained drafts · SmolLM2-135M, {PROMPTS} template held-out + {PROMPTS} hand-written other-style "
               f"prompts, {n} tokens, greedy": rows, "accepted fraction per block position": positions}
@@ -116,25 +118,27 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
     return tables
 
 
-def _variants(opened: dict[str, object]) -> dict[str, tuple[object, int, float | None]]:
-    """name → (draft, block size, verify gate): each draft at its block size, and also with the gate (a
-    DFlash 2 draft's c_k read from its selector's q over the candidates); the first draft also at smaller
-    blocks and over all V."""
-    spec = {f"{label} b={d.block_size}": (d, d.block_size, None) for label, d in opened.items()}
-    spec |= {f"{label} b={d.block_size}, verify gate θ={VERIFY_GATE}": (d, d.block_size, VERIFY_GATE)
+def _variants(opened: dict[str, object]) -> dict[str, tuple[object, int, float | None, int | None]]:
+    """name → (draft, block size, verify gate, lookup): each draft at its block size, also with the gate (a
+    DFlash 2 draft's c_k read from its selector's q over the candidates) and with prompt lookup beside it
+    (extensions/prompt_lookup.py, N = LOOKUP); the first draft also at smaller blocks and over all V."""
+    spec = {f"{label} b={d.block_size}": (d, d.block_size, None, None) for label, d in opened.items()}
+    spec |= {f"{label} b={d.block_size}, verify gate θ={VERIFY_GATE}": (d, d.block_size, VERIFY_GATE, None)
+             for label, d in opened.items()}
+    spec |= {f"{label} b={d.block_size}, prompt lookup N={LOOKUP}": (d, d.block_size, None, LOOKUP)
              for label, d in opened.items()}
     label, d = next(iter(opened.items()))
-    spec |= {f"{label} b={b}": (d, b, None) for b in (2, 3, 4, 8) if b < d.block_size}
+    spec |= {f"{label} b={b}": (d, b, None, None) for b in (2, 3, 4, 8) if b < d.block_size}
     all_v = copy.deepcopy(d)
     all_v.draft_vocab = None                                  # what an official loader proposes among
-    spec[f"{label} b={d.block_size}, proposals over all V"] = (all_v, d.block_size, None)
+    spec[f"{label} b={d.block_size}, proposals over all V"] = (all_v, d.block_size, None, None)
     return spec
 
 
 def _own_blocks(spec: dict) -> set[str]:
     """The variants that run a draft at its own block size over its vocabulary, ungated: one per draft."""
-    return {name for name, (d, b, gate) in spec.items()
-            if b == d.block_size and gate is None and not name.endswith("all V")}
+    return {name for name, (d, b, gate, lookup) in spec.items()
+            if b == d.block_size and gate is None and lookup is None and not name.endswith("all V")}
 
 
 def confidence_log(draft, run) -> tuple[object, list[float | None]]:

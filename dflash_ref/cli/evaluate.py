@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from ..drafts.folder import check_fits, draft_folder, open_draft
+from ..extensions.prompt_lookup import check_lookup
 from ..plots import save_figure
 from ..target.chat import SMOLLM2, check_target_name, open_chat_target
 from ..target.smollm2 import longest_chat_prompt
@@ -73,8 +74,8 @@ def set_prompts(split: str) -> list[str]:
 def check_arguments(args) -> None:
     """What can be refused before loading anything: the sets (each valid, none twice; no file with
     --by-template), --tokens, --block-size, --figures without --teacher-forced, --teacher-forced with
-    --by-template or --block-size, --out, an unknown shipped draft's name, and a --target without a --draft
-    (the shipped drafts are SmolLM2's)."""
+    --by-template, --block-size or --lookup, a bad --lookup, --out, an unknown shipped draft's name, and a
+    --target without a --draft (the shipped drafts are SmolLM2's)."""
     check_target_name(args.target)
     draft_folder(args.draft)
     if args.target != SMOLLM2 and not args.draft:
@@ -96,10 +97,12 @@ def check_arguments(args) -> None:
         raise ValueError("--figures draws the teacher-forced measure: give it with --teacher-forced")
     if args.teacher_forced:
         both = [flag for flag, given in (("--by-template", args.by_template),
-                                         ("--block-size", args.block_size is not None)) if given]
+                                         ("--block-size", args.block_size is not None),
+                                         ("--lookup", args.lookup is not None)) if given]
         if both:
             raise ValueError(f"--teacher-forced measures the draft's own block size over all prompts together; "
                              f"it takes no {' or '.join(both)}")
+    check_lookup(args.lookup)
     if args.out and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):
         raise ValueError(f"--out {args.out}: needs a file path in an existing folder")
     if args.out and not os.access(Path(args.out).parent, os.W_OK):
@@ -167,7 +170,7 @@ def run(args, say=print) -> dict:
     chat = open_chat_target(args.target)
     target, tokenizer = chat.model, chat.tokenizer
     check_fits(draft, folder, target, "SmolLM2-135M" if chat.name == SMOLLM2 else chat.label)
-    results = {"target": args.target, "draft": str(folder), "block_size": block_size,
+    results = {"target": args.target, "draft": str(folder), "block_size": block_size, "lookup": args.lookup,
                "trained_block_size": draft.block_size, "tokens": args.tokens, "sets": {}}
     for spec in args.sets:
         split, start, count = parse_set(spec)
@@ -183,7 +186,8 @@ def run(args, say=print) -> dict:
                 say(f"{spec}: {i}/{count} prompts, {time.perf_counter() - started:.0f} s")
         try:
             by_position, tau = acceptance_by_position(draft, target, tokenizer, chosen, args.tokens,
-                                                      chat.stop_token_ids, block_size, records=records, done=done)
+                                                      chat.stop_token_ids, block_size, records=records, done=done,
+                                                      lookup=args.lookup)
         except ValueError as e:                      # e.g. --tokens past the target's positions (compat.check_request)
             raise SystemExit(f"prompt set {spec}: {e}") from None
         per_prompt = mean_of_prompts(records)

@@ -109,10 +109,11 @@ def run(args) -> int:
     torch.manual_seed(args.seed)
     target, draft, tokenizer, stop = load_models(args)
     ids = prompt_ids(tokenizer, args)
-    prompt_len, shown, new, cut = ids.shape[1], [""], [], []
+    prompt_len, shown, new, cut, looked = ids.shape[1], [""], [], [], []
 
     def stream(record) -> None:  # print the text committed by each step as soon as it is accepted
         cut.append(record.verify_size < len(record.q_position_ids))     # the verify gate shut
+        looked.append(record.lookup)                                     # proposed by prompt lookup
         if record.step == 0:
             new.append(record.block_ids[0])
         new.extend((record.block_ids[1:record.acceptance_length + 1] + [record.bonus])[:record.produced])
@@ -130,7 +131,7 @@ def run(args) -> int:
         try:
             out = spec_generate(draft, target, ids, args.max_new_tokens, stop, temperature=args.temperature,
                                 block_size=args.block_size, verifier=args.verifier, verify_gate=args.verify_gate,
-                                on_step=on_step)
+                                lookup=args.lookup, on_step=on_step)
         except ValueError as e:        # the request, refused before any compute (e.g. past the position limit)
             raise SystemExit(f"generate: {e}") from None
     total = time.perf_counter() - t0
@@ -143,6 +144,8 @@ def run(args) -> int:
     report(out, total, draft_clock, target_clock)
     if args.verify_gate is not None:
         print(f"verify gate θ = {args.verify_gate}: {sum(cut)} of {len(cut)} steps verified [x_0, d_1] only")
+    if args.lookup is not None:
+        print(f"prompt lookup N = {args.lookup}: {sum(looked)} of {len(looked)} steps proposed by lookup, no draft pass")
     if trace is not None:
         trace.meta.update(prompt=args.prompt, tokens=tokenizer.convert_ids_to_tokens(out.output_ids[0].tolist()))
         if args.trace:
@@ -180,12 +183,14 @@ def report(out, total: float, draft_clock: Stopwatch, target_clock: Stopwatch) -
 def write_figures(trace, folder: Path) -> None:
     tokens = trace.meta.get("tokens")
     figures = {"acceptance.png": plots.plot_acceptance(trace), "cache_timeline.png": plots.plot_cache_timeline(trace)}
-    if len(trace):
-        figures["attention_grid_step0.png"] = plots.plot_attention_grid(trace, 0, tokens)
-        figures["rope_alignment_step0.png"] = plots.plot_rope_alignment(trace.records[0])
-        figures["attention_steps.png"] = plots.plot_attention_steps(trace, 0, 0, list(range(min(len(trace), 6))), tokens)
-        if "draft.candidate_selector.hook_candidates" in trace.activations[0]:      # a DFlash 2 draft
-            figures["candidate_lattice_step0.png"] = plots.plot_candidate_lattice(trace, 0, tokens)
+    drafted = [r.step for r in trace.records if len(r.q_position_ids) > 1]   # steps with a draft pass (not a lookup's)
+    if drafted:
+        first = drafted[0]
+        figures[f"attention_grid_step{first}.png"] = plots.plot_attention_grid(trace, first, tokens)
+        figures[f"rope_alignment_step{first}.png"] = plots.plot_rope_alignment(trace.records[first])
+        figures["attention_steps.png"] = plots.plot_attention_steps(trace, 0, 0, drafted[:6], tokens)
+        if "draft.candidate_selector.hook_candidates" in trace.activations[first]:      # a DFlash 2 draft
+            figures[f"candidate_lattice_step{first}.png"] = plots.plot_candidate_lattice(trace, first, tokens)
     for name, fig in figures.items():
         plots.save_figure(fig, folder / name)
     print(f"figures written to {folder}: {', '.join(sorted(figures))}")

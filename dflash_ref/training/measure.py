@@ -16,18 +16,19 @@ from ..target.smollm2 import chat_ids
 
 def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens=64, stop=(2,),
                            block_size: int | None = None, outputs: list | None = None,
-                           verify_gate: float | None = None,
-                           records: list | None = None, done=None) -> tuple[list[float | None], float | None]:
+                           verify_gate: float | None = None, records: list | None = None, done=None,
+                           lookup: int | None = None) -> tuple[list[float | None], float | None]:
     """Greedy on each prompt: the fraction of full-block decode steps (the whole block drafted and
     verified) in which block position k (1 … b − 1) was accepted, and the mean tokens per step over
-    all steps (the paper's τ): `tally` of every step. Each prompt's GenerationOutput is appended to
+    all steps (the paper's τ): `tally` of every step (with `lookup`, extensions/prompt_lookup.py, its
+    steps count too: a_k and τ are then the decoder's, not the draft's alone). Each prompt's GenerationOutput is appended to
     `outputs` and its list of step records to `records`, if given; `done(i)` is called after the i-th."""
     b = block_size or draft.block_size
     steps = []
     for i, prompt in enumerate(prompt_list, 1):
         mine = []
         out = spec_generate(draft, target, chat_ids(tokenizer, prompt), max_new_tokens, list(stop), block_size=b,
-                            verify_gate=verify_gate, on_step=mine.append)
+                            verify_gate=verify_gate, lookup=lookup, on_step=mine.append)
         if outputs is not None:
             outputs.append(out)
         if records is not None:
