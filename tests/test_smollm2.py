@@ -429,6 +429,10 @@ def test_evaluate_and_generate_with_lookup_count_what_spec_generate_does(smollm2
                   on_step=records.append)
     assert any(r.lookup for r in records) and any(not r.lookup for r in records)
     assert got["sets"]["heldout:0:1"]["tokens_per_step"] == pytest.approx(sum(r.produced for r in records) / len(records))
+    lookups = [r for r in records if r.lookup]
+    assert got["sets"]["heldout:0:1"]["by_proposer"]["lookup"] == {
+        "steps": len(lookups), "share": pytest.approx(len(lookups) / len(records)),
+        "tokens_per_step": pytest.approx(sum(r.produced for r in lookups) / len(lookups))}
     capsys.readouterr()
     assert main(["generate", "--target", "smollm2", "--chat", "--prompt", prompts("heldout")[0],
                  "--max-new-tokens", "64", "--lookup", "2"]) == 0

@@ -127,6 +127,19 @@ def by_template(chosen: list[str], records: list[list], block_size: int, say=pri
     return found
 
 
+def by_proposer(records: list[list], say=print) -> dict:
+    """With --lookup: the steps whose proposals the lookup copied and those the draft made, each with its
+    share of the steps and its τ (tokens committed per step)."""
+    steps = [step for run in records for step in run]
+    found = {}
+    for name, mine in (("lookup", [r for r in steps if r.lookup]), ("draft", [r for r in steps if not r.lookup])):
+        found[name] = {"steps": len(mine), "share": len(mine) / len(steps) if steps else None,
+                       "tokens_per_step": sum(r.produced for r in mine) / len(mine) if mine else None}
+    say(f"{'':>22}" + ", ".join(f"{name} proposed {number(f['share'])} of the steps, τ {number(f['tokens_per_step'])}"
+                                for name, f in found.items()))
+    return found
+
+
 def measure_teacher_forced(draft, chat, spec: str, chosen: list[str], tokens: int,
                            figures: str | None, folder: Path, say=print) -> dict:
     """The target's greedy responses to `chosen` (fp32, not stored), then training/teacher_forced.py on them;
@@ -197,6 +210,8 @@ def run(args, say=print) -> dict:
             f"acceptance by block position {fractions(by_position)}")
         if None in by_position:
             say(f"{'':>22}(n/a: no step verified a whole block of {block_size}; raise --tokens)")
+        if args.lookup is not None:
+            results["sets"][spec]["by_proposer"] = by_proposer(records, say)
         if args.by_template:
             results["sets"][spec]["by_template"] = by_template(chosen, records, block_size, say)
     if args.out:
