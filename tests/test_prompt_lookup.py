@@ -71,6 +71,9 @@ def test_greedy_with_lookup_equals_ar_on_random_pairs(seed):
         assert out.num_draft_passes == sum(1 for r in records if not r.lookup and len(r.block_ids) > 1)
         assert all(r.q_position_ids == [] and r.ctx_len == 0 and r.block_ids[1:] == r.draft_tokens for r in lookups)
         assert all(r.draft_cache_after == r.draft_cache_before for r in lookups)
+    gated, records = lookup_run(draft, target, prompt, n, 2, block_size=case["block_size"], verify_gate=0.5)
+    assert torch.equal(gated.output_ids, expected)                      # with the verify gate: lookup steps ungated
+    assert all(r.verify_size == len(r.block_ids) == len(r.draft_tokens) + 1 for r in records if r.lookup)
 
 
 def test_lookup_fires_on_random_pairs_and_the_next_draft_pass_takes_the_waiting_context():
