@@ -155,7 +155,7 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
             block_ids[:, 1:], draft_probs, candidates = _propose(draft, hidden, draft_logits, block_ids[:, 0],
                                                                  temperature, top_p, top_k, verifier)
             target_hidden = target_hidden[:, :0]                              # consumed: in the draft cache now
-        proposals = block_ids[0, 1:].tolist()                                 # d_1..d_γ, every one drafted
+        proposals = block_ids[0, 1:].tolist()                                 # d_1..d_γ, every one proposed
         block_ids, draft_probs, candidates = gate_block(verify_gate if copied is None else None,   # (1, L)
                                                         block_ids, draft_logits, draft_probs,
                                                         candidates, getattr(draft, "candidate_selector", None), hidden)
@@ -241,4 +241,3 @@ def _committed(output_ids: torch.Tensor, start: int, tau: int, max_length: int,
     if hits.numel():
         return int(hits[0, 0]) + 1, True
     return produced, False
-

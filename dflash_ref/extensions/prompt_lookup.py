@@ -2,11 +2,12 @@
 the last few committed tokens occurred before in the sequence, propose the tokens that followed them
 there instead of drafting, and skip the draft's pass for that step.
 
-At a step whose last committed token x_0 sits at position s, for n = N_max down to N (`lookup` = N):
+At a step whose last committed token (the block's x_0) sits at position s, with t_p the token at
+position p of prompt + output, for n = N_max down to N (`lookup` = N):
 
-    J_n = { j : n − 1 ≤ j ≤ s − γ,  x_{j−n+1 … j} = x_{s−n+1 … s} }     earlier occurrences of the last n
+    J_n = { j : n − 1 ≤ j ≤ s − γ,  t_{j−n+1 … j} = t_{s−n+1 … s} }     earlier occurrences of the last n
                                                                          tokens with γ tokens after them
-    d_k = x_{j* + k},  k = 1 … γ,   j* = max J_n  for the largest n with J_n ≠ ∅  (the latest, longest match)
+    d_k = t_{j* + k},  k = 1 … γ,   j* = max J_n  for the largest n with J_n ≠ ∅  (the latest, longest match)
 
 and the draft proposes as usual when no n ≥ N matches. The target verifies either block the same way,
 so the output stays the target's own: greedy, equal to AR's; sampled, the proposal is a deterministic
@@ -38,11 +39,9 @@ def lookup_proposals(sequence: torch.Tensor, start: int, gamma: int, lookup: int
     in `sequence` (1, ≥ start + 1), or None (no match of at least `lookup` tokens, lookup off, γ = 0)."""
     if lookup is None or gamma < 1:
         return None
-    committed = sequence[0, :start + 1]                                      # (s + 1,) x_0 … x_s
-    for n in range(min(MAX_NGRAM, start + 1), lookup - 1, -1):
-        windows = committed[:start + 1 - gamma].unfold(0, n, 1) if start + 1 - gamma >= n else None   # (s − γ − n + 2, n)
-        if windows is None:
-            continue
+    committed = sequence[0, :start + 1]                                      # (s + 1,) t_0 … t_s
+    for n in range(min(MAX_NGRAM, start + 1 - gamma), lookup - 1, -1):     # n ≤ the s − γ + 1 tokens searched
+        windows = committed[:start + 1 - gamma].unfold(0, n, 1)              # (s − γ − n + 2, n) ending at j ≤ s − γ
         hits = (windows == committed[start + 1 - n:]).all(dim=1).nonzero()  # (h, 1) window starts i, j = i + n − 1
         if len(hits):
             j = int(hits[-1, 0]) + n - 1
