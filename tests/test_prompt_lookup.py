@@ -59,21 +59,31 @@ def lookup_run(draft, target, prompt, n: int, lookup: int, **kw):
 
 @pytest.mark.parametrize("seed", range(30))
 def test_greedy_with_lookup_equals_ar_on_random_pairs(seed):
+    """Each random case at its own length (0 … 40 new tokens) and at 24, with a stop token the target emits in
+    some of them: the output equals AR's, and every step proposed by lookup exactly where `lookup_proposals` on
+    the final output finds a match, with its tokens (no draft pass, no draft positions)."""
     case = random_case(seed)
     target, draft = make_pair(seed, case["target"], case["draft"])
-    prompt, n = torch.tensor([case["prompt"]]), max(case["max_new_tokens"], 24)
-    expected = generate(target, prompt, n).output_ids
-    for lookup in (1, 2, 3):
-        out, records = lookup_run(draft, target, prompt, n, lookup, block_size=case["block_size"])
-        assert torch.equal(out.output_ids, expected), (lookup, case)
-        # a lookup step has no draft pass, no draft positions, and what it verified is what it proposed
-        lookups = [r for r in records if r.lookup]
-        assert out.num_draft_passes == sum(1 for r in records if not r.lookup and len(r.block_ids) > 1)
-        assert all(r.q_position_ids == [] and r.ctx_len == 0 and r.block_ids[1:] == r.draft_tokens for r in lookups)
-        assert all(r.draft_cache_after == r.draft_cache_before for r in lookups)
-    gated, records = lookup_run(draft, target, prompt, n, 2, block_size=case["block_size"], verify_gate=0.5)
-    assert torch.equal(gated.output_ids, expected)                      # with the verify gate: lookup steps ungated
-    assert all(r.verify_size == len(r.block_ids) == len(r.draft_tokens) + 1 for r in records if r.lookup)
+    prompt = torch.tensor([case["prompt"]])
+    for n in sorted({case["max_new_tokens"], 24}):
+        cont = generate(target, prompt, n).output_ids[0, prompt.shape[1]:].tolist()
+        stops = [cont[len(cont) // 2]] if case["stop_kind"] == "generated" and cont else None
+        expected = generate(target, prompt, n, stop_token_ids=stops).output_ids
+        for lookup in (1, 2, 3):
+            out, records = lookup_run(draft, target, prompt, n, lookup, block_size=case["block_size"],
+                                      stop_token_ids=stops)
+            assert torch.equal(out.output_ids, expected), (lookup, n, case)
+            for r in records:
+                found = lookup_proposals(out.output_ids, r.start, len(r.draft_tokens), lookup)
+                assert r.lookup == (found is not None), (lookup, r.step)
+                if r.lookup:
+                    assert r.draft_tokens == found[0].tolist() == r.block_ids[1:]
+                    assert r.q_position_ids == [] and r.ctx_len == 0 and r.draft_cache_after == r.draft_cache_before
+            assert out.num_draft_passes == sum(1 for r in records if not r.lookup and len(r.block_ids) > 1)
+        gated, records = lookup_run(draft, target, prompt, n, 2, block_size=case["block_size"], verify_gate=0.5,
+                                    stop_token_ids=stops)
+        assert torch.equal(gated.output_ids, expected)                  # with the verify gate: lookup steps ungated
+        assert all(r.verify_size == len(r.block_ids) == len(r.draft_tokens) + 1 for r in records if r.lookup)
 
 
 def test_lookup_fires_on_random_pairs_and_the_next_draft_pass_takes_the_waiting_context():
@@ -166,3 +176,16 @@ def test_draft_passes_after_lookups_propose_what_a_draft_fed_the_whole_prefix_at
                 assert whole[0].tolist() == r.draft_tokens, (seed, r.step)
         checked += len(after_lookup)
     assert checked > 5, checked
+
+
+def test_generate_figures_start_at_the_first_drafted_step(tmp_path):
+    """`generate --figures` draws the first step with a draft pass: here step 0 is a lookup (the prompt repeats)."""
+    from dflash_ref.cli.generate import write_figures
+    target, draft = make_pair(2, target_overrides=dict(vocab_size=8))
+    with tracing(draft, names=["*hook_pattern"]) as trace:
+        spec_generate(draft, target, torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2, 3]]), 30, lookup=1, on_step=trace.on_step)
+    first = next(r.step for r in trace.records if not r.lookup)
+    assert trace.records[0].lookup and first > 0
+    write_figures(trace, tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} == {"acceptance.png", "cache_timeline.png", "attention_steps.png",
+                                                     f"attention_grid_step{first}.png", f"rope_alignment_step{first}.png"}

@@ -44,7 +44,8 @@ def drafts_to_compare(draft: str | Path | None) -> dict[str, Path]:
 def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = None) -> dict:
     """Greedy, NEW_TOKENS tokens after each prompt of `prompt_sets()`, all variants interleaved in one run:
     transformers' `generate` (the baseline), dflash_ref's AR, and each draft of `drafts_to_compare` at its
-    own block size, each also with the verify gate (extensions/verify_gate.py); the first draft
+    own block size, each also with the verify gate (extensions/verify_gate.py) and with prompt lookup beside
+    it (extensions/prompt_lookup.py, N = LOOKUP); the first draft
     also at the smaller blocks and proposing over all V instead of its vocabulary (extensions/draft_vocab.py).
     Every output is checked equal to AR's before anything is timed. Speed is over transformers' generate
     and over AR; τ per prompt set; acceptance per block position; the gate's calibration (its premise)."""

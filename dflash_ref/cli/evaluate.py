@@ -25,7 +25,9 @@ sets held-out prompts beside prompts the shipped DFlash 1 draft was trained on a
 topics it knows (figures/training/README.md). `--by-template` also reports each set split by the
 prompts' template ("What is {t}?", "Write a short poem about {t}.", …) or style from the same decoding runs.
 `--teacher-forced` measures instead at every position of the target's own greedy responses to the
-set's prompts, split by the target's confidence (training/teacher_forced.py), without decoding."""
+set's prompts, split by the target's confidence (training/teacher_forced.py), without decoding.
+`--lookup N` decodes with prompt lookup beside the draft (extensions/prompt_lookup.py): τ and a_k are then
+the decoder's, its lookup steps counted with the draft's, and each set also reports the two apart."""
 from __future__ import annotations
 
 import json
