@@ -129,14 +129,14 @@ def by_template(chosen: list[str], records: list[list], block_size: int, say=pri
     return found
 
 
-def by_proposer(records: list[list], say=print) -> dict:
+def by_proposer(records: list[list], block_size: int, say=print) -> dict:
     """With --lookup: the steps whose proposals the lookup copied and those the draft made, each with its
-    share of the steps and its τ (tokens committed per step)."""
+    share of the steps and its τ (tokens committed per step, `tally`'s)."""
     steps = [step for run in records for step in run]
     found = {}
     for name, mine in (("lookup", [r for r in steps if r.lookup]), ("draft", [r for r in steps if not r.lookup])):
         found[name] = {"steps": len(mine), "share": len(mine) / len(steps) if steps else None,
-                       "tokens_per_step": sum(r.produced for r in mine) / len(mine) if mine else None}
+                       "tokens_per_step": tally(mine, block_size)[1]}
     say(f"{'':>22}" + ", ".join(f"{name} proposed {number(f['share'])} of the steps, τ {number(f['tokens_per_step'])}"
                                 for name, f in found.items()))
     return found
@@ -213,7 +213,7 @@ def run(args, say=print) -> dict:
         if None in by_position:
             say(f"{'':>22}(n/a: no step verified a whole block of {block_size}; raise --tokens)")
         if args.lookup is not None:
-            results["sets"][spec]["by_proposer"] = by_proposer(records, say)
+            results["sets"][spec]["by_proposer"] = by_proposer(records, block_size, say)
         if args.by_template:
             results["sets"][spec]["by_template"] = by_template(chosen, records, block_size, say)
     if args.out:
