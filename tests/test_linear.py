@@ -362,3 +362,29 @@ def test_a_weight_off_the_cpu_never_reaches_the_c_product(monkeypatch):
     x, w = torch.randn(1, 24), torch.empty(40, 24, device="meta")
     with torch.inference_mode():
         assert linear_product(x, w).device == F.linear(x, w).device
+
+
+def test_a_pass_that_measures_plans_says_so_and_its_time_leaves_them_out(store, monkeypatch):
+    """Stopwatch (bench.timing): the seconds that measuring and storing plans took inside a pass
+    (linear_plan.measuring_seconds) go to clock.planning, not to the pass's time; a later pass of the
+    same shapes measures nothing. The planning is faked as 5 s, so that no timing is asserted."""
+    from dflash_ref.bench.timing import Stopwatch
+    layer = torch.nn.Linear(16, 24)
+    use_rows_first(layer)
+    real_measure = linear_plan.measure
+
+    def slow_measure(*args, **kwargs):                   # a measurement that took 5 s more
+        linear_plan._spent[0] += 5.0
+        return real_measure(*args, **kwargs)
+
+    monkeypatch.setattr(linear_plan, "measure", slow_measure)
+    spent = linear_plan.measuring_seconds()
+    clock = Stopwatch(layer)
+    with torch.no_grad():
+        layer(torch.randn(3, 16))
+        planning = clock.planning
+        layer(torch.randn(3, 16))
+    clock.remove()
+    assert planning == pytest.approx(linear_plan.measuring_seconds() - spent) and planning > 5.0
+    assert clock.planning == planning                    # the second pass read the plan: nothing measured
+    assert -5.0 < clock.times[0] < 0.0 <= clock.times[1]

@@ -2,6 +2,9 @@
 and the side-by-side harness of the benchmarks (variants interleaved round-robin, medians, paired ratios).
 
     clock = Stopwatch(draft, device); …run…; clock.seconds, clock.calls, clock.times; clock.remove()
+
+A pass's time leaves out what measuring linear plans took inside it (extensions/linear_plan.py: a first run
+on a machine measures them, later ones read them); clock.planning is that time, all passes together.
     summarise(measure({"a": fn_a, "b": fn_b}, repeats), baseline="a")
 """
 from __future__ import annotations
@@ -13,21 +16,26 @@ from typing import Callable
 
 import torch
 
+from ..extensions.linear_plan import measuring_seconds
+
 
 class Stopwatch:
     def __init__(self, module: torch.nn.Module, device: torch.device | str = "cpu") -> None:
         self.times: list[float] = []
-        self._t0 = 0.0
+        self.planning = 0.0                     # seconds of linear plans measured inside the passes
+        self._t0 = self._planned = 0.0
         self._sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
         self._handles = [module.register_forward_pre_hook(self._start), module.register_forward_hook(self._stop)]
 
     def _start(self, *_) -> None:
         self._sync()
-        self._t0 = time.perf_counter()
+        self._t0, self._planned = time.perf_counter(), measuring_seconds()
 
     def _stop(self, *_) -> None:
         self._sync()
-        self.times.append(time.perf_counter() - self._t0)
+        planned = measuring_seconds() - self._planned
+        self.planning += planned
+        self.times.append(time.perf_counter() - self._t0 - planned)
 
     @property
     def seconds(self) -> float:

@@ -24,10 +24,8 @@ tie. A plan measured is also written to the cache folder, and later processes on
 read it instead of measuring again (extensions/plan_store.py). DFLASH_REF_LINEAR (or
 `set_linear_mode`) pins the plan: `measured` (the default), `linear` (F.linear everywhere), `rows-first`
 (duplicated-row for one row, rows-first for 2 … 64: the rule this project used before it measured).
-Tried and left out: torch.mv (slower on the machines measured); oneDNN's linear (torch.ops.mkldnn._linear_pointwise:
-slower than F.linear at 1 … 8 rows of SmolLM2's shapes on an Intel Xeon); MKL's packed weights
-(torch.ops.mkl._mkl_linear: slower on AMD EPYC; on that Xeon 1.7–2.2× F.linear on the lm_head at 4–8
-rows, but no faster than `streamed` there, and it needs a packed copy of W per row count).
+`measuring_seconds()`: what measuring and storing cost this process, inside its forwards (bench.timing.Stopwatch
+leaves it out of a pass's time). Kernels tried and left out: ../../figures/bench/README.md, "The CPU linear".
 """
 from __future__ import annotations
 
@@ -86,6 +84,7 @@ COPIES: dict[str, Callable[[torch.Tensor], list[torch.Tensor]]] = {       # W �
 _mode: str | None = None                                 # None: read DFLASH_REF_LINEAR at the next product
 _plans: dict[tuple, plan_store.Plan] = {}               # key → (kernel, each candidate's samples)
 _from_store: set[tuple] = set()                          # keys of _plans read from the store, not measured here
+_spent = [0.0]                                           # seconds spent measuring and storing plans (measuring_seconds)
 
 
 def check_mode(mode: str, source: str = ENV) -> str:
@@ -122,11 +121,9 @@ def linear_mode_as(mode: str):
 
 def candidates(d_in: int, rows: int, with_copies: bool, d_out: int = 1) -> tuple[str, ...]:
     """The kernels that may compute a product of `rows` rows, in the order `choose` walks them: F.linear,
-    the C product, torch's other products, then those that read copies of W. The C product goes before
-    torch's duplicated row / rows-first because the cold pool times them alike where a forward does not:
-    SmolLM2's AR step (AMD EPYC, AVX-512) with its one-row products on the C product took 0.905 of its
-    time with the duplicated row there, which the pool had timed within 1-4 % of the C product (two
-    rows, against rows-first: 0.959), so of two kernels within MARGIN of each other, the C product stays."""
+    the C product, torch's other products, then those that read copies of W. The C product goes first
+    among ties: the cold pool timed the duplicated row within 1-4 % of it, yet SmolLM2's AR step (AMD
+    EPYC, AVX-512) took 0.905 of its time with the C product's one-row products (two rows: 0.959)."""
     sizes_fit = max(d_in, d_out) <= streamed.MAX_SIZE          # the C code's sizes are ints
     names = ["linear", *(["streamed"] if streamed.available() and sizes_fit else []),
              "duplicated-row" if rows == 1 else "rows-first"]
@@ -146,17 +143,23 @@ def kernel_for(weight: torch.Tensor, rows: int, with_copies: bool,
     key = (*weight.shape, rows, with_copies, weight.dtype, torch.get_num_threads())
     if key not in _plans:
         names = candidates(weight.shape[1], rows, with_copies, weight.shape[0])
-        real = clock is time.perf_counter           # a fake clock's plan is neither read from nor written to the store
+        real = clock is time.perf_counter           # see the docstring
         stored = plan_store.lookup(key, names) if real else None
         if stored is not None:                       # its samples decide, by today's rule
             _plans[key] = (choose(stored[1]), stored[1])
             _from_store.add(key)
         else:
-            times = measure(weight, rows, names, clock)
+            started, times = time.perf_counter(), measure(weight, rows, names, clock)
             _plans[key] = (choose(times), times)
             if real:
                 plan_store.add(key, _plans[key])
+            _spent[0] += time.perf_counter() - started
     return _plans[key][0]
+
+
+def measuring_seconds() -> float:
+    """Seconds this process has spent measuring plans and writing them to the store, all shapes together."""
+    return _spent[0]
 
 
 def choose(times: dict[str, list[float]], margin: float = MARGIN) -> str:
@@ -164,9 +167,8 @@ def choose(times: dict[str, list[float]], margin: float = MARGIN) -> str:
     those that do) and take each one that is clearly faster than the one taken so far: the median of
     its samples' ratios to that one's, pair by pair (`measure` times the candidates in turn, so the
     i-th samples of two kernels are moments apart), at most `margin`. Pairs cancel what a shared
-    machine's load does to both; a stall of one sample moves one ratio, not the median. (Medians and
-    fastest samples compared unpaired agreed with themselves less: split in two by alternate samples,
-    the 1034 plans stored on an AMD EPYC chose alike in 93.6 % of them, the paired median in 96.9 %.)"""
+    machine's load does to both; a stall of one sample moves one ratio, not the median. (Split in two by
+    alternate samples, 1034 stored plans chose alike in 96.9 % by the paired median, 93.6 % unpaired.)"""
     chosen = "linear"
     for name, t in times.items():
         if statistics.median(a / b for a, b in zip(t, times[chosen])) <= margin:
@@ -233,8 +235,7 @@ def pool_bytes() -> int:
 
 
 def plans() -> list[dict]:
-    """The plans in use in this process: shape, rows, each kernel's median µs ("" where it was no
-    candidate), the choice, and whether it was measured by this process or read from the store."""
+    """Plans in use here: shape, rows, each kernel's median µs ("" if no candidate), the choice, measured now or stored."""
     return [{"d_out": key[0], "d_in": key[1], "rows": key[2], "threads": key[5], "chosen": name,
              "measured": "earlier (stored)" if key in _from_store else "now",
              **{f"{n} (µs)": 1e6 * statistics.median(times[n]) if n in times else "" for n in KERNELS}}
