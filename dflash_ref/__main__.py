@@ -79,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument("--teacher-forced", action="store_true",
                           help="measure at every position of the target's own greedy responses instead of decoding, "
                                "split by the target's confidence (training/teacher_forced.py)")
+    evaluate.add_argument("--paths", type=int, metavar="M", help="with --teacher-forced and a DFlash 2 draft: measure "
+                          "what verifying a tree of the selector's M most probable paths would keep (a measure only)")
     evaluate.add_argument("--figures", help="with --teacher-forced: write each set's plot to this folder")
     sub.add_parser("notebooks", help="regenerate and execute walkthroughs/*.ipynb from their .py sources")
     golden = sub.add_parser("golden", help="write the conformance kit's golden bundles (same bytes on a rerun)")

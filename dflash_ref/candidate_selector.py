@@ -74,5 +74,42 @@ class CandidateSelector(nn.Module):
         candidates = index if vocab is None else vocab.to(index.device)[index]
         return candidates, unary + self.pair_term(previous, self.hidden_projection(hidden), candidates)
 
+    def best_paths(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor,
+                   count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `count` most probable paths through the candidates (a measure beside decoding, which walks one):
+
+            log P(x_1..x_γ) = Σ_t log q_t(x_t | x_{t−1}),   q_t(· | x_{t−1}) = softmax_k score_{t,k}   (T = 1)
+
+        found exactly by keeping, at every position and for every candidate c, the `count` best paths that end
+        in c (q_t depends on the path only through x_{t−1}, so every best path's prefix is among them).
+        hidden (B, γ, d), logits (B, γ, V), anchor_ids (B,) → paths (B, count, γ), log P (B, count), best
+        first; count ≤ K^γ. count = 1 is `select`'s greedy path wherever its argmax is unique."""
+        batch, gamma, k = hidden.shape[0], hidden.shape[1], self.top_k
+        if not 1 <= count <= k ** gamma:
+            raise ValueError(f"best_paths: count={count} must be 1 … K^γ = {k ** gamma} (K={k}, γ={gamma})")
+        unary, candidates = torch.topk(logits, k, dim=-1, sorted=False)               # (B, γ, K) each
+        projected = self.hidden_projection(hidden)                                    # (B, γ, r)
+        first = torch.log_softmax((unary[:, 0] + self.pair_term(anchor_ids, projected[:, 0], candidates[:, 0])).float(), -1)
+        # best[b, c, j]: log P of the j-th best path ending in candidate c; −inf where fewer than j + 1 exist
+        best = torch.full((batch, k, count), float("-inf"), dtype=first.dtype)
+        best[:, :, 0] = first                                                         # (B, K) one path per c
+        back = []                                                                     # per t ≥ 2: (B, K, count)
+        for t in range(1, gamma):
+            pair = self.pair_term(candidates[:, t - 1], projected[:, t, None].expand(batch, k, -1),
+                                  candidates[:, t, None].expand(batch, k, k))         # (B, K', K): x_{t−1} = c'
+            step = torch.log_softmax((unary[:, t][:, None, :] + pair).float(), -1)      # (B, K', K) log q_t(c | c')
+            extended = best[:, :, None, :] + step[..., None]                          # (B, K', K, count)
+            extended = extended.permute(0, 2, 1, 3).reshape(batch, k, k * count)      # (B, K, K'·count)
+            best, index = extended.topk(count, dim=-1)                                # (B, K, count) each
+            back.append(index)                                                        # c' · count + j
+        scores, index = best.reshape(batch, k * count).topk(count, dim=-1)           # (B, count), c·count + j
+        state, rank = index // count, index % count                                   # (B, count) each
+        path = [candidates[:, gamma - 1].gather(-1, state)]
+        for t in range(gamma - 1, 0, -1):                                             # follow the back pointers
+            came = back[t - 1].reshape(batch, k * count).gather(-1, state * count + rank)   # (B, count)
+            state, rank = came // count, came % count
+            path.append(candidates[:, t - 1].gather(-1, state))
+        return torch.stack(path[::-1], dim=-1), scores                                # (B, count, γ), (B, count)
+
     def extra_repr(self) -> str:
         return f"top_k={self.top_k}, rank={self.hidden_projection.out_features}"

@@ -5,6 +5,7 @@ rejection restricted to candidates, checked by hand, by their properties, agains
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import random
 
@@ -80,6 +81,49 @@ def test_selector_pair_term_by_hand():
     # t = 2 from 1 (E_pred −1):       token 1 → 1 − 3 = −2, token 2 → 1.5 + 3 = 4.5: picks 2
     path, _, _ = selector.select(hidden, logits, torch.tensor([0]), 0.0)
     assert path.tolist() == [[1, 2]]
+
+
+def test_the_selectors_best_paths_by_hand():
+    """best_paths on test_selector_pair_term_by_hand's lattice: log q_1 from the anchor, log q_2 from each
+    first token, the four paths in order of log P; the best is select's greedy path; more than K^γ is refused."""
+    selector, logits, hidden = hand_selector(), torch.tensor([[[0.0, 1.0, 1.5]] * 2]), torch.ones(1, 2, 1)
+    lq1 = torch.log_softmax(torch.tensor([4.0, -1.5]), -1)            # tokens 1, 2 after anchor 0
+    lq2 = {1: torch.log_softmax(torch.tensor([-2.0, 4.5]), -1),       # after 1 (E_pred −1): tokens 1, 2
+           2: torch.log_softmax(torch.tensor([7.0, -4.5]), -1)}       # after 2 (E_pred 2):  1 + 6, 1.5 − 6
+    by_hand = {(a, b): (lq1[a - 1] + lq2[a][b - 1]).item() for a in (1, 2) for b in (1, 2)}
+    paths, scores = selector.best_paths(hidden, logits, torch.tensor([0]), 4)
+    assert [tuple(p) for p in paths[0].tolist()] == [(1, 2), (2, 1), (1, 1), (2, 2)]
+    assert scores[0].tolist() == pytest.approx([by_hand[tuple(p)] for p in paths[0].tolist()], abs=1e-6)
+    assert paths[0, 0].tolist() == selector.select(hidden, logits, torch.tensor([0]), 0.0)[0][0].tolist()
+    with pytest.raises(ValueError, match=r"count=5 must be 1 … K\^γ = 4"):
+        selector.best_paths(hidden, logits, torch.tensor([0]), 5)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_selectors_best_paths_are_the_best_of_every_path(seed):
+    """best_paths against all K^γ paths scored one by one (K = 3, γ = 3, random selector and logits): the
+    same log P, best first, for every count."""
+    torch.manual_seed(seed)
+    selector = CandidateSelector(vocab_size=11, hidden_size=5, rank=4, top_k=3)
+    torch.nn.init.normal_(selector.predecessor_codebook), torch.nn.init.normal_(selector.successor_codebook)
+    hidden, logits, anchors = torch.randn(2, 3, 5), torch.randn(2, 3, 11) * 2, torch.tensor([4, 9])
+    unary, candidates = torch.topk(logits, 3, dim=-1)
+    projected = selector.hidden_projection(hidden)
+    for row in range(2):
+        every = {}
+        for picks in itertools.product(range(3), repeat=3):
+            previous, total, tokens = anchors[row], 0.0, []
+            for t, k in enumerate(picks):
+                scores = unary[row, t] + selector.pair_term(previous, projected[row, t], candidates[row, t])
+                total += torch.log_softmax(scores, -1)[k].item()
+                previous = candidates[row, t, k]
+                tokens.append(previous.item())
+            every[tuple(tokens)] = total
+        ranked = sorted(every.values(), reverse=True)
+        for count in (1, 5, 27):
+            paths, scores = selector.best_paths(hidden, logits, anchors, count)
+            assert scores[row].tolist() == pytest.approx(ranked[:count], abs=1e-5)
+            assert [every[tuple(p)] for p in paths[row].tolist()] == pytest.approx(ranked[:count], abs=1e-5)
 
 
 # --------------------------------------------------------------------------- config and checkpoint
@@ -383,19 +427,42 @@ def test_teacher_forced_acceptance_of_a_dflash2_draft_follows_its_greedy_path():
     from dflash_ref.training.teacher_forced import leading_matches
     target, draft = make_pair(6, draft_overrides=dflash2(kernel=2, top_k=3))
     tokens = _sequence(target, 16).clone()                     # out of inference mode
-    leads, _ = leading_matches(draft, target, tokens, 4)
+    leads, _, verified = leading_matches(draft, target, tokens, 4)
+    tree_leads, _, nodes = leading_matches(draft, target, tokens, 4, paths=5)
     features = target_features_of(target, draft, tokens)
     with torch.no_grad():
         greedy = target(tokens).logits[0].argmax(-1)                                    # (T,)
     b = draft.block_size
+    assert verified.tolist() == [b - 1] * len(leads)
     for i, a in enumerate(range(4, 16 - b + 1)):
         block = torch.tensor([[tokens[0, a].item()] + [draft.mask_token_id] * (b - 1)])
         with torch.no_grad():
             h = draft(torch.arange(a + b)[None], noise_embedding=target.embed(block), target_hidden=features[:, :a],
                       past_key_values=draft.make_cache())[:, 1:]
-            path = draft.candidate_selector.select(h, draft.compute_logits(h, target.output_head), block[:, 0], 0.0)[0]
-        expected = int((path[0] == greedy[a:a + b - 1]).long().cumprod(-1).sum())
-        assert int(leads[i]) == expected, (a, path, greedy[a:a + b - 1])
+            z = draft.compute_logits(h, target.output_head)
+            path = draft.candidate_selector.select(h, z, block[:, 0], 0.0)[0]
+            paths = draft.candidate_selector.best_paths(h, z, block[:, 0], 5)[0][0]       # (5, b − 1)
+        wanted = greedy[a:a + b - 1]
+        assert int(leads[i]) == int((path[0] == wanted).long().cumprod(-1).sum()), (a, path, wanted)
+        # the tree of the 5 best paths: the longest leading match of any, its distinct prefixes
+        assert int(tree_leads[i]) == max(int((p == wanted).long().cumprod(-1).sum()) for p in paths)
+        assert int(nodes[i]) == len({tuple(p[:t].tolist()) for p in paths for t in range(1, b)})
+    assert (tree_leads >= leads).all()
+
+
+def test_the_tree_measure_counts_prefixes_and_refuses_what_it_cannot_measure():
+    from dflash_ref.training.teacher_forced import teacher_forced, tree_nodes
+    # paths 1 2 3 / 1 2 4 / 1 5 3 / 6 2 3: prefixes 1, 12, 123, 124, 15, 153, 6, 62, 623
+    assert tree_nodes(torch.tensor([[[1, 2, 3], [1, 2, 4], [1, 5, 3], [6, 2, 3]]])).tolist() == [9]
+    target, draft = make_pair(6, draft_overrides=dflash2(kernel=2, top_k=3))
+    rows = [{"ids": _sequence(target, 16)[0].tolist(), "prompt_len": 4}]
+    found = teacher_forced(draft, target, rows, paths=4)
+    assert found["paths"] == 4 and 3 <= found["mean_nodes"] <= 4 * (draft.block_size - 1)
+    with pytest.raises(ValueError, match=r"paths=0: must be 1 … K\^\(b − 1\)"):
+        teacher_forced(draft, target, rows, paths=0)
+    _, dflash1 = make_pair(6)
+    with pytest.raises(ValueError, match="needs a DFlash 2 draft"):
+        teacher_forced(dflash1, target, rows, paths=2)
 
 
 def target_features_of(target, draft, tokens):

@@ -293,6 +293,8 @@ def test_generate_checking_an_output_folder_leaves_none_behind(tmp_path, monkeyp
     (["evaluate", "--lookup", "4"], "evaluate", "lookup must be None"),
     (["evaluate", "--teacher-forced", "--lookup", "2"], "evaluate", "it takes no --lookup"),
     (["evaluate", "--tokens", "1"], "evaluate", "--tokens must be at least 2 (the first token is the prefill's"),
+    (["evaluate", "--paths", "4"], "evaluate", "--paths goes with the teacher-forced measure"),
+    (["evaluate", "--teacher-forced", "--paths", "0"], "evaluate", "--paths must be at least 1"),
     (["evaluate", "--draft", "shipped:nope"], "evaluate", "--draft shipped:nope: no shipped draft of that name"),
     (["train", "--out", "OUT", "--block-size", "1"], "train", "no position to predict"),
 ])
@@ -492,6 +494,18 @@ def test_evaluate_teacher_forced_on_the_targets_own_responses(smollm2, tmp_path,
     assert got["anchors"] == sum(max(0, len(r["ids"]) - 3 - r["prompt_len"]) for r in rows) > 0
     assert sum(b["anchors"] for b in got["by_confidence"]) == got["anchors"]
     assert sum(b["share"] for b in got["by_confidence"]) == pytest.approx(1)
+    # --paths M: a tree of the shipped DFlash 2 draft's M best paths keeps at least what its one path keeps;
+    # its 3-token blocks have 3 … 3M nodes; a DFlash 1 draft, or more paths than K^3, is refused by name
+    assert main(["evaluate", "--teacher-forced", "--sets", "heldout:0:2", "--tokens", "16", "--paths", "4",
+                 "--out", str(out)]) == 0
+    tree = json.loads(out.read_text())["sets"]["heldout:0:2"]
+    assert tree["anchors"] == got["anchors"] and tree["paths"] == 4 and 3 <= tree["mean_nodes"] <= 12
+    assert tree["tokens_per_step"] >= got["tokens_per_step"]
+    assert "of a tree of 4 paths" in capsys.readouterr().out
+    for argv, message in ((["--draft", "shipped:dflash1", "--paths", "2"], "needs a DFlash 2 draft"),
+                          (["--paths", "513"], r"paths=513: must be 1 … K\^\(b − 1\) = 512")):
+        with pytest.raises(SystemExit, match=message):
+            main(["evaluate", "--teacher-forced", "--sets", "heldout:0:1", "--tokens", "16", *argv])
 
 
 def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_path, capsys):

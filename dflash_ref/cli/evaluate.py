@@ -26,6 +26,9 @@ topics it knows (figures/training/README.md). `--by-template` also reports each 
 prompts' template ("What is {t}?", "Write a short poem about {t}.", …) or style from the same decoding runs.
 `--teacher-forced` measures instead at every position of the target's own greedy responses to the
 set's prompts, split by the target's confidence (training/teacher_forced.py), without decoding.
+With `--paths M` (a DFlash 2 draft) it measures a tree instead of the selector's one path: its M most probable
+paths merged by their prefixes, τ the longest leading match of any, and the tree's mean nodes (a verify of that
+tree would take 1 + nodes tokens); decoding verifies one path, so this says what a tree verify could keep.
 `--lookup N` decodes with prompt lookup beside the draft (extensions/prompt_lookup.py): τ and a_k are then
 the decoder's, its lookup steps counted with the draft's, and each set also reports the two apart."""
 from __future__ import annotations
@@ -45,7 +48,7 @@ from ..training.distill import self_distill
 from ..training.measure import acceptance_by_position, fractions, mean_of_prompts, number, tally
 from ..training.prompt_file import SUFFIXES, read_prompts
 from ..training.prompt_sets import SPLITS, kind_of, split_prompts
-from ..training.teacher_forced import bin_label, plot, teacher_forced
+from ..training.teacher_forced import bin_label, check_paths, plot, teacher_forced
 from .folders import check_output_folder
 
 
@@ -77,7 +80,8 @@ def check_arguments(args) -> None:
     """What can be refused before loading anything: the sets (each valid, none twice; no file with
     --by-template), --tokens, --block-size, --figures without --teacher-forced, --teacher-forced with
     --by-template, --block-size or --lookup, a bad --lookup, --out, an unknown shipped draft's name, and a
-    --target without a --draft (the shipped drafts are SmolLM2's)."""
+    --target without a --draft (the shipped drafts are SmolLM2's), --paths without --teacher-forced or below 1
+    (a draft without a selector, or more paths than its lattice has, is refused once the draft is read)."""
     check_target_name(args.target)
     draft_folder(args.draft)
     if args.target != SMOLLM2 and not args.draft:
@@ -95,8 +99,11 @@ def check_arguments(args) -> None:
                          f"the second), got {args.tokens}")
     if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be at least 2 (the bonus token and one proposal), got {args.block_size}")
-    if args.figures and not args.teacher_forced:
-        raise ValueError("--figures draws the teacher-forced measure: give it with --teacher-forced")
+    for flag, given in (("--figures", args.figures), ("--paths", args.paths is not None)):
+        if given and not args.teacher_forced:
+            raise ValueError(f"{flag} goes with the teacher-forced measure: give it with --teacher-forced")
+    if args.paths is not None and args.paths < 1:
+        raise ValueError(f"--paths must be at least 1 (1: the selector's own path), got {args.paths}")
     if args.teacher_forced:
         both = [flag for flag, given in (("--by-template", args.by_template),
                                          ("--block-size", args.block_size is not None),
@@ -143,9 +150,10 @@ def by_proposer(records: list[list], block_size: int, say=print) -> dict:
 
 
 def measure_teacher_forced(draft, chat, spec: str, chosen: list[str], tokens: int,
-                           figures: str | None, folder: Path, say=print) -> dict:
-    """The target's greedy responses to `chosen` (fp32, not stored), then training/teacher_forced.py on them;
-    with `figures`, its plot as FIGURES/teacher_forced_SPLIT_START_COUNT.png. chat: target/chat.ChatTarget."""
+                           figures: str | None, folder: Path, say=print, paths: int | None = None) -> dict:
+    """The target's greedy responses to `chosen` (fp32, not stored), then training/teacher_forced.py on them
+    (a tree of the selector's `paths` best paths, if given); with `figures`, its plot as
+    FIGURES/teacher_forced_SPLIT_START_COUNT.png. chat: target/chat.ChatTarget."""
     target, tokenizer = chat.model, chat.tokenizer
     longest, limit = longest_chat_prompt(tokenizer, chosen), target.config.max_position_embeddings
     if longest + tokens > limit:             # as decoding refuses it (compat.check_request), before generating
@@ -153,12 +161,13 @@ def measure_teacher_forced(draft, chat, spec: str, chosen: list[str], tokens: in
                          f"{chat.label}'s {limit} positions; at most {limit - longest}")
     rows = self_distill(target, tokenizer, chosen, None, tokens, batch_size=16, stop_token_ids=chat.stop_token_ids,
                         say=say)
-    found = {**teacher_forced(draft, target, rows), "prompts": chosen}
+    found = {**teacher_forced(draft, target, rows, paths=paths), "prompts": chosen}
     if not found["anchors"]:
         raise SystemExit(f"prompt set {spec}: no response of {tokens} tokens or fewer holds a whole block of "
                          f"{draft.block_size}; raise --tokens")
-    say(f"{spec:>20}  teacher-forced τ {found['tokens_per_step']:.3f} over {found['anchors']} anchors; acceptance "
-        f"by block position {fractions(found['acceptance_by_position'])}")
+    tree = "" if paths is None else f" of a tree of {paths} paths, {found['mean_nodes']:.2f} nodes on average,"
+    say(f"{spec:>20}  teacher-forced τ {found['tokens_per_step']:.3f}{tree} over {found['anchors']} anchors; "
+        f"acceptance by block position {fractions(found['acceptance_by_position'])}")
     for b in found["by_confidence"]:
         if b["anchors"]:
             say(f"{'':>22}target confidence {bin_label(b)}: {100 * b['share']:4.1f} % "
@@ -185,6 +194,11 @@ def run(args, say=print) -> dict:
     chat = open_chat_target(args.target)
     target, tokenizer = chat.model, chat.tokenizer
     check_fits(draft, folder, target, "SmolLM2-135M" if chat.name == SMOLLM2 else chat.label)
+    if args.paths is not None:
+        try:
+            check_paths(draft, args.paths)
+        except ValueError as e:
+            raise SystemExit(f"--paths: {e}") from None
     results = {"target": args.target, "draft": str(folder), "block_size": block_size, "lookup": args.lookup,
                "trained_block_size": draft.block_size, "tokens": args.tokens, "sets": {}}
     for spec in args.sets:
@@ -192,7 +206,7 @@ def run(args, say=print) -> dict:
         chosen = set_prompts(split)[start:start + count]
         if args.teacher_forced:
             results["sets"][spec] = measure_teacher_forced(draft, chat, spec, chosen, args.tokens, args.figures,
-                                                           folder, say)
+                                                           folder, say, args.paths)
             continue
         records, started = [], time.perf_counter()
 
