@@ -83,7 +83,8 @@ class CandidateSelector(nn.Module):
         found exactly by keeping, at every position and for every candidate c, the `count` best paths that end
         in c (q_t depends on the path only through x_{t−1}, so every best path's prefix is among them).
         hidden (B, γ, d), logits (B, γ, V), anchor_ids (B,) → paths (B, count, γ), log P (B, count), best
-        first; count ≤ K^γ. count = 1 is `select`'s greedy path wherever its argmax is unique."""
+        first; count ≤ K^γ. count = 1 is the most probable path, which `select`'s greedy walk (the best next
+        token at every step) need not be."""
         batch, gamma, k = hidden.shape[0], hidden.shape[1], self.top_k
         if not 1 <= count <= k ** gamma:
             raise ValueError(f"best_paths: count={count} must be 1 … K^γ = {k ** gamma} (K={k}, γ={gamma})")

@@ -103,7 +103,7 @@ def check_arguments(args) -> None:
         if given and not args.teacher_forced:
             raise ValueError(f"{flag} goes with the teacher-forced measure: give it with --teacher-forced")
     if args.paths is not None and args.paths < 1:
-        raise ValueError(f"--paths must be at least 1 (1: the selector's own path), got {args.paths}")
+        raise ValueError(f"--paths must be at least 1 (1: the most probable path alone), got {args.paths}")
     if args.teacher_forced:
         both = [flag for flag, given in (("--by-template", args.by_template),
                                          ("--block-size", args.block_size is not None),
