@@ -92,7 +92,7 @@ class CandidateSelector(nn.Module):
         projected = self.hidden_projection(hidden)                                    # (B, γ, r)
         first = torch.log_softmax((unary[:, 0] + self.pair_term(anchor_ids, projected[:, 0], candidates[:, 0])).float(), -1)
         # best[b, c, j]: log P of the j-th best path ending in candidate c; −inf where fewer than j + 1 exist
-        best = torch.full((batch, k, count), float("-inf"), dtype=first.dtype)
+        best = torch.full((batch, k, count), float("-inf"), dtype=first.dtype, device=first.device)
         best[:, :, 0] = first                                                         # (B, K) one path per c
         back = []                                                                     # per t ≥ 2: (B, K, count)
         for t in range(1, gamma):

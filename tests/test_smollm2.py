@@ -502,11 +502,11 @@ def test_evaluate_teacher_forced_on_the_targets_own_responses(smollm2, tmp_path,
                      "--out", str(out)]) == 0
         trees[paths] = json.loads(out.read_text())["sets"]["heldout:0:2"]
         assert trees[paths]["anchors"] == got["anchors"] and trees[paths]["paths"] == paths
-    assert trees[1]["mean_nodes"] == 3 and 3 <= trees[4]["mean_nodes"] <= 12
+    assert trees[1]["mean_nodes"] == 3 and 6 <= trees[4]["mean_nodes"] <= 12   # 4 distinct paths: ≥ 1 + 1 + 4
     assert trees[4]["tokens_per_step"] >= trees[1]["tokens_per_step"]
     assert "of a tree of 4 paths" in capsys.readouterr().out
-    for argv, message in ((["--draft", "shipped:dflash1", "--paths", "2"], "needs a DFlash 2 draft"),
-                          (["--paths", "513"], r"paths=513: must be 1 … K\^\(b − 1\) = 512")):
+    for argv, message in ((["--draft", "shipped:dflash1", "--paths", "2"], "--paths=2: a tree .* needs a DFlash 2"),
+                          (["--paths", "513"], r"--paths=513: must be 1 … K\^\(b − 1\) = 512")):
         with pytest.raises(SystemExit, match=message):
             main(["evaluate", "--teacher-forced", "--sets", "heldout:0:1", "--tokens", "16", *argv])
 

@@ -2,10 +2,11 @@
 and the side-by-side harness of the benchmarks (variants interleaved round-robin, medians, paired ratios).
 
     clock = Stopwatch(draft, device); …run…; clock.seconds, clock.calls, clock.times; clock.remove()
+    summarise(measure({"a": fn_a, "b": fn_b}, repeats), baseline="a")
 
 A pass's time leaves out what measuring linear plans took inside it (extensions/linear_plan.py: a first run
-on a machine measures them, later ones read them); clock.planning is that time, all passes together.
-    summarise(measure({"a": fn_a, "b": fn_b}, repeats), baseline="a")
+on a machine measures them, later ones read them); clock.planning is that time, all passes together (two
+clocks on nested modules would each count the inner one's).
 """
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def check_arguments(args) -> None:
     --by-template), --tokens, --block-size, --figures without --teacher-forced, --teacher-forced with
     --by-template, --block-size or --lookup, a bad --lookup, --out, an unknown shipped draft's name, and a
     --target without a --draft (the shipped drafts are SmolLM2's), --paths without --teacher-forced or below 1
-    (a draft without a selector, or more paths than its lattice has, is refused once the draft is read)."""
+    (a draft without a selector, or more paths than its lattice has, is refused by `run` once it reads the draft)."""
     check_target_name(args.target)
     draft_folder(args.draft)
     if args.target != SMOLLM2 and not args.draft:
@@ -173,9 +173,10 @@ def measure_teacher_forced(draft, chat, spec: str, chosen: list[str], tokens: in
             say(f"{'':>22}target confidence {bin_label(b)}: {100 * b['share']:4.1f} % "
                 f"of anchors, τ {b['tokens_per_step']:.3f}, {fractions(b['acceptance_by_position'])}")
     if figures:
-        title = (f"{folder.parent.name}/{folder.name}, {spec}: teacher-forced τ {found['tokens_per_step']:.3f} "
-                 f"over {found['anchors']} anchors")
-        path = Path(figures) / ("teacher_forced_" + spec.replace(":", "_") + ".png")
+        title = (f"{folder.parent.name}/{folder.name}, {spec}: teacher-forced τ {found['tokens_per_step']:.3f}"
+                 f"{tree} over {found['anchors']} anchors")
+        path = Path(figures) / ("teacher_forced_" + spec.replace(":", "_") + ("" if paths is None else f"_paths{paths}")
+                                + ".png")
         say(f"wrote {save_figure(plot(found, title), path)}")
     return found
 
@@ -191,14 +192,14 @@ def run(args, say=print) -> dict:
                      else f"positions {draft.block_size} … {block_size - 1} were")
         say(f"--block-size {block_size}: this draft was trained on blocks of {draft.block_size}; "
             f"{untrained} never trained")
+    if args.paths is not None:
+        try:
+            check_paths(draft, args.paths)           # the draft alone says, before the target is loaded
+        except ValueError as e:
+            raise SystemExit(f"--{e}") from None     # "--paths=M: …"
     chat = open_chat_target(args.target)
     target, tokenizer = chat.model, chat.tokenizer
     check_fits(draft, folder, target, "SmolLM2-135M" if chat.name == SMOLLM2 else chat.label)
-    if args.paths is not None:
-        try:
-            check_paths(draft, args.paths)
-        except ValueError as e:
-            raise SystemExit(f"--paths: {e}") from None
     results = {"target": args.target, "draft": str(folder), "block_size": block_size, "lookup": args.lookup,
                "trained_block_size": draft.block_size, "tokens": args.tokens, "sets": {}}
     for spec in args.sets:

@@ -18,6 +18,7 @@ import torch
 
 from .. import plots
 from ..bench.timing import Stopwatch
+from ..extensions.linear_plan import measuring_seconds
 from ..config import ConfigError
 from ..decoding import spec_generate
 from ..drafts.folder import SHIPPED_DRAFT, check_fits, draft_folder, open_draft
@@ -122,7 +123,7 @@ def run(args) -> int:
         shown[0] = text
 
     draft_clock, target_clock = Stopwatch(draft, target.device), Stopwatch(target, target.device)
-    t0 = time.perf_counter()
+    t0, planned = time.perf_counter(), measuring_seconds()
     # the attention weights, and a DFlash 2 draft's candidate lattice (plots.plot_candidate_lattice)
     names = ["*hook_pattern", "draft.candidate_selector.hook_*"]
     recording = tracing(draft, names=names) if args.trace or args.figures else nullcontext()
@@ -134,14 +135,14 @@ def run(args) -> int:
                                 lookup=args.lookup, on_step=on_step)
         except ValueError as e:        # the request, refused before any compute (e.g. past the position limit)
             raise SystemExit(f"generate: {e}") from None
-    total = time.perf_counter() - t0
+    total, planning = time.perf_counter() - t0, measuring_seconds() - planned   # planning: linear plans measured
     draft_clock.remove(), target_clock.remove()
     text = tokenizer.decode(out.output_ids[0, prompt_len:].tolist(), skip_special_tokens=True)
     print(text[len(shown[0]):], flush=True)
     note = stop_note(out.output_ids, prompt_len, stop, tokenizer, args.chat)
     if note:
         print(note, file=sys.stderr)
-    report(out, total, draft_clock, target_clock)
+    report(out, total, draft_clock, target_clock, planning)
     if args.verify_gate is not None:
         print(f"verify gate θ = {args.verify_gate}: {sum(cut)} of {len(cut)} steps verified [x_0, d_1] only")
     if args.lookup is not None:
@@ -166,7 +167,9 @@ def prompt_ids(tokenizer, args) -> torch.Tensor:
         raise SystemExit(f"--chat: {e}") from None
 
 
-def report(out, total: float, draft_clock: Stopwatch, target_clock: Stopwatch) -> None:
+def report(out, total: float, draft_clock: Stopwatch, target_clock: Stopwatch, planning: float = 0.0) -> None:
+    """The statistics; `planning`: seconds of the run spent measuring linear plans (a first run on this machine:
+    inside the passes, which the clocks leave out, and around them, e.g. the draft's lm_head), left out of the total."""
     n, steps = out.num_output_tokens, len(out.acceptance_lengths)
     hist = Counter(out.acceptance_lengths)
     print("\n--- statistics ---")
@@ -177,8 +180,7 @@ def report(out, total: float, draft_clock: Stopwatch, target_clock: Stopwatch) -
           f" ({draft_clock.seconds / max(draft_clock.calls, 1) * 1e3:.1f} ms/pass)")
     print(f"verify: {target_clock.calls} target passes (prefill included), {target_clock.seconds:.3f} s"
           f" ({target_clock.seconds / max(target_clock.calls, 1) * 1e3:.1f} ms/pass)")
-    planning = draft_clock.planning + target_clock.planning
-    if planning:   # a first run on this machine: linear plans measured inside the passes, left out of their times
+    if planning:
         total -= planning
         print(f"linear plans: {planning:.3f} s measuring the products' kernels for this machine, left out of the "
               "times here (stored: later runs read them)")

@@ -24,8 +24,8 @@ tie. A plan measured is also written to the cache folder, and later processes on
 read it instead of measuring again (extensions/plan_store.py). DFLASH_REF_LINEAR (or
 `set_linear_mode`) pins the plan: `measured` (the default), `linear` (F.linear everywhere), `rows-first`
 (duplicated-row for one row, rows-first for 2 … 64: the rule this project used before it measured).
-`measuring_seconds()`: what measuring and storing cost this process, inside its forwards (bench.timing.Stopwatch
-leaves it out of a pass's time). Kernels tried and left out: ../../figures/bench/README.md, "The CPU linear".
+`measuring_seconds()`: what measuring and storing cost this process (bench.timing.Stopwatch leaves it out of a
+pass's time). Kernels tried and left out: ../../figures/bench/README.md, "The CPU linear".
 """
 from __future__ import annotations
 
@@ -121,9 +121,9 @@ def linear_mode_as(mode: str):
 
 def candidates(d_in: int, rows: int, with_copies: bool, d_out: int = 1) -> tuple[str, ...]:
     """The kernels that may compute a product of `rows` rows, in the order `choose` walks them: F.linear,
-    the C product, torch's other products, then those that read copies of W. The C product goes first
-    among ties: the cold pool timed the duplicated row within 1-4 % of it, yet SmolLM2's AR step (AMD
-    EPYC, AVX-512) took 0.905 of its time with the C product's one-row products (two rows: 0.959)."""
+    the C product, torch's other products, then those that read copies of W. The C product goes first among
+    ties: the pool timed the duplicated row within 1-4 % of it, yet an AR step of SmolLM2 (AMD EPYC, AVX-512) took
+    0.905 of the time with the C product's one-row products that it took with the duplicated row's (at two rows, against rows-first: 0.959)."""
     sizes_fit = max(d_in, d_out) <= streamed.MAX_SIZE          # the C code's sizes are ints
     names = ["linear", *(["streamed"] if streamed.available() and sizes_fit else []),
              "duplicated-row" if rows == 1 else "rows-first"]

@@ -115,7 +115,8 @@ def check_paths(draft, paths: int) -> None:
     """A ValueError naming the problem unless the draft has a selector and 1 ≤ paths ≤ K^(b − 1)."""
     selector = draft.candidate_selector
     if selector is None:
-        raise ValueError("paths: a tree of the selector's paths needs a DFlash 2 draft; this one has no selector")
+        raise ValueError(f"paths={paths!r}: a tree of the selector's paths needs a DFlash 2 draft; this one has no "
+                         "selector")
     if not isinstance(paths, int) or not 1 <= paths <= selector.top_k ** (draft.block_size - 1):
         raise ValueError(f"paths={paths!r}: must be 1 … K^(b − 1) = {selector.top_k ** (draft.block_size - 1)} "
                          f"(K = {selector.top_k}, b = {draft.block_size})")
