@@ -15,6 +15,7 @@ The modules at the top follow the data's walk, one per equation (README.md besid
 Tooling lives in subpackages: target/, extensions/, drafts/, training/, bench/, walkthrough/,
 conformance/, cli/.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -23,11 +24,16 @@ from typing import TYPE_CHECKING
 # Names are imported on first use (PEP 562), so that `dflash_ref.conformance`'s numpy-only bundle
 # reader and comparison can be imported without importing torch.
 _EXPORTS = {
-    "acceptance": ["acceptance_length", "sample", "sampling_probs"], "cache": ["KVCache"],
-    "config": ["ConfigError", "DraftConfig", "TargetConfig"], "decoding": ["GenerationOutput", "generate", "spec_generate"],
-    "draft_model": ["DFlashDraftModel"], "drafts.checkpoint": ["load_draft", "save_draft"],
-    "layer_sampling": ["build_target_layer_ids", "extract_context_feature"], "target": ["Qwen3Target"],
-    "target.checkpoint": ["load_target", "save_target"], "target.llama": ["LlamaTarget", "load_llama_target"],
+    "acceptance": ["acceptance_length", "sample", "sampling_probs"],
+    "cache": ["KVCache"],
+    "config": ["ConfigError", "DraftConfig", "TargetConfig"],
+    "decoding": ["GenerationOutput", "generate", "spec_generate"],
+    "draft_model": ["DFlashDraftModel"],
+    "drafts.checkpoint": ["load_draft", "save_draft"],
+    "layer_sampling": ["build_target_layer_ids", "extract_context_feature"],
+    "target": ["Qwen3Target"],
+    "target.checkpoint": ["load_target", "save_target"],
+    "target.llama": ["LlamaTarget", "load_llama_target"],
     "trace": ["StepRecord"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}

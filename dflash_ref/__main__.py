@@ -1,6 +1,7 @@
 """Command line: `python -m dflash_ref COMMAND`, with COMMAND one of
 walkthrough (the main job), generate, smoke, bench, train, evaluate, notebooks, golden, verify (see
 README.md)."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,8 +14,11 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `generate` (here, so that building the parser imports no torch)."""
     p.add_argument("--target", required=True, help="a Hugging Face model folder, or 'smollm2'")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--draft", help="an official-format DFlash draft folder, or shipped:dflash1 / shipped:dflash2 "
-                                       "(default: for smollm2 the shipped DFlash 2 draft, otherwise a random draft)")
+    which.add_argument(
+        "--draft",
+        help="an official-format DFlash draft folder, or shipped:dflash1 / shipped:dflash2 "
+        "(default: for smollm2 the shipped DFlash 2 draft, otherwise a random draft)",
+    )
     which.add_argument("--random-draft", action="store_true", help="use an untrained random draft")
     p.add_argument("--prompt", default="Explain speculative decoding in one paragraph.")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
@@ -24,12 +28,20 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--verifier", default="rejection", choices=["rejection", "match"])
     p.add_argument("--block-size", type=int, help="override the draft's block size")
-    p.add_argument("--verify-gate", type=float, metavar="θ",
-                   help="verify the whole block only when the draft's c_1·c_2 ≥ θ, else its first proposal "
-                        "alone (extensions/verify_gate.py; bench trained uses 0.5; default: off, every block verified whole)")
-    p.add_argument("--lookup", type=int, metavar="N",
-                   help="where the last N or more committed tokens occurred before, propose what followed them "
-                        "instead of drafting (extensions/prompt_lookup.py; 2 measured best; default: off, always draft)")
+    p.add_argument(
+        "--verify-gate",
+        type=float,
+        metavar="θ",
+        help="verify the whole block only when the draft's c_1·c_2 ≥ θ, else its first proposal "
+        "alone (extensions/verify_gate.py; bench trained uses 0.5; default: off, every block verified whole)",
+    )
+    p.add_argument(
+        "--lookup",
+        type=int,
+        metavar="N",
+        help="where the last N or more committed tokens occurred before, propose what followed them "
+        "instead of drafting (extensions/prompt_lookup.py; 2 measured best; default: off, always draft)",
+    )
     p.add_argument("--draft-layers", type=int, default=3, help="layers of a random draft")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", help="save the trace (draft attention of every step) to this folder")
@@ -45,42 +57,85 @@ def main(argv: list[str] | None = None) -> int:
     _generate_arguments(gen)
     smoke = sub.add_parser("smoke", help="full-size Qwen3-8B-shaped check on CUDA (or --size tiny on CPU)")
     smoke.add_argument("--size", choices=["full", "tiny"], default="full")
-    smoke.add_argument("--version", type=int, choices=[1, 2], default=1,
-                       help="2: a DFlash 2 draft shaped like z-lab/Qwen3.8-27B-DFlash2, on a target of "
-                            "Qwen3.8-27B's widths (shapes assumed: bench/smoke.py says which)")
-    smoke.add_argument("--arch", choices=["qwen3", "qwen3_5"], default="qwen3",
-                       help="qwen3_5: a hybrid target shaped like Qwen3.5-27B, its DFlash draft (shapes assumed: "
-                            "bench/smoke_hybrid.py says which)")
+    smoke.add_argument(
+        "--version",
+        type=int,
+        choices=[1, 2],
+        default=1,
+        help="2: a DFlash 2 draft shaped like z-lab/Qwen3.8-27B-DFlash2, on a target of "
+        "Qwen3.8-27B's widths (shapes assumed: bench/smoke.py says which)",
+    )
+    smoke.add_argument(
+        "--arch",
+        choices=["qwen3", "qwen3_5"],
+        default="qwen3",
+        help="qwen3_5: a hybrid target shaped like Qwen3.5-27B, its DFlash draft (shapes assumed: "
+        "bench/smoke_hybrid.py says which)",
+    )
     bench = sub.add_parser("bench", help="side-by-side benchmarks, reported as ratios")
-    bench.add_argument("names", nargs="*", help="baselines steps dflash2 rollback official tracing blocks ceiling memory "
-                                                "trained (default: all)")
+    bench.add_argument(
+        "names",
+        nargs="*",
+        help="baselines steps dflash2 rollback official tracing blocks ceiling memory trained (default: all)",
+    )
     bench.add_argument("--repeats", type=int, default=7)
     bench.add_argument("--out", default="figures/bench")
-    bench.add_argument("--draft", help="bench trained: this official-format SmolLM2 draft folder too, first, beside the "
-                                       "shipped ones (give --out elsewhere to keep figures/bench's results)")
-    train = sub.add_parser("train", help="self-distil SmolLM2 (or --target DIR) and train a draft with the "
-                                         "paper's recipe")
+    bench.add_argument(
+        "--draft",
+        help="bench trained: this official-format SmolLM2 draft folder too, first, beside the "
+        "shipped ones (give --out elsewhere to keep figures/bench's results)",
+    )
+    train = sub.add_parser(
+        "train", help="self-distil SmolLM2 (or --target DIR) and train a draft with the paper's recipe"
+    )
     add_train_arguments(train)
     evaluate = sub.add_parser("evaluate", help="a draft's τ and acceptance per block position on prompt sets")
-    evaluate.add_argument("--target", default="smollm2",
-                          help="smollm2 (default), or the Hugging Face chat model folder the --draft was trained for")
-    evaluate.add_argument("--draft", help="an official-format draft folder, or shipped:dflash1 / shipped:dflash2 "
-                                          "(default: the shipped SmolLM2 DFlash 2 draft; needed with --target DIR)")
-    evaluate.add_argument("--sets", nargs="+", default=["heldout:0:12"], metavar="SPLIT:START:COUNT",
-                          help="prompt sets, split train, heldout, varied or heldout-styles, or a prompts file "
-                               "(default: heldout:0:12, the training run's held-out evaluation)")
+    evaluate.add_argument(
+        "--target",
+        default="smollm2",
+        help="smollm2 (default), or the Hugging Face chat model folder the --draft was trained for",
+    )
+    evaluate.add_argument(
+        "--draft",
+        help="an official-format draft folder, or shipped:dflash1 / shipped:dflash2 "
+        "(default: the shipped SmolLM2 DFlash 2 draft; needed with --target DIR)",
+    )
+    evaluate.add_argument(
+        "--sets",
+        nargs="+",
+        default=["heldout:0:12"],
+        metavar="SPLIT:START:COUNT",
+        help="prompt sets, split train, heldout, varied or heldout-styles, or a prompts file "
+        "(default: heldout:0:12, the training run's held-out evaluation)",
+    )
     evaluate.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt")
     evaluate.add_argument("--block-size", type=int, help="verify blocks of this size (default: the draft's)")
-    evaluate.add_argument("--lookup", type=int, metavar="N", help="decode with prompt lookup beside the draft, "
-                          "as generate --lookup (extensions/prompt_lookup.py; default: off)")
+    evaluate.add_argument(
+        "--lookup",
+        type=int,
+        metavar="N",
+        help="decode with prompt lookup beside the draft, "
+        "as generate --lookup (extensions/prompt_lookup.py; default: off)",
+    )
     evaluate.add_argument("--out", help="write the results here as JSON")
-    evaluate.add_argument("--by-template", action="store_true",
-                          help="also report each set split by the prompts' template or style (training/prompt_sets.py)")
-    evaluate.add_argument("--teacher-forced", action="store_true",
-                          help="measure at every position of the target's own greedy responses instead of decoding, "
-                               "split by the target's confidence (training/teacher_forced.py)")
-    evaluate.add_argument("--paths", type=int, metavar="M", help="with --teacher-forced and a DFlash 2 draft: measure "
-                          "what verifying a tree of the selector's M most probable paths would keep (a measure only)")
+    evaluate.add_argument(
+        "--by-template",
+        action="store_true",
+        help="also report each set split by the prompts' template or style (training/prompt_sets.py)",
+    )
+    evaluate.add_argument(
+        "--teacher-forced",
+        action="store_true",
+        help="measure at every position of the target's own greedy responses instead of decoding, "
+        "split by the target's confidence (training/teacher_forced.py)",
+    )
+    evaluate.add_argument(
+        "--paths",
+        type=int,
+        metavar="M",
+        help="with --teacher-forced and a DFlash 2 draft: measure "
+        "what verifying a tree of the selector's M most probable paths would keep (a measure only)",
+    )
     evaluate.add_argument("--figures", help="with --teacher-forced: write each set's plot to this folder")
     sub.add_parser("notebooks", help="regenerate and execute walkthroughs/*.ipynb from their .py sources")
     golden = sub.add_parser("golden", help="write the conformance kit's golden bundles (same bytes on a rerun)")
@@ -93,21 +148,37 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--bundle", help="a bundle or a folder of bundles (default: the one in the package)")
     verify.add_argument("--allow-missing", action="store_true", help="tensors a candidate lacks do not fail")
     verify.add_argument("-v", "--verbose", action="store_true", help="one line per tensor")
-    verify.add_argument("--variant", action="append", default=[], metavar="KEY=VALUE",
-                        help="a design variant the port follows: draft_cache=crop-after-pass|context-only, "
-                             "last_block=shrink|full-then-truncate, sliding_window=as-configured|causal|symmetric|rotating "
-                             "(default: detected, else the reference's)")
-    verify.add_argument("--skip", action="append", default=[], metavar="STAGE",
-                        help="a stage the port knowingly does not produce or match (printed in the report)")
-    verify.add_argument("--sampling", action="store_true",
-                        help="check the sampler instead: chi-square of its outputs against the exact distribution, and "
-                             "its first-step τ against the exact mean (the sampling bundles, DFlash 1 and 2; "
-                             "default: fresh ones)")
-    verify.add_argument("--verifier", choices=["rejection", "match"],
-                        help="with --sampling: the verifier the sampler uses")
+    verify.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a design variant the port follows: draft_cache=crop-after-pass|context-only, "
+        "last_block=shrink|full-then-truncate, sliding_window=as-configured|causal|symmetric|rotating "
+        "(default: detected, else the reference's)",
+    )
+    verify.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="STAGE",
+        help="a stage the port knowingly does not produce or match (printed in the report)",
+    )
+    verify.add_argument(
+        "--sampling",
+        action="store_true",
+        help="check the sampler instead: chi-square of its outputs against the exact distribution, and "
+        "its first-step τ against the exact mean (the sampling bundles, DFlash 1 and 2; "
+        "default: fresh ones)",
+    )
+    verify.add_argument(
+        "--verifier", choices=["rejection", "match"], help="with --sampling: the verifier the sampler uses"
+    )
     verify.add_argument("--runs", type=int, help="with --sampling: how many sampled runs (default: the bundle's, 2000)")
-    verify.add_argument("--profile", help="with --dump: a JSON profile {variants, skip} (default: "
-                                          "FILE.profile.json beside the dump, if there)")
+    verify.add_argument(
+        "--profile",
+        help="with --dump: a JSON profile {variants, skip} (default: FILE.profile.json beside the dump, if there)",
+    )
     table = sub.add_parser("matrix", help="the conformance matrix: every shipped port on every greedy bundle")
     table.add_argument("--bundle", help="a folder of bundles (default: all scenarios, written to a temporary folder)")
     table.add_argument("--out", help="write the Markdown here (default: print it)")
@@ -117,15 +188,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "walkthrough":
         from .cli.folders import check_output_folder
         from .walkthrough.story import run
+
         try:
-            check_output_folder("--out", args.out)     # now, not after the examples have run
+            check_output_folder("--out", args.out)  # now, not after the examples have run
         except ValueError as e:
             walk.error(str(e))
         run(args.out)
     elif args.command == "generate":
-        from .cli.generate import check_arguments as check_generate, run as run_generate
+        from .cli.generate import check_arguments as check_generate
+        from .cli.generate import run as run_generate
         from .extensions.prompt_lookup import check_lookup
         from .extensions.verify_gate import check_gate
+
         try:
             check_gate(args.verify_gate)
             check_lookup(args.lookup)
@@ -135,9 +209,13 @@ def main(argv: list[str] | None = None) -> int:
         return run_generate(args)
     elif args.command == "smoke":
         from .bench.smoke import run as run_smoke
+
         run_smoke(args.size, version=args.version, arch=args.arch)
     elif args.command == "bench":
-        from .cli.bench import BENCHES, check_options as check_bench, run as run_bench
+        from .cli.bench import BENCHES
+        from .cli.bench import check_options as check_bench
+        from .cli.bench import run as run_bench
+
         args.names = args.names or list(BENCHES)
         unknown = sorted(set(args.names) - set(BENCHES))
         if unknown:
@@ -149,19 +227,25 @@ def main(argv: list[str] | None = None) -> int:
         run_bench(args.names, args.repeats, args.out, draft=args.draft)
     elif args.command == "golden":
         from .conformance.golden import generate_golden
+
         try:
             for path in generate_golden(args.out, args.only):
                 print("wrote", path)
-        except (ValueError, OSError) as e:     # unknown scenarios, an --out that is a file or cannot be made
+        except (ValueError, OSError) as e:  # unknown scenarios, an --out that is a file or cannot be made
             raise SystemExit(f"golden: {e}") from None
     elif args.command == "verify":
         from .conformance.variants import parse_variant
-        from .conformance.verify import InputError, verify as run_verify, verify_dump
+        from .conformance.verify import InputError, verify_dump
+        from .conformance.verify import verify as run_verify
+
         if args.sampling:
             if args.dump or args.variant or args.skip or args.profile:
-                raise SystemExit("verify: --sampling runs a sampler (--impl); --dump, --variant, --skip and "
-                                 "--profile are for the greedy bundles")
+                raise SystemExit(
+                    "verify: --sampling runs a sampler (--impl); --dump, --variant, --skip and "
+                    "--profile are for the greedy bundles"
+                )
             from .conformance.exact import verify_sampling
+
             try:
                 results = verify_sampling(args.impl, args.bundle, args.runs, args.verifier or "rejection")
             except (ValueError, OSError) as e:
@@ -171,27 +255,34 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if all(r.passed for _, r in results) else 1
         if args.runs is not None or args.verifier:
             raise SystemExit("verify: --runs and --verifier go with --sampling")
-        try:      # what cannot be read: the bundles, the dump, the implementation named or its declaration
-                  # (a crashing implementation is a result in the report, not an error here)
+        try:  # what cannot be read: the bundles, the dump, the implementation named or its declaration
+            # (a crashing implementation is a result in the report, not an error here)
             variants = dict(parse_variant(v) for v in args.variant)
             if args.profile and not args.dump:
                 raise InputError("--profile goes with --dump (an adapter declares its own `variants`)")
-            report = (verify_dump(args.dump, args.bundle, args.allow_missing, variants, args.skip, args.profile)
-                      if args.dump else run_verify(args.impl, args.bundle, args.allow_missing, variants, args.skip))
+            report = (
+                verify_dump(args.dump, args.bundle, args.allow_missing, variants, args.skip, args.profile)
+                if args.dump
+                else run_verify(args.impl, args.bundle, args.allow_missing, variants, args.skip)
+            )
         except (InputError, ValueError) as e:
             raise SystemExit(f"verify: {e}") from None
         print(report.text(verbose=args.verbose))
         return 0 if report.passed else 1
     elif args.command == "train":
-        from .cli.train import check_options, run as run_train
+        from .cli.train import check_options
+        from .cli.train import run as run_train
         from .training.options import resolve
+
         try:
             options = check_options(resolve(args))
         except ValueError as e:
             train.error(str(e))
         return run_train(argparse.Namespace(out=args.out, resume=args.resume, **options))
     elif args.command == "evaluate":
-        from .cli.evaluate import check_arguments, run as run_evaluate
+        from .cli.evaluate import check_arguments
+        from .cli.evaluate import run as run_evaluate
+
         try:
             check_arguments(args)
         except ValueError as e:
@@ -203,6 +294,7 @@ def main(argv: list[str] | None = None) -> int:
 
         from .conformance.golden import generate_golden
         from .conformance.matrix import matrix
+
         with tempfile.TemporaryDirectory() as scratch:
             if args.bundle is None:
                 generate_golden(scratch)
@@ -210,6 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         print(text) if args.out is None else Path(args.out).write_text(text + "\n")
     elif args.command == "notebooks":
         from .walkthrough.notebooks import build
+
         for path in build():
             print("executed", path)
     return 0

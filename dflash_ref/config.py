@@ -7,6 +7,7 @@ two spellings: a top-level `rope_theta` (+ `rope_scaling`) in released checkpoin
 `rope_parameters: {rope_theta, rope_type, …}` as transformers 5 writes them. Both are read, and
 written, by config_fields.py: plain, linear and yarn RoPE; other rope types are refused.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,14 +15,23 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .config_fields import (
+    ConfigError,
+    bool_field,
+    dict_field,
+    float_field,
+    int_field,
+    normalise_scaling,
+    read_rope,
+    rope_fields,
+)
 from .layer_sampling import build_target_layer_ids
-from .config_fields import (ConfigError, bool_field, dict_field, float_field, int_field, normalise_scaling,
-                            read_rope, rope_fields)
 
 
 @dataclass
 class Qwen3Config:
     """The fields of a Qwen3 decoder stack that this project reads (target or draft)."""
+
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -31,24 +41,34 @@ class Qwen3Config:
     head_dim: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
-    rope_scaling: dict | None = None          # None: plain RoPE; else normalised (config_fields.py), e.g. yarn's
+    rope_scaling: dict | None = None  # None: plain RoPE; else normalised (config_fields.py), e.g. yarn's
     max_position_embeddings: int = 40960
     tie_word_embeddings: bool = False
-    layer_types: list[str] | None = None      # "full_attention" | "sliding_attention" per layer (None: all full)
+    layer_types: list[str] | None = None  # "full_attention" | "sliding_attention" per layer (None: all full)
     sliding_window: int | None = None
-    dtype: str | None = None                  # dtype the checkpoint was saved in, informative
+    dtype: str | None = None  # dtype the checkpoint was saved in, informative
 
     def __post_init__(self) -> None:
         self.validate()
 
     def validate(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
             int_field({name: getattr(self, name)}, name)
         self.rope_scaling = normalise_scaling(self.rope_scaling, self.max_position_embeddings)
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                              f"num_key_value_heads ({self.num_key_value_heads}) for GQA")
+            raise ConfigError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads}) for GQA"
+            )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim must be even for RoPE, got {self.head_dim}")
         bool_field(self.tie_word_embeddings, "tie_word_embeddings")
@@ -59,8 +79,7 @@ class Qwen3Config:
         if not isinstance(self.layer_types, list):
             raise ConfigError(f"config field 'layer_types' must be a list, got {self.layer_types!r}")
         if len(self.layer_types) != self.num_hidden_layers:
-            raise ConfigError(f"layer_types has {len(self.layer_types)} entries for "
-                              f"{self.num_hidden_layers} layers")
+            raise ConfigError(f"layer_types has {len(self.layer_types)} entries for {self.num_hidden_layers} layers")
         bad = [t for t in self.layer_types if t not in ("full_attention", "sliding_attention")]
         if bad:
             raise ConfigError(f"unknown layer_types {bad}")
@@ -85,12 +104,16 @@ class Qwen3Config:
             raise ConfigError("use_sliding_window without layer_types is not supported")
         rope_theta, rope_scaling = read_rope(d, int_field(d, "max_position_embeddings", default=40960))
         return dict(
-            vocab_size=int_field(d, "vocab_size"), hidden_size=hidden,
+            vocab_size=int_field(d, "vocab_size"),
+            hidden_size=hidden,
             intermediate_size=int_field(d, "intermediate_size"),
-            num_hidden_layers=int_field(d, "num_hidden_layers"), num_attention_heads=heads,
+            num_hidden_layers=int_field(d, "num_hidden_layers"),
+            num_attention_heads=heads,
             num_key_value_heads=int_field(d, "num_key_value_heads", default=heads),
             head_dim=int_field(d, "head_dim", default=hidden // heads),
-            rms_norm_eps=float_field(d, "rms_norm_eps", 1e-6), rope_theta=rope_theta, rope_scaling=rope_scaling,
+            rms_norm_eps=float_field(d, "rms_norm_eps", 1e-6),
+            rope_theta=rope_theta,
+            rope_scaling=rope_scaling,
             max_position_embeddings=int_field(d, "max_position_embeddings", default=40960),
             tie_word_embeddings=d.get("tie_word_embeddings", False),
             layer_types=list(layer_types) if isinstance(layer_types, (list, tuple)) else layer_types,
@@ -100,12 +123,12 @@ class Qwen3Config:
         )
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Qwen3Config":
+    def from_dict(cls, d: dict) -> Qwen3Config:
         return cls(**cls._fields_from_dict(d))
 
     @classmethod
     def from_json(cls, path: str | Path):
-        path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)     # a folder or its config.json
+        path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)  # a folder or its config.json
         if not path.is_file():
             raise FileNotFoundError(f"no config.json at {path}")
         try:
@@ -117,8 +140,14 @@ class Qwen3Config:
     def to_dict(self) -> dict:
         d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("rope_theta", "rope_scaling")}
         rope = rope_fields(self.rope_theta, self.rope_scaling)  # rope_theta, rope_parameters (+ rope_scaling)
-        d.update(model_type="qwen3", hidden_act="silu", attention_bias=False, rope_theta=rope.pop("rope_theta"),
-                 use_sliding_window=self.sliding_window is not None, **rope)
+        d.update(
+            model_type="qwen3",
+            hidden_act="silu",
+            attention_bias=False,
+            rope_theta=rope.pop("rope_theta"),
+            use_sliding_window=self.sliding_window is not None,
+            **rope,
+        )
         return d
 
     def save(self, directory: str | Path) -> None:
@@ -150,19 +179,20 @@ SCALES = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_s
 class DraftConfig(Qwen3Config):
     """The DFlash draft: Qwen3 fields + block_size, num_target_layers, mask_token_id, target_layer_ids;
     version 2 (architectures: DFlash2DraftModel) adds the convolution's and the selector's sizes."""
+
     block_size: int = 16
     num_target_layers: int = 36
     mask_token_id: int = 0
     target_layer_ids: list[int] = field(default_factory=list)  # empty: build_target_layer_ids
     is_causal: bool | None = None  # None: causal exactly on sliding-window layers (official rule)
     sliding_window_kind: str | None = None  # None: "symmetric" when is_causal is false, else "causal"
-    version: int = 1                         # 1: DFlashDraftModel, 2: DFlash2DraftModel
-    conv_kernel_size: int | None = None      # K, the convolution's taps        (DFlash 2)
-    conv_group_size: int | None = None       # d / G, channels sharing a dynamic tap
-    selector_rank: int | None = None         # r, the codebooks' rank
-    selector_top_k: int | None = None        # K candidates per proposal position
-    input_embedding_scale: float = 1.0       # the block's embedding × this
-    output_multiplier: float = 1.0           # the draft logits × this, then tanh-capped if a softcap is set
+    version: int = 1  # 1: DFlashDraftModel, 2: DFlash2DraftModel
+    conv_kernel_size: int | None = None  # K, the convolution's taps        (DFlash 2)
+    conv_group_size: int | None = None  # d / G, channels sharing a dynamic tap
+    selector_rank: int | None = None  # r, the codebooks' rank
+    selector_top_k: int | None = None  # K candidates per proposal position
+    input_embedding_scale: float = 1.0  # the block's embedding × this
+    output_multiplier: float = 1.0  # the draft logits × this, then tanh-capped if a softcap is set
     final_logit_softcapping: float | None = None
 
     def validate(self) -> None:
@@ -175,14 +205,18 @@ class DraftConfig(Qwen3Config):
         if not self.target_layer_ids:
             ids = build_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
             if not all(0 <= i < self.num_target_layers for i in ids):
-                raise ConfigError(f"build_target_layer_ids({self.num_target_layers}, {self.num_hidden_layers}) "
-                                  f"gives {ids}, outside the target's layers 0..{self.num_target_layers - 1}: "
-                                  "set dflash_config.target_layer_ids explicitly")
+                raise ConfigError(
+                    f"build_target_layer_ids({self.num_target_layers}, {self.num_hidden_layers}) "
+                    f"gives {ids}, outside the target's layers 0..{self.num_target_layers - 1}: "
+                    "set dflash_config.target_layer_ids explicitly"
+                )
             self.target_layer_ids = ids
         for i in self.target_layer_ids:
             if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_target_layers:
-                raise ConfigError(f"target_layer_ids {self.target_layer_ids}: each id must be an integer in "
-                                  f"0..{self.num_target_layers - 1} (num_target_layers={self.num_target_layers})")
+                raise ConfigError(
+                    f"target_layer_ids {self.target_layer_ids}: each id must be an integer in "
+                    f"0..{self.num_target_layers - 1} (num_target_layers={self.num_target_layers})"
+                )
         kind = self.sliding_window_kind
         if kind is not None and kind not in WINDOW_KINDS:
             raise ConfigError(f"dflash_config.sliding_window_kind {kind!r} is not one of {list(WINDOW_KINDS)}")
@@ -196,17 +230,21 @@ class DraftConfig(Qwen3Config):
     def _validate_version(self) -> None:
         given = [k for k in DFLASH2_FIELDS if getattr(self, k) is not None]
         if self.version not in (1, 2) or (self.version == 1 and given):
-            raise ConfigError(f"a DFlash {self.version} draft cannot set {given or 'version'}: DFlash 2's fields "
-                              "need architectures [\"DFlash2DraftModel\"]")
+            raise ConfigError(
+                f"a DFlash {self.version} draft cannot set {given or 'version'}: DFlash 2's fields "
+                'need architectures ["DFlash2DraftModel"]'
+            )
         for key in DFLASH2_FIELDS if self.version == 2 else ():
             int_field({f"dflash_config.{key}": getattr(self, key)}, f"dflash_config.{key}")
         if self.version == 2 and self.hidden_size % self.conv_group_size:
-            raise ConfigError(f"dflash_config.conv_group_size {self.conv_group_size} does not divide hidden_size "
-                              f"{self.hidden_size}")
+            raise ConfigError(
+                f"dflash_config.conv_group_size {self.conv_group_size} does not divide hidden_size {self.hidden_size}"
+            )
         if self.version == 2 and self.selector_top_k > self.vocab_size:
-            raise ConfigError(f"dflash_config.selector_top_k {self.selector_top_k} exceeds the vocabulary "
-                              f"({self.vocab_size})")
-        for key in SCALES:                               # positive numbers (no softcap: None)
+            raise ConfigError(
+                f"dflash_config.selector_top_k {self.selector_top_k} exceeds the vocabulary ({self.vocab_size})"
+            )
+        for key in SCALES:  # positive numbers (no softcap: None)
             if getattr(self, key) is not None:
                 float_field({key: getattr(self, key)}, key, 1.0)
 
@@ -217,7 +255,7 @@ class DraftConfig(Qwen3Config):
         return self.sliding_window_kind or ("symmetric" if self.is_causal is False else "causal")
 
     @classmethod
-    def from_dict(cls, d: dict) -> "DraftConfig":
+    def from_dict(cls, d: dict) -> DraftConfig:
         fields = cls._fields_from_dict(d)
         dflash = dict_field(d, "dflash_config")
 
@@ -227,22 +265,34 @@ class DraftConfig(Qwen3Config):
         mask = pick("mask_token_id")
         if mask is dataclasses.MISSING:
             raise ConfigError("draft config has no dflash_config.mask_token_id")
-        return cls(**fields, block_size=int_field({"block_size": pick("block_size", 16)}, "block_size"),
-                   num_target_layers=int_field(d, "num_target_layers"), mask_token_id=mask,
-                   target_layer_ids=pick("target_layer_ids", None) or [],
-                   is_causal=d.get("is_causal"), sliding_window_kind=pick("sliding_window_kind", None),
-                   version=2 if "DFlash2DraftModel" in (d.get("architectures") or []) else 1,
-                   **{k: pick(k, None) for k in DFLASH2_FIELDS}, **{k: pick(k, v) for k, v in SCALES.items()})
+        return cls(
+            **fields,
+            block_size=int_field({"block_size": pick("block_size", 16)}, "block_size"),
+            num_target_layers=int_field(d, "num_target_layers"),
+            mask_token_id=mask,
+            target_layer_ids=pick("target_layer_ids", None) or [],
+            is_causal=d.get("is_causal"),
+            sliding_window_kind=pick("sliding_window_kind", None),
+            version=2 if "DFlash2DraftModel" in (d.get("architectures") or []) else 1,
+            **{k: pick(k, None) for k in DFLASH2_FIELDS},
+            **{k: pick(k, v) for k, v in SCALES.items()},
+        )
 
     def to_dict(self) -> dict:
         d = {"architectures": ["DFlash2DraftModel" if self.version == 2 else "DFlashDraftModel"], **super().to_dict()}
-        for key in ("mask_token_id", "target_layer_ids", "is_causal", "sliding_window_kind", "version",
-                    *DFLASH2_FIELDS, *SCALES):
+        for key in (
+            "mask_token_id",
+            "target_layer_ids",
+            "is_causal",
+            "sliding_window_kind",
+            "version",
+            *DFLASH2_FIELDS,
+            *SCALES,
+        ):
             d.pop(key)
         if self.is_causal is not None:
             d["is_causal"] = self.is_causal
-        d["dflash_config"] = {"mask_token_id": self.mask_token_id,
-                              "target_layer_ids": list(self.target_layer_ids)}
+        d["dflash_config"] = {"mask_token_id": self.mask_token_id, "target_layer_ids": list(self.target_layer_ids)}
         if self.sliding_window_kind is not None:  # this project's key: the official code reads no such field
             d["dflash_config"]["sliding_window_kind"] = self.sliding_window_kind
         d["dflash_config"].update({k: getattr(self, k) for k in DFLASH2_FIELDS if self.version == 2})

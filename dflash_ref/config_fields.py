@@ -18,6 +18,7 @@ s = max_position_embeddings / L₀. An explicit factor is used as given, even wh
 ratio (transformers only warns). Settings that mean the same thing so compare equal. The equations
 that use them are in rope.py. Rope types other than these three, and unknown keys, are refused.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,18 +62,32 @@ def bool_field(value, key: str, allow_none: bool = False) -> bool | None:
 
 IMPLEMENTED = ("default", "linear", "yarn")
 DEFAULT_THETA = 10000.0
-_KEYS = {"linear": ("factor",),
-         "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow", "truncate",
-                  "mscale", "mscale_all_dim", "attention_factor")}
-_READ_ELSEWHERE = ("type", "rope_type", "rope_theta")   # the type (either spelling) and the base
+_KEYS = {
+    "linear": ("factor",),
+    "yarn": (
+        "factor",
+        "original_max_position_embeddings",
+        "beta_fast",
+        "beta_slow",
+        "truncate",
+        "mscale",
+        "mscale_all_dim",
+        "attention_factor",
+    ),
+}
+_READ_ELSEWHERE = ("type", "rope_type", "rope_theta")  # the type (either spelling) and the base
 
 
 def _number(value, field: str, minimum: float, strict: bool = False) -> float:
     """value as a float, refused unless a number > minimum (strict) or ≥ minimum."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            value > minimum if strict else value >= minimum):
-        raise ConfigError(f"config field '{field}' must be a number {'>' if strict else '≥'} {minimum:g}, "
-                         f"got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (value > minimum if strict else value >= minimum)
+    ):
+        raise ConfigError(
+            f"config field '{field}' must be a number {'>' if strict else '≥'} {minimum:g}, got {value!r}"
+        )
     return float(value)
 
 
@@ -88,8 +103,10 @@ def rope_type(spec: dict, where: str) -> str:
         raise ConfigError(f"config field '{where}' names two rope types: rope_type={kinds[0]!r}, type={kinds[1]!r}")
     kind = kinds[0] if kinds else "default"
     if kind not in IMPLEMENTED:
-        raise ConfigError(f"config field '{where}' asks for rope type {kind!r}; implemented are 'default' "
-                         "(plain RoPE), 'linear' and 'yarn'")
+        raise ConfigError(
+            f"config field '{where}' asks for rope type {kind!r}; implemented are 'default' "
+            "(plain RoPE), 'linear' and 'yarn'"
+        )
     return kind
 
 
@@ -102,12 +119,14 @@ def normalise_scaling(spec: dict | None, max_position_embeddings: int, where: st
     if not isinstance(spec, dict):
         raise ConfigError(f"config field '{where}' must be a JSON object, got {spec!r}")
     kind = rope_type(spec, where)
-    if kind == "default":           # its other keys change nothing (transformers ignores them too)
+    if kind == "default":  # its other keys change nothing (transformers ignores them too)
         return None
     unknown = sorted(set(spec) - set(_READ_ELSEWHERE) - set(_KEYS[kind]))
     if unknown:
-        raise ConfigError(f"config field '{where}' has keys {unknown} that {kind} RoPE does not read "
-                         f"(it reads {', '.join(_KEYS[kind])})")
+        raise ConfigError(
+            f"config field '{where}' has keys {unknown} that {kind} RoPE does not read "
+            f"(it reads {', '.join(_KEYS[kind])})"
+        )
     if "factor" not in spec:
         raise ConfigError(f"config field '{where}.factor' is missing ({kind} RoPE needs it)")
     if kind == "linear":
@@ -115,17 +134,21 @@ def normalise_scaling(spec: dict | None, max_position_embeddings: int, where: st
 
     original = _given(spec, "original_max_position_embeddings", max_position_embeddings)
     if isinstance(original, bool) or not isinstance(original, int) or original < 1:
-        raise ConfigError(f"config field '{where}.original_max_position_embeddings' must be an integer ≥ 1, "
-                         f"got {original!r}")
-    out = {"rope_type": "yarn",
-           "factor": _number(_given(spec, "factor", max_position_embeddings / original), f"{where}.factor", 1),
-           "original_max_position_embeddings": original,
-           "beta_fast": _number(_given(spec, "beta_fast", 32), f"{where}.beta_fast", 0, strict=True),
-           "beta_slow": _number(_given(spec, "beta_slow", 1), f"{where}.beta_slow", 0, strict=True),
-           "truncate": spec.get("truncate", True)}
+        raise ConfigError(
+            f"config field '{where}.original_max_position_embeddings' must be an integer ≥ 1, got {original!r}"
+        )
+    out = {
+        "rope_type": "yarn",
+        "factor": _number(_given(spec, "factor", max_position_embeddings / original), f"{where}.factor", 1),
+        "original_max_position_embeddings": original,
+        "beta_fast": _number(_given(spec, "beta_fast", 32), f"{where}.beta_fast", 0, strict=True),
+        "beta_slow": _number(_given(spec, "beta_slow", 1), f"{where}.beta_slow", 0, strict=True),
+        "truncate": spec.get("truncate", True),
+    }
     if out["beta_fast"] < out["beta_slow"]:
-        raise ConfigError(f"config field '{where}.beta_fast' ({out['beta_fast']:g}) must be ≥ beta_slow "
-                         f"({out['beta_slow']:g})")
+        raise ConfigError(
+            f"config field '{where}.beta_fast' ({out['beta_fast']:g}) must be ≥ beta_slow ({out['beta_slow']:g})"
+        )
     if not isinstance(out["truncate"], bool):
         raise ConfigError(f"config field '{where}.truncate' must be true or false, got {out['truncate']!r}")
     for key, strict in (("mscale", False), ("mscale_all_dim", False), ("attention_factor", True)):
@@ -152,20 +175,24 @@ def read_rope(d: dict, max_position_embeddings: int) -> tuple[float, dict | None
         if spec is None or spec == {}:
             continue
         if isinstance(spec, dict) and rope_type(spec, where) == "yarn" and d.get("original_max_position_embeddings"):
-            top = d["original_max_position_embeddings"]     # transformers lets the top-level one win
+            top = d["original_max_position_embeddings"]  # transformers lets the top-level one win
             spec = {**spec, "original_max_position_embeddings": _given(spec, "original_max_position_embeddings", top)}
             if spec["original_max_position_embeddings"] != top:
-                raise ConfigError(f"config field '{where}.original_max_position_embeddings' "
-                                 f"({spec['original_max_position_embeddings']!r}) disagrees with the top-level "
-                                 f"original_max_position_embeddings ({top!r})")
+                raise ConfigError(
+                    f"config field '{where}.original_max_position_embeddings' "
+                    f"({spec['original_max_position_embeddings']!r}) disagrees with the top-level "
+                    f"original_max_position_embeddings ({top!r})"
+                )
         scaling = normalise_scaling(spec, max_position_embeddings, where)
         read.append((where, _theta(spec, d, where), scaling))
     if not read:
         return _number(d.get("rope_theta", DEFAULT_THETA), "rope_theta", 0, strict=True), None
     if len(read) == 2 and read[0][1:] != read[1][1:]:
         (a, theta_a, scaling_a), (b, theta_b, scaling_b) = read
-        raise ConfigError(f"config fields '{a}' and '{b}' disagree: rope_theta {theta_a:g} with {scaling_a} "
-                         f"against rope_theta {theta_b:g} with {scaling_b}; give one, or both alike")
+        raise ConfigError(
+            f"config fields '{a}' and '{b}' disagree: rope_theta {theta_a:g} with {scaling_a} "
+            f"against rope_theta {theta_b:g} with {scaling_b}; give one, or both alike"
+        )
     return read[0][1], read[0][2]
 
 
@@ -174,8 +201,10 @@ def rope_fields(rope_theta: float, scaling: dict | None) -> dict:
 
     rope_theta, rope_parameters = {rope_theta, rope_type, …}, and rope_scaling = {rope_type, …} when
     scaled (plain RoPE writes no rope_scaling)."""
-    out = {"rope_theta": rope_theta,
-           "rope_parameters": {"rope_theta": rope_theta, **(scaling or {"rope_type": "default"})}}
+    out = {
+        "rope_theta": rope_theta,
+        "rope_parameters": {"rope_theta": rope_theta, **(scaling or {"rope_type": "default"})},
+    }
     if scaling is not None:
         out["rope_scaling"] = dict(scaling)
     return out

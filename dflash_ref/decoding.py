@@ -25,10 +25,11 @@ block_size=1)` gives exactly `generate`'s output, sampled or greedy.
 # refused with a clear error, no CUDA synchronisation is needed (it runs on the CPU), and a draft
 # with a draft vocabulary proposes among it only (official: always all V; equally lossless).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -45,12 +46,12 @@ VERIFIERS = ("rejection", "match")
 
 @dataclass
 class GenerationOutput:
-    output_ids: torch.Tensor                       # (1, prompt_len + num_output_tokens)
+    output_ids: torch.Tensor  # (1, prompt_len + num_output_tokens)
     num_input_tokens: int
     acceptance_lengths: list[int] = field(default_factory=list)  # τ per decode step
-    tokens_per_step: list[int] = field(default_factory=list)     # committed per step (official's list)
+    tokens_per_step: list[int] = field(default_factory=list)  # committed per step (official's list)
     num_draft_passes: int = 0
-    num_target_passes: int = 0                      # prefill included
+    num_target_passes: int = 0  # prefill included
 
     @property
     def num_output_tokens(self) -> int:
@@ -68,13 +69,20 @@ class GenerationOutput:
 
 
 @torch.inference_mode()
-def generate(target, input_ids: torch.Tensor, max_new_tokens: int,
-             stop_token_ids: list[int] | None = None, temperature: float = 0.0,
-             top_p: float = 1.0, top_k: int = 0) -> GenerationOutput:
+def generate(
+    target,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    stop_token_ids: list[int] | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+) -> GenerationOutput:
     """Up to `max_new_tokens` tokens after `input_ids` (1, L) from the target alone, one per pass."""
     check_sampling(temperature, top_p, top_k)
-    check_request(input_ids, max_new_tokens, target.config.max_position_embeddings,
-                  target.config.vocab_size, stop_token_ids)
+    check_request(
+        input_ids, max_new_tokens, target.config.max_position_embeddings, target.config.vocab_size, stop_token_ids
+    )
     input_ids = input_ids.to(target.device)
     stop = {int(t) for t in stop_token_ids or ()}
     cache = target.make_cache()
@@ -85,7 +93,7 @@ def generate(target, input_ids: torch.Tensor, max_new_tokens: int,
     tokens = [int(sample(logits[:, -1], temperature, top_p, top_k)[0])]
     result.num_target_passes = 1
     while len(tokens) < max_new_tokens and tokens[-1] not in stop:
-        last = torch.tensor([[tokens[-1]]], device=input_ids.device)          # (1, 1)
+        last = torch.tensor([[tokens[-1]]], device=input_ids.device)  # (1, 1)
         logits = target(last, past_key_values=cache, output_hidden_states=False).logits
         result.num_target_passes += 1
         tokens.append(int(sample(logits[:, -1], temperature, top_p, top_k)[0]))
@@ -96,11 +104,21 @@ def generate(target, input_ids: torch.Tensor, max_new_tokens: int,
 
 
 @torch.inference_mode()
-def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
-                  stop_token_ids: list[int] | None = None, temperature: float = 0.0,
-                  top_p: float = 1.0, top_k: int = 0, block_size: int | None = None,
-                  verifier: str = "rejection", verify_gate: float | None = None, lookup: int | None = None,
-                  on_step: Callable[[StepRecord], None] | None = None) -> GenerationOutput:
+def spec_generate(
+    draft,
+    target,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    stop_token_ids: list[int] | None = None,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    block_size: int | None = None,
+    verifier: str = "rejection",
+    verify_gate: float | None = None,
+    lookup: int | None = None,
+    on_step: Callable[[StepRecord], None] | None = None,
+) -> GenerationOutput:
     """Up to `max_new_tokens` tokens after `input_ids` (1, L) from draft + target: the five stages above.
 
     Lossless: greedy output equals `generate(target, …)`; sampled output has the target's distribution
@@ -109,89 +127,146 @@ def spec_generate(draft, target, input_ids: torch.Tensor, max_new_tokens: int,
     alone; None (official) verifies every block whole. `lookup` N, an extension (extensions/prompt_lookup.py):
     a step whose last N or more tokens occurred before proposes what followed them, without a draft pass;
     None (official) always drafts. `on_step` gets a StepRecord after every step."""
-    block_size = _check_arguments(draft, target, input_ids, max_new_tokens, stop_token_ids, temperature,
-                                  top_p, top_k, block_size, verifier, verify_gate, lookup)
+    block_size = _check_arguments(
+        draft,
+        target,
+        input_ids,
+        max_new_tokens,
+        stop_token_ids,
+        temperature,
+        top_p,
+        top_k,
+        block_size,
+        verifier,
+        verify_gate,
+        lookup,
+    )
     device, prompt_len = target.device, input_ids.shape[1]
     input_ids, max_length = input_ids.to(device), prompt_len + max_new_tokens
     result = GenerationOutput(input_ids.clone(), prompt_len)
-    if max_new_tokens == 0:                                                   # no prefill, no random draw
+    if max_new_tokens == 0:  # no prefill, no random draw
         return result
     output_ids = torch.full((1, max_length + 1), draft.mask_token_id, dtype=torch.long, device=device)
-    position_ids = torch.arange(max_length + 1, device=device)[None]         # (1, max_length + 1)
+    position_ids = torch.arange(max_length + 1, device=device)[None]  # (1, max_length + 1)
     target_cache, draft_cache = target.make_cache(), draft.make_cache()
     stop_tokens = torch.tensor(sorted({int(t) for t in stop_token_ids or ()}), dtype=torch.long, device=device)
     head = _proposal_head(draft, target, block_size)
 
     # 1. prefill: the prompt's next token x_0, and its features as the first context
-    out = target(input_ids, position_ids[:, :prompt_len], target_cache,
-                 output_hidden_states=block_size > 1, logits_to_keep=1)
+    out = target(
+        input_ids, position_ids[:, :prompt_len], target_cache, output_hidden_states=block_size > 1, logits_to_keep=1
+    )
     result.num_target_passes += 1
     output_ids[:, :prompt_len] = input_ids
     output_ids[:, prompt_len] = sample(out.logits[:, -1], temperature, top_p, top_k)
-    target_hidden = (extract_context_feature(out.hidden_states, draft.target_layer_ids)   # (1, L, k·d)
-                     if block_size > 1 else None)
+    target_hidden = (
+        extract_context_feature(out.hidden_states, draft.target_layer_ids)  # (1, L, k·d)
+        if block_size > 1
+        else None
+    )
     start = prompt_len
     stopped = bool(torch.isin(output_ids[0, start], stop_tokens))
     while start + 1 < max_length and not stopped:
-        caches = {"draft_cache_before": draft_cache.get_seq_length(),              # for the step's record
-                  "target_cache_before": target_cache.get_seq_length()}
+        caches = {
+            "draft_cache_before": draft_cache.get_seq_length(),  # for the step's record
+            "target_cache_before": target_cache.get_seq_length(),
+        }
         # 2. draft: [x_0, mask, …] → d_1..d_γ in one parallel pass; then the block's K/V go
-        draft_size = min(block_size, max_length - start)                     # L_q
-        block_ids = output_ids[:, start:start + draft_size].clone()          # (1, L_q)
+        draft_size = min(block_size, max_length - start)  # L_q
+        block_ids = output_ids[:, start : start + draft_size].clone()  # (1, L_q)
         copied = lookup_proposals(output_ids, start, draft_size - 1, lookup)  # (1, γ) or None
-        ctx_len = target_hidden.shape[1] if draft_size > 1 and copied is None else 0   # L_c, new context features
+        ctx_len = target_hidden.shape[1] if draft_size > 1 and copied is None else 0  # L_c, new context features
         draft_logits = draft_probs = candidates = hidden = None
-        if copied is not None:                                                # no draft pass: its context waits
+        if copied is not None:  # no draft pass: its context waits
             block_ids[:, 1:] = copied
             draft_probs, candidates = lookup_distribution(copied)
         elif draft_size > 1:
             noise = target.embed(block_ids) * draft.config.input_embedding_scale  # (1, L_q, d)
-            hidden = draft(position_ids[:, start - ctx_len:start + draft_size], noise_embedding=noise,
-                           target_hidden=target_hidden, past_key_values=draft_cache)[:, 1:]   # (1, γ, d)
+            hidden = draft(
+                position_ids[:, start - ctx_len : start + draft_size],
+                noise_embedding=noise,
+                target_hidden=target_hidden,
+                past_key_values=draft_cache,
+            )[:, 1:]  # (1, γ, d)
             result.num_draft_passes += 1
             caches["draft_cache_after_draft"] = draft_cache.get_seq_length()
             draft_cache.crop(start)
-            draft_logits = draft.compute_logits(hidden, head)                 # (1, γ, V)
-            block_ids[:, 1:], draft_probs, candidates = _propose(draft, hidden, draft_logits, block_ids[:, 0],
-                                                                 temperature, top_p, top_k, verifier)
-            target_hidden = target_hidden[:, :0]                              # consumed: in the draft cache now
-        proposals = block_ids[0, 1:].tolist()                                 # d_1..d_γ, every one proposed
-        block_ids, draft_probs, candidates = gate_block(verify_gate if copied is None else None,   # (1, L)
-                                                        block_ids, draft_logits, draft_probs,
-                                                        candidates, getattr(draft, "candidate_selector", None), hidden)
+            draft_logits = draft.compute_logits(hidden, head)  # (1, γ, V)
+            block_ids[:, 1:], draft_probs, candidates = _propose(
+                draft, hidden, draft_logits, block_ids[:, 0], temperature, top_p, top_k, verifier
+            )
+            target_hidden = target_hidden[:, :0]  # consumed: in the draft cache now
+        proposals = block_ids[0, 1:].tolist()  # d_1..d_γ, every one proposed
+        block_ids, draft_probs, candidates = gate_block(
+            verify_gate if copied is None else None,  # (1, L)
+            block_ids,
+            draft_logits,
+            draft_probs,
+            candidates,
+            getattr(draft, "candidate_selector", None),
+            hidden,
+        )
 
         # 3. verify: one target pass over [x_0, d_1, …]
-        verify_size = block_ids.shape[1]                                      # L
-        out = target(block_ids, position_ids[:, start:start + verify_size], target_cache,
-                     output_hidden_states=verify_size > 1)
+        verify_size = block_ids.shape[1]  # L
+        out = target(
+            block_ids, position_ids[:, start : start + verify_size], target_cache, output_hidden_states=verify_size > 1
+        )
         result.num_target_passes += 1
         caches["target_cache_after_verify"] = target_cache.get_seq_length()
 
         # 4. accept: τ by cumprod, the bonus, and what is committed (a stop token ends the step)
-        tau, bonus, posterior = verify_block(block_ids[:, 1:], out.logits, draft_probs,
-                                             temperature, top_p, top_k, verifier, candidates)
-        output_ids[:, start:start + tau + 1] = block_ids[:, :tau + 1]
+        tau, bonus, posterior = verify_block(
+            block_ids[:, 1:], out.logits, draft_probs, temperature, top_p, top_k, verifier, candidates
+        )
+        output_ids[:, start : start + tau + 1] = block_ids[:, : tau + 1]
         output_ids[:, start + tau + 1] = bonus
         produced, stopped = _committed(output_ids, start, tau, max_length, stop_tokens)
 
         # 5. crop the target cache to the committed tokens; their features are the next context
-        target_cache.crop(start + produced)                                   # rejected K/V go
+        target_cache.crop(start + produced)  # rejected K/V go
         if draft_size > 1:
-            new = extract_context_feature(out.hidden_states, draft.target_layer_ids)[:, :produced]   # (1, produced, k·d)
-            target_hidden = torch.cat([target_hidden, new], dim=1)            # after what a lookup step left
+            new = extract_context_feature(out.hidden_states, draft.target_layer_ids)[:, :produced]  # (1, produced, k·d)
+            target_hidden = torch.cat([target_hidden, new], dim=1)  # after what a lookup step left
         result.add_step(tau, produced)
         if on_step is not None:
-            on_step(StepRecord.of_step(len(result.acceptance_lengths) - 1, start, block_ids,
-                                       0 if copied is not None else draft_size, proposals, posterior, tau, bonus,
-                                       produced, ctx_len, caches, draft_cache, target_cache))
+            on_step(
+                StepRecord.of_step(
+                    len(result.acceptance_lengths) - 1,
+                    start,
+                    block_ids,
+                    0 if copied is not None else draft_size,
+                    proposals,
+                    posterior,
+                    tau,
+                    bonus,
+                    produced,
+                    ctx_len,
+                    caches,
+                    draft_cache,
+                    target_cache,
+                )
+            )
         start += produced
 
-    result.output_ids = output_ids[:, :min(start + 1, max_length)]
+    result.output_ids = output_ids[:, : min(start + 1, max_length)]
     return result
 
 
-def _check_arguments(draft, target, input_ids, max_new_tokens, stop_token_ids, temperature, top_p, top_k,
-                     block_size, verifier, verify_gate, lookup) -> int:
+def _check_arguments(
+    draft,
+    target,
+    input_ids,
+    max_new_tokens,
+    stop_token_ids,
+    temperature,
+    top_p,
+    top_k,
+    block_size,
+    verifier,
+    verify_gate,
+    lookup,
+) -> int:
     """Refuse what cannot be decoded, before any compute (compat.py); → the block size to use."""
     check_pair(draft, target)
     check_sampling(temperature, top_p, top_k)
@@ -214,8 +289,16 @@ def _proposal_head(draft, target, block_size: int):
     return target.output_head if vocab is None or block_size == 1 else DraftVocabHead(target, vocab)
 
 
-def _propose(draft, hidden: torch.Tensor, draft_logits: torch.Tensor, anchor: torch.Tensor, temperature: float,
-             top_p: float, top_k: int, verifier: str):
+def _propose(
+    draft,
+    hidden: torch.Tensor,
+    draft_logits: torch.Tensor,
+    anchor: torch.Tensor,
+    temperature: float,
+    top_p: float,
+    top_k: int,
+    verifier: str,
+):
     """d_1..d_γ (1, γ) from draft_logits (1, γ, V), the q they were drawn from, and the candidates q is
     over: sampled for the rejection verifier at temperature > 0, else the argmax (q None). DFlash 1:
     q (1, γ, V), no candidates; DFlash 2: the selector's path from the anchor x_0, q (1, γ, K) over its
@@ -223,8 +306,9 @@ def _propose(draft, hidden: torch.Tensor, draft_logits: torch.Tensor, anchor: to
     sampled = temperature > 0 and verifier == "rejection"
     selector = getattr(draft, "candidate_selector", None)
     if selector is not None:
-        path, candidates, q = selector.select(hidden, draft_logits, anchor, temperature if sampled else 0.0,
-                                              sample_probs)
+        path, candidates, q = selector.select(
+            hidden, draft_logits, anchor, temperature if sampled else 0.0, sample_probs
+        )
         return path, q, candidates
     if sampled:
         draft_probs = sampling_probs(draft_logits, temperature, top_p, top_k)
@@ -232,12 +316,13 @@ def _propose(draft, hidden: torch.Tensor, draft_logits: torch.Tensor, anchor: to
     return draft_logits.argmax(dim=-1), None, None
 
 
-def _committed(output_ids: torch.Tensor, start: int, tau: int, max_length: int,
-               stop_tokens: torch.Tensor) -> tuple[int, bool]:
+def _committed(
+    output_ids: torch.Tensor, start: int, tau: int, max_length: int, stop_tokens: torch.Tensor
+) -> tuple[int, bool]:
     """(tokens committed after x_0, stopped): τ + 1, clipped by the length limit, and cut just after
     the first stop token among them (a stop token anywhere in the accepted run ends the output)."""
     produced = min(tau + 1, max_length - start - 1)
-    hits = torch.isin(output_ids[0, start + 1:start + produced + 1], stop_tokens).nonzero()
+    hits = torch.isin(output_ids[0, start + 1 : start + produced + 1], stop_tokens).nonzero()
     if hits.numel():
         return int(hits[0, 0]) + 1, True
     return produced, False

@@ -13,6 +13,7 @@ No embedding and no lm_head of its own: the target's are reused. Parameter names
 ones (`layers.{i}.…`, `fc`, `hidden_norm`, `norm`), so one `load_state_dict` moves weights between
 this model and the official `DFlashDraftModel` or any port. `forward` takes the official keywords.
 """
+
 from __future__ import annotations
 
 import torch
@@ -41,11 +42,14 @@ class DFlashDraftModel(nn.Module):
         self.hidden_norm = RMSNorm(d, config.rms_norm_eps)
         self.context = ContextHooks()
         self.hook_noise_embedding = HookPoint()  # (B, L_q, d)
-        self.hook_target_hidden = HookPoint()    # (B, L_c, k·d) the sampled target layers, concatenated
-        self.hook_out = HookPoint()              # (B, L_q, d) after the final norm
-        self.hook_logits = HookPoint()           # (B, L_q − 1, V) the proposals' logits (−∞ outside a draft vocabulary)
-        self.candidate_selector = (CandidateSelector(config.vocab_size, d, config.selector_rank, config.selector_top_k)
-                                   if config.version == 2 else None)
+        self.hook_target_hidden = HookPoint()  # (B, L_c, k·d) the sampled target layers, concatenated
+        self.hook_out = HookPoint()  # (B, L_q, d) after the final norm
+        self.hook_logits = HookPoint()  # (B, L_q − 1, V) the proposals' logits (−∞ outside a draft vocabulary)
+        self.candidate_selector = (
+            CandidateSelector(config.vocab_size, d, config.selector_rank, config.selector_top_k)
+            if config.version == 2
+            else None
+        )
         name_hook_points(self, "draft")
         # the token ids its proposals are restricted to (extensions/draft_vocab.py), None = all V; not a weight
         # (the state dict stays the official one): stored beside the checkpoint, used by spec_generate
@@ -66,9 +70,17 @@ class DFlashDraftModel(nn.Module):
     def make_cache(self) -> KVCache:
         return KVCache(self.config.num_hidden_layers)
 
-    def forward(self, position_ids: torch.Tensor, attention_mask: torch.Tensor | list | None = None, *,
-                noise_embedding: torch.Tensor, target_hidden: torch.Tensor,
-                past_key_values: KVCache | None = None, use_cache: bool = False, blocks: int = 1) -> torch.Tensor:
+    def forward(
+        self,
+        position_ids: torch.Tensor,
+        attention_mask: torch.Tensor | list | None = None,
+        *,
+        noise_embedding: torch.Tensor,
+        target_hidden: torch.Tensor,
+        past_key_values: KVCache | None = None,
+        use_cache: bool = False,
+        blocks: int = 1,
+    ) -> torch.Tensor:
         """noise_embedding (B, L_q, d), target_hidden (B, L_c, k·d), position_ids (B, L_c + L_q)
         → block hidden states (B, L_q, d).
 
@@ -84,8 +96,9 @@ class DFlashDraftModel(nn.Module):
         if use_cache and past_key_values is None:
             raise ValueError("use_cache=True needs past_key_values (make one with draft.make_cache())")
         hidden_states = self.hook_noise_embedding(noise_embedding)
-        context = project_context(self.hook_target_hidden(target_hidden), self.fc, self.hidden_norm,
-                                  self.context)                                    # (B, L_c, d)
+        context = project_context(
+            self.hook_target_hidden(target_hidden), self.fc, self.hidden_norm, self.context
+        )  # (B, L_c, d)
         position_embeddings = self.rotary_emb(position_ids, hidden_states.dtype)  # (B, L_c + L_q, d_h) ×2
         for layer, mask in zip(self.layers, masks):
             hidden_states = layer(hidden_states, context, position_embeddings, past_key_values, mask, blocks)
@@ -103,9 +116,11 @@ class DFlashDraftModel(nn.Module):
         keys = cached + ctx_len + q_len
         for mask in masks:
             if not (isinstance(mask, torch.Tensor) and mask.dtype == torch.bool and tuple(mask.shape) == (q_len, keys)):
-                raise ValueError(f"attention_mask must be a bool (L_q, L_k) = ({q_len}, {keys}) tensor (or a list of "
-                                 f"them, one per layer), got {getattr(mask, 'dtype', type(mask).__name__)} "
-                                 f"{tuple(getattr(mask, 'shape', ()))}")
+                raise ValueError(
+                    f"attention_mask must be a bool (L_q, L_k) = ({q_len}, {keys}) tensor (or a list of "
+                    f"them, one per layer), got {getattr(mask, 'dtype', type(mask).__name__)} "
+                    f"{tuple(getattr(mask, 'shape', ()))}"
+                )
         return masks
 
     def _check_inputs(self, position_ids, noise_embedding, target_hidden) -> None:
@@ -113,19 +128,29 @@ class DFlashDraftModel(nn.Module):
         if noise_embedding.dim() != 3 or noise_embedding.shape[-1] != d:
             raise ValueError(f"noise_embedding must be (batch, block, {d}), got {tuple(noise_embedding.shape)}")
         if target_hidden.dim() != 3 or target_hidden.shape[-1] != k * d:
-            raise ValueError(f"target_hidden must be (batch, ctx_len, {k * d}) = {k} target layers × "
-                             f"hidden {d}, got {tuple(target_hidden.shape)}")
+            raise ValueError(
+                f"target_hidden must be (batch, ctx_len, {k * d}) = {k} target layers × "
+                f"hidden {d}, got {tuple(target_hidden.shape)}"
+            )
         if target_hidden.shape[0] != noise_embedding.shape[0]:
-            raise ValueError(f"batch sizes differ: noise_embedding {noise_embedding.shape[0]}, "
-                             f"target_hidden {target_hidden.shape[0]}")
+            raise ValueError(
+                f"batch sizes differ: noise_embedding {noise_embedding.shape[0]}, "
+                f"target_hidden {target_hidden.shape[0]}"
+            )
         expected = target_hidden.shape[1] + noise_embedding.shape[1]
-        if position_ids.dim() != 2 or position_ids.shape[1] != expected or \
-                position_ids.shape[0] not in (1, noise_embedding.shape[0]):
-            raise ValueError(f"position_ids must be (batch, ctx_len + block) = (·, {expected}), "
-                             f"got {tuple(position_ids.shape)}")
+        if (
+            position_ids.dim() != 2
+            or position_ids.shape[1] != expected
+            or position_ids.shape[0] not in (1, noise_embedding.shape[0])
+        ):
+            raise ValueError(
+                f"position_ids must be (batch, ctx_len + block) = (·, {expected}), got {tuple(position_ids.shape)}"
+            )
         if position_ids.numel() and int(position_ids.max()) >= self.config.max_position_embeddings:
-            raise ValueError(f"position {int(position_ids.max())} is beyond the draft's "
-                             f"max_position_embeddings {self.config.max_position_embeddings}")
+            raise ValueError(
+                f"position {int(position_ids.max())} is beyond the draft's "
+                f"max_position_embeddings {self.config.max_position_embeddings}"
+            )
 
     def compute_logits(self, hidden: torch.Tensor, output_head: nn.Module) -> torch.Tensor:
         """Block hidden states → logits with the target's lm_head (× output_multiplier, softcapped)."""

@@ -16,6 +16,7 @@ The convolution runs inside one block: it restarts at every block's first positi
 enters it), which is why a draft pass needs no convolution state across steps. Training puts m blocks
 of equal length side by side in one pass (`blocks=m`): each is convolved on its own.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,17 +33,21 @@ def convolve(x: torch.Tensor, taps: torch.Tensor, base: torch.Tensor, group_size
     if blocks > 1:
         if x.shape[1] % blocks:
             raise ValueError(f"{x.shape[1]} positions do not split into {blocks} blocks of equal length")
-        y = convolve(rearrange(x, "b (m l) d -> (b m) l d", m=blocks),                 # (B·m, l, d)
-                     rearrange(taps, "b (m l) k g -> (b m) l k g", m=blocks), base, group_size)
-        return rearrange(y, "(b m) l d -> b (m l) d", m=blocks)                       # (B, m·l, d)
+        y = convolve(
+            rearrange(x, "b (m l) d -> (b m) l d", m=blocks),  # (B·m, l, d)
+            rearrange(taps, "b (m l) k g -> (b m) l k g", m=blocks),
+            base,
+            group_size,
+        )
+        return rearrange(y, "(b m) l d -> b (m l) d", m=blocks)  # (B, m·l, d)
     kernel_size = base.shape[0]
-    x = rearrange(x, "b l (g c) -> b l g c", c=group_size)                 # (B, L, G, d/G)
-    w = rearrange(base, "k (g c) -> k g c", c=group_size).to(x.dtype)      # (K, G, d/G)
+    x = rearrange(x, "b l (g c) -> b l g c", c=group_size)  # (B, L, G, d/G)
+    w = rearrange(base, "k (g c) -> k g c", c=group_size).to(x.dtype)  # (K, G, d/G)
     y = torch.zeros_like(x)
-    for j in range(min(kernel_size, x.shape[1])):                          # taps reaching before the block: 0
-        shifted = F.pad(x[:, :x.shape[1] - j], (0, 0, 0, 0, j, 0))        # x_{t−j}, zeros before t = j
-        y = y + w[j] * shifted                                            # the learned tap, per channel
-        y = torch.addcmul(y, taps[:, :, j, :, None], shifted)             # the dynamic tap, per group
+    for j in range(min(kernel_size, x.shape[1])):  # taps reaching before the block: 0
+        shifted = F.pad(x[:, : x.shape[1] - j], (0, 0, 0, 0, j, 0))  # x_{t−j}, zeros before t = j
+        y = y + w[j] * shifted  # the learned tap, per channel
+        y = torch.addcmul(y, taps[:, :, j, :, None], shifted)  # the dynamic tap, per group
     return rearrange(y, "b l g c -> b l (g c)")
 
 
@@ -55,16 +60,16 @@ class GroupedDynamicCausalConv(nn.Module):
             raise ValueError(f"conv_group_size {group_size} does not divide hidden_size {hidden_size}")
         self.kernel_size, self.group_size = kernel_size, group_size
         self.groups = hidden_size // group_size
-        self.base_kernel = nn.Parameter(torch.zeros(2, kernel_size, hidden_size))   # w⁰, w¹
-        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.groups, bias=False)   # W_a
-        self.hook_taps = HookPoint()       # (B, L_q, 2, K, G)  a_t: both halves
-        self.hook_prepared = HookPoint()   # (B, L_q, d)        u, the sublayer's input
-        self.hook_finished = HookPoint()   # (B, L_q, d)        y, after the sublayer
+        self.base_kernel = nn.Parameter(torch.zeros(2, kernel_size, hidden_size))  # w⁰, w¹
+        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * self.groups, bias=False)  # W_a
+        self.hook_taps = HookPoint()  # (B, L_q, 2, K, G)  a_t: both halves
+        self.hook_prepared = HookPoint()  # (B, L_q, d)        u, the sublayer's input
+        self.hook_finished = HookPoint()  # (B, L_q, d)        y, after the sublayer
 
     def prepare(self, x: torch.Tensor, blocks: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
         """x (B, L_q, d) → (u, a¹): the convolved input and the taps `finish` will use."""
         taps = rearrange(self.kernel_projection(x), "b l (h k g) -> b l h k g", h=2, k=self.kernel_size)
-        taps = self.hook_taps(taps)                                         # (B, L_q, 2, K, G)
+        taps = self.hook_taps(taps)  # (B, L_q, 2, K, G)
         prepared = convolve(x, taps[:, :, 0], self.base_kernel[0], self.group_size, blocks)
         return self.hook_prepared(prepared), taps[:, :, 1]
 

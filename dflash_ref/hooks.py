@@ -7,10 +7,11 @@ weights, layer outputs) passes its tensor through a `HookPoint`; its *name* is t
 (`draft.layers.0.self_attn.hook_pattern`, as in TransformerLens). Hooks are only ever attached
 inside a `with` block (`hooks(...)`), so nothing leaks after a run.
 """
+
 from __future__ import annotations
 
 import contextlib
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import nn
@@ -32,8 +33,7 @@ class HookPoint(nn.Module):
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         # fast path: with nothing attached (here or globally) a hook point is a bare identity,
         # skipping nn.Module's call machinery, so untraced runs pay (almost) nothing for it
-        if self._forward_hooks or self._forward_pre_hooks or _global_forward_hooks or \
-                _global_forward_pre_hooks:
+        if self._forward_hooks or self._forward_pre_hooks or _global_forward_hooks or _global_forward_pre_hooks:
             return super().__call__(x)
         return x
 
@@ -61,8 +61,9 @@ def hook_points(*roots: nn.Module) -> dict[str, HookPoint]:
 
 
 @contextlib.contextmanager
-def hooks(roots: list[nn.Module] | nn.Module, fn: HookFn,
-          names: Callable[[str], bool] | None = None) -> Iterator[list[str]]:
+def hooks(
+    roots: list[nn.Module] | nn.Module, fn: HookFn, names: Callable[[str], bool] | None = None
+) -> Iterator[list[str]]:
     """Attach `fn(tensor, hook_point)` to every hook point whose name passes `names`.
 
     The hooks are removed when the block ends, also on an exception. Yields the names attached.
@@ -73,8 +74,7 @@ def hooks(roots: list[nn.Module] | nn.Module, fn: HookFn,
     try:
         for name, point in hook_points(*roots).items():
             if names is None or names(name):
-                handles.append(point.register_forward_hook(
-                    lambda mod, args, out: fn(out, mod)))
+                handles.append(point.register_forward_hook(lambda mod, args, out: fn(out, mod)))
                 attached.append(name)
         yield attached
     finally:

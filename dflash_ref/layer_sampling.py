@@ -14,9 +14,10 @@ of layer l is `hidden_states[l + 1]`:
 
     target_hidden = concat[h^(l_1), …, h^(l_k)]  over features:  (B, L_ctx, k · d)
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -26,8 +27,10 @@ HIDDEN_STATE_OFFSET = 1  # hidden_states[0] is the embedding output, not a layer
 def build_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
     """Evenly spaced target layers: `num_draft_layers` ids out of `num_target_layers`."""
     if num_target_layers < 1 or num_draft_layers < 1:
-        raise ValueError(f"need at least one target layer and one draft layer, got "
-                         f"num_target_layers={num_target_layers}, num_draft_layers={num_draft_layers}")
+        raise ValueError(
+            f"need at least one target layer and one draft layer, got "
+            f"num_target_layers={num_target_layers}, num_draft_layers={num_draft_layers}"
+        )
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     first, last = 1, num_target_layers - 3
@@ -44,6 +47,8 @@ def extract_context_feature(hidden_states: Sequence[torch.Tensor], layer_ids: Se
     num_layers = len(hidden_states) - HIDDEN_STATE_OFFSET
     bad = [i for i in layer_ids if not 0 <= i < num_layers]
     if bad or not layer_ids:
-        raise ValueError(f"target layer ids {list(layer_ids)} do not fit a target with {num_layers} "
-                         f"layers (ids must lie in 0..{num_layers - 1})")
+        raise ValueError(
+            f"target layer ids {list(layer_ids)} do not fit a target with {num_layers} "
+            f"layers (ids must lie in 0..{num_layers - 1})"
+        )
     return torch.cat([hidden_states[i + HIDDEN_STATE_OFFSET] for i in layer_ids], dim=-1)

@@ -1,7 +1,8 @@
 """SwiGLU feed-forward block, shared by the draft and the target layers.
 
-    MLP(x) = W_down · (SiLU(W_gate · x) ⊙ (W_up · x))        (no biases)
+MLP(x) = W_down · (SiLU(W_gate · x) ⊙ (W_up · x))        (no biases)
 """
+
 from __future__ import annotations
 
 import torch

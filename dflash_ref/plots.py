@@ -10,19 +10,19 @@ Figure; nothing is shown or saved here (`save_figure` writes deterministic PNGs)
     plot_rope_alignment       which position each Q row and K column is rotated by
     plot_candidate_lattice    DFlash 2: block positions × top-K candidates, the chosen path, the accepted prefix
 """
+
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from .trace import StepRecord
-from .trace import Trace
+from .trace import StepRecord, Trace
 
 CONTEXT_COLOUR, BLOCK_COLOUR = "#1f77b4", "#d62728"
 
@@ -37,12 +37,10 @@ def _labels(positions: Sequence[int], tokens: Sequence[str] | None, start: int) 
     """'position:token'; block positions after x_0 show the mask the draft was given."""
     if tokens is None:
         return [str(p) for p in positions]
-    return [f"{p}:<mask>" if p > start else f"{p}:{tokens[p]}" if p < len(tokens) else str(p)
-            for p in positions]
+    return [f"{p}:<mask>" if p > start else f"{p}:{tokens[p]}" if p < len(tokens) else str(p) for p in positions]
 
 
-def _heatmap(ax, weights: np.ndarray, record: StepRecord, ctx_cols: int, tokens, title: str,
-             annotate: bool) -> None:
+def _heatmap(ax, weights: np.ndarray, record: StepRecord, ctx_cols: int, tokens, title: str, annotate: bool) -> None:
     im = ax.imshow(weights, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
     ax.axvline(ctx_cols - 0.5, color="white", linewidth=2)
     q_pos, k_pos = record.q_position_ids, record.k_position_ids
@@ -52,21 +50,27 @@ def _heatmap(ax, weights: np.ndarray, record: StepRecord, ctx_cols: int, tokens,
         ax.set_yticks(range(len(q_pos)), _labels(q_pos, tokens, record.start), fontsize=7)
     if annotate and weights.size <= 400:
         for (i, j), w in np.ndenumerate(weights):
-            ax.text(j, i, f"{w:.2f}", ha="center", va="center", fontsize=6,
-                    color="black" if w > 0.5 else "white")
+            ax.text(j, i, f"{w:.2f}", ha="center", va="center", fontsize=6, color="black" if w > 0.5 else "white")
     ax.set_title(title, fontsize=8)
     return im
 
 
-def plot_attention(trace: Trace, step: int, layer: int, head: int, tokens: Sequence[str] | None = None,
-                   annotate: bool = True) -> Figure:
+def plot_attention(
+    trace: Trace, step: int, layer: int, head: int, tokens: Sequence[str] | None = None, annotate: bool = True
+) -> Figure:
     """Draft attention weights (L_q × L_k) of one head; the white line splits context | block."""
     weights = trace.attention(step, layer)[head].float().numpy()
     record, ctx_cols = trace.records[step], trace.context_columns(step)
     fig, ax = _subplots((1.2 + 0.42 * weights.shape[1], 1.4 + 0.42 * weights.shape[0]))
-    im = _heatmap(ax, weights, record, ctx_cols, tokens,
-                  f"step {step} · layer {layer} · head {head}  (context {ctx_cols} | block "
-                  f"{weights.shape[1] - ctx_cols})", annotate)
+    im = _heatmap(
+        ax,
+        weights,
+        record,
+        ctx_cols,
+        tokens,
+        f"step {step} · layer {layer} · head {head}  (context {ctx_cols} | block {weights.shape[1] - ctx_cols})",
+        annotate,
+    )
     ax.set_xlabel("key position (K)")
     ax.set_ylabel("query position (Q = block)")
     fig.colorbar(im, ax=ax, fraction=0.05)
@@ -76,8 +80,9 @@ def plot_attention(trace: Trace, step: int, layer: int, head: int, tokens: Seque
 
 def plot_attention_grid(trace: Trace, step: int, tokens: Sequence[str] | None = None) -> Figure:
     """Every draft layer (rows) × head (columns) at one step."""
-    layers = sorted({int(n.split(".")[2]) for n in trace.keys() if n.endswith("self_attn.hook_pattern")
-                     and n.startswith("draft.")})
+    layers = sorted(
+        {int(n.split(".")[2]) for n in trace.keys() if n.endswith("self_attn.hook_pattern") and n.startswith("draft.")}
+    )
     if not layers:
         raise KeyError("the trace holds no draft attention patterns (record '*hook_pattern')")
     heads = trace.attention(step, layers[0]).shape[0]
@@ -85,31 +90,51 @@ def plot_attention_grid(trace: Trace, step: int, tokens: Sequence[str] | None = 
     for r, layer in enumerate(layers):
         weights = trace.attention(step, layer).float().numpy()
         for h in range(heads):
-            _heatmap(axes[r, h], weights[h], trace.records[step], trace.context_columns(step), tokens,
-                     f"layer {layer} · head {h}", annotate=False)
+            _heatmap(
+                axes[r, h],
+                weights[h],
+                trace.records[step],
+                trace.context_columns(step),
+                tokens,
+                f"layer {layer} · head {h}",
+                annotate=False,
+            )
     fig.suptitle(f"draft attention, step {step} (white line: context | block)", fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def plot_attention_steps(trace: Trace, layer: int = 0, head: int = 0, steps: Sequence[int] | None = None,
-                         tokens: Sequence[str] | None = None) -> Figure:
+def plot_attention_steps(
+    trace: Trace, layer: int = 0, head: int = 0, steps: Sequence[int] | None = None, tokens: Sequence[str] | None = None
+) -> Figure:
     """One layer / head over several steps: the context columns grow as tokens are accepted."""
     steps = list(range(len(trace))) if steps is None else list(steps)
-    steps = [s for s in steps if trace.activations[s].get(f"draft.layers.{layer}.self_attn.hook_pattern")
-             is not None]
+    steps = [s for s in steps if trace.activations[s].get(f"draft.layers.{layer}.self_attn.hook_pattern") is not None]
     fig, axes = _subplots((3.0 * len(steps), 2.8), 1, len(steps), squeeze=False)
     for ax, s in zip(axes[0], steps):
         r = trace.records[s]
-        _heatmap(ax, trace.attention(s, layer)[head].float().numpy(), r, trace.context_columns(s),
-                 tokens, f"step {s}: τ={r.acceptance_length}", annotate=False)
+        _heatmap(
+            ax,
+            trace.attention(s, layer)[head].float().numpy(),
+            r,
+            trace.context_columns(s),
+            tokens,
+            f"step {s}: τ={r.acceptance_length}",
+            annotate=False,
+        )
     fig.suptitle(f"draft layer {layer}, head {head}, step by step", fontsize=10)
     fig.tight_layout()
     return fig
 
 
-def plot_attention_compare(traces: dict[str, Trace], step: int = 0, layers: Sequence[int] = (0,), head: int = 0,
-                           tokens: Sequence[str] | None = None, last_keys: int = 28) -> Figure:
+def plot_attention_compare(
+    traces: dict[str, Trace],
+    step: int = 0,
+    layers: Sequence[int] = (0,),
+    head: int = 0,
+    tokens: Sequence[str] | None = None,
+    last_keys: int = 28,
+) -> Figure:
     """The same head of several drafts side by side (columns), one row per layer, at one step (at
     step 0 they see the same prompt and x_0, so only their weights differ); the last `last_keys`
     key columns; rows of each map = the block."""
@@ -121,9 +146,15 @@ def plot_attention_compare(traces: dict[str, Trace], step: int = 0, layers: Sequ
             weights = trace.attention(step, layer)[head].float().numpy()
             cut = max(0, weights.shape[1] - last_keys)
             shown = dataclasses.replace(record, k_position_ids=record.k_position_ids[cut:])
-            im = _heatmap(ax, weights[:, cut:], shown, trace.context_columns(step) - cut, tokens,
-                          f"{name} · layer {layer} · head {head} (step {step}: τ = {record.acceptance_length})",
-                          annotate=False)
+            im = _heatmap(
+                ax,
+                weights[:, cut:],
+                shown,
+                trace.context_columns(step) - cut,
+                tokens,
+                f"{name} · layer {layer} · head {head} (step {step}: τ = {record.acceptance_length})",
+                annotate=False,
+            )
     fig.colorbar(im, ax=axes, fraction=0.02)
     fig.suptitle("draft attention (white line: context | block); rows = block positions", fontsize=10)
     return fig
@@ -165,7 +196,7 @@ def plot_acceptance(trace: Trace) -> Figure:
     b.set_ylabel("steps")
     b.set_title("histogram of τ", fontsize=9)
     b.set_xticks(range(gamma + 1))
-    for axis in (a.yaxis, b.yaxis):                 # counts: no 0.5 steps or 1.5 tokens on the ticks
+    for axis in (a.yaxis, b.yaxis):  # counts: no 0.5 steps or 1.5 tokens on the ticks
         axis.set_major_locator(MaxNLocator(integer=True))
     fig.tight_layout()
     return fig
@@ -176,8 +207,9 @@ def plot_rope_alignment(record: StepRecord) -> Figure:
     q_pos, k_pos = record.q_position_ids, record.k_position_ids
     fig, ax = _subplots((max(5, 0.5 * len(k_pos) + 1.5), 2.4))
     ctx = len(k_pos) - len(q_pos)
-    ax.scatter(k_pos, [1] * len(k_pos), s=120, c=[CONTEXT_COLOUR] * ctx + [BLOCK_COLOUR] * len(q_pos),
-               marker="s", zorder=3)
+    ax.scatter(
+        k_pos, [1] * len(k_pos), s=120, c=[CONTEXT_COLOUR] * ctx + [BLOCK_COLOUR] * len(q_pos), marker="s", zorder=3
+    )
     ax.scatter(q_pos, [0] * len(q_pos), s=120, c=BLOCK_COLOUR, marker="o", zorder=3)
     for p in q_pos:
         ax.plot([p, p], [0, 1], color="grey", linestyle=":", zorder=1)
@@ -185,8 +217,7 @@ def plot_rope_alignment(record: StepRecord) -> Figure:
     ax.set_xticks(k_pos)
     ax.set_xlabel("RoPE position id")
     ax.set_ylim(-0.6, 1.6)
-    ax.set_title(f"RoPE alignment, step {record.step}: Q takes cos/sin[-{len(q_pos)}:], "
-                 f"K all {len(k_pos)}", fontsize=9)
+    ax.set_title(f"RoPE alignment, step {record.step}: Q takes cos/sin[-{len(q_pos)}:], K all {len(k_pos)}", fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -198,9 +229,9 @@ def plot_candidate_lattice(trace: Trace, step: int = 0, tokens: Sequence[str] | 
     acts, record, name = trace.activations[step], trace.records[step], "draft.candidate_selector."
     if name + "hook_candidates" not in acts:
         raise ValueError(f"step {step} holds no candidate selector tensors (a DFlash 2 draft, traced)")
-    candidates = acts[name + "hook_candidates"].numpy()                               # (γ, K)
-    scores = (acts[name + "hook_unary"].float() + acts[name + "hook_pair"].float()).numpy()   # (γ, K)
-    order = np.argsort(-scores, axis=1, kind="stable")                                 # best first, per position
+    candidates = acts[name + "hook_candidates"].numpy()  # (γ, K)
+    scores = (acts[name + "hook_unary"].float() + acts[name + "hook_pair"].float()).numpy()  # (γ, K)
+    order = np.argsort(-scores, axis=1, kind="stable")  # best first, per position
     candidates, scores = np.take_along_axis(candidates, order, 1), np.take_along_axis(scores, order, 1)
     gamma, k = scores.shape
     fig, ax = _subplots((1.1 * gamma + 2.5, 0.45 * k + 1.6))
@@ -208,18 +239,34 @@ def plot_candidate_lattice(trace: Trace, step: int = 0, tokens: Sequence[str] | 
     for t in range(gamma):
         for r in range(k):
             c = int(candidates[t, r])
-            ax.text(t, r, tokens[c] if tokens is not None and c < len(tokens) else str(c), ha="center",
-                    va="center", fontsize=7, color="white")
-        r = int(np.flatnonzero(candidates[t] == record.draft_tokens[t])[0])            # the path's row
+            ax.text(
+                t,
+                r,
+                tokens[c] if tokens is not None and c < len(tokens) else str(c),
+                ha="center",
+                va="center",
+                fontsize=7,
+                color="white",
+            )
+        r = int(np.flatnonzero(candidates[t] == record.draft_tokens[t])[0])  # the path's row
         accepted = t < record.acceptance_length
-        ax.add_patch(Rectangle((t - 0.5, r - 0.5), 1, 1, fill=False, lw=2.5 if accepted else 1.5,
-                               edgecolor=BLOCK_COLOUR if accepted else "white"))
+        ax.add_patch(
+            Rectangle(
+                (t - 0.5, r - 0.5),
+                1,
+                1,
+                fill=False,
+                lw=2.5 if accepted else 1.5,
+                edgecolor=BLOCK_COLOUR if accepted else "white",
+            )
+        )
     ax.set_xticks(range(gamma), [f"d{t + 1}" for t in range(gamma)])
     ax.set_yticks(range(k), [f"#{r + 1}" for r in range(k)])
     ax.set_xlabel("proposal position")
     ax.set_ylabel("candidate (by score)")
-    ax.set_title(f"step {step}: candidate lattice, path boxed, accepted τ = {record.acceptance_length} in red",
-                 fontsize=9)
+    ax.set_title(
+        f"step {step}: candidate lattice, path boxed, accepted τ = {record.acceptance_length} in red", fontsize=9
+    )
     fig.colorbar(image, ax=ax, label="score z + pair")
     fig.tight_layout()
     return fig

@@ -6,6 +6,7 @@ The mean runs over the last dimension. It is computed in float32 and cast back b
 is applied (the same order as transformers' Qwen3RMSNorm, so bf16 results agree bit for bit).
 The seed uses it three ways: `hidden_norm` on C, per-head QNorm / KNorm, and the pre-norms.
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,8 +21,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.weight.shape[0]:
-            raise ValueError(f"RMSNorm over {self.weight.shape[0]} features got a tensor of shape "
-                             f"{tuple(x.shape)} (last dimension must be {self.weight.shape[0]})")
+            raise ValueError(
+                f"RMSNorm over {self.weight.shape[0]} features got a tensor of shape "
+                f"{tuple(x.shape)} (last dimension must be {self.weight.shape[0]})"
+            )
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -24,6 +24,7 @@ With L_c = 0 this is ordinary RoPE, which is how the target uses the same functi
 Every table is computed in float32 in the order transformers computes it, so that cos/sin agree with
 transformers' rotary embeddings to the last bit (one ulp of θ_0 = 1 moves p · θ_0 by ~1e-2 at p ≈ 10⁵).
 """
+
 from __future__ import annotations
 
 import math
@@ -42,8 +43,8 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 def base_powers(head_dim: int, base: float) -> torch.Tensor:
     """base^(2i/d_h) for i = 0..d_h/2 − 1, float32, shape (d_h/2,): the wavelengths / 2π, θ_i = 1 / this."""
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim   # (d_h/2,)
-    return base ** exponent
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim  # (d_h/2,)
+    return base**exponent
 
 
 def plain_inv_freq(head_dim: int, base: float) -> torch.Tensor:
@@ -59,7 +60,7 @@ def linear_inv_freq(head_dim: int, base: float, factor: float) -> torch.Tensor:
 def yarn_boundary(beta: float, head_dim: int, base: float, original_max_position_embeddings: int) -> float:
     """The (fractional) index i at which frequency θ_i turns β times over the L₀ trained positions:
 
-        L₀ · θ_i = 2π β   ⇔   i = d_h · ln(L₀ / (2π β)) / (2 ln base)
+    L₀ · θ_i = 2π β   ⇔   i = d_h · ln(L₀ / (2π β)) / (2 ln base)
     """
     return (head_dim * math.log(original_max_position_embeddings / (beta * 2 * math.pi))) / (2 * math.log(base))
 
@@ -87,7 +88,7 @@ def yarn_inv_freq(head_dim: int, base: float, p: dict) -> torch.Tensor:
 
     Dimensions turning more than β_fast times over L₀ keep θ_i (extrapolated), those turning fewer
     than β_slow times take θ_i / s (interpolated, as linear), those in between a linear blend."""
-    powers = base_powers(head_dim, base)                     # (d_h/2,) base^(2i/d_h) = 1 / θ_i
+    powers = base_powers(head_dim, base)  # (d_h/2,) base^(2i/d_h) = 1 / θ_i
     kept, squeezed = 1.0 / powers, 1.0 / (p["factor"] * powers)
     w = 1 - yarn_ramp(head_dim, base, p)
     return squeezed * (1 - w) + kept * w
@@ -126,8 +127,10 @@ class RotaryEmbedding(nn.Module):
         if kind not in needs:
             raise ValueError(f"rope type {kind!r} is not implemented (default, linear and yarn are)")
         if any(k not in self.scaling for k in needs[kind]):
-            raise ValueError(f"{kind} scaling needs {needs[kind]}, got {self.scaling}: pass it through "
-                             "config_fields.normalise_scaling (Qwen3Config.rope_scaling is)")
+            raise ValueError(
+                f"{kind} scaling needs {needs[kind]}, got {self.scaling}: pass it through "
+                "config_fields.normalise_scaling (Qwen3Config.rope_scaling is)"
+            )
         self.attention_scaling = yarn_attention_factor(self.scaling) if kind == "yarn" else 1.0  # m
         self._inv_freq: dict[torch.device, torch.Tensor] = {}  # θ_i per device, computed once
 
@@ -139,8 +142,13 @@ class RotaryEmbedding(nn.Module):
         """θ_i (plain), θ_i / s (linear) or θ'_i (yarn), shape (d_h/2,), computed on the CPU, then moved."""
         if device not in self._inv_freq:
             d, base, kind = self.head_dim, self.rope_theta, self.rope_type
-            inv_freq = (linear_inv_freq(d, base, self.scaling["factor"]) if kind == "linear" else
-                        yarn_inv_freq(d, base, self.scaling) if kind == "yarn" else plain_inv_freq(d, base))
+            inv_freq = (
+                linear_inv_freq(d, base, self.scaling["factor"])
+                if kind == "linear"
+                else yarn_inv_freq(d, base, self.scaling)
+                if kind == "yarn"
+                else plain_inv_freq(d, base)
+            )
             self._inv_freq[device] = inv_freq.to(device)
         return self._inv_freq[device]
 
@@ -151,7 +159,7 @@ class RotaryEmbedding(nn.Module):
             raise ValueError(f"position_ids must be (batch, length), got shape {tuple(position_ids.shape)}")
         inv_freq = self.inv_freq(position_ids.device)
         freqs = position_ids[:, :, None].float() * inv_freq[None, None, :]  # (B, L, d_h/2)
-        angles = torch.cat((freqs, freqs), dim=-1)                            # (B, L, d_h)
+        angles = torch.cat((freqs, freqs), dim=-1)  # (B, L, d_h)
         m = self.attention_scaling
         return (angles.cos() * m).to(dtype), (angles.sin() * m).to(dtype)
 
@@ -160,13 +168,16 @@ class RotaryEmbedding(nn.Module):
         return f"head_dim={self.head_dim}, rope_theta={self.rope_theta}{scaled}"
 
 
-def apply_sliced_rope(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+def apply_sliced_rope(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """q (B, H_q, L_q, d_h), k (B, H_kv, L_c + L_q, d_h), cos/sin (B, L_c + L_q, d_h)."""
     q_len, k_len = q.shape[-2], k.shape[-2]
     if cos.shape[-2] != k_len or q_len > k_len:
-        raise ValueError(f"RoPE tables cover {cos.shape[-2]} positions but K has {k_len} and Q {q_len} "
-                         "(need one position per key, Q being the last L_q of them)")
+        raise ValueError(
+            f"RoPE tables cover {cos.shape[-2]} positions but K has {k_len} and Q {q_len} "
+            "(need one position per key, Q being the last L_q of them)"
+        )
     cos, sin = cos[:, None], sin[:, None]  # (B, 1, L_c + L_q, d_h): broadcast over heads
     q_embed = q * cos[..., -q_len:, :] + rotate_half(q) * sin[..., -q_len:, :]
     k_embed = k * cos + rotate_half(k) * sin

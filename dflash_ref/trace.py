@@ -11,14 +11,15 @@ the last L_q the block's.
     with tracing(draft, target, names=["*hook_pattern"]) as trace:
         out = spec_generate(draft, target, ids, 32, on_step=trace.on_step)
 """
+
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import fnmatch
 import json
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -26,54 +27,78 @@ from torch import nn
 
 from .hooks import HookPoint, hook_points, hooks
 
-FORMAT = "dflash_ref.trace/3"                       # /3: StepRecord.lookup (prompt lookup); /2: verify_size
-READABLE = ("dflash_ref.trace/1", "dflash_ref.trace/2", FORMAT)   # older ones load with lookup False, verify_size 0
+FORMAT = "dflash_ref.trace/3"  # /3: StepRecord.lookup (prompt lookup); /2: verify_size
+READABLE = ("dflash_ref.trace/1", "dflash_ref.trace/2", FORMAT)  # older ones load with lookup False, verify_size 0
 
 
 @dataclasses.dataclass
 class StepRecord:
     """What happened in one decode step (the trace stores one per step)."""
+
     step: int
-    start: int                       # position of x_0, the last committed token
-    block_ids: list[int]             # [x_0, d_1, …] as verified (drafted from [x_0, mask, …])
-    q_position_ids: list[int]        # positions of the draft's block (Q): start … start + L_q − 1
-    k_position_ids: list[int]        # every key column of the draft's attention: cached context,
-                                     # new context, block = 0 … start + L_q − 1
-    draft_tokens: list[int]          # d_1..d_γ, every proposal drafted
-    posterior: list[int]             # the target's token at each block position (empty: rejection)
-    acceptance_length: int           # τ, accepted draft tokens
-    bonus: int                       # the target's token after the accepted run
-    produced: int                    # tokens committed (τ + 1, clipped by max length or a stop token)
-    ctx_len: int                     # L_c, new context features fed to this draft pass
+    start: int  # position of x_0, the last committed token
+    block_ids: list[int]  # [x_0, d_1, …] as verified (drafted from [x_0, mask, …])
+    q_position_ids: list[int]  # positions of the draft's block (Q): start … start + L_q − 1
+    k_position_ids: list[int]  # every key column of the draft's attention: cached context,
+    # new context, block = 0 … start + L_q − 1
+    draft_tokens: list[int]  # d_1..d_γ, every proposal drafted
+    posterior: list[int]  # the target's token at each block position (empty: rejection)
+    acceptance_length: int  # τ, accepted draft tokens
+    bonus: int  # the target's token after the accepted run
+    produced: int  # tokens committed (τ + 1, clipped by max length or a stop token)
+    ctx_len: int  # L_c, new context features fed to this draft pass
     draft_cache_before: int
-    draft_cache_after_draft: int     # before its crop
-    draft_cache_after: int           # after its crop (= start)
+    draft_cache_after_draft: int  # before its crop
+    draft_cache_after: int  # after its crop (= start)
     target_cache_before: int
-    target_cache_after_verify: int   # before its crop
-    target_cache_after: int          # after its crop (= new start)
-    verify_size: int = 0             # L, tokens verified: L_q, or 2 where verify_gate shut (0: not recorded,
-                                     # a trace saved before this field existed)
-    lookup: bool = False             # d_1..d_γ copied by prompt lookup (extensions/prompt_lookup.py): no
-                                     # draft pass, so no draft positions and no draft activations this step
+    target_cache_after_verify: int  # before its crop
+    target_cache_after: int  # after its crop (= new start)
+    verify_size: int = 0  # L, tokens verified: L_q, or 2 where verify_gate shut (0: not recorded,
+    # a trace saved before this field existed)
+    lookup: bool = False  # d_1..d_γ copied by prompt lookup (extensions/prompt_lookup.py): no
+    # draft pass, so no draft positions and no draft activations this step
 
     @classmethod
-    def of_step(cls, step: int, start: int, block_ids: torch.Tensor, drafted: int, proposals: list[int],
-                posterior: torch.Tensor | None, tau: int, bonus, produced: int, ctx_len: int,
-                caches: dict[str, int], draft_cache, target_cache) -> "StepRecord":
+    def of_step(
+        cls,
+        step: int,
+        start: int,
+        block_ids: torch.Tensor,
+        drafted: int,
+        proposals: list[int],
+        posterior: torch.Tensor | None,
+        tau: int,
+        bonus,
+        produced: int,
+        ctx_len: int,
+        caches: dict[str, int],
+        draft_cache,
+        target_cache,
+    ) -> StepRecord:
         """The record of one step of spec_generate, `start` still the step's own (the position of its x_0);
         `drafted` the draft's L_q, 0 where a lookup proposed instead."""
         return cls(
-            step=step, start=start, block_ids=block_ids[0].tolist(),
+            step=step,
+            start=start,
+            block_ids=block_ids[0].tolist(),
             q_position_ids=list(range(start, start + drafted)),
             k_position_ids=list(range(start + drafted)) if drafted > 1 else [],
-            draft_tokens=proposals, verify_size=block_ids.shape[1],
+            draft_tokens=proposals,
+            verify_size=block_ids.shape[1],
             posterior=posterior[0].tolist() if posterior is not None else [],
-            acceptance_length=tau, bonus=int(bonus), produced=produced, ctx_len=ctx_len,
+            acceptance_length=tau,
+            bonus=int(bonus),
+            produced=produced,
+            ctx_len=ctx_len,
             draft_cache_before=caches["draft_cache_before"],
             draft_cache_after_draft=caches.get("draft_cache_after_draft", caches["draft_cache_before"]),
-            draft_cache_after=draft_cache.get_seq_length(), target_cache_before=caches["target_cache_before"],
+            draft_cache_after=draft_cache.get_seq_length(),
+            target_cache_before=caches["target_cache_before"],
             target_cache_after_verify=caches["target_cache_after_verify"],
-            target_cache_after=target_cache.get_seq_length(), lookup=drafted == 0)
+            target_cache_after=target_cache.get_seq_length(),
+            lookup=drafted == 0,
+        )
+
 
 NameFilter = Iterable[str] | Callable[[str], bool] | None
 
@@ -92,7 +117,7 @@ class Trace:
         self.meta: dict = meta or {}
         self.records: list[StepRecord] = []
         self.activations: list[dict[str, torch.Tensor]] = []  # per recorded step
-        self.prefill: dict[str, torch.Tensor] = {}            # target hooks during the prefill
+        self.prefill: dict[str, torch.Tensor] = {}  # target hooks during the prefill
         self._pending: dict[str, torch.Tensor] = {}
 
     # -- recording ---------------------------------------------------------------------------
@@ -136,7 +161,7 @@ class Trace:
         r = self.records[step]
         return r.draft_cache_before + r.ctx_len
 
-    def filter(self, names: NameFilter = None, steps: Iterable[int] | None = None) -> "Trace":
+    def filter(self, names: NameFilter = None, steps: Iterable[int] | None = None) -> Trace:
         """A smaller trace: only the named hooks and the given steps."""
         keep, wanted = _name_filter(names), set(range(len(self)) if steps is None else steps)
         out = Trace(dict(self.meta))
@@ -149,10 +174,11 @@ class Trace:
 
     def __repr__(self) -> str:
         taus = [r.acceptance_length for r in self.records]
-        size = sum(t.numel() * t.element_size() for acts in [self.prefill, *self.activations]
-                   for t in acts.values())
-        return (f"Trace(steps={len(self)}, hooks={len(self.keys())}, acceptance_lengths={taus}, "
-                f"tensors={size / 1024:.1f} KiB)")
+        size = sum(t.numel() * t.element_size() for acts in [self.prefill, *self.activations] for t in acts.values())
+        return (
+            f"Trace(steps={len(self)}, hooks={len(self.keys())}, acceptance_lengths={taus}, "
+            f"tensors={size / 1024:.1f} KiB)"
+        )
 
     # -- save / load -------------------------------------------------------------------------
     def save(self, folder: str | Path) -> None:
@@ -163,20 +189,20 @@ class Trace:
         for i, acts in enumerate(self.activations):
             tensors.update({f"step{i:05d}/{k}": v.contiguous() for k, v in acts.items()})
         save_file(tensors, str(folder / "activations.safetensors"))
-        doc = {"format": FORMAT, "meta": self.meta,
-               "records": [dataclasses.asdict(r) for r in self.records]}
+        doc = {"format": FORMAT, "meta": self.meta, "records": [dataclasses.asdict(r) for r in self.records]}
         (folder / "trace.json").write_text(json.dumps(doc, indent=1) + "\n")
 
     @classmethod
-    def load(cls, folder: str | Path) -> "Trace":
+    def load(cls, folder: str | Path) -> Trace:
         folder = Path(folder)
         for f in ("trace.json", "activations.safetensors"):
             if not (folder / f).is_file():
                 raise FileNotFoundError(f"{folder} is not a saved trace: {f} is missing")
         doc = json.loads((folder / "trace.json").read_text())
         if doc.get("format") not in READABLE:
-            raise ValueError(f"{folder}/trace.json has unknown format {doc.get('format')!r}; "
-                             f"this version reads {READABLE}")
+            raise ValueError(
+                f"{folder}/trace.json has unknown format {doc.get('format')!r}; this version reads {READABLE}"
+            )
         trace = cls(doc["meta"])
         trace.records = [StepRecord(**r) for r in doc["records"]]
         trace.activations = [{} for _ in trace.records]
@@ -188,16 +214,23 @@ class Trace:
 
 
 @contextlib.contextmanager
-def tracing(draft: nn.Module, target: nn.Module | None = None, names: NameFilter = None,
-            steps: Iterable[int] | None = None, meta: dict | None = None) -> Iterator[Trace]:
+def tracing(
+    draft: nn.Module,
+    target: nn.Module | None = None,
+    names: NameFilter = None,
+    steps: Iterable[int] | None = None,
+    meta: dict | None = None,
+) -> Iterator[Trace]:
     """Record the hook points of `draft` (and of `target`, if given) whose names pass `names`
     (glob patterns such as "draft.layers.*.self_attn.hook_pattern", or a predicate) at the given
     decode `steps` (all by default). The target's hooks (attention weights) are large: pass the
     target only when you want them. All hooks are removed when the block ends."""
     if target is not None and not hook_points(target):
-        raise ValueError(f"{type(target).__name__} has no hook points (a transformers model gives no "
-                         "attention weights on its SDPA path); trace the project's own Qwen3Target, or "
-                         "pass target=None to trace the draft only")
+        raise ValueError(
+            f"{type(target).__name__} has no hook points (a transformers model gives no "
+            "attention weights on its SDPA path); trace the project's own Qwen3Target, or "
+            "pass target=None to trace the draft only"
+        )
     trace = Trace(meta)
     wanted = None if steps is None else set(steps)
     target_calls = [0]
@@ -210,8 +243,11 @@ def tracing(draft: nn.Module, target: nn.Module | None = None, names: NameFilter
             trace._pending[point.name] = x[0].detach().cpu().clone()
 
     roots = [draft] + ([target] if target is not None else [])
-    count = target.register_forward_pre_hook(lambda *_: target_calls.__setitem__(0, target_calls[0] + 1)) \
-        if target is not None else None
+    count = (
+        target.register_forward_pre_hook(lambda *_: target_calls.__setitem__(0, target_calls[0] + 1))
+        if target is not None
+        else None
+    )
     try:
         with hooks(roots, record, _name_filter(names)):
             yield trace

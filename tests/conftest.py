@@ -1,4 +1,5 @@
 """Shared factories for the tests: tiny random targets and drafts, and their official twins."""
+
 from __future__ import annotations
 
 import os
@@ -7,8 +8,8 @@ import pytest
 import torch
 
 from dflash_ref import DFlashDraftModel, DraftConfig, Qwen3Target, TargetConfig
-from dflash_ref.drafts.random_draft import randomize_  # noqa: F401  (tests import it from here)
 from dflash_ref.bench.timing import one_thread
+from dflash_ref.drafts.random_draft import randomize_  # noqa: F401  (tests import it from here)
 from dflash_ref.extensions.linear import use_rows_first
 from dflash_ref.extensions.streamed import cpus_at_hand
 
@@ -16,12 +17,21 @@ from dflash_ref.extensions.streamed import cpus_at_hand
 # Each worker takes whole files, and the CPUs are shared out: two 2-thread processes on a 2-core machine ran
 # 5× slower each, not 2× (OpenMP threads spin waiting for a core), so a worker runs cpus / workers threads,
 # and so do the command-line runs and notebook kernels it starts (OMP_NUM_THREADS, which they inherit).
-MAX_WORKERS = 4     # each may hold SmolLM2 (0.5 GB in fp32) beside a training subprocess
+MAX_WORKERS = 4  # each may hold SmolLM2 (0.5 GB in fp32) beside a training subprocess
 # Files handed out first, slowest first (`pytest --durations`, 2-core AMD EPYC): a slow file handed out last
 # would leave the other workers idle while it runs. The rest follow in their usual order.
-SLOWEST_FILES = ["test_walkthrough.py", "test_conformance_sampling.py", "test_smollm2.py", "test_training.py",
-                 "test_conformance.py", "test_lossless.py", "test_dflash2.py", "test_hybrid_target.py",
-                 "test_conformance_variants.py", "test_bench.py"]
+SLOWEST_FILES = [
+    "test_walkthrough.py",
+    "test_conformance_sampling.py",
+    "test_smollm2.py",
+    "test_training.py",
+    "test_conformance.py",
+    "test_lossless.py",
+    "test_dflash2.py",
+    "test_hybrid_target.py",
+    "test_conformance_variants.py",
+    "test_bench.py",
+]
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: without pytest-xdist the tests still run, in turn
@@ -46,9 +56,17 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 
 def target_config(**overrides) -> TargetConfig:
-    kw = dict(vocab_size=12, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-              num_attention_heads=4, num_key_value_heads=2, head_dim=8, max_position_embeddings=512,
-              rope_theta=10000.0)
+    kw = dict(
+        vocab_size=12,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+    )
     kw.update(overrides)
     return TargetConfig(**kw)
 
@@ -57,8 +75,10 @@ def chat_target_folder(folder, tokenizer, num_hidden_layers: int = 4, max_positi
     """A tiny random Qwen3 of SmolLM2's vocabulary saved as a Hugging Face folder with `tokenizer` (SmolLM2's,
     chat template included): a `--target DIR` that loads in a second. → folder"""
     from dflash_ref import save_target
-    config = target_config(vocab_size=49152, num_hidden_layers=num_hidden_layers,
-                           max_position_embeddings=max_position_embeddings)
+
+    config = target_config(
+        vocab_size=49152, num_hidden_layers=num_hidden_layers, max_position_embeddings=max_position_embeddings
+    )
     save_target(randomize_(Qwen3Target(config), 0), folder)
     tokenizer.save_pretrained(folder)
     return folder
@@ -66,11 +86,20 @@ def chat_target_folder(folder, tokenizer, num_hidden_layers: int = 4, max_positi
 
 def draft_config(target: TargetConfig | None = None, **overrides) -> DraftConfig:
     target = target or target_config()
-    kw = dict(vocab_size=target.vocab_size, hidden_size=target.hidden_size, intermediate_size=64,
-              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-              max_position_embeddings=target.max_position_embeddings, rope_theta=target.rope_theta,
-              num_target_layers=target.num_hidden_layers, block_size=4,
-              mask_token_id=target.vocab_size - 1)
+    kw = dict(
+        vocab_size=target.vocab_size,
+        hidden_size=target.hidden_size,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=target.max_position_embeddings,
+        rope_theta=target.rope_theta,
+        num_target_layers=target.num_hidden_layers,
+        block_size=4,
+        mask_token_id=target.vocab_size - 1,
+    )
     kw.update(overrides)
     return DraftConfig(**kw)
 
@@ -102,12 +131,13 @@ def use_explicit_attention(model: torch.nn.Module) -> int:
     return switched
 
 
-def make_pair(seed: int = 0, target_overrides: dict | None = None, draft_overrides: dict | None = None,
-              std: float = 0.5) -> tuple[Qwen3Target, DFlashDraftModel]:
+def make_pair(
+    seed: int = 0, target_overrides: dict | None = None, draft_overrides: dict | None = None, std: float = 0.5
+) -> tuple[Qwen3Target, DFlashDraftModel]:
     tc = target_config(**(target_overrides or {}))
     target = randomize_(Qwen3Target(tc), seed, std)
     draft = randomize_(DFlashDraftModel(draft_config(tc, **(draft_overrides or {}))), seed + 10_000, std)
-    use_rows_first(draft)           # as every draft the package makes or loads (extensions/linear.py)
+    use_rows_first(draft)  # as every draft the package makes or loads (extensions/linear.py)
     return target, draft
 
 
@@ -115,6 +145,7 @@ def hand_selector():
     """A DFlash 2 selector small enough to score by hand: V = 3, d = 1, rank 1, K = 2, E_pred (1, −1, 2),
     E_succ (0, 3, −3), P = 1, so score_k = z_k + E_pred(prev) · h · E_succ(c_k)."""
     from dflash_ref.candidate_selector import CandidateSelector
+
     selector = CandidateSelector(vocab_size=3, hidden_size=1, rank=1, top_k=2)
     with torch.no_grad():
         selector.predecessor_codebook.copy_(torch.tensor([[1.0], [-1.0], [2.0]]))

@@ -1,4 +1,5 @@
 """Acceptance: τ = Σ_i Π_{j≤i} 1[d_j = posterior_{j−1}], the bonus token, and the two sampling verifiers."""
+
 from __future__ import annotations
 
 import math
@@ -8,8 +9,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dflash_ref.acceptance import (acceptance_length, check_sampling, sample, sampling_probs, verify_greedy,
-                                   verify_match, verify_rejection)
+from dflash_ref.acceptance import (
+    acceptance_length,
+    check_sampling,
+    sample,
+    sampling_probs,
+    verify_greedy,
+    verify_match,
+    verify_rejection,
+)
 
 
 def row(values) -> torch.Tensor:
@@ -43,7 +51,7 @@ def test_acceptance_length_by_hand():
 @given(st.data())
 def test_tau_is_the_longest_matching_prefix(data):
     gamma = data.draw(st.integers(1, 8))
-    tokens = st.integers(0, 2)   # a tiny vocabulary: long matching runs are common
+    tokens = st.integers(0, 2)  # a tiny vocabulary: long matching runs are common
     draft = data.draw(st.lists(tokens, min_size=gamma, max_size=gamma))
     posterior = data.draw(st.lists(tokens, min_size=gamma + 1, max_size=gamma + 1))
     prefix = 0
@@ -120,14 +128,16 @@ def test_top_k_then_top_p_by_hand():
     # probs ∝ [4, 3, 2, 1] (logits ln of these); top_k = 3 → [4, 3, 2]/9 = [0.444, 0.333, 0.222]
     # top_p = 0.7: mass above = [0, 0.444, 0.778] → keep first two → [4, 3]/7
     logits = torch.log(torch.tensor([4.0, 3.0, 2.0, 1.0]))
-    torch.testing.assert_close(sampling_probs(logits, 1.0, top_p=0.7, top_k=3),
-                               torch.tensor([4 / 7, 3 / 7, 0.0, 0.0]))
+    torch.testing.assert_close(sampling_probs(logits, 1.0, top_p=0.7, top_k=3), torch.tensor([4 / 7, 3 / 7, 0.0, 0.0]))
 
 
 @settings(max_examples=60, deadline=None)
-@given(logits=st.lists(st.integers(-20, 20).map(lambda v: v / 2), min_size=2, max_size=12),
-       temperature=st.sampled_from([0.25, 0.7, 1.0, 3.0]), top_p=st.floats(0.01, 1.0),
-       top_k=st.integers(0, 14))
+@given(
+    logits=st.lists(st.integers(-20, 20).map(lambda v: v / 2), min_size=2, max_size=12),
+    temperature=st.sampled_from([0.25, 0.7, 1.0, 3.0]),
+    top_p=st.floats(0.01, 1.0),
+    top_k=st.integers(0, 14),
+)
 def test_probabilities_sum_to_one_and_agree_with_official(logits, temperature, top_p, top_k):
     x = torch.tensor([logits, logits[::-1]])
     probs = sampling_probs(x, temperature, top_p, top_k)
@@ -140,15 +150,14 @@ def test_probabilities_sum_to_one_and_agree_with_official(logits, temperature, t
     # top_k ties included (both keep exactly the k tokens torch.topk picks); under a nucleus
     # (top_p < 1) which of several tied tokens is cut depends on the sort order, so not compared
     if top_p == 1.0 or len(set(logits)) == len(logits):
-        torch.testing.assert_close(probs, official._sampling_probs(x, temperature, top_p, top_k),
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(probs, official._sampling_probs(x, temperature, top_p, top_k), rtol=1e-5, atol=1e-6)
 
 
 def test_sample_is_argmax_at_temperature_zero():
     logits = torch.tensor([[0.1, 2.0, -1.0], [5.0, 0.0, 4.9]])
     assert sample(logits, 0.0).tolist() == [1, 0]
     torch.manual_seed(0)
-    drawn = sample(logits, 1.0, top_k=1)          # top_k = 1 is argmax too
+    drawn = sample(logits, 1.0, top_k=1)  # top_k = 1 is argmax too
     assert drawn.tolist() == [1, 0]
 
 
@@ -161,23 +170,26 @@ def test_tiny_temperature_is_argmax_not_nan(temperature):
     assert sampling_probs(logits, temperature, top_k=1)[0].tolist() == [0.0, 1.0, 0.0]
     # a row that overflows leaves the others as they were, bit for bit
     normal = 3 * torch.randn(1, 50, generator=torch.Generator().manual_seed(0))
-    both = torch.cat([normal, torch.full((1, 50), 1e38)])                    # 1e38 / 0.1 overflows
+    both = torch.cat([normal, torch.full((1, 50), 1e38)])  # 1e38 / 0.1 overflows
     assert torch.equal(sampling_probs(both, 0.1)[0], sampling_probs(normal, 0.1)[0])
     torch.manual_seed(0)
     assert sample(logits[:1], temperature).tolist() == [1]
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(temperature=-0.1), "temperature must be ≥ 0"),
-    (dict(temperature=float("nan")), "temperature must be ≥ 0"),
-    (dict(temperature=1.0, top_p=0.0), r"top_p must lie in \(0, 1\]"),
-    (dict(temperature=1.0, top_p=1.5), r"top_p must lie in \(0, 1\]"),
-    (dict(temperature=1.0, top_p=float("nan")), r"top_p must lie in \(0, 1\]"),
-    (dict(temperature=1.0, top_k=-1), "top_k must be an integer ≥ 0"),
-    (dict(temperature=1.0, top_k=2.5), "top_k must be an integer ≥ 0"),
-    (dict(temperature=1.0, top_k=True), "top_k must be an integer ≥ 0"),
-    (dict(temperature=1.0, top_k="3"), "top_k must be an integer ≥ 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(temperature=-0.1), "temperature must be ≥ 0"),
+        (dict(temperature=float("nan")), "temperature must be ≥ 0"),
+        (dict(temperature=1.0, top_p=0.0), r"top_p must lie in \(0, 1\]"),
+        (dict(temperature=1.0, top_p=1.5), r"top_p must lie in \(0, 1\]"),
+        (dict(temperature=1.0, top_p=float("nan")), r"top_p must lie in \(0, 1\]"),
+        (dict(temperature=1.0, top_k=-1), "top_k must be an integer ≥ 0"),
+        (dict(temperature=1.0, top_k=2.5), "top_k must be an integer ≥ 0"),
+        (dict(temperature=1.0, top_k=True), "top_k must be an integer ≥ 0"),
+        (dict(temperature=1.0, top_k="3"), "top_k must be an integer ≥ 0"),
+    ],
+)
 def test_check_sampling_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         check_sampling(**kwargs)
@@ -204,7 +216,7 @@ def test_identical_draft_and_target_accept_everything(seed):
     target = random_probs((1, gamma + 1, vocab), seed)
     draft_probs = target[:, :gamma].clone()
     torch.manual_seed(seed)
-    draft_tokens = torch.multinomial(draft_probs[0], 1).T       # (1, γ)
+    draft_tokens = torch.multinomial(draft_probs[0], 1).T  # (1, γ)
     tau, bonus = verify_rejection(draft_tokens, target, draft_probs)
     assert tau == gamma
     assert 0 <= int(bonus) < vocab
@@ -232,7 +244,7 @@ def test_bonus_is_never_the_rejected_token():
         tau, bonus = verify_rejection(row([0, 1]), target, draft_probs)
         assert tau == 0
         counts[int(bonus)] += 1
-    assert counts[0] == 0                     # the rejected token never comes back
+    assert counts[0] == 0  # the rejected token never comes back
     freq = counts / counts.sum()
     # binomial std at n = 2000 is ≤ 0.011; 0.05 is > 4σ
     torch.testing.assert_close(freq, torch.tensor([0.0, 0.4, 0.4, 0.2]), rtol=0, atol=0.05)

@@ -1,8 +1,9 @@
 """KV-injection attention: the visibility mask, the shared `attend` kernel, and the draft attention.
 
-    Q = QNorm(H W_Q);  K = KNorm(concat[C W_K, H W_K]);  V = concat[C W_V, H W_V]
-    Attn = softmax(Q Kᵀ / √d_h) V        non-causal, GQA
+Q = QNorm(H W_Q);  K = KNorm(concat[C W_K, H W_K]);  V = concat[C W_V, H W_V]
+Attn = softmax(Q Kᵀ / √d_h) V        non-causal, GQA
 """
+
 from __future__ import annotations
 
 import math
@@ -36,7 +37,10 @@ def test_causal_mask_with_a_cache_offset():
     assert mask.tolist() == [[T, T, T, F], [T, T, T, T]]
     # no offset: the plain lower triangle
     assert visibility_mask(3, 3, is_causal=True, sliding_window=None, device=torch.device("cpu")).tolist() == [
-        [T, F, F], [T, T, F], [T, T, T]]
+        [T, F, F],
+        [T, T, F],
+        [T, T, T],
+    ]
 
 
 def test_sliding_window_causal():
@@ -74,10 +78,10 @@ def t(values) -> torch.Tensor:
 
 def test_equal_scores_average_the_values():
     # 1 head, d_h = 2, two keys equal → scores equal → weights [½, ½] → out = mean of V = [4, 2]
-    q = t([[[[1.0, 0.0]]]])                      # (1, 1, 1, 2)
-    k = t([[[[1.0, 0.0], [1.0, 0.0]]]])          # (1, 1, 2, 2)
+    q = t([[[[1.0, 0.0]]]])  # (1, 1, 1, 2)
+    k = t([[[[1.0, 0.0], [1.0, 0.0]]]])  # (1, 1, 2, 2)
     v = t([[[[2.0, 4.0], [6.0, 0.0]]]])
-    out, weights = attend(q, k, v, None, 2 ** -0.5, explicit=True)
+    out, weights = attend(q, k, v, None, 2**-0.5, explicit=True)
     assert weights.tolist() == [[[[0.5, 0.5]]]]
     assert out.tolist() == [[[[4.0, 2.0]]]]
 
@@ -112,7 +116,7 @@ def test_gqa_query_head_h_reads_kv_head_h_over_groups():
     #   KV head 0 keys [[ln 3, 0], [0, 0]] → weights [3/4, 1/4] → V [[4, 0], [0, 8]] → [3, 2]
     #   KV head 1 keys [[0, 0], [ln 3, 0]] → weights [1/4, 3/4] → V [[4, 0], [0, 8]] → [1, 6]
     q = t([1.0, 0.0]).expand(1, 4, 1, 2)
-    k = t([[[[LN3, 0.0], [0.0, 0.0]], [[0.0, 0.0], [LN3, 0.0]]]])   # (1, 2, 2, 2)
+    k = t([[[[LN3, 0.0], [0.0, 0.0]], [[0.0, 0.0], [LN3, 0.0]]]])  # (1, 2, 2, 2)
     v = t([[4.0, 0.0], [0.0, 8.0]]).expand(1, 2, 2, 2)
     out, weights = attend(q, k, v, None, 1.0, explicit=True)
     assert out.shape == (1, 4, 1, 2) and weights.shape == (1, 4, 1, 2)
@@ -134,8 +138,8 @@ def test_explicit_and_sdpa_paths_agree(causal, window, heads):
     k = torch.randn(2, h_kv, 5, 8, generator=g)
     v = torch.randn(2, h_kv, 5, 8, generator=g)
     mask = visibility_mask(3, 5, is_causal=causal, sliding_window=window, device=q.device)
-    explicit, weights = attend(q, k, v, mask, 8 ** -0.5, explicit=True)
-    sdpa, _ = attend(q, k, v, mask, 8 ** -0.5, explicit=False)
+    explicit, weights = attend(q, k, v, mask, 8**-0.5, explicit=True)
+    sdpa, _ = attend(q, k, v, mask, 8**-0.5, explicit=False)
     torch.testing.assert_close(explicit, sdpa, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(weights.sum(-1), torch.ones(2, h_q, 3))
     if mask is not None:
@@ -150,8 +154,7 @@ def test_attend_hooks_see_masked_scores_and_weights():
     q = t([[[[1.0, 0.0]]]])
     k = t([[[[LN3, 0.0], [0.0, 0.0]]]])
     v = t([[[[4.0, 0.0], [0.0, 8.0]]]])
-    attend(q, k, v, torch.tensor([[T, F]]), 1.0, explicit=True, scores_hook=scores_hook,
-           pattern_hook=pattern_hook)
+    attend(q, k, v, torch.tensor([[T, F]]), 1.0, explicit=True, scores_hook=scores_hook, pattern_hook=pattern_hook)
     assert seen["scores"][0, 0, 0, 0].item() == pytest.approx(LN3)
     assert seen["scores"][0, 0, 0, 1].item() == float("-inf")
     assert seen["pattern"].tolist() == [[[[1.0, 0.0]]]]
@@ -163,12 +166,12 @@ L_C, L_Q = 3, 4
 
 
 def injection_setup(seed: int = 0, **overrides):
-    config = draft_config(**overrides)          # hidden 32, H_q 4, H_kv 2, d_h 8
+    config = draft_config(**overrides)  # hidden 32, H_q 4, H_kv 2, d_h 8
     attn = randomize_(KVInjectionAttention(config, 0), seed)
     name_hook_points(attn, "attn")
     g = torch.Generator().manual_seed(seed + 1)
-    hidden = torch.randn(1, L_Q, config.hidden_size, generator=g)          # H
-    context = torch.randn(1, L_C, config.hidden_size, generator=g)         # C
+    hidden = torch.randn(1, L_Q, config.hidden_size, generator=g)  # H
+    context = torch.randn(1, L_C, config.hidden_size, generator=g)  # C
     rope = RotaryEmbedding(config.head_dim, config.rope_theta)
     pos = rope(torch.arange(L_C + L_Q)[None], torch.float32)
     return attn, hidden, context, pos
@@ -185,7 +188,7 @@ def test_hook_shapes_and_pattern_rows():
     attn, hidden, context, pos = injection_setup()
     out, weights, seen = run_recording(attn, hidden, context, pos)
     assert out.shape == (1, L_Q, 32)
-    assert seen["hook_q"].shape == (1, 4, L_Q, 8)            # Q: the block only
+    assert seen["hook_q"].shape == (1, 4, L_Q, 8)  # Q: the block only
     assert seen["hook_k_ctx"].shape == (1, 2, L_C, 8)
     assert seen["hook_k_noise"].shape == (1, 2, L_Q, 8)
     assert seen["hook_v"].shape == (1, 2, L_C + L_Q, 8)
@@ -215,7 +218,7 @@ def test_q_and_k_noise_come_from_the_block_only():
     _, _, b = run_recording(attn, hidden, context * -3.0 + 1.0, pos)
     assert torch.equal(a["hook_q"], b["hook_q"])
     assert torch.equal(a["hook_k_noise"], b["hook_k_noise"])
-    assert torch.equal(a["hook_v"][:, :, L_C:], b["hook_v"][:, :, L_C:])      # v_noise
+    assert torch.equal(a["hook_v"][:, :, L_C:], b["hook_v"][:, :, L_C:])  # v_noise
     assert not torch.allclose(a["hook_k_ctx"], b["hook_k_ctx"])
     assert not torch.allclose(a["hook_v"][:, :, :L_C], b["hook_v"][:, :, :L_C])  # v_ctx
     # and the context half of K does not depend on the block
@@ -240,7 +243,7 @@ def test_q_k_v_are_the_projections_of_the_equation():
 def test_sdpa_path_matches_explicit_path():
     attn, hidden, context, pos = injection_setup(seed=3)
     with torch.no_grad():
-        fast, no_weights = attn(hidden, context, pos)          # no hooks: SDPA
+        fast, no_weights = attn(hidden, context, pos)  # no hooks: SDPA
         assert no_weights is None
         attn.use_sdpa = False
         slow, weights = attn(hidden, context, pos)
@@ -251,7 +254,7 @@ def test_sdpa_path_matches_explicit_path():
 def test_cache_prepends_earlier_context():
     attn, hidden, context, pos = injection_setup(seed=4)
     cache = KVCache(1)
-    cache.update(torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), 0)   # 5 earlier positions
+    cache.update(torch.randn(1, 2, 5, 8), torch.randn(1, 2, 5, 8), 0)  # 5 earlier positions
     _, weights, seen = run_recording(attn, hidden, context, pos, cache)
     assert seen["hook_k_rot"].shape == (1, 2, 5 + L_C + L_Q, 8)
     assert weights.shape == (1, 4, L_Q, 5 + L_C + L_Q)
@@ -270,18 +273,23 @@ def test_sliding_layers_follow_the_official_causality_rule():
     assert KVInjectionAttention(config, 0).rotating and not KVInjectionAttention(config, 1).rotating
 
 
-@pytest.mark.parametrize("fields, message", [
-    (dict(sliding_window_kind="sinks"), "not one of"),
-    (dict(sliding_window_kind="causal", is_causal=False), "contradicts is_causal=False"),
-    (dict(sliding_window_kind="symmetric", is_causal=True), "contradicts is_causal=True")])
+@pytest.mark.parametrize(
+    "fields, message",
+    [
+        (dict(sliding_window_kind="sinks"), "not one of"),
+        (dict(sliding_window_kind="causal", is_causal=False), "contradicts is_causal=False"),
+        (dict(sliding_window_kind="symmetric", is_causal=True), "contradicts is_causal=True"),
+    ],
+)
 def test_window_kind_is_checked(fields, message):
     with pytest.raises(ConfigError, match=message):
         draft_config(layer_types=["sliding_attention", "full_attention"], sliding_window=2, **fields)
 
 
 def test_window_kind_round_trips_in_dflash_config():
-    config = draft_config(layer_types=["sliding_attention", "full_attention"], sliding_window=2,
-                          sliding_window_kind="rotating")
+    config = draft_config(
+        layer_types=["sliding_attention", "full_attention"], sliding_window=2, sliding_window_kind="rotating"
+    )
     d = config.to_dict()
     assert d["dflash_config"]["sliding_window_kind"] == "rotating"
     assert DraftConfig.from_dict(d) == config and "sliding_window_kind" not in draft_config().to_dict()["dflash_config"]
@@ -289,15 +297,23 @@ def test_window_kind_round_trips_in_dflash_config():
 
 def test_single_head_by_hand():
     # d = d_h = 2, one head, identity W_Q, W_K, W_V, W_O, norm weights 1, eps ≈ 0.
-    config = draft_config(hidden_size=2, intermediate_size=1, num_hidden_layers=1, num_attention_heads=1,
-                          num_key_value_heads=1, head_dim=2, rms_norm_eps=1e-12, num_target_layers=1)
+    config = draft_config(
+        hidden_size=2,
+        intermediate_size=1,
+        num_hidden_layers=1,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=2,
+        rms_norm_eps=1e-12,
+        num_target_layers=1,
+    )
     attn = KVInjectionAttention(config, 0)
     with torch.no_grad():
         for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
             proj.weight.copy_(torch.eye(2))
     name_hook_points(attn, "attn")
-    hidden = t([[[1.0, 1.0], [1.0, -1.0]]])   # H: L_q = 2
-    context = t([[[2.0, 0.0]]])               # C: L_c = 1
+    hidden = t([[[1.0, 1.0], [1.0, -1.0]]])  # H: L_q = 2
+    context = t([[[2.0, 0.0]]])  # C: L_c = 1
     # every position is 7: Q and K are rotated by the same angle, so Q·K is unchanged by RoPE
     pos = RotaryEmbedding(2, 100.0)(torch.full((1, 3), 7), torch.float32)
     #   Q = RMSNorm(H) = [[1, 1], [1, −1]]                     (rms of each row is 1)
@@ -311,22 +327,34 @@ def test_single_head_by_hand():
     out, weights, seen = run_recording(attn, hidden, context, pos)
     torch.testing.assert_close(seen["hook_q"], t([[[[1.0, 1.0], [1.0, -1.0]]]]), rtol=0, atol=1e-6)
     r2 = math.sqrt(2.0)
-    torch.testing.assert_close(torch.cat([seen["hook_k_ctx"], seen["hook_k_noise"]], 2),
-                               t([[[[r2, 0.0], [1.0, 1.0], [1.0, -1.0]]]]), rtol=0, atol=1e-6)
-    torch.testing.assert_close(seen["hook_scores"], t([[[[1.0, r2, 0.0], [1.0, 0.0, r2]]]]),
-                               rtol=0, atol=1e-5)
-    torch.testing.assert_close(weights, t([[[[0.3470945, 0.5252166, 0.1276889],
-                                             [0.3470945, 0.1276889, 0.5252166]]]]), rtol=0, atol=1e-6)
-    torch.testing.assert_close(out, t([[[1.3470945, 0.3975276], [1.3470945, -0.3975276]]]),
-                               rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        torch.cat([seen["hook_k_ctx"], seen["hook_k_noise"]], 2),
+        t([[[[r2, 0.0], [1.0, 1.0], [1.0, -1.0]]]]),
+        rtol=0,
+        atol=1e-6,
+    )
+    torch.testing.assert_close(seen["hook_scores"], t([[[[1.0, r2, 0.0], [1.0, 0.0, r2]]]]), rtol=0, atol=1e-5)
+    torch.testing.assert_close(
+        weights, t([[[[0.3470945, 0.5252166, 0.1276889], [0.3470945, 0.1276889, 0.5252166]]]]), rtol=0, atol=1e-6
+    )
+    torch.testing.assert_close(out, t([[[1.3470945, 0.3975276], [1.3470945, -0.3975276]]]), rtol=0, atol=1e-5)
     # RoPE did rotate: the rotated query is not the unrotated one (angle 7 rad on the single pair)
     assert not torch.allclose(seen["hook_q_rot"], seen["hook_q"], atol=1e-3)
 
 
 def test_hooks_reach_every_point_of_an_unnamed_module():
-    attn = KVInjectionAttention(draft_config(), 0)   # built directly, not through DFlashDraftModel
-    expected = {"hook_q", "hook_k_ctx", "hook_k_noise", "hook_v", "hook_q_rot", "hook_k_rot",
-                "hook_scores", "hook_pattern", "hook_out"}
+    attn = KVInjectionAttention(draft_config(), 0)  # built directly, not through DFlashDraftModel
+    expected = {
+        "hook_q",
+        "hook_k_ctx",
+        "hook_k_noise",
+        "hook_v",
+        "hook_q_rot",
+        "hook_k_rot",
+        "hook_scores",
+        "hook_pattern",
+        "hook_out",
+    }
     assert len(hook_points(attn)) == len(expected)
     with hooks(attn, lambda x, point: None) as attached:
         assert len(attached) == len(expected)

@@ -1,4 +1,5 @@
 """The benchmark harness reports ratios correctly (no timing is asserted: benchmarks report)."""
+
 from __future__ import annotations
 
 import json
@@ -8,11 +9,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from dflash_ref.bench.suite import without_hook_support
+from dflash_ref.bench.timing import Stopwatch, measure, paired_ratio, summarise
 from dflash_ref.cli import bench
 from dflash_ref.cli.bench import markdown
-from dflash_ref.bench.suite import without_hook_support
 from dflash_ref.hooks import HookPoint, hooks
-from dflash_ref.bench.timing import Stopwatch, measure, paired_ratio, summarise
 
 
 def test_measure_interleaves_and_summarise_gives_ratios_to_the_baseline():
@@ -25,25 +26,29 @@ def test_measure_interleaves_and_summarise_gives_ratios_to_the_baseline():
     with pytest.raises(ValueError):
         paired_ratio([1.0, 2.0], [1.0])
     rows = summarise({"base": [1.0, 2.0, 3.0], "other": [4.0, 5.0, 4.5]}, "base")
-    assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] == 2.5                   # median of 4, 2.5, 1.5
+    assert rows[0]["ratio"] == 1.0 and rows[1]["ratio"] == 2.5  # median of 4, 2.5, 1.5
     assert (rows[1]["min_s"], rows[1]["max_s"], rows[1]["median_s"]) == (4.0, 5.0, 4.5)
     table = markdown(rows, "t")
     assert table.splitlines()[2] == "| variant | median_s | min_s | max_s | ratio |"
     assert "| other | 4.5 | 4 | 5 | 2.5 |" in table
     ragged = markdown([{"b": 4, "x1": 1.0, "size": 2.0}, {"b": 16, "x1": 3.0, "x8": 5.0, "size": 6.0}], "r")
-    assert ragged.splitlines()[2:] == ["| b | x1 | x8 | size |", "|---|---|---|---|", "| 4 | 1 |  | 2 |",
-                                       "| 16 | 3 | 5 | 6 |"]
+    assert ragged.splitlines()[2:] == [
+        "| b | x1 | x8 | size |",
+        "|---|---|---|---|",
+        "| 4 | 1 |  | 2 |",
+        "| 16 | 3 | 5 | 6 |",
+    ]
 
 
 def test_each_timed_variant_of_baselines_runs_its_own_decoder():
     """bench baselines times one call per decoder over every input; each must run that decoder (a comprehension
     whose lambdas defaulted to an earlier loop's last decoder once timed that one in every row)."""
     from dflash_ref.bench.baselines import over_inputs
+
     decoders = {name: (lambda ids, name=name: (name, ids)) for name in ("transformers", "ours", "official")}
     variants = over_inputs(decoders, [1, 2])
     assert list(variants) == list(decoders)
-    assert {name: call() for name, call in variants.items()} == {
-        name: [(name, 1), (name, 2)] for name in decoders}
+    assert {name: call() for name, call in variants.items()} == {name: [(name, 1), (name, 2)] for name in decoders}
 
 
 def test_without_hook_support_is_scoped_and_really_skips_hooks():
@@ -73,6 +78,7 @@ def test_generate_reports_time_without_the_plans_a_first_run_measured(capsys, pl
     """generate's statistics: the seconds the run spent measuring linear plans (a first run on a machine)
     are named and left out of the overall time and rate; without any, no such line."""
     from dflash_ref.cli.generate import report
+
     out = SimpleNamespace(num_output_tokens=12, acceptance_lengths=[1, 2], mean_tokens_per_step=2.5)
     clock = SimpleNamespace(calls=2, seconds=0.5)
     report(out, 5.0, clock, clock, planning)
@@ -92,9 +98,17 @@ def test_run_writes_tables_with_the_machine_they_ran_on(tmp_path, monkeypatch):
     assert report["one"]["tables"] == {"first": [{"a": 1.23456}]} and report["two"]["repeats"] == 3
     text = (tmp_path / "bench.md").read_text()
     assert "### first" in text and "| 1.235 |" in text and "### second" in text
-    assert len(re.findall(r"Python [\d.]+, \d{4}-\d\d-\d\d, linear plan (measured|linear|rows-first) "
-                          r"\((C product streamed-\w+\.so|no C product \(.+\))\), "
-                          r"probe [\d.]+ ms \(\d+ GB/s: 49152×576 fp32 by 2 columns\);", text)) == 2
+    assert (
+        len(
+            re.findall(
+                r"Python [\d.]+, \d{4}-\d\d-\d\d, linear plan (measured|linear|rows-first) "
+                r"\((C product streamed-\w+\.so|no C product \(.+\))\), "
+                r"probe [\d.]+ ms \(\d+ GB/s: 49152×576 fp32 by 2 columns\);",
+                text,
+            )
+        )
+        == 2
+    )
     assert text.count(bench.cpu_model()) == 2 and bench.cpu_model()
 
 
@@ -103,19 +117,24 @@ def test_run_hands_a_draft_folder_to_trained_alone(tmp_path, monkeypatch):
     and without a folder `trained` is called as before (its default, the shipped draft)."""
     calls = []
     for name in ("trained", "one"):
-        monkeypatch.setitem(bench.BENCHES, name,
-                            lambda repeats, out, progress, n=name, **kw: calls.append((n, kw)) or {})
+        monkeypatch.setitem(
+            bench.BENCHES, name, lambda repeats, out, progress, n=name, **kw: calls.append((n, kw)) or {}
+        )
     bench.run(["one", "trained"], 1, tmp_path, say=lambda s: None, draft="runs/r10/draft-bf16")
     bench.run(["trained"], 1, tmp_path, say=lambda s: None)
     assert calls == [("one", {}), ("trained", {"draft": "runs/r10/draft-bf16"}), ("trained", {})]
 
 
-@pytest.mark.parametrize("repeats, out, saved, message", [
-    (0, "out", None, "--repeats must be at least 1, got 0"),
-    (1, "a_file", None, "a_file is a file, not a folder"),
-    (1, "out", "{bad", "bench.json is not JSON"),
-    (1, "out", '{"x": 1}', "bench.json is not a bench results file"),
-    (1, "out", '{"results": {"one": {"tables": {}}}}', "bench.json is not a bench results file")])
+@pytest.mark.parametrize(
+    "repeats, out, saved, message",
+    [
+        (0, "out", None, "--repeats must be at least 1, got 0"),
+        (1, "a_file", None, "a_file is a file, not a folder"),
+        (1, "out", "{bad", "bench.json is not JSON"),
+        (1, "out", '{"x": 1}', "bench.json is not a bench results file"),
+        (1, "out", '{"results": {"one": {"tables": {}}}}', "bench.json is not a bench results file"),
+    ],
+)
 def test_run_refuses_before_any_benchmark_runs(tmp_path, monkeypatch, repeats, out, saved, message):
     """A run that could not keep its results is refused before it measures anything."""
     calls = []
@@ -131,16 +150,18 @@ def test_run_refuses_before_any_benchmark_runs(tmp_path, monkeypatch, repeats, o
 
 def test_bench_refuses_a_draft_folder_without_the_trained_benchmark(capsys, tmp_path):
     from dflash_ref.__main__ import main
+
     with pytest.raises(SystemExit) as e:
         main(["bench", "official", "memory", "--draft", "some/draft", "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert e.value.code == 2 and "Traceback" not in err
     assert "--draft some/draft: only the trained benchmark measures a draft folder" in err
-    assert "(official, memory)" in err and not list(tmp_path.iterdir())     # refused before anything ran
+    assert "(official, memory)" in err and not list(tmp_path.iterdir())  # refused before anything ran
 
 
 def test_bench_trained_names_a_missing_draft_folder(tmp_path):
     from dflash_ref.__main__ import main
+
     with pytest.raises(SystemExit, match=re.escape(f"--draft: no folder {tmp_path / 'nope'}")):
         main(["bench", "trained", "--draft", str(tmp_path / "nope"), "--out", str(tmp_path / "out")])
 
@@ -151,8 +172,11 @@ def test_bench_trained_takes_a_shipped_name_as_its_first_draft(tmp_path, capsys)
     from dflash_ref.__main__ import main
     from dflash_ref.bench.trained import drafts_to_compare
     from dflash_ref.drafts.folder import SHIPPED_DFLASH1, SHIPPED_DRAFTS
-    assert drafts_to_compare("shipped:dflash1") == {"DFlash 1 (shipped)": SHIPPED_DFLASH1,
-                                                     "DFlash 2 (shipped)": SHIPPED_DRAFTS["DFlash 2 (shipped)"]}
+
+    assert drafts_to_compare("shipped:dflash1") == {
+        "DFlash 1 (shipped)": SHIPPED_DFLASH1,
+        "DFlash 2 (shipped)": SHIPPED_DRAFTS["DFlash 2 (shipped)"],
+    }
     assert list(drafts_to_compare("runs/x/draft-bf16")) == ["draft runs/x/draft-bf16", *SHIPPED_DRAFTS]
     with pytest.raises(SystemExit) as e:
         main(["bench", "trained", "--draft", "shipped:dflash9", "--out", str(tmp_path / "out")])
@@ -166,9 +190,16 @@ def test_the_benchmarks_against_transformers_are_registered():
 
 def tiny_llama():
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=True,
-                                      max_position_embeddings=128)
+    config = transformers.LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=True,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(0)
     return transformers.LlamaForCausalLM(config).eval()
 
@@ -183,6 +214,7 @@ def test_the_transformers_twin_is_the_model_as_made_on_the_same_tensors():
     from dflash_ref.extensions.linear import RowsFirstLinear
     from dflash_ref.target import HFTarget
     from dflash_ref.target.grouped_attention import SDPA_GROUPED
+
     model = tiny_llama()
     target = HFTarget(model)
     twin = transformers_twin(model)
@@ -192,22 +224,30 @@ def test_the_transformers_twin_is_the_model_as_made_on_the_same_tensors():
     assert all(a.data_ptr() == b.data_ptr() for a, b in zip(model.parameters(), twin.parameters()))
     assert twin.lm_head.weight is twin.model.embed_tokens.weight
     assert all(not b.is_meta for b in twin.buffers())
-    per_layer = 2 * 32 * 32 + 2 * 16 * 32 + 3 * 64 * 32            # q o, k v (2 KV heads of 8), gate up down
-    assert weight_bytes(model) == weight_bytes(twin) == 4 * (2 * per_layer + 64 * 32)   # the tied head once
+    per_layer = 2 * 32 * 32 + 2 * 16 * 32 + 3 * 64 * 32  # q o, k v (2 KV heads of 8), gate up down
+    assert weight_bytes(model) == weight_bytes(twin) == 4 * (2 * per_layer + 64 * 32)  # the tied head once
     ids = torch.randint(0, 64, (1, 6), generator=torch.Generator().manual_seed(0))
     with torch.inference_mode():
         torch.testing.assert_close(twin(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
         ours = generate(target, ids, 20).output_ids
         stop = int(ours[0, 6 + 5])
-        theirs = twin.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False,
-                               eos_token_id=[stop], pad_token_id=stop)
+        theirs = twin.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=20,
+            do_sample=False,
+            eos_token_id=[stop],
+            pad_token_id=stop,
+        )
     assert torch.equal(theirs, generate(target, ids, 20, [stop]).output_ids)
 
 
 def test_the_official_timer_is_perf_counter_inside_and_restored_after():
     official = pytest.importorskip("dflash.model")
     import time
+
     from dflash_ref.bench.baselines import official_timer
+
     original = official._cuda_time
     with official_timer() as module:
         assert module is official and official._cuda_time is time.perf_counter
@@ -217,12 +257,16 @@ def test_the_official_timer_is_perf_counter_inside_and_restored_after():
 def test_bench_rollback_reports_blocks_4_and_16_against_a_verify(monkeypatch):
     """The table's rows and columns, from one repeat on a tiny hybrid (no timing is asserted)."""
     from dflash_ref.bench import hybrid_rollback
-    monkeypatch.setattr(hybrid_rollback, "bench_target",
-                        lambda hidden, layers, real=hybrid_rollback.bench_target: real(32, 4))
+
+    monkeypatch.setattr(
+        hybrid_rollback, "bench_target", lambda hidden, layers, real=hybrid_rollback.bench_target: real(32, 4)
+    )
     [rows] = hybrid_rollback.bench_rollback(1, out=None, progress=lambda s: None).values()
     assert [r["block size b"] for r in rows] == [4, 16]
-    assert list(rows[0]) == list(rows[1])                                   # one set of columns for both b
-    assert {"replay of 1 token / verify", "replay of b/2 tokens / verify", "replay of b tokens / verify"} <= set(rows[0])
+    assert list(rows[0]) == list(rows[1])  # one set of columns for both b
+    assert {"replay of 1 token / verify", "replay of b/2 tokens / verify", "replay of b tokens / verify"} <= set(
+        rows[0]
+    )
     for r in rows:
         assert all(v > 0 for k, v in r.items() if k != "block size b")
 
@@ -233,6 +277,7 @@ def test_bench_trained_runs_every_decoder_side_by_side(tmp_path, monkeypatch):
     pytest.importorskip("gguf")
     from dflash_ref.bench import trained
     from dflash_ref.drafts.folder import SHIPPED_DRAFTS
+
     monkeypatch.setattr(trained, "PROMPTS", 1)
     monkeypatch.setattr(trained, "NEW_TOKENS", 8)
     tables = trained.bench_trained(1, tmp_path, progress=lambda s: None)
@@ -240,8 +285,10 @@ def test_bench_trained_runs_every_decoder_side_by_side(tmp_path, monkeypatch):
     names = [r["variant"] for r in rows]
     assert names[:2] == ["transformers generate (nn.Linear)", "dflash_ref AR (target alone)"]
     assert all(any(n.startswith(f"{label} b=") for n in names) for label in SHIPPED_DRAFTS)
-    assert all(any(n.endswith(f", prompt lookup N={trained.LOOKUP}") and n.startswith(label) for n in names)
-               for label in SHIPPED_DRAFTS)
+    assert all(
+        any(n.endswith(f", prompt lookup N={trained.LOOKUP}") and n.startswith(label) for n in names)
+        for label in SHIPPED_DRAFTS
+    )
     assert rows[0]["speed vs transformers generate"] == 1.0
     assert all({"τ template held-out", "τ other styles", "speed vs AR"} <= set(r) for r in rows)
     assert (tmp_path / "trained.png").is_file()

@@ -1,4 +1,5 @@
 """KV cache: update appends along the sequence, crop(n) keeps the first n positions, length reads layer 0."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,11 +43,11 @@ def test_crop_keeps_the_first_positions_of_every_layer():
     cache.crop(2)
     assert cache.lengths() == [2, 2]
     assert seq(cache.keys[0]) == [1, 2] and seq(cache.values[1]) == [-5, -6]
-    cache.crop(2)                       # crop to the current length: nothing changes
+    cache.crop(2)  # crop to the current length: nothing changes
     assert seq(cache.keys[1]) == [5, 6]
     cache.crop(0)
     assert cache.lengths() == [0, 0]
-    k, _ = cache.update(*kv([7]), 0)    # appending after a crop continues from the cropped state
+    k, _ = cache.update(*kv([7]), 0)  # appending after a crop continues from the cropped state
     assert seq(k) == [7]
 
 
@@ -56,13 +57,13 @@ def test_draft_style_crop_back_to_start():
     cache.update(*kv([10, 11, 12]), 0)
     cache.update(*kv([0, 0, 0, 0]), 0)
     cache.crop(3)
-    k, _ = cache.update(*kv([13, 1, 1, 1, 1]), 0)   # one new context position + the next block
+    k, _ = cache.update(*kv([13, 1, 1, 1, 1]), 0)  # one new context position + the next block
     assert seq(k) == [10, 11, 12, 13, 1, 1, 1, 1]
 
 
 def test_multi_head_contents_are_kept():
     cache = KVCache(1)
-    k = torch.arange(2 * 3 * 2 * 4, dtype=torch.float32).view(2, 3, 2, 4)   # (B, H_kv, L, d_h)
+    k = torch.arange(2 * 3 * 2 * 4, dtype=torch.float32).view(2, 3, 2, 4)  # (B, H_kv, L, d_h)
     cache.update(k, k + 100, 0)
     k2 = -torch.ones(2, 3, 1, 4)
     out_k, out_v = cache.update(k2, k2, 0)
@@ -77,7 +78,7 @@ def test_crop_out_of_range_is_refused(length):
     cache.update(*kv([1, 2, 3]), 0)
     with pytest.raises(ValueError, match=f"cannot crop a cache of length 3 to {length}"):
         cache.crop(length)
-    assert cache.length == 3   # unchanged
+    assert cache.length == 3  # unchanged
 
 
 def test_crop_of_an_empty_cache():
@@ -99,8 +100,11 @@ def test_shape_mismatches_are_refused():
         cache.update(torch.zeros(1, 1, 2, 1), torch.zeros(1, 1, 3, 1), 0)
     cache.update(*kv([1, 2], heads=2, head_dim=4), 0)
     for bad in (torch.zeros(1, 3, 1, 4), torch.zeros(2, 2, 1, 4), torch.zeros(1, 2, 1, 8)):
-        with pytest.raises(ValueError, match=r"layer 0 caches \(1, 2, 2, 4\); cannot append .* "
-                                             r"\(batch, heads and head_dim must match\)"):
+        with pytest.raises(
+            ValueError,
+            match=r"layer 0 caches \(1, 2, 2, 4\); cannot append .* "
+            r"\(batch, heads and head_dim must match\)",
+        ):
             cache.update(bad, bad, 0)
     assert cache.length == 2
 

@@ -1,5 +1,6 @@
 """Configs: the released draft config.json, both RoPE spellings, validation with field-naming errors,
 and a to_dict that transformers + the official dflash package read the same way."""
+
 from __future__ import annotations
 
 import copy
@@ -91,12 +92,15 @@ def test_transformers5_rope_parameters_spelling():
     assert DraftConfig.from_dict(released(rope_theta=KeyError)).rope_theta == 10000.0
 
 
-@pytest.mark.parametrize("changes,kind", [   # linear and yarn are read: tests/test_rope_scaling.py
-    (dict(rope_parameters={"rope_theta": 1e6, "rope_type": "llama3", "factor": 8.0}), "llama3"),
-    (dict(rope_parameters={"rope_theta": 1e6, "rope_type": "longrope", "factor": 2.0}), "longrope"),
-    (dict(rope_scaling={"type": "dynamic", "factor": 2.0}), "dynamic"),
-    (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "dynamic"),
-])
+@pytest.mark.parametrize(
+    "changes,kind",
+    [  # linear and yarn are read: tests/test_rope_scaling.py
+        (dict(rope_parameters={"rope_theta": 1e6, "rope_type": "llama3", "factor": 8.0}), "llama3"),
+        (dict(rope_parameters={"rope_theta": 1e6, "rope_type": "longrope", "factor": 2.0}), "longrope"),
+        (dict(rope_scaling={"type": "dynamic", "factor": 2.0}), "dynamic"),
+        (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "dynamic"),
+    ],
+)
 def test_unimplemented_rope_types_are_refused(changes, kind):
     with pytest.raises(ConfigError, match=f"rope type '{kind}'; implemented are 'default' .*'linear' and 'yarn'"):
         DraftConfig.from_dict(released(**changes))
@@ -128,8 +132,11 @@ def test_mask_token_outside_vocab_or_wrong_type(mask):
 
 
 def test_heads_must_be_divisible_by_kv_heads():
-    with pytest.raises(ConfigError, match=r"num_attention_heads \(32\) must be a multiple of "
-                                          r"num_key_value_heads \(7\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"num_attention_heads \(32\) must be a multiple of "
+        r"num_key_value_heads \(7\)",
+    ):
         DraftConfig.from_dict(released(num_key_value_heads=7))
 
 
@@ -138,26 +145,46 @@ def test_odd_head_dim():
         DraftConfig.from_dict(released(head_dim=127))
 
 
-@pytest.mark.parametrize("field,value", [
-    ("hidden_size", "4096"), ("hidden_size", 4096.0), ("vocab_size", 0), ("num_hidden_layers", True),
-    ("intermediate_size", None), ("num_attention_heads", -32), ("num_key_value_heads", "8"),
-    ("head_dim", [128]), ("max_position_embeddings", 0.5), ("block_size", 16.0), ("block_size", 0),
-    ("num_target_layers", "36"), ("num_target_layers", KeyError), ("rms_norm_eps", "1e-6"),
-    ("rms_norm_eps", 0), ("rms_norm_eps", True), ("rope_theta", "1e6"), ("rope_theta", -1.0),
-    ("vocab_size", KeyError), ("hidden_size", KeyError),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("hidden_size", "4096"),
+        ("hidden_size", 4096.0),
+        ("vocab_size", 0),
+        ("num_hidden_layers", True),
+        ("intermediate_size", None),
+        ("num_attention_heads", -32),
+        ("num_key_value_heads", "8"),
+        ("head_dim", [128]),
+        ("max_position_embeddings", 0.5),
+        ("block_size", 16.0),
+        ("block_size", 0),
+        ("num_target_layers", "36"),
+        ("num_target_layers", KeyError),
+        ("rms_norm_eps", "1e-6"),
+        ("rms_norm_eps", 0),
+        ("rms_norm_eps", True),
+        ("rope_theta", "1e6"),
+        ("rope_theta", -1.0),
+        ("vocab_size", KeyError),
+        ("hidden_size", KeyError),
+    ],
+)
 def test_wrong_types_and_missing_fields_name_the_field(field, value):
     with pytest.raises(ConfigError, match=f"'{field}'"):
         DraftConfig.from_dict(released(**{field: value}))
 
 
-@pytest.mark.parametrize("field,value", [
-    ("target_layer_ids", 5),
-    ("dflash_config", [151669]),
-    ("rope_scaling", "linear"),
-    ("tie_word_embeddings", "false"),
-    ("is_causal", "false"),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("target_layer_ids", 5),
+        ("dflash_config", [151669]),
+        ("rope_scaling", "linear"),
+        ("tie_word_embeddings", "false"),
+        ("is_causal", "false"),
+    ],
+)
 def test_more_wrong_types_name_the_field(field, value):
     d = released(**{field: value})
     if field == "target_layer_ids":
@@ -167,17 +194,26 @@ def test_more_wrong_types_name_the_field(field, value):
         DraftConfig.from_dict(d)
 
 
-@pytest.mark.parametrize("changes,match", [
-    (dict(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
-    (dict(attention_bias=True), "attention_bias=true is not supported"),
-    (dict(use_sliding_window=True), "use_sliding_window without layer_types"),
-    (dict(input_embedding_scale=-2.0), "'input_embedding_scale' must be a positive number"),
-    (dict(conv_kernel_size=4), "DFlash 2's fields need architectures"),
-    (dict(layer_types=["full_attention"] * 4), "layer_types has 4 entries for 5 layers"),
-    (dict(layer_types=["full_attention"] * 4 + ["chunked"]), r"unknown layer_types \['chunked'\]"),
-    (dict(layer_types=["full_attention"] * 4 + ["sliding_attention"], use_sliding_window=True,
-          sliding_window="4096"), "'sliding_window'"),
-])
+@pytest.mark.parametrize(
+    "changes,match",
+    [
+        (dict(hidden_act="gelu"), "hidden_act 'gelu' is not supported"),
+        (dict(attention_bias=True), "attention_bias=true is not supported"),
+        (dict(use_sliding_window=True), "use_sliding_window without layer_types"),
+        (dict(input_embedding_scale=-2.0), "'input_embedding_scale' must be a positive number"),
+        (dict(conv_kernel_size=4), "DFlash 2's fields need architectures"),
+        (dict(layer_types=["full_attention"] * 4), "layer_types has 4 entries for 5 layers"),
+        (dict(layer_types=["full_attention"] * 4 + ["chunked"]), r"unknown layer_types \['chunked'\]"),
+        (
+            dict(
+                layer_types=["full_attention"] * 4 + ["sliding_attention"],
+                use_sliding_window=True,
+                sliding_window="4096",
+            ),
+            "'sliding_window'",
+        ),
+    ],
+)
 def test_unsupported_settings_are_refused(changes, match):
     with pytest.raises(ConfigError, match=match):
         DraftConfig.from_dict(released(**changes))
@@ -190,16 +226,19 @@ def test_a_config_must_be_an_object():
 
 def test_target_refuses_sliding_layers():
     with pytest.raises(ConfigError, match="sliding-window layers in the target are not implemented"):
-        target_config(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"],
-                      sliding_window=8)
+        target_config(num_hidden_layers=2, layer_types=["sliding_attention", "full_attention"], sliding_window=8)
 
 
 def test_to_dict_from_dict_round_trip_is_stable():
-    for config in (target_config(), target_config(tie_word_embeddings=True, dtype="bfloat16"),
-                   draft_config(), draft_config(target_layer_ids=[0, 3], block_size=8, is_causal=False),
-                   DraftConfig.from_dict(released())):
+    for config in (
+        target_config(),
+        target_config(tie_word_embeddings=True, dtype="bfloat16"),
+        draft_config(),
+        draft_config(target_layer_ids=[0, 3], block_size=8, is_causal=False),
+        DraftConfig.from_dict(released()),
+    ):
         d = config.to_dict()
-        again = type(config).from_dict(json.loads(json.dumps(d)))    # through JSON, as on disk
+        again = type(config).from_dict(json.loads(json.dumps(d)))  # through JSON, as on disk
         assert again.to_dict() == d
     # written fields, by hand
     d = draft_config(target_layer_ids=[0, 3], block_size=8).to_dict()
@@ -253,8 +292,7 @@ def test_official_dflash_reads_our_to_dict_the_same_way():
     assert hf_config.rope_parameters["rope_theta"] == config.rope_theta
     # same parameter names and shapes: one load_state_dict moves weights across
     ours = DFlashDraftModel(config)
-    assert {k: v.shape for k, v in ours.state_dict().items()} == \
-        {k: v.shape for k, v in theirs.state_dict().items()}
+    assert {k: v.shape for k, v in ours.state_dict().items()} == {k: v.shape for k, v in theirs.state_dict().items()}
     # the released config, read by transformers, agrees with ours on the RoPE base
     hf_released = transformers.Qwen3Config(**released())
     assert hf_released.rope_parameters["rope_theta"] == DraftConfig.from_dict(released()).rope_theta

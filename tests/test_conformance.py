@@ -3,6 +3,7 @@ and the official dflash 0.1.0 pass `verify`; seeded mutants (one DFlash rule bro
 monkeypatch or a subclass here, never an edit of the library) fail it at the stage they break; a
 port's dump is compared the same way.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,12 @@ from torch import nn
 
 import dflash_ref.acceptance as acceptance_module
 import dflash_ref.attention as attention_module
+import dflash_ref.candidate_selector as selector_module
 import dflash_ref.config as config_module
 import dflash_ref.config_fields as config_fields_module
-import dflash_ref.candidate_selector as selector_module
 import dflash_ref.decoding as loop_module
-import dflash_ref.dynamic_conv as dynamic_conv_module
 import dflash_ref.draft_model as draft_model_module
+import dflash_ref.dynamic_conv as dynamic_conv_module
 import dflash_ref.layer_sampling as layer_sampling_module
 from dflash_ref.cache import KVCache
 from dflash_ref.conformance import SHIPPED, find_bundles, read_safetensors, verify, verify_dump
@@ -35,7 +36,6 @@ from dflash_ref.decoding import spec_generate
 from dflash_ref.rope import RotaryEmbedding, rotate_half
 from dflash_ref.target import Qwen3_5Target
 from dflash_ref.target.hybrid_cache import HybridCache
-
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -51,8 +51,9 @@ def golden(tmp_path_factory) -> Path:
 
 
 def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dflash_ref", *args], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dflash_ref", *args], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 def files(folder: Path) -> dict[str, bytes]:
@@ -61,15 +62,17 @@ def files(folder: Path) -> dict[str, bytes]:
 
 # --------------------------------------------------------------------------- the bundles
 
+
 def test_golden_is_bit_identical_on_a_rerun(golden, tmp_path):
     proc = run_cli("golden", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     first, second = files(golden), files(tmp_path)
     assert sorted(first) == sorted(second)
     assert [n for n in first if first[n] != second[n]] == []
-    assert sorted(p.name for p in golden.iterdir()) == \
-        [f"{i:02d}_{s.name}" for i, s in enumerate(SCENARIOS, 1)] + \
-        [f"{len(SCENARIOS) + 1:02d}_sampling", f"{len(SCENARIOS) + 2:02d}_sampling_dflash2"]
+    assert sorted(p.name for p in golden.iterdir()) == [f"{i:02d}_{s.name}" for i, s in enumerate(SCENARIOS, 1)] + [
+        f"{len(SCENARIOS) + 1:02d}_sampling",
+        f"{len(SCENARIOS) + 2:02d}_sampling_dflash2",
+    ]
 
 
 def test_shipped_bundle_is_the_walkthrough_scenario_and_small(golden):
@@ -88,7 +91,8 @@ def test_shipped_bundle_is_the_walkthrough_scenario_and_small(golden):
 def test_shipped_bundle_is_package_data():
     tomllib = pytest.importorskip("tomllib")
     patterns = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"][
-        "dflash_ref.conformance"]
+        "dflash_ref.conformance"
+    ]
     package = SHIPPED.parent
     covered = {p for pattern in patterns for p in package.glob(pattern)}
     shipped = {p for p in SHIPPED.rglob("*") if p.is_file()}
@@ -100,7 +104,7 @@ def without_rounding(manifest: bytes) -> dict:
     tolerance taken from it, and the decisions' margins (MKL rounds otherwise on an Intel Xeon than on an AMD
     EPYC, so a bundle written on one differs there from the shipped one; its tensors still pass)."""
     data = json.loads(manifest)
-    data["margins"] = set(data["margins"])                       # which margins, not their values
+    data["margins"] = set(data["margins"])  # which margins, not their values
     for entry in data["tensors"]:
         entry.pop("error_vs_float64", None)
         entry.pop("tolerance")
@@ -123,8 +127,17 @@ def greedy_bundles(folder: Path):
 def test_manifest_documents_every_tensor_in_walk_order(golden):
     stages = {s[0] for s in STAGES}
     dflash2 = {s[0] for s in STAGES if s[2].startswith("DFlash 2:")}
-    assert dflash2 == {"attn_conv_taps", "attn_conv_in", "attn_conv_out", "mlp_conv_taps", "mlp_conv_in",
-                       "mlp_conv_out", "candidates", "unary", "pair"}
+    assert dflash2 == {
+        "attn_conv_taps",
+        "attn_conv_in",
+        "attn_conv_out",
+        "mlp_conv_taps",
+        "mlp_conv_in",
+        "mlp_conv_out",
+        "candidates",
+        "unary",
+        "pair",
+    }
     hybrid = {s[0] for s in STAGES if s[2].startswith("Hybrid targets:")}
     assert hybrid == {"conv_state", "recurrent_state"}
     for b in greedy_bundles(golden):
@@ -132,8 +145,11 @@ def test_manifest_documents_every_tensor_in_walk_order(golden):
         assert keys == sorted(keys, key=walk_order) and sorted(keys) == sorted(b.expected)
         # every stage in every scenario (DFlash 2's in the DFlash 2 one), but where the first token stops
         # decoding before any step
-        expected = stages - hybrid if b.name == "dflash2" else stages - dflash2 - (set() if b.name == "hybrid_target"
-                                                                                    else hybrid)
+        expected = (
+            stages - hybrid
+            if b.name == "dflash2"
+            else stages - dflash2 - (set() if b.name == "hybrid_target" else hybrid)
+        )
         assert {e["stage"] for e in b.entries} == (expected if b.name != "stop_first" else {"layer_ids", "output_ids"})
         for e in b.entries:
             array = b.expected[e["key"]]
@@ -144,11 +160,11 @@ def test_manifest_documents_every_tensor_in_walk_order(golden):
             assert e["kind"] == ("observable" if e["stage"] == "cache_lengths" else "semantic")
             if array.dtype == np.int64:
                 assert e["tolerance"] == 0.0 and "error_vs_float64" not in e
-            else:   # the rule: SLACK × the golden's own rounding, never below the floor
+            else:  # the rule: SLACK × the golden's own rounding, never below the floor
                 assert e["tolerance"] == max(floor, SLACK * e["error_vs_float64"]), e["key"]
         assert b.manifest["tolerance_rule"] == TOLERANCE_RULE
         margins = [b.manifest["margins"][k] for k in ("draft", "target")]
-        assert all(m > SLACK for m in margins if m is not None) and margins[1] is not None   # None: no such decision
+        assert all(m > SLACK for m in margins if m is not None) and margins[1] is not None  # None: no such decision
     bf16 = find_bundles(golden / "10_bf16")[0]
     assert bf16.manifest["source_dtype"] == "bfloat16" and bf16.config("draft")["dtype"] == "bfloat16"
     for e in bf16.entries:  # stored as float32 holding exact bf16 values
@@ -164,7 +180,7 @@ def test_the_reference_in_float64_passes_every_bundle(golden):
     report = verify(Recorded(torch.float64), golden)
     assert report.passed, report.text()
     block16 = find_bundles(golden / "05_block16")[0]
-    assert max(e.get("error_vs_float64", 0) for e in block16.entries) > 1e-5   # the old fixed 1e-5 failed it
+    assert max(e.get("error_vs_float64", 0) for e in block16.entries) > 1e-5  # the old fixed 1e-5 failed it
 
 
 def test_a_scenario_whose_decisions_hang_on_rounding_is_refused(tmp_path):
@@ -176,7 +192,10 @@ def test_a_scenario_whose_decisions_hang_on_rounding_is_refused(tmp_path):
         with torch.no_grad():
             target.lm_head.weight[:] = target.lm_head.weight[0]
         return target, draft
-    with pytest.raises(AssertionError, match="scenario tied: .*(decides otherwise|margin is only).*choose another seed"):
+
+    with pytest.raises(
+        AssertionError, match="scenario tied: .*(decides otherwise|margin is only).*choose another seed"
+    ):
         write_scenario(Scenario("tied", "ties", tied, [0, 1, 2, 3], 8), tmp_path / "tied")
 
 
@@ -222,12 +241,14 @@ def test_a_bundle_loads_and_compares_with_numpy_alone(tmp_path):
         assert "torch" not in sys.modules, "torch was imported"
         print("numpy only: ok")
     """)
-    proc = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=120,
-                          cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-I", "-c", script], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
     assert proc.returncode == 0 and "numpy only: ok" in proc.stdout, proc.stderr
 
 
 # --------------------------------------------------------------------------- reference and official
+
 
 def test_reference_passes_via_the_cli(golden):
     proc = run_cli("verify", "--impl", "reference", "--bundle", str(golden))
@@ -263,8 +284,7 @@ def test_passes_via_the_api(golden, impl, tmp_path):
         pytest.importorskip("dflash.model")
     report = verify(impl, golden if impl == "reference" else plain_targets(golden, tmp_path / "plain"))
     assert report.passed, report.text()
-    assert report.first_failure is None and len({c.bundle for c in report.checks}) == \
-        len(SCENARIOS) - (impl == "zlab")
+    assert report.first_failure is None and len({c.bundle for c in report.checks}) == len(SCENARIOS) - (impl == "zlab")
     evicted = [c for c in report.checks if c.note]
     assert (impl == "zlab") == bool(evicted)  # the official cache evicts keys outside a sliding window
     # the official code knows the causal and symmetric windows: the rotating bundle is not applicable to it
@@ -274,8 +294,10 @@ def test_passes_via_the_api(golden, impl, tmp_path):
 
 
 def test_the_three_window_meanings_are_three_bundles(golden):
-    kinds = {find_bundles(golden / name)[0].manifest["sliding_window"]["kind"]
-             for name in ("04_gqa_sliding", "11_window_symmetric", "12_window_rotating")}
+    kinds = {
+        find_bundles(golden / name)[0].manifest["sliding_window"]["kind"]
+        for name in ("04_gqa_sliding", "11_window_symmetric", "12_window_rotating")
+    }
     assert kinds == {"causal", "symmetric", "rotating"}
     rotating = find_bundles(golden / "12_window_rotating")[0]
     assert rotating.config("draft")["dflash_config"]["sliding_window_kind"] == "rotating"
@@ -287,6 +309,7 @@ def test_the_three_window_meanings_are_three_bundles(golden):
 
 
 # --------------------------------------------------------------------------- mutants
+
 
 class NoCrop(KVCache):
     def crop(self, length: int) -> None:  # forgets to drop anything
@@ -301,7 +324,7 @@ class Wrapped(nn.Module):
         self.draft, self.config = draft, draft.config
 
     block_size = property(lambda self: self.draft.block_size)
-    candidate_selector = property(lambda self: self.draft.candidate_selector)   # DFlash 2's proposals
+    candidate_selector = property(lambda self: self.draft.candidate_selector)  # DFlash 2's proposals
     mask_token_id = property(lambda self: self.draft.mask_token_id)
     target_layer_ids = property(lambda self: self.draft.target_layer_ids)
 
@@ -327,14 +350,18 @@ def each_attention(fn):
     def change(target, draft):
         for layer in draft.layers:
             fn(layer.self_attn)
+
     return After(change)
 
 
 def rope_q_from_the_front(mp):
     def sliced(q, k, cos, sin):
         cos, sin = cos[:, None], sin[:, None]
-        return (q * cos[..., :q.shape[-2], :] + rotate_half(q) * sin[..., :q.shape[-2], :],
-                k * cos + rotate_half(k) * sin)
+        return (
+            q * cos[..., : q.shape[-2], :] + rotate_half(q) * sin[..., : q.shape[-2], :],
+            k * cos + rotate_half(k) * sin,
+        )
+
     mp.setattr(attention_module, "apply_sliced_rope", sliced)
     return ReferenceAdapter()
 
@@ -343,6 +370,7 @@ def wrong_rope_theta(mp):
     def change(target, draft):
         draft.rotary_emb.rope_theta = 1e6  # the bundle says 1e4
         draft.rotary_emb._inv_freq.clear()
+
     return After(change)
 
 
@@ -354,6 +382,7 @@ def feature_offset_zero(mp):
 def layer_ids_shifted(mp):
     def change(target, draft):
         draft.config.target_layer_ids = [i + 1 for i in draft.config.target_layer_ids]
+
     return After(change)
 
 
@@ -362,6 +391,7 @@ def norm_before_fc(mp):
         d = hidden_norm.weight.shape[0]  # RMSNorm each layer's features, then fc, no norm after
         normed = torch.cat([hidden_norm(chunk) for chunk in target_hidden.split(d, dim=-1)], dim=-1)
         return hooks.hook_context(hooks.hook_fc(fc(normed)))
+
     mp.setattr(draft_model_module, "project_context", swapped)
     return ReferenceAdapter()
 
@@ -369,6 +399,7 @@ def norm_before_fc(mp):
 def hidden_norm_missing(mp):
     def change(target, draft):
         draft.hidden_norm = nn.Identity()
+
     return After(change)
 
 
@@ -404,23 +435,27 @@ def scale_one_over_d(mp):
 
 def gqa_heads_tiled(mp):
     """Query head h reads KV head h mod H_kv instead of h // (H_q / H_kv)."""
-    mp.setattr(attention_module, "repeat",
-               lambda t, pattern, **kw: einops.repeat(t, "b hkv l d -> b (g hkv) l d", **kw))
+    mp.setattr(
+        attention_module, "repeat", lambda t, pattern, **kw: einops.repeat(t, "b hkv l d -> b (g hkv) l d", **kw)
+    )
     return ReferenceAdapter()
 
 
 def draft_keeps_first_positions(mp):
     """Proposals from block positions 0..γ−1 instead of 1..γ (the loop's [:, 1:] undone)."""
+
     class Shifted(Wrapped):
         def forward(self, position_ids, attention_mask=None, **kw):
             hidden = self.draft(position_ids, attention_mask, **kw)
             return torch.cat([hidden[:, :1], hidden[:, :-1]], dim=1)
+
     return After(lambda target, draft: (target, Shifted(draft)))
 
 
 def matches_summed_not_cumprod(mp):
     def summed(draft_tokens, posterior):
-        return int((draft_tokens == posterior[:, :draft_tokens.shape[1]]).sum())
+        return int((draft_tokens == posterior[:, : draft_tokens.shape[1]]).sum())
+
     mp.setattr(acceptance_module, "acceptance_length", summed)
     return ReferenceAdapter()
 
@@ -431,6 +466,7 @@ def bonus_from_the_draft(mp):
     def wrong(draft_tokens, logits):
         tau, bonus, posterior = greedy(draft_tokens, logits)
         return tau, (draft_tokens[0, tau] if tau < draft_tokens.shape[1] else bonus), posterior
+
     mp.setattr(acceptance_module, "verify_greedy", wrong)
     return ReferenceAdapter()
 
@@ -438,12 +474,14 @@ def bonus_from_the_draft(mp):
 def draft_cache_not_cropped(mp):
     def change(target, draft):
         draft.make_cache = lambda: NoCrop(draft.config.num_hidden_layers)
+
     return After(change)
 
 
 def target_cache_not_cropped(mp):
     def change(target, draft):
         target.make_cache = lambda: NoCrop(target.config.num_hidden_layers)
+
     return After(change)
 
 
@@ -451,8 +489,11 @@ def context_not_sliced(mp):
     """All verified positions' features fed back, not the first τ + 1 (positions extended to match)."""
     latest = {}
     extract = loop_module.extract_context_feature
-    mp.setattr(loop_module, "extract_context_feature",
-               lambda hs, ids: latest.__setitem__("full", extract(hs, ids)) or latest["full"])
+    mp.setattr(
+        loop_module,
+        "extract_context_feature",
+        lambda hs, ids: latest.__setitem__("full", extract(hs, ids)) or latest["full"],
+    )
 
     class FullContext(Wrapped):
         def forward(self, position_ids, attention_mask=None, *, noise_embedding, target_hidden, **kw):
@@ -460,6 +501,7 @@ def context_not_sliced(mp):
             start = int(position_ids[0, -q_len])
             position_ids = torch.arange(start - full.shape[1], start + q_len)[None]
             return self.draft(position_ids, noise_embedding=noise_embedding, target_hidden=full, **kw)
+
     return After(lambda target, draft: (target, FullContext(draft)))
 
 
@@ -467,9 +509,10 @@ def mask_tokens_stripped(mp):
     class Stripped(ReferenceAdapter):
         def generate(self, draft, target, input_ids, inputs, on_step):
             out = super().generate(draft, target, input_ids, inputs, on_step)
-            new = out.output_ids[0, input_ids.shape[1]:]
+            new = out.output_ids[0, input_ids.shape[1] :]
             out.output_ids = torch.cat([input_ids[0], new[new != draft.mask_token_id]])[None]
             return out
+
     return Stripped()
 
 
@@ -477,95 +520,119 @@ class StopsAfterwards(ReferenceAdapter):
     """Decodes as if there were no stop token, then cuts the output where `end(new tokens, output)` says."""
 
     def generate(self, draft, target, input_ids, inputs, on_step):
-        free = spec_generate(draft, target, input_ids, inputs["max_new_tokens"],
-                             block_size=inputs.get("block_size"), on_step=on_step)
-        stops, new = set(inputs.get("stop_token_ids") or ()), free.output_ids[0, input_ids.shape[1]:].tolist()
-        free.output_ids = free.output_ids[:, :input_ids.shape[1] + self.end(stops, new, free)]
+        free = spec_generate(
+            draft, target, input_ids, inputs["max_new_tokens"], block_size=inputs.get("block_size"), on_step=on_step
+        )
+        stops, new = set(inputs.get("stop_token_ids") or ()), free.output_ids[0, input_ids.shape[1] :].tolist()
+        free.output_ids = free.output_ids[:, : input_ids.shape[1] + self.end(stops, new, free)]
         return free
 
 
 def commits_past_the_stop(mp):
     """Commits a step whole although a stop token came inside it (a bug seen in a port)."""
+
     class PastStop(StopsAfterwards):
         def end(self, stops, new, free):
             end = 0
-            for produced in [1] + free.tokens_per_step:          # the prefill's token, then each step's
+            for produced in [1] + free.tokens_per_step:  # the prefill's token, then each step's
                 end += produced
                 if stops & set(new[:end]):
                     break
             return end
+
     return PastStop()
 
 
 def first_token_never_stops(mp):
     """Checks stop tokens only inside decode steps, not on the prefill's token."""
+
     class Unchecked(StopsAfterwards):
         def end(self, stops, new, free):
             return next((i + 1 for i, t in enumerate(new) if t in stops and i > 0), len(new))
+
     return Unchecked()
 
 
 def rope_table_of_4096(mp):
     """The draft's RoPE table holds 4096 positions and wraps around past them."""
+
     def change(target, draft):
         forward = draft.rotary_emb.forward
         draft.rotary_emb.forward = lambda position_ids, dtype: forward(position_ids % 4096, dtype)
+
     return After(change)
 
 
 def yarn_factor_dropped(mp):
     """The draft's RoPE built plain where its config asks for YaRN (the target's is right)."""
+
     def change(target, draft):
         draft.rotary_emb = RotaryEmbedding(draft.config.head_dim, draft.config.rope_theta)
+
     return After(change)
 
 
 def rope_read_from_rope_parameters_only(mp):
     """RoPE settings read from transformers 5's spelling alone: a released checkpoint's rope_scaling is missed."""
     read = config_fields_module.read_rope
-    mp.setattr(config_module, "read_rope",
-               lambda d, positions: read({k: v for k, v in d.items() if k != "rope_scaling"}, positions))
+    mp.setattr(
+        config_module,
+        "read_rope",
+        lambda d, positions: read({k: v for k, v in d.items() if k != "rope_scaling"}, positions),
+    )
     return ReferenceAdapter()
 
 
 def conv_not_causal(mp):
     """DFlash 2's convolution reads x_{t+j} instead of x_{t−j} (the block's later positions)."""
     convolve = dynamic_conv_module.convolve
-    mp.setattr(dynamic_conv_module, "convolve",
-               lambda x, taps, base, group, blocks=1: convolve(x.flip(1), taps.flip(1), base, group).flip(1))
+    mp.setattr(
+        dynamic_conv_module,
+        "convolve",
+        lambda x, taps, base, group, blocks=1: convolve(x.flip(1), taps.flip(1), base, group).flip(1),
+    )
     return ReferenceAdapter()
 
 
 def conv_taps_from_the_output(mp):
     """`finish` computes its dynamic taps from the sublayer's output, not from the sublayer's input."""
+
     def finish(self, out, taps, blocks=1):
         fresh = einops.rearrange(self.kernel_projection(out), "b l (h k g) -> b l h k g", h=2, k=self.kernel_size)
-        return self.hook_finished(dynamic_conv_module.convolve(out, fresh[:, :, 1], self.base_kernel[1],
-                                                               self.group_size))
+        return self.hook_finished(
+            dynamic_conv_module.convolve(out, fresh[:, :, 1], self.base_kernel[1], self.group_size)
+        )
+
     mp.setattr(dynamic_conv_module.GroupedDynamicCausalConv, "finish", finish)
     return ReferenceAdapter()
 
 
 def predecessor_is_the_argmax(mp):
     """The selector's pair term uses the previous position's argmax, not the candidate it chose."""
+
     def select(self, hidden, logits, anchor_ids, temperature, sample=None):
         unary, candidates = torch.topk(logits, self.top_k, dim=-1, sorted=False)
         self.hook_candidates(candidates), self.hook_unary(unary)
         projected, previous, path, pairs = self.hidden_projection(hidden), anchor_ids, [], []
         for t in range(hidden.shape[1]):
             query = torch.nn.functional.embedding(previous, self.predecessor_codebook) * projected[:, t]
-            pairs.append(torch.einsum("br,bkr->bk", query, torch.nn.functional.embedding(candidates[:, t],
-                                                                                          self.successor_codebook)))
+            pairs.append(
+                torch.einsum(
+                    "br,bkr->bk", query, torch.nn.functional.embedding(candidates[:, t], self.successor_codebook)
+                )
+            )
             path.append(candidates[:, t].gather(-1, (unary[:, t] + pairs[-1]).argmax(-1)[:, None])[:, 0])
             previous = logits[:, t].argmax(-1)
         self.hook_pair(torch.stack(pairs, dim=1))
         return torch.stack(path, dim=1), candidates, None
+
     mp.setattr(selector_module.CandidateSelector, "select", select)
     return ReferenceAdapter()
 
 
 def rank_projection_missing(mp):
     """The pair term without P h_t: ⟨E_pred(prev), E_succ(c)⟩ alone."""
+
     class Ones(nn.Module):
         def forward(self, h):
             return torch.ones(*h.shape[:-1], 4)
@@ -573,31 +640,37 @@ def rank_projection_missing(mp):
     def change(target, draft):
         if draft.candidate_selector is not None:
             draft.candidate_selector.hidden_projection = Ones()
+
     return After(change)
 
 
 def conv_not_restarted(mp):
     """The convolution carries the previous block across steps: x_{t−j} before the block's first
     position is the last draft pass's input (a stream-style convolution state), not zero."""
+
     def carried():
         previous = {}
 
         def convolve(self, x, taps, base):
             before = previous.get(id(self), x[:, :0])
-            whole = torch.cat([before, x], dim=1)                               # (B, L_before + L, d)
+            whole = torch.cat([before, x], dim=1)  # (B, L_before + L, d)
             padded = torch.cat([taps.new_zeros(taps.shape[0], before.shape[1], *taps.shape[2:]), taps], dim=1)
             previous[id(self)] = x
-            return dynamic_conv_module.convolve(whole, padded, base, self.group_size)[:, before.shape[1]:]
+            return dynamic_conv_module.convolve(whole, padded, base, self.group_size)[:, before.shape[1] :]
+
         return convolve
+
     into, out = carried(), carried()
 
     def prepare(self, x, blocks=1):
-        taps = self.hook_taps(einops.rearrange(self.kernel_projection(x), "b l (h k g) -> b l h k g", h=2,
-                                               k=self.kernel_size))                      # (B, L, 2, K, G)
+        taps = self.hook_taps(
+            einops.rearrange(self.kernel_projection(x), "b l (h k g) -> b l h k g", h=2, k=self.kernel_size)
+        )  # (B, L, 2, K, G)
         return self.hook_prepared(into(self, x, taps[:, :, 0], self.base_kernel[0])), taps[:, :, 1]
 
     def finish(self, o, taps, blocks=1):
         return self.hook_finished(out(self, o, taps, self.base_kernel[1]))
+
     mp.setattr(dynamic_conv_module.GroupedDynamicCausalConv, "prepare", prepare)
     mp.setattr(dynamic_conv_module.GroupedDynamicCausalConv, "finish", finish)
     return ReferenceAdapter()
@@ -606,11 +679,16 @@ def conv_not_restarted(mp):
 def codebooks_not_loaded(mp):
     """A loader that looks for `candidate_selector.*_codebook.weight` (an nn.Embedding's key) where released
     checkpoints store `candidate_selector.*_codebook`, and, loading non-strictly, keeps its initial codebooks."""
+
     def change(target, draft):
         if draft.candidate_selector is not None:
             generator = torch.Generator().manual_seed(0)
-            for codebook in (draft.candidate_selector.predecessor_codebook, draft.candidate_selector.successor_codebook):
-                codebook.data = torch.randn(codebook.shape, generator=generator)   # nn.Embedding's N(0, 1) init
+            for codebook in (
+                draft.candidate_selector.predecessor_codebook,
+                draft.candidate_selector.successor_codebook,
+            ):
+                codebook.data = torch.randn(codebook.shape, generator=generator)  # nn.Embedding's N(0, 1) init
+
     return After(change)
 
 
@@ -627,8 +705,9 @@ class CropOnly(HybridCache):
 
 def rollback_by_crop_only(mp):
     def change(target, draft):
-        if isinstance(target, Qwen3_5Target):          # plain targets have nothing to roll back
+        if isinstance(target, Qwen3_5Target):  # plain targets have nothing to roll back
             target.make_cache = lambda: CropOnly(target.config.layer_types, target.keep_positions)
+
     return After(change)
 
 
@@ -650,7 +729,7 @@ MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
     draft_keeps_first_positions: ("logits", "walkthrough"),
     matches_summed_not_cumprod: ("acceptance_length", "multiround"),
     bonus_from_the_draft: ("bonus", "walkthrough"),
-    draft_cache_not_cropped: ("k_rot", "walkthrough"),       # stale block keys; the lengths are observables
+    draft_cache_not_cropped: ("k_rot", "walkthrough"),  # stale block keys; the lengths are observables
     target_cache_not_cropped: ("posterior", "walkthrough"),
     context_not_sliced: ("target_hidden", "walkthrough"),
     mask_tokens_stripped: ("output_ids", "multiround"),
@@ -658,14 +737,14 @@ MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
     first_token_never_stops: ("output_ids", "stop_first"),
     rope_table_of_4096: ("q_rot", "long_context"),
     yarn_factor_dropped: ("q_rot", "rope_yarn"),
-    rope_read_from_rope_parameters_only: ("target_hidden", "rope_yarn"),   # the target's RoPE is wrong first
+    rope_read_from_rope_parameters_only: ("target_hidden", "rope_yarn"),  # the target's RoPE is wrong first
     conv_not_causal: ("attn_conv_in", "dflash2"),
-    conv_not_restarted: ("attn_conv_in", "dflash2"),         # from step 1: step 0 has no block before it
+    conv_not_restarted: ("attn_conv_in", "dflash2"),  # from step 1: step 0 has no block before it
     conv_taps_from_the_output: ("attn_conv_out", "dflash2"),  # o_proj's output is right, its convolution not
     predecessor_is_the_argmax: ("pair", "dflash2"),
     rank_projection_missing: ("pair", "dflash2"),
     codebooks_not_loaded: ("pair", "dflash2"),
-    rollback_by_crop_only: ("recurrent_state", "hybrid_target"),   # step 0: τ = 0, 3 rejected tokens in S
+    rollback_by_crop_only: ("recurrent_state", "hybrid_target"),  # step 0: τ = 0, 3 rejected tokens in S
 }
 HINTS = {  # mutant → what the first divergence's hint says (hints.py reads it off the tensors)
     causal_inside_the_block: "attends causally",
@@ -709,7 +788,8 @@ def test_mutant_fails_at_its_stage(golden, mutant, tmp_path):
 
 
 def test_a_port_factory_from_the_command_line(golden, tmp_path):
-    (tmp_path / "my_port.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_port.py").write_text(
+        textwrap.dedent("""
         from dflash_ref.conformance.adapters import ReferenceAdapter
 
         class MyPort(ReferenceAdapter):
@@ -719,8 +799,9 @@ def test_a_port_factory_from_the_command_line(golden, tmp_path):
                 for layer in draft.layers:
                     layer.self_attn.k_norm.weight.data.fill_(1.0)  # forgot to load k_norm weights
                 return target, draft
-    """))
-    two = tmp_path / "two"                          # the first two bundles (all 18: 48 s, the sampling ones most)
+    """)
+    )
+    two = tmp_path / "two"  # the first two bundles (all 18: 48 s, the sampling ones most)
     two.mkdir()
     for name in ("01_walkthrough", "02_multiround"):
         (two / name).symlink_to(golden / name, target_is_directory=True)
@@ -731,35 +812,55 @@ def test_a_port_factory_from_the_command_line(golden, tmp_path):
     assert "multiround · step 0 · layer 0 · K context after KNorm" in first
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["verify", "--impl", "reference", "--bundle", "{tmp}/none"], "verify: no golden bundle at {tmp}/none"),
-    (["verify", "--impl", "reference", "--bundle", "{tmp}/badjson"], "verify: {tmp}/badjson/manifest.json is not JSON"),
-    (["verify", "--impl", "reference", "--bundle", "{tmp}/list"],
-     "verify: {tmp}/list/manifest.json is not a JSON object (a list)"),
-    (["verify", "--impl", "reference", "--bundle", "{tmp}/bare"], "verify: {tmp}/bare/manifest.json lacks ['name', "
-                                                                 "'inputs', 'tensors']"),
-    (["verify", "--impl", "reference", "--bundle", "{tmp}/cut"],
-     "verify: {tmp}/cut/expected.safetensors is not a readable safetensors file: its header of"),
-    (["verify", "--impl", "nosuch"], "verify: unknown implementation 'nosuch'"),
-    (["verify", "--impl", "no_such_module:f"], "verify: implementation 'no_such_module:f': no factory 'f' in module"),
-    (["verify", "--impl", "os:no_such"], "verify: implementation 'os:no_such': no factory 'no_such' in module 'os'"),
-    (["verify", "--dump", "{tmp}/none.npz"], "verify: no dump file {tmp}/none.npz"),
-    (["verify", "--dump", "{tmp}/junk.npz"], "verify: {tmp}/junk.npz is not a readable .npz file"),
-    (["golden", "--out", "{tmp}/junk.npz"], "golden: {tmp}/junk.npz is a file, not a folder for the bundles"),
-    (["golden", "--out", "{tmp}/g", "--only", "nosuch"], "golden: unknown scenario(s) ['nosuch']"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["verify", "--impl", "reference", "--bundle", "{tmp}/none"], "verify: no golden bundle at {tmp}/none"),
+        (
+            ["verify", "--impl", "reference", "--bundle", "{tmp}/badjson"],
+            "verify: {tmp}/badjson/manifest.json is not JSON",
+        ),
+        (
+            ["verify", "--impl", "reference", "--bundle", "{tmp}/list"],
+            "verify: {tmp}/list/manifest.json is not a JSON object (a list)",
+        ),
+        (
+            ["verify", "--impl", "reference", "--bundle", "{tmp}/bare"],
+            "verify: {tmp}/bare/manifest.json lacks ['name', 'inputs', 'tensors']",
+        ),
+        (
+            ["verify", "--impl", "reference", "--bundle", "{tmp}/cut"],
+            "verify: {tmp}/cut/expected.safetensors is not a readable safetensors file: its header of",
+        ),
+        (["verify", "--impl", "nosuch"], "verify: unknown implementation 'nosuch'"),
+        (
+            ["verify", "--impl", "no_such_module:f"],
+            "verify: implementation 'no_such_module:f': no factory 'f' in module",
+        ),
+        (
+            ["verify", "--impl", "os:no_such"],
+            "verify: implementation 'os:no_such': no factory 'no_such' in module 'os'",
+        ),
+        (["verify", "--dump", "{tmp}/none.npz"], "verify: no dump file {tmp}/none.npz"),
+        (["verify", "--dump", "{tmp}/junk.npz"], "verify: {tmp}/junk.npz is not a readable .npz file"),
+        (["golden", "--out", "{tmp}/junk.npz"], "golden: {tmp}/junk.npz is a file, not a folder for the bundles"),
+        (["golden", "--out", "{tmp}/g", "--only", "nosuch"], "golden: unknown scenario(s) ['nosuch']"),
+    ],
+)
 def test_verify_and_golden_name_what_they_cannot_read(golden, tmp_path, argv, message):
     """Each of these used to end in a traceback (FileNotFoundError, JSONDecodeError, AttributeError,
     ModuleNotFoundError, numpy's errors); now the command ends with one line naming the file or name."""
     import shutil
 
     from dflash_ref.__main__ import main
+
     one = sorted(p for p in Path(golden).iterdir() if (p / "manifest.json").is_file())[0]
-    for name, damage in [("badjson", lambda b: (b / "manifest.json").write_text("{bad")),
-                         ("list", lambda b: (b / "manifest.json").write_text("[1]")),
-                         ("bare", lambda b: (b / "manifest.json").write_text('{"format": "dflash_ref.golden/1"}')),
-                         ("cut", lambda b: (b / "expected.safetensors").write_bytes(
-                             (b / "expected.safetensors").read_bytes()[:100]))]:
+    for name, damage in [
+        ("badjson", lambda b: (b / "manifest.json").write_text("{bad")),
+        ("list", lambda b: (b / "manifest.json").write_text("[1]")),
+        ("bare", lambda b: (b / "manifest.json").write_text('{"format": "dflash_ref.golden/1"}')),
+        ("cut", lambda b: (b / "expected.safetensors").write_bytes((b / "expected.safetensors").read_bytes()[:100])),
+    ]:
         shutil.copytree(one, tmp_path / name)
         damage(tmp_path / name)
     (tmp_path / "junk.npz").write_text("not a zip")
@@ -770,12 +871,14 @@ def test_verify_and_golden_name_what_they_cannot_read(golden, tmp_path, argv, me
 
 def test_a_port_output_that_is_no_array_is_a_failed_check_not_a_crash(golden):
     from dflash_ref.conformance.ports import resolve as adapter
+
     reference = adapter("reference")
 
     def ragged(bundle):
         produced = reference.run(bundle)
-        produced[bundle.entries[0]["key"]] = [[1.0], [2.0, 3.0]]     # no array at all
+        produced[bundle.entries[0]["key"]] = [[1.0], [2.0, 3.0]]  # no array at all
         return produced
+
     report = verify(ragged, golden)
     first = report.first_failure
     assert not report.passed and first.status == "FAIL" and "not an array of numbers" in first.detail, report.text()
@@ -784,6 +887,7 @@ def test_a_port_output_that_is_no_array_is_a_failed_check_not_a_crash(golden):
 def test_a_crashing_port_is_reported_not_raised(golden):
     def crash(bundle):
         raise RuntimeError("shape mismatch in my kernel")
+
     report = verify(crash, golden)
     assert not report.passed and report.first_failure.status == "error"
     assert "adapter raised: RuntimeError: shape mismatch in my kernel" in report.text()
@@ -795,6 +899,7 @@ def test_missing_tensors_fail_unless_allowed(golden):
     def outputs_only(bundle):
         full = ReferenceAdapter().run(bundle)
         return {k: v for k, v in full.items() if parse_key(k)[0] in ("output_ids", "acceptance_length")}
+
     strict, lenient = verify(outputs_only, golden), verify(outputs_only, golden, allow_missing=True)
     assert not strict.passed and strict.first_failure.status == "missing"
     assert lenient.passed
@@ -803,12 +908,14 @@ def test_missing_tensors_fail_unless_allowed(golden):
         full = ReferenceAdapter().run(bundle)
         full["step0/draft.layers.0.self_attn.hook_qrot"] = full.pop("step0/draft.layers.0.self_attn.hook_q_rot")
         return full
+
     report = verify(misspelt, golden)
     assert report.first_failure.key == "step0/draft.layers.0.self_attn.hook_q_rot"
     assert report.first_failure.status == "missing" and "hook_qrot" in report.text()
 
 
 # --------------------------------------------------------------------------- dumps from other frameworks
+
 
 def dump_of(adapter, folder: Path) -> dict:
     """What a port in another framework would write: `{bundle}/{key}` → array over the greedy bundles."""
@@ -822,6 +929,7 @@ def test_dump_from_the_reference_passes_and_a_corrupt_tensor_is_named(golden, tm
     key = "multiround/step3/draft.layers.1.self_attn.hook_v"
     dump[key] = dump[key] + 1e-3
     from dflash_ref.conformance.bundle import write_safetensors  # safetensors dumps work the same
+
     write_safetensors(tmp_path / "port.safetensors", dump)
     proc = run_cli("verify", "--dump", str(tmp_path / "port.safetensors"), "--bundle", str(golden))
     assert proc.returncode == 1

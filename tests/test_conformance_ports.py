@@ -3,6 +3,7 @@ the official PyTorch code in both its layouts (the PyPI 0.1.0 release here; the 
 current code when a copy of its dflash/model.py is named by DFLASH_GITHUB_MODEL), and the matrix
 command over them. Each passes every semantic stage of every bundle it applies to, except where the
 kit names a real bug of that code (asserted here, with the hint it gives)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -30,8 +31,8 @@ def test_official_mlx_backend(golden):
     assert all(rows[b]["verdict"] == "pass" for b in rows if b not in WINDOWS), rows
     # it reads every sliding window as rotating (declared): the causal and symmetric bundles do not apply
     assert rows["gqa_sliding"]["verdict"] == rows["window_symmetric"]["verdict"] == "n/a"
-    assert "context-only" in rows["walkthrough"]["variants"]     # detected from its cache lengths
-    assert rows["hybrid_target"]["verdict"] == "pass"            # its snapshot + replay rolls Gated DeltaNet back
+    assert "context-only" in rows["walkthrough"]["variants"]  # detected from its cache lengths
+    assert rows["hybrid_target"]["verdict"] == "pass"  # its snapshot + replay rolls Gated DeltaNet back
     # its bug: after a one-position update its rotating cache hands the keys over in ring order, while
     # the window's mask counts positions in temporal order
     rotating = rows["window_rotating"]

@@ -1,6 +1,7 @@
 """Sampling conformance: the exact output distribution and first-step acceptance of the sampling
 bundles (DFlash 1, and DFlash 2 with 2 candidates of 4 tokens), the statistics by hand, the reference
 (both verifiers) and dflash 0.1.0 passing, and four sampling bugs each failing the test that names it."""
+
 from __future__ import annotations
 
 import math
@@ -16,9 +17,8 @@ from dflash_ref.conformance.bundle import SHIPPED, find_bundles
 from dflash_ref.conformance.exact import reference_sampler, verify_sampling, write_sampling
 from dflash_ref.conformance.sampling import check_sampling, chi_square, upper_gamma_regularized
 
-
-RUNS = 1000      # seeds 0 … 999: measured here, the reference passes (p 0.6, z −1.1) and the weakest mutant,
-                 # the draft at temperature 1, fails by z = −6.1 (the bundle's default for a port is 2000)
+RUNS = 1000  # seeds 0 … 999: measured here, the reference passes (p 0.6, z −1.1) and the weakest mutant,
+# the draft at temperature 1, fails by z = −6.1 (the bundle's default for a port is 2000)
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +39,7 @@ def test_the_chi_square_tail_by_hand():
     # counts 10, 10, 0 against 8, 8, 4: the bin under 5 is pooled, still under 5, so merged into the first
     statistic, df, p = chi_square(np.array([10.0, 10.0, 0.0]), np.array([8.0, 8.0, 4.0]))
     assert math.isclose(statistic, 4 / 12 + 4 / 8) and df == 1 and math.isclose(p, stats.chi2.sf(4 / 12 + 4 / 8, 1))
-    assert chi_square(np.array([3.0, 1.0]), np.array([4.0, 0.0]))[2] == 0.0       # a count where none is expected
+    assert chi_square(np.array([3.0, 1.0]), np.array([4.0, 0.0]))[2] == 0.0  # a count where none is expected
 
 
 def test_the_bundle_holds_exact_distributions(bundle):
@@ -80,9 +80,10 @@ def residual_at_candidate_slots(mp):
         tau, bonus = rejection(draft_tokens, target_probs, draft_probs, candidates)
         if candidates is not None and tau < draft_tokens.shape[1]:
             q = torch.nn.functional.pad(draft_probs[0, tau], (0, target_probs.shape[-1] - draft_probs.shape[-1]))
-            residual = (target_probs[0, tau] - q).clamp_min(0)                  # (V,) the slots as token ids
+            residual = (target_probs[0, tau] - q).clamp_min(0)  # (V,) the slots as token ids
             bonus = acceptance_module.sample_probs((residual / residual.sum())[None])[0]
         return tau, bonus
+
     mp.setattr(acceptance_module, "verify_rejection", misplaced)
 
 
@@ -108,10 +109,13 @@ def mutant_sampler(bundle, mp, which):
             if tau < draft_tokens.shape[1]:
                 bonus = acceptance_module.sample_probs(no_residual(target_probs, draft_probs, tau)[None])[0]
             return tau, bonus
+
         mp.setattr(acceptance_module, "verify_rejection", biased)
-    elif which == "no_rejection":             # keeps every drafted token, as if each had been accepted
+    elif which == "no_rejection":  # keeps every drafted token, as if each had been accepted
+
         def keep_all(draft_tokens, target_probs, draft_probs, candidates=None):
             return draft_tokens.shape[1], acceptance_module.sample_probs(target_probs[:, -1])[0]
+
         mp.setattr(acceptance_module, "verify_rejection", keep_all)
     elif which == "draft_ignores_temperature":
         probs = loop_module.sampling_probs
@@ -119,11 +123,14 @@ def mutant_sampler(bundle, mp, which):
     return reference_sampler(bundle)
 
 
-@pytest.mark.parametrize("which, fails, named", [
-    ("no_residual", "distribution", "residual norm(max(p − q, 0))"),
-    ("no_rejection", "distribution", "the rejection rule"),
-    ("draft_ignores_temperature", "acceptance", "samples at the request's temperature"),
-])
+@pytest.mark.parametrize(
+    "which, fails, named",
+    [
+        ("no_residual", "distribution", "residual norm(max(p − q, 0))"),
+        ("no_rejection", "distribution", "the rejection rule"),
+        ("draft_ignores_temperature", "acceptance", "samples at the request's temperature"),
+    ],
+)
 def test_sampling_bugs_fail_their_test_with_the_reason(bundle, which, fails, named):
     with pytest.MonkeyPatch.context() as mp:
         result = check_sampling(bundle.manifest["sampling"], mutant_sampler(bundle, mp, which), RUNS)
@@ -138,15 +145,16 @@ def test_a_sampler_that_reports_tokens_per_step_or_too_few_runs_is_named(bundle)
     with pytest.raises(ValueError, match="runs must be a whole number ≥ 1, got 0"):
         check_sampling(bundle.manifest["sampling"], sampler, 0)
     with pytest.raises(ValueError, match="has no sampler"):
-        verify_sampling(ReferenceAdapter(), bundle.path, 10)                 # a greedy adapter
+        verify_sampling(ReferenceAdapter(), bundle.path, 10)  # a greedy adapter
 
 
 def test_verify_sampling_from_the_command_line(bundle, capsys):
     from dflash_ref.__main__ import main
+
     assert main(["verify", "--impl", "reference", "--sampling", "--bundle", str(bundle.path), "--runs", "400"]) == 0
     out = capsys.readouterr().out
     assert "sampling: reference" in out and "chi-square" in out and "first-step τ (rejection)" in out
-    with pytest.raises(SystemExit, match="no sampling bundle at"):          # the shipped greedy bundle
+    with pytest.raises(SystemExit, match="no sampling bundle at"):  # the shipped greedy bundle
         main(["verify", "--impl", "reference", "--sampling", "--bundle", str(SHIPPED)])
     with pytest.raises(SystemExit, match="no golden bundle at"):
         main(["verify", "--impl", "reference", "--sampling", "--bundle", str(bundle.path / "target")])

@@ -2,6 +2,7 @@
 whole and truncates, passes every semantic stage (detected, or declared); a declared variant's own
 invariant is checked; what a port waives is skipped and said; an observable that differs is a note
 unless the port declared it follows the reference."""
+
 from __future__ import annotations
 
 import json
@@ -14,18 +15,18 @@ from dflash_ref.cache import KVCache
 from dflash_ref.conformance import find_bundles, verify, verify_dump
 from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import parse_key
-from dflash_ref.conformance.variants import (check_variants, context_only_lengths, parse_variant,
-                                             shrunk_steps)
+from dflash_ref.conformance.variants import check_variants, context_only_lengths, parse_variant, shrunk_steps
 from dflash_ref.decoding import spec_generate
 
 
 class ContextOnlyCache(KVCache):
     """Stores context K/V only: the block's K/V are attended in the pass and never kept (the MLX ports)."""
+
     q_len = 0
 
     def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
         keys, values = super().update(key_states, value_states, layer_idx)
-        self._len[layer_idx] -= self.q_len                       # forget the block at once
+        self._len[layer_idx] -= self.q_len  # forget the block at once
         return keys, values
 
 
@@ -45,6 +46,7 @@ def context_only():
 class FullThenTruncate(ReferenceAdapter):
     """Drafts every block whole, the last ones too, and cuts the output at max_length (the official
     repository's current loop): the reference's loop run past the end, its extra steps not reported."""
+
     name = "full-then-truncate"
 
     def run(self, bundle):
@@ -54,9 +56,8 @@ class FullThenTruncate(ReferenceAdapter):
 
     def generate(self, draft, target, input_ids, inputs, on_step):
         n = inputs["max_new_tokens"]
-        out = spec_generate(draft, target, input_ids, n + self.block - 1, inputs.get("stop_token_ids"),
-                            on_step=on_step)
-        out.output_ids = out.output_ids[:, :input_ids.shape[1] + n]
+        out = spec_generate(draft, target, input_ids, n + self.block - 1, inputs.get("stop_token_ids"), on_step=on_step)
+        out.output_ids = out.output_ids[:, : input_ids.shape[1] + n]
         return out
 
 
@@ -93,9 +94,11 @@ def test_a_declared_variant_is_held_to_its_invariant(golden):
 def test_undeclared_observables_that_follow_neither_variant_are_notes(golden):
     """Cache lengths off by one everywhere (a port that counts its cache another way): semantic stages
     all pass, so the verdict is a pass with notes."""
+
     def shifted(bundle):
         out = ReferenceAdapter().run(bundle)
         return {k: v + 1 if parse_key(k)[0] == "cache_lengths" else v for k, v in out.items()}
+
     report = verify(shifted, golden)
     assert report.passed, report.text()
     assert {c.status for c in report.checks if c.stage == "cache_lengths"} == {"note"}
@@ -122,12 +125,14 @@ def test_full_then_truncate_is_detected_and_compares_the_output(golden):
 def test_full_then_truncate_without_its_output_ids_fails(golden):
     def no_output(bundle):
         return {k: v for k, v in FullThenTruncate().run(bundle).items() if k != "output_ids"}
+
     report = verify(no_output, golden, allow_missing=True)
     assert not report.passed and "judged by its output ids" in report.first_failure.detail, report.text()
 
 
 def test_waiving_every_stage_proves_nothing(golden):
     from dflash_ref.conformance.bundle import STAGES
+
     report = verify(ReferenceAdapter(), golden / "01_walkthrough", skip=[s[0] for s in STAGES])
     assert not report.passed and "NOTHING COMPARED" in report.text()
 
@@ -135,6 +140,7 @@ def test_waiving_every_stage_proves_nothing(golden):
 def test_waived_stages_are_skipped_and_said(golden):
     def no_patterns(bundle):
         return {k: v for k, v in ReferenceAdapter().run(bundle).items() if parse_key(k)[0] != "pattern"}
+
     assert not verify(no_patterns, golden).passed
     report = verify(no_patterns, golden, skip=["pattern"])
     assert report.passed and "waived by the port (--skip): attention weights" in report.text()
@@ -155,8 +161,7 @@ def test_a_dump_profile_beside_the_dump_declares_variants(golden, tmp_path):
     assert verify_dump(tmp_path / "port.npz", golden).passed
     (tmp_path / "port.profile.json").write_text(json.dumps({"variants": {"draft_cache": "crop-after-pass"}}))
     assert verify_dump(tmp_path / "port.npz", golden).first_failure.stage == "cache_lengths"
-    (tmp_path / "other.json").write_text(json.dumps({"variants": {"draft_cache": "context-only"},
-                                                     "skip": ["pattern"]}))
+    (tmp_path / "other.json").write_text(json.dumps({"variants": {"draft_cache": "context-only"}, "skip": ["pattern"]}))
     report = verify_dump(tmp_path / "port.npz", golden, profile=tmp_path / "other.json")
     assert report.passed and report.skip == ["pattern"]
     (tmp_path / "bad.json").write_text(json.dumps({"variant": {}}))
@@ -167,14 +172,18 @@ def test_a_dump_profile_beside_the_dump_declares_variants(golden, tmp_path):
         verify_dump(tmp_path / "port.npz", golden, profile=tmp_path / "str.json")
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--variant", "draft_cache=sometimes"], "verify: draft_cache = 'sometimes' is no variant"),
-    (["--variant", "draft_cache"], "verify: --variant 'draft_cache': write KEY=VALUE"),
-    (["--skip", "nosuch"], "verify: --skip ['nosuch']: no such stage"),
-    (["--profile", "p.json"], "verify: --profile goes with --dump"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--variant", "draft_cache=sometimes"], "verify: draft_cache = 'sometimes' is no variant"),
+        (["--variant", "draft_cache"], "verify: --variant 'draft_cache': write KEY=VALUE"),
+        (["--skip", "nosuch"], "verify: --skip ['nosuch']: no such stage"),
+        (["--profile", "p.json"], "verify: --profile goes with --dump"),
+    ],
+)
 def test_verify_names_a_bad_declaration(golden, argv, message):
     from dflash_ref.__main__ import main
+
     with pytest.raises(SystemExit) as e:
         main(["verify", "--impl", "reference", "--bundle", str(golden)] + argv)
     assert str(e.value).startswith(message), str(e.value)
@@ -182,12 +191,14 @@ def test_verify_names_a_bad_declaration(golden, argv, message):
 
 # --------------------------------------------------------------------------- instrumenting a port
 
+
 def test_a_port_recording_from_inside_its_loop_writes_a_dump_verify_reads(golden, tmp_path):
     from dflash_ref.conformance.record import Recorder
+
     rec = Recorder()
     for b in greedy_bundles(golden):
         with rec.bundle(b.name):
-            for key, value in ReferenceAdapter().run(b).items():    # a port records where it has the values
+            for key, value in ReferenceAdapter().run(b).items():  # a port records where it has the values
                 stage, step, layer = parse_key(key)
                 assert rec.record(stage, value, step=step, layer=layer) == key
     assert verify_dump(rec.save(tmp_path / "port.npz"), golden).passed
@@ -196,6 +207,7 @@ def test_a_port_recording_from_inside_its_loop_writes_a_dump_verify_reads(golden
 
 def test_a_minimal_port_records_its_outputs_only(golden, tmp_path):
     from dflash_ref.conformance.record import Recorder
+
     rec, outputs = Recorder(), {"output_ids", "draft_tokens", "posterior", "acceptance_length", "bonus"}
     for b in greedy_bundles(golden):
         with rec.bundle(b.name):
@@ -219,8 +231,13 @@ def test_a_minimal_port_records_its_outputs_only(golden, tmp_path):
 def test_bundles_carry_a_tokenizer_stub(golden):
     for b in greedy_bundles(golden):
         stub, target = b.manifest["tokenizer"], b.config("target")
-        target = target.get("text_config", target)          # the hybrid target's folder is multimodal, as released
+        target = target.get("text_config", target)  # the hybrid target's folder is multimodal, as released
         assert len(stub["tokens"]) == b.config("draft")["vocab_size"] == target["vocab_size"]
         assert stub["mask_token_id"] == b.config("draft")["dflash_config"]["mask_token_id"]
         assert stub["eos_token_ids"] == (b.inputs["stop_token_ids"] or [])
-    assert find_bundles(golden / "01_walkthrough")[0].manifest["tokenizer"]["tokens"][:4] == ["<s>", "the", "cat", "sat"]
+    assert find_bundles(golden / "01_walkthrough")[0].manifest["tokenizer"]["tokens"][:4] == [
+        "<s>",
+        "the",
+        "cat",
+        "sat",
+    ]

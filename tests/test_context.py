@@ -1,4 +1,5 @@
 """Context projection: C = RMSNorm(W_fc · concat[h^(l_1), …, h^(l_k)]), with hand-set weights."""
+
 from __future__ import annotations
 
 import pytest
@@ -55,22 +56,23 @@ def test_a_hook_can_replace_the_fc_output():
     fc, norm = hand_modules()
     context_hooks = ContextHooks()
     name_hook_points(context_hooks, "ctx")
-    with hooks(context_hooks, lambda x, point: torch.tensor([3.0, 4.0]).expand_as(x),
-               names=lambda n: n.endswith("hook_fc")):
+    with hooks(
+        context_hooks, lambda x, point: torch.tensor([3.0, 4.0]).expand_as(x), names=lambda n: n.endswith("hook_fc")
+    ):
         context = project_context(TARGET_HIDDEN, fc, norm, context_hooks)
-    torch.testing.assert_close(context, torch.tensor([0.8485281, 2.2627417]).expand(1, 2, 2),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(context, torch.tensor([0.8485281, 2.2627417]).expand(1, 2, 2), rtol=0, atol=1e-6)
     # and the hook is gone after the block
-    torch.testing.assert_close(project_context(TARGET_HIDDEN, fc, norm, context_hooks), CONTEXT,
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(project_context(TARGET_HIDDEN, fc, norm, context_hooks), CONTEXT, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("shape", [(1, 2, 3), (1, 2, 8), (2, 4), (1, 1, 2, 4)])
 def test_wrong_shape_is_refused_with_the_expected_shape(shape):
     fc, norm = hand_modules()
-    with pytest.raises(ValueError, match=r"target_hidden must be \(batch, ctx_len, 4\) = \(B, L_c, "
-                                         r"len\(target_layer_ids\) · hidden_size\), got " +
-                       str(tuple(shape)).replace("(", r"\(").replace(")", r"\)")):
+    with pytest.raises(
+        ValueError,
+        match=r"target_hidden must be \(batch, ctx_len, 4\) = \(B, L_c, "
+        r"len\(target_layer_ids\) · hidden_size\), got " + str(tuple(shape)).replace("(", r"\(").replace(")", r"\)"),
+    ):
         project_context(torch.zeros(shape), fc, norm)
 
 
@@ -78,8 +80,9 @@ def test_draft_model_uses_the_projection_once_for_all_layers():
     _, draft = make_pair(seed=1)
     target_hidden = torch.randn(1, 3, len(draft.target_layer_ids) * 32, generator=torch.Generator().manual_seed(0))
     seen = {}
-    with hooks(draft, lambda x, point: seen.__setitem__(point.name, x.clone()),
-               names=lambda n: n.startswith("draft.context.")):
+    with hooks(
+        draft, lambda x, point: seen.__setitem__(point.name, x.clone()), names=lambda n: n.startswith("draft.context.")
+    ):
         draft(torch.arange(3 + 4)[None], noise_embedding=torch.randn(1, 4, 32), target_hidden=target_hidden)
     with torch.no_grad():
         expected = draft.hidden_norm(draft.fc(target_hidden))

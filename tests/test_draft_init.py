@@ -1,5 +1,6 @@
 """A draft started from its target's layers: the copies, and draft layer 0 reading the context as the
 copied target layer reads its input."""
+
 from __future__ import annotations
 
 import pytest
@@ -37,13 +38,13 @@ def test_draft_layer_0_keys_of_the_context_are_the_copied_layer_keys():
     init_from_target(draft, target)
     ids = torch.randint(0, 11, (1, 7), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        hidden = target(ids, output_hidden_states=True).hidden_states      # 5 × (1, 7, d)
-        heads = lambda t: rearrange(t, "b l (h d) -> b h l d", d=8)         # noqa: E731
+        hidden = target(ids, output_hidden_states=True).hidden_states  # 5 × (1, 7, d)
+        heads = lambda t: rearrange(t, "b l (h d) -> b h l d", d=8)  # noqa: E731
         layer = target.model.layers[2]
         theirs = layer.self_attn.k_norm(heads(layer.self_attn.k_proj(layer.input_layernorm(hidden[2]))))
         context = draft.hidden_norm(draft.fc(target_features(target, ids, draft.target_layer_ids)))
         attn = draft.layers[0].self_attn
-        ours = attn.k_norm(heads(attn.k_proj(context)))                      # (1, H_kv, 7, d_h)
+        ours = attn.k_norm(heads(attn.k_proj(context)))  # (1, H_kv, 7, d_h)
     assert_close(ours, theirs)
 
 

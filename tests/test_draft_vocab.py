@@ -1,4 +1,5 @@
 """A draft vocabulary (extensions/draft_vocab.py): proposals among V_d only, lossless, stored beside the checkpoint."""
+
 from __future__ import annotations
 
 import json
@@ -8,15 +9,24 @@ import torch
 from conftest import make_pair
 
 from dflash_ref import generate, spec_generate
-from dflash_ref.target.checkpoint import CheckpointError
 from dflash_ref.drafts.checkpoint import load_draft, save_draft
 from dflash_ref.extensions.draft_vocab import FILE, DraftVocabHead, check_draft_vocab
+from dflash_ref.target.checkpoint import CheckpointError
 
 
-@pytest.mark.parametrize("ids,problem", [([], r"shape \(0,\)"), ([[1, 2]], r"shape \(1, 2\)"),
-                                         ([0.5, 2.0], "torch.float32"), ({0, 2}, "got set"),
-                                         ([3, 1], "sorted and distinct"), ([1, 1], "sorted and distinct"),
-                                         ([-1, 2], r"\[0, 16\)"), ([2, 16], r"\[0, 16\)")])
+@pytest.mark.parametrize(
+    "ids,problem",
+    [
+        ([], r"shape \(0,\)"),
+        ([[1, 2]], r"shape \(1, 2\)"),
+        ([0.5, 2.0], "torch.float32"),
+        ({0, 2}, "got set"),
+        ([3, 1], "sorted and distinct"),
+        ([1, 1], "sorted and distinct"),
+        ([-1, 2], r"\[0, 16\)"),
+        ([2, 16], r"\[0, 16\)"),
+    ],
+)
 def test_a_bad_draft_vocabulary_is_refused_naming_the_problem(ids, problem):
     with pytest.raises(ValueError, match=problem):
         check_draft_vocab(ids, 16)
@@ -42,14 +52,14 @@ def test_speculative_output_with_a_draft_vocabulary_proposes_only_from_it(seed, 
     target, draft = make_pair(seed, draft_overrides={"block_size": 4})
     vocab = target.config.vocab_size
     ids = torch.randint(0, vocab, (1, 4), generator=torch.Generator().manual_seed(seed))
-    draft.draft_vocab = torch.arange(0, vocab, 2)                       # the even ids only
+    draft.draft_vocab = torch.arange(0, vocab, 2)  # the even ids only
     records = []
     torch.manual_seed(seed)
     out = spec_generate(draft, target, ids, 20, temperature=temperature, on_step=records.append)
     assert records and all(t % 2 == 0 for r in records for t in r.draft_tokens)
     if temperature == 0:
         assert torch.equal(out.output_ids, generate(target, ids, 20).output_ids)
-    draft.draft_vocab = torch.tensor([vocab])                          # not a token of this target
+    draft.draft_vocab = torch.tensor([vocab])  # not a token of this target
     with pytest.raises(ValueError, match="draft vocabulary ids must lie in"):
         spec_generate(draft, target, ids, 4)
 
@@ -60,7 +70,7 @@ def test_a_draft_vocabulary_is_saved_beside_the_checkpoint_and_checked_on_load(t
     assert load_draft(tmp_path).draft_vocab is None and not (tmp_path / FILE).exists()
     draft.draft_vocab = torch.tensor([5, 1])
     with pytest.raises(ValueError, match="sorted and distinct"):
-        save_draft(draft, tmp_path)                                    # refused before it is written
+        save_draft(draft, tmp_path)  # refused before it is written
     draft.draft_vocab = torch.tensor([1, 5, 7])
     save_draft(draft, tmp_path)
     assert torch.equal(load_draft(tmp_path).draft_vocab, torch.tensor([1, 5, 7]))
@@ -71,13 +81,14 @@ def test_a_draft_vocabulary_is_saved_beside_the_checkpoint_and_checked_on_load(t
     with pytest.raises(CheckpointError, match="is not a draft vocabulary"):
         load_draft(tmp_path)
     draft.draft_vocab = None
-    save_draft(draft, tmp_path)                                        # no stale vocabulary left behind
+    save_draft(draft, tmp_path)  # no stale vocabulary left behind
     assert load_draft(tmp_path).draft_vocab is None and not (tmp_path / FILE).exists()
 
 
 def test_the_shipped_drafts_propose_among_their_training_tokens():
     from dflash_ref.drafts.folder import SHIPPED_DRAFTS
     from dflash_ref.target.smollm2 import STOP_TOKEN_IDS
+
     for folder in SHIPPED_DRAFTS.values():
         vocab = load_draft(folder).draft_vocab
         assert vocab is not None and 1000 < len(vocab) < 49152 and set(STOP_TOKEN_IDS) <= set(vocab.tolist())

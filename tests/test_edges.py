@@ -5,6 +5,7 @@ draft (`dflash_ref.drafts.oracle.OracleDraft`) places stop tokens exactly: insid
 the bonus token. Errors are ValueError subclasses raised before any model compute (checked with
 forward pre-hooks that count every call of the target and the draft).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,8 +48,11 @@ def records(draft, target, prompt, n, **kw) -> tuple:
 def count_forward(*modules):
     """Counts forward calls of `modules` (and everything below them)."""
     calls = Counter()
-    handles = [m.register_forward_pre_hook(lambda mod, args, i=i: calls.update([i]))
-               for i, module in enumerate(modules) for m in module.modules()]
+    handles = [
+        m.register_forward_pre_hook(lambda mod, args, i=i: calls.update([i]))
+        for i, module in enumerate(modules)
+        for m in module.modules()
+    ]
     try:
         yield calls
     finally:
@@ -68,8 +72,10 @@ def first_occurrence_at(seq: list[int], lo: int, hi: int) -> int | None:
 # Lengths
 # ---------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("sampling", [dict(), dict(temperature=1.0, verifier="rejection"),
-                                      dict(temperature=1.0, verifier="match")])
+
+@pytest.mark.parametrize(
+    "sampling", [dict(), dict(temperature=1.0, verifier="rejection"), dict(temperature=1.0, verifier="match")]
+)
 @pytest.mark.parametrize("block_size", [1, 4])
 def test_zero_new_tokens_returns_prompt(sampling, block_size):
     target, draft = pair(1)
@@ -87,7 +93,7 @@ def test_one_new_token_equals_ar(seed):
     out = spec_generate(draft, target, prompt, 1)
     assert out.num_output_tokens == 1
     assert tokens(out) == tokens(generate(target, prompt, 1))
-    assert out.num_draft_passes == 0 and out.num_target_passes == 1   # the prefill alone
+    assert out.num_draft_passes == 0 and out.num_target_passes == 1  # the prefill alone
     for verifier in ("rejection", "match"):
         torch.manual_seed(seed)
         sampled = spec_generate(draft, target, prompt, 1, temperature=1.0, verifier=verifier)
@@ -108,7 +114,7 @@ def test_length_not_a_multiple_of_the_block(n):
     assert out.output_ids.shape[1] == prompt.shape[1] + n
     max_length = prompt.shape[1] + n
     for rec in steps:
-        assert len(rec.block_ids) == min(block, max_length - rec.start)   # L_q shrinks at the end
+        assert len(rec.block_ids) == min(block, max_length - rec.start)  # L_q shrinks at the end
     assert [len(r.block_ids) for r in steps[:-1]] == [block] * (len(steps) - 1)
     if (n - 1) % block:
         assert len(steps[-1].block_ids) < block
@@ -142,6 +148,7 @@ def test_int32_prompt_is_accepted():
 # Stop tokens
 # ---------------------------------------------------------------------------------------------
 
+
 def test_stop_token_at_first_generated_position():
     target, draft = pair(4)
     prompt = ids(2, 8, 3)
@@ -158,7 +165,7 @@ def _pair_with_fresh_token(lo: int, hi: int, block: int = 8, n: int = 24):
     prompt = ids(1, 6)
     for seed in range(40):
         target, draft = pair(seed, block_size=block)
-        g = tokens(generate(target, prompt, n))[prompt.shape[1]:]
+        g = tokens(generate(target, prompt, n))[prompt.shape[1] :]
         j = first_occurrence_at(g, lo, hi)
         if j is not None:
             return target, draft, prompt, g, j
@@ -172,12 +179,12 @@ def test_stop_token_inside_an_accepted_run():
     stop = g[j]
     full = generate(target, prompt, 24).output_ids[0]
     out, steps = records(OracleDraft(draft, full), target, prompt, 24, stop_token_ids=[stop])
-    expected = prompt[0].tolist() + g[:j + 1]
+    expected = prompt[0].tolist() + g[: j + 1]
     assert tokens(out) == expected == tokens(generate(target, prompt, 24, stop_token_ids=[stop]))
     assert tokens(out)[-1] == stop
-    assert out.acceptance_lengths == [7]            # the whole block was accepted ...
-    assert out.tokens_per_step == [j]               # ... but only g_1..g_j are committed
-    assert steps[0].draft_tokens[j - 1] == stop     # the stop token was a drafted, accepted token
+    assert out.acceptance_lengths == [7]  # the whole block was accepted ...
+    assert out.tokens_per_step == [j]  # ... but only g_1..g_j are committed
+    assert steps[0].draft_tokens[j - 1] == stop  # the stop token was a drafted, accepted token
 
 
 @pytest.mark.parametrize("verifier", ["rejection", "match"])
@@ -188,17 +195,17 @@ def test_stop_token_as_the_bonus(verifier):
     full = generate(target, prompt, 24).output_ids[0]
     oracle = OracleDraft(draft, full, accept=[j - 1])
     out, steps = records(oracle, target, prompt, 24, stop_token_ids=[stop], verifier=verifier)
-    assert tokens(out) == prompt[0].tolist() + g[:j + 1]
+    assert tokens(out) == prompt[0].tolist() + g[: j + 1]
     assert tokens(out) == tokens(generate(target, prompt, 24, stop_token_ids=[stop]))
     assert out.acceptance_lengths == [j - 1] and out.tokens_per_step == [j]
-    assert steps[0].bonus == stop and stop not in steps[0].draft_tokens[:j - 1]
+    assert steps[0].bonus == stop and stop not in steps[0].draft_tokens[: j - 1]
 
 
 def test_stop_token_never_generated_gives_full_length():
     target, draft = pair(5)
     prompt, n = ids(4, 4), 30
     ar = generate(target, prompt, n)
-    unused = sorted(set(range(VOCAB)) - set(tokens(ar)[prompt.shape[1]:]))
+    unused = sorted(set(range(VOCAB)) - set(tokens(ar)[prompt.shape[1] :]))
     assert unused, "every token was generated: pick another seed"
     out = spec_generate(draft, target, prompt, n, stop_token_ids=unused[:2])
     assert out.num_output_tokens == n and tokens(out) == tokens(ar)
@@ -210,6 +217,7 @@ def test_stop_token_never_generated_gives_full_length():
 # The mask token is an ordinary output token
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("oracle", [False, True])
 def test_generated_mask_token_is_kept(oracle):
     """(The official code strips output tokens equal to mask_token_id.) Make the mask token one
@@ -217,7 +225,7 @@ def test_generated_mask_token_is_kept(oracle):
     prompt, n = ids(3, 9, 1), 30
     target, _ = pair(6)
     ar = generate(target, prompt, n)
-    new = tokens(ar)[prompt.shape[1]:]
+    new = tokens(ar)[prompt.shape[1] :]
     mask = Counter(new).most_common(1)[0][0]
     _, draft = pair(6, mask_token_id=mask)
     assert draft.mask_token_id == mask
@@ -225,7 +233,7 @@ def test_generated_mask_token_is_kept(oracle):
         draft = OracleDraft(draft, ar.output_ids[0])
     out = spec_generate(draft, target, prompt, n)
     assert tokens(out) == tokens(ar)
-    assert out.output_ids[0, prompt.shape[1]:].tolist().count(mask) == new.count(mask) >= 1
+    assert out.output_ids[0, prompt.shape[1] :].tolist().count(mask) == new.count(mask) >= 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -233,8 +241,7 @@ def test_generated_mask_token_is_kept(oracle):
 # ---------------------------------------------------------------------------------------------
 
 REQUEST_ERRORS = {
-    "beyond max_position_embeddings": (dict(input_ids=ids(1, 2, 3), max_new_tokens=510),
-                                       "max_position_embeddings"),
+    "beyond max_position_embeddings": (dict(input_ids=ids(1, 2, 3), max_new_tokens=510), "max_position_embeddings"),
     "batch size > 1": (dict(input_ids=torch.zeros(2, 3, dtype=torch.long)), "batch size 2"),
     "empty prompt": (dict(input_ids=torch.zeros(1, 0, dtype=torch.long)), "empty prompt"),
     "1-d prompt": (dict(input_ids=torch.tensor([1, 2])), r"\(1, prompt_len\)"),
@@ -261,7 +268,7 @@ SPEC_ONLY_ERRORS = {
 
 @pytest.fixture(scope="module")
 def small_pair():
-    return make_pair(7)        # vocab 12, max_position_embeddings 512 (conftest defaults)
+    return make_pair(7)  # vocab 12, max_position_embeddings 512 (conftest defaults)
 
 
 def _call_kwargs(overrides: dict) -> dict:
@@ -301,7 +308,7 @@ def test_draft_position_limit_applies():
 
 
 def _mismatched_draft(kind: str):
-    tc = target_config()                              # 4 layers, hidden 32, vocab 12
+    tc = target_config()  # 4 layers, hidden 32, vocab 12
     target = randomize_(Qwen3Target(tc), 0)
     if kind == "hidden size":
         dc = draft_config(tc, hidden_size=16)
@@ -310,25 +317,28 @@ def _mismatched_draft(kind: str):
     elif kind == "target_layer_ids beyond the target":
         dc = draft_config(tc, num_target_layers=8, target_layer_ids=[1, 6])
     elif kind == "num_target_layers":
-        dc = draft_config(tc, num_target_layers=6)   # ids [1, 3] fit, the count does not
+        dc = draft_config(tc, num_target_layers=6)  # ids [1, 3] fit, the count does not
     else:
         dc = draft_config(tc)
     draft = randomize_(DFlashDraftModel(dc), 1)
     if kind == "mask token outside the target vocabulary":
-        draft.config.mask_token_id = 12               # only reachable by editing a built config
+        draft.config.mask_token_id = 12  # only reachable by editing a built config
     if kind == "dtype":
         draft = draft.double()
     return target, draft
 
 
-@pytest.mark.parametrize("kind, pattern", [
-    ("hidden size", "draft hidden_size 16 != target hidden_size 32"),
-    ("vocabulary", "draft vocab_size 13 != target vocab_size 12"),
-    ("target_layer_ids beyond the target", r"target_layer_ids \[1, 6\] include \[6\]"),
-    ("num_target_layers", "num_target_layers"),
-    ("mask token outside the target vocabulary", "mask_token_id 12 is outside the target vocabulary"),
-    ("dtype", "draft is torch.float64 .* but target is torch.float32"),
-])
+@pytest.mark.parametrize(
+    "kind, pattern",
+    [
+        ("hidden size", "draft hidden_size 16 != target hidden_size 32"),
+        ("vocabulary", "draft vocab_size 13 != target vocab_size 12"),
+        ("target_layer_ids beyond the target", r"target_layer_ids \[1, 6\] include \[6\]"),
+        ("num_target_layers", "num_target_layers"),
+        ("mask token outside the target vocabulary", "mask_token_id 12 is outside the target vocabulary"),
+        ("dtype", "draft is torch.float64 .* but target is torch.float32"),
+    ],
+)
 def test_incompatible_draft_is_refused_before_compute(kind, pattern):
     target, draft = _mismatched_draft(kind)
     with count_forward(target, draft) as calls, pytest.raises(IncompatibleModels, match=pattern):
@@ -337,19 +347,25 @@ def test_incompatible_draft_is_refused_before_compute(kind, pattern):
     assert issubclass(IncompatibleModels, ValueError)
 
 
-@pytest.mark.parametrize("bad, pattern", [
-    ("noise_embedding", r"noise_embedding must be \(batch, block, 32\)"),
-    ("target_hidden", r"target_hidden must be \(batch, ctx_len, 64\)"),
-    ("position_ids", r"position_ids must be \(batch, ctx_len \+ block\) = \(·, 7\)"),
-])
+@pytest.mark.parametrize(
+    "bad, pattern",
+    [
+        ("noise_embedding", r"noise_embedding must be \(batch, block, 32\)"),
+        ("target_hidden", r"target_hidden must be \(batch, ctx_len, 64\)"),
+        ("position_ids", r"position_ids must be \(batch, ctx_len \+ block\) = \(·, 7\)"),
+    ],
+)
 def test_draft_forward_names_the_wrong_tensor(bad, pattern, small_pair):
-    _, draft = small_pair                               # hidden 32, 2 target layers read (k·d = 64)
+    _, draft = small_pair  # hidden 32, 2 target layers read (k·d = 64)
     d, k = draft.config.hidden_size, len(draft.target_layer_ids)
-    kw = dict(position_ids=torch.arange(7)[None], noise_embedding=torch.randn(1, 4, d),
-              target_hidden=torch.randn(1, 3, k * d))
-    kw[bad] = {"noise_embedding": torch.randn(1, 4, d + 1),
-               "target_hidden": torch.randn(1, 3, k * d - 1),
-               "position_ids": torch.arange(6)[None]}[bad]
+    kw = dict(
+        position_ids=torch.arange(7)[None], noise_embedding=torch.randn(1, 4, d), target_hidden=torch.randn(1, 3, k * d)
+    )
+    kw[bad] = {
+        "noise_embedding": torch.randn(1, 4, d + 1),
+        "target_hidden": torch.randn(1, 3, k * d - 1),
+        "position_ids": torch.arange(6)[None],
+    }[bad]
     with pytest.raises(ValueError, match=pattern):
         draft(kw.pop("position_ids"), **kw)
 
@@ -357,6 +373,7 @@ def test_draft_forward_names_the_wrong_tensor(bad, pattern, small_pair):
 # ---------------------------------------------------------------------------------------------
 # The output dataclass
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("accept, stop", [(None, None), ([3, 0, 1, 2, 0, 3, 1], None), (1, "mid")])
 def test_generation_output_bookkeeping(accept, stop):
@@ -367,8 +384,7 @@ def test_generation_output_bookkeeping(accept, stop):
     prompt, n = ids(2, 3, 5, 7), 17
     ar = generate(target, prompt, n)
     stops = [tokens(ar)[prompt.shape[1] + 9]] if stop else None
-    out, steps = records(OracleDraft(draft, ar.output_ids[0], accept), target, prompt, n,
-                         stop_token_ids=stops)
+    out, steps = records(OracleDraft(draft, ar.output_ids[0], accept), target, prompt, n, stop_token_ids=stops)
     assert tokens(out) == tokens(generate(target, prompt, n, stop_token_ids=stops))
     assert out.num_input_tokens == prompt.shape[1]
     assert out.num_output_tokens == out.output_ids.shape[1] - prompt.shape[1]
@@ -383,7 +399,7 @@ def test_generation_output_bookkeeping(accept, stop):
     assert out.mean_tokens_per_step == pytest.approx(sum(out.tokens_per_step) / k)
     for rec, tau, produced in zip(steps, out.acceptance_lengths, out.tokens_per_step):
         assert rec.acceptance_length == tau and rec.produced == produced
-        assert 1 <= produced <= tau + 1                 # clipped only at the end or by a stop
+        assert 1 <= produced <= tau + 1  # clipped only at the end or by a stop
         assert rec.target_cache_after == rec.start + produced
 
 
@@ -398,6 +414,7 @@ def test_ar_output_bookkeeping_matches():
 # ---------------------------------------------------------------------------------------------
 # Defects these tests found, now fixed
 # ---------------------------------------------------------------------------------------------
+
 
 def test_zero_new_tokens_does_no_compute():
     target, draft = pair(10)
@@ -421,8 +438,9 @@ def test_stop_token_ids_as_a_set():
 def test_integer_like_stop_token_is_not_called_out_of_vocabulary(make):
     target, draft = pair(12)
     plain = spec_generate(draft, target, ids(1, 2), 8, stop_token_ids=[5])
-    assert torch.equal(spec_generate(draft, target, ids(1, 2), 8, stop_token_ids=[make(5)]).output_ids,
-                       plain.output_ids)
+    assert torch.equal(
+        spec_generate(draft, target, ids(1, 2), 8, stop_token_ids=[make(5)]).output_ids, plain.output_ids
+    )
 
 
 def test_ar_zero_new_tokens_returns_a_new_tensor():

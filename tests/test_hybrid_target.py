@@ -1,10 +1,11 @@
 """Hybrid targets (Qwen3.5 / 3.6: Gated DeltaNet + gated attention): parity, exact rollback, losslessness.
 
-    parity     own Qwen3_5Target == transformers' Qwen3_5ForCausalLM (logits, every hidden state)
-    rollback   after prefill, verify of L, crop(n + m): every state == a plain forward of the n + m tokens
-    guard      HFTarget refuses models whose cache a crop cannot roll back (and a crop really fails there)
-    lossless   spec_generate == generate on hybrid targets, greedy and sampled
+parity     own Qwen3_5Target == transformers' Qwen3_5ForCausalLM (logits, every hidden state)
+rollback   after prefill, verify of L, crop(n + m): every state == a plain forward of the n + m tokens
+guard      HFTarget refuses models whose cache a crop cannot roll back (and a crop really fails there)
+lossless   spec_generate == generate on hybrid targets, greedy and sampled
 """
+
 from __future__ import annotations
 
 import pytest
@@ -17,10 +18,10 @@ from dflash_ref import generate, spec_generate
 from dflash_ref.config_fields import ConfigError
 from dflash_ref.drafts.oracle import OracleDraft
 from dflash_ref.drafts.random_draft import random_draft
-from dflash_ref.target.hybrid_cache import HybridCache
 from dflash_ref.target import HFTarget, HybridConfig, Qwen3_5Target
 from dflash_ref.target.hf_guard import UnrollableTarget
 from dflash_ref.target.hf_hybrid import ReplayCache
+from dflash_ref.target.hybrid_cache import HybridCache
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_thread_module")
@@ -30,10 +31,23 @@ MIXES = [[L, L, L, F], [F, L], [L, L, F, F], [L]]
 
 
 def hf_config(layer_types, **overrides):
-    kw = dict(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types),
-              num_attention_heads=4, num_key_value_heads=2, head_dim=8, linear_key_head_dim=8,
-              linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4, linear_conv_kernel_dim=4,
-              initializer_range=0.5, max_position_embeddings=256, layer_types=list(layer_types))
+    kw = dict(
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=len(layer_types),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_conv_kernel_dim=4,
+        initializer_range=0.5,
+        max_position_embeddings=256,
+        layer_types=list(layer_types),
+    )
     kw.update(overrides)
     return transformers.Qwen3_5TextConfig(**kw)
 
@@ -55,10 +69,24 @@ def qwen3_next(layer_types, seed: int = 0):
     """A random transformers Qwen3NextForCausalLM (Gated DeltaNet + gated attention, MoE MLPs)."""
     torch.manual_seed(seed)
     config = transformers.Qwen3NextConfig(
-        vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=len(layer_types), num_attention_heads=4,
-        num_key_value_heads=2, head_dim=8, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
-        linear_key_head_dim=8, linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4,
-        layer_types=list(layer_types), initializer_range=0.5, max_position_embeddings=256)
+        vocab_size=32,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=len(layer_types),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        layer_types=list(layer_types),
+        initializer_range=0.5,
+        max_position_embeddings=256,
+    )
     return transformers.Qwen3NextForCausalLM(config).eval()
 
 
@@ -71,19 +99,26 @@ def pair(layer_types, seed: int = 0, **overrides):
 # Parity with transformers
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("layer_types", MIXES)
 def test_every_layer_equals_transformers(layer_types):
     """Each decoder layer alone (same input, residual stream of order 10): max error ≤ 1e-5 × scale."""
     hf, ours = pair(layer_types)
     from transformers.masking_utils import create_causal_mask
-    x = 3 * torch.randn(2, 13, 32, generator=torch.Generator().manual_seed(5))        # (B, L, d)
-    pos = torch.arange(13)[None].expand(2, -1)                                       # (B, L)
-    mask = create_causal_mask(config=hf.config, inputs_embeds=x, attention_mask=None, past_key_values=None,
-                              position_ids=pos)
+
+    x = 3 * torch.randn(2, 13, 32, generator=torch.Generator().manual_seed(5))  # (B, L, d)
+    pos = torch.arange(13)[None].expand(2, -1)  # (B, L)
+    mask = create_causal_mask(
+        config=hf.config, inputs_embeds=x, attention_mask=None, past_key_values=None, position_ids=pos
+    )
     with torch.no_grad():
         for theirs_layer, our_layer in zip(hf.model.layers, ours.model.layers):
-            theirs = theirs_layer(x, position_embeddings=hf.model.rotary_emb(x, pos),
-                                  attention_mask=mask if theirs_layer.block_type == F else None, position_ids=pos)
+            theirs = theirs_layer(
+                x,
+                position_embeddings=hf.model.rotary_emb(x, pos),
+                attention_mask=mask if theirs_layer.block_type == F else None,
+                position_ids=pos,
+            )
             assert_close(our_layer(x, ours.rotary_emb(pos, x.dtype), None), theirs)
 
 
@@ -92,10 +127,18 @@ def hf_step_by_step(hf, ids):
     """transformers one token at a time (its recurrent path, not the chunked one): hidden states."""
     cache, rows = transformers.DynamicCache(config=hf.config), []
     for i in range(ids.shape[1]):
-        rows.append(hf(ids[:, i:i + 1], position_ids=torch.tensor([[i]]), past_key_values=cache, use_cache=True,
-                       output_hidden_states=True))
-    return [torch.cat([r.hidden_states[j] for r in rows], 1) for j in range(len(rows[0].hidden_states))], \
-        torch.cat([r.logits for r in rows], 1)
+        rows.append(
+            hf(
+                ids[:, i : i + 1],
+                position_ids=torch.tensor([[i]]),
+                past_key_values=cache,
+                use_cache=True,
+                output_hidden_states=True,
+            )
+        )
+    return [torch.cat([r.hidden_states[j] for r in rows], 1) for j in range(len(rows[0].hidden_states))], torch.cat(
+        [r.logits for r in rows], 1
+    )
 
 
 @pytest.mark.parametrize("seed", [0, 1])
@@ -132,7 +175,7 @@ def test_cached_decoding_equals_one_forward():
         full = ours(ids).logits
         cache = ours.make_cache()
         rows = [ours(ids[:, :5], past_key_values=cache).logits]
-        rows += [ours(ids[:, i:i + 1], past_key_values=cache).logits for i in range(5, 9)]
+        rows += [ours(ids[:, i : i + 1], past_key_values=cache).logits for i in range(5, 9)]
     assert cache.get_seq_length() == 9 and cache.lengths() == [9, 9, 9]
     assert_close(torch.cat(rows, 1), full)
 
@@ -140,15 +183,18 @@ def test_cached_decoding_equals_one_forward():
 def test_hook_points_show_the_recurrence():
     """Named hook points: q, k, v, g (decay), β and o per Gated DeltaNet layer; the attention's gate and pattern."""
     from dflash_ref.hooks import hook_points, hooks
+
     _, ours = pair([L, F])
     names = set(hook_points(ours))
-    assert {f"target.model.layers.0.linear_attn.hook_{n}" for n in ("q", "k", "v", "decay", "beta", "output")} | \
-        {"target.model.layers.1.self_attn.hook_gate", "target.model.layers.1.self_attn.hook_pattern"} == names
+    assert {f"target.model.layers.0.linear_attn.hook_{n}" for n in ("q", "k", "v", "decay", "beta", "output")} | {
+        "target.model.layers.1.self_attn.hook_gate",
+        "target.model.layers.1.self_attn.hook_pattern",
+    } == names
     seen = {}
     with hooks(ours, lambda t, point: seen.update({point.name: t.shape})), torch.no_grad():
         plain = ours(torch.tensor([[1, 2, 3]])).logits
-    assert seen["target.model.layers.0.linear_attn.hook_decay"] == (1, 3, 4)                     # (B, L, H_v)
-    assert seen["target.model.layers.1.self_attn.hook_pattern"] == (1, 4, 3, 3)                 # explicit path
+    assert seen["target.model.layers.0.linear_attn.hook_decay"] == (1, 3, 4)  # (B, L, H_v)
+    assert seen["target.model.layers.1.self_attn.hook_pattern"] == (1, 4, 3, 3)  # explicit path
     assert_close(ours(torch.tensor([[1, 2, 3]])).logits, plain)
 
 
@@ -173,8 +219,9 @@ def test_config_and_input_errors_name_the_problem():
     with pytest.raises(ValueError, match="layer types 'linear_attention' / 'full_attention', got \\['conv'\\]"):
         HybridCache([L, "conv"])
     from dflash_ref.compat import IncompatibleModels, check_pair
+
     draft = random_draft(ours, num_hidden_layers=1, block_size=4, target_layer_ids=[0, 1])
-    draft.config.target_layer_ids = [0, 2]                    # a draft made for a deeper target
+    draft.config.target_layer_ids = [0, 2]  # a draft made for a deeper target
     with pytest.raises(IncompatibleModels, match=r"target_layer_ids \[0, 2\] include \[2\], beyond"):
         check_pair(draft, ours)
 
@@ -183,19 +230,27 @@ def test_config_and_input_errors_name_the_problem():
 # The guard: transformers' own hybrids are refused, and a crop really does not roll them back
 # ---------------------------------------------------------------------------------------------
 
+
 def test_hf_target_refuses_models_a_crop_cannot_roll_back():
     """Recurrent models are refused at construction, naming the layer type; transformers' Qwen3.5 hybrids
     with an attention layer are taken, with the snapshot + replay cache (target/hf_hybrid.py)."""
     with pytest.raises(UnrollableTarget, match="layer type 'linear_attention'.*Qwen3_5GatedDeltaNet.*from_hf"):
-        HFTarget(hf_hybrid([L, L]))          # no attention layer: transformers' cache has no length
+        HFTarget(hf_hybrid([L, L]))  # no attention layer: transformers' cache has no length
     mamba = transformers.MambaConfig(vocab_size=32, hidden_size=16, state_size=4, num_hidden_layers=1)
     with pytest.raises(UnrollableTarget, match="MambaMixer"):
         HFTarget(transformers.MambaForCausalLM(mamba))
-    lfm2 = transformers.Lfm2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                   num_attention_heads=2, num_key_value_heads=1, layer_types=["conv", "full_attention"])
+    lfm2 = transformers.Lfm2Config(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        layer_types=["conv", "full_attention"],
+    )
     with pytest.raises(UnrollableTarget, match="Lfm2ShortConv"):
         HFTarget(transformers.Lfm2ForCausalLM(lfm2))
-    with pytest.raises(UnrollableTarget, match="Qwen3NextGatedDeltaNet"):     # all linear: no cache length
+    with pytest.raises(UnrollableTarget, match="Qwen3NextGatedDeltaNet"):  # all linear: no cache length
         HFTarget(qwen3_next([L, L]))
     assert isinstance(HFTarget(hf_hybrid([L, L, L, F])).make_cache(), ReplayCache)
     assert isinstance(HFTarget(qwen3_next([L, F])).make_cache(), ReplayCache)
@@ -207,20 +262,20 @@ def test_a_crop_only_rollback_is_wrong_where_the_hybrid_cache_is_exact():
     recurrent state with the 3 rejected tokens in; the HybridCache picks the state after token 7."""
     hf, ours = pair([L, L, L, F])
     ids = torch.randint(0, 32, (1, 11), generator=torch.Generator().manual_seed(0))
-    plain = hf(ids[:, :8]).logits[:, -1]                       # what comes after the 7 committed + next token
+    plain = hf(ids[:, :8]).logits[:, -1]  # what comes after the 7 committed + next token
     cache = transformers.DynamicCache(config=hf.config)
     cache.activate_past_recording()
     hf(ids[:, :6], past_key_values=cache, use_cache=True)
     hf(ids[:, 6:10], past_key_values=cache, use_cache=True)
     cache.crop(-3)
     cropped = hf(ids[:, 7:8], past_key_values=cache, use_cache=True).logits[:, -1]
-    assert (cropped - plain).abs().max() > 0.1                 # measured ≈ 10 with these weights
+    assert (cropped - plain).abs().max() > 0.1  # measured ≈ 10 with these weights
     exact = ours.make_cache()
     ours(ids[:, :6], past_key_values=exact)
     ours(ids[:, 6:10], past_key_values=exact)
     exact.crop(7)
     assert_close(ours(ids[:, 7:8], past_key_values=exact).logits[:, -1], plain)
-    via_hf = HFTarget(hf, rows_first=False)                     # transformers' model, snapshot + replay
+    via_hf = HFTarget(hf, rows_first=False)  # transformers' model, snapshot + replay
     replayed = via_hf.make_cache()
     via_hf(ids[:, :6], past_key_values=replayed)
     via_hf(ids[:, 6:10], past_key_values=replayed)
@@ -237,8 +292,12 @@ OURS = {tuple(mix): pair(mix, seed=7)[1] for mix in ([L, F, L], [L, L])}
 
 
 @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(mix=st.sampled_from(sorted(OURS)), prefill=st.integers(1, 7),
-       steps=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1, max_size=3), seed=st.integers(0, 99))
+@given(
+    mix=st.sampled_from(sorted(OURS)),
+    prefill=st.integers(1, 7),
+    steps=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1, max_size=3),
+    seed=st.integers(0, 99),
+)
 def test_crop_after_a_verify_equals_a_forward_of_the_committed_tokens(mix, prefill, steps, seed):
     """For random verifies of L tokens and acceptance m ∈ 0..L: after crop(n + m) every linear layer's
     (W, S) and every attention layer's K/V equal those of one plain forward of the committed tokens, and
@@ -272,7 +331,7 @@ def test_crops_the_states_cannot_answer_are_refused():
     target = OURS[(L, L)]
     cache = HybridCache([L, L], keep_positions=4)
     with torch.no_grad():
-        target(torch.tensor([[1, 2, 3, 4, 5, 6]]), past_key_values=cache)   # 6 > keep_positions: last state only
+        target(torch.tensor([[1, 2, 3, 4, 5, 6]]), past_key_values=cache)  # 6 > keep_positions: last state only
         with pytest.raises(ValueError, match="kept only its final state"):
             cache.crop(3)
         cache.crop(6)
@@ -286,6 +345,7 @@ def test_crops_the_states_cannot_answer_are_refused():
 # ---------------------------------------------------------------------------------------------
 # Lossless decoding on hybrid targets
 # ---------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("layer_types, layer_ids", [([L, L, L, F], [0, 2]), ([F, L], [1]), ([L, L, F, F], [1, 2])])
 @pytest.mark.parametrize("seed", [0, 1])
@@ -306,10 +366,21 @@ def test_greedy_speculative_output_is_the_targets_own(layer_types, layer_ids, se
 # SmolLM2-135M's widths (30 layers, hidden 576, 9 / 3 heads of 64, FFN 1536, vocabulary 49152, tied) as a
 # hybrid: transformers' default layout (every 4th layer full: 23 Gated DeltaNet, 7 gated attention), Gated
 # DeltaNet 3 key / 6 value heads of 64 (an assumption: SmolLM2 has none), partial RoPE 0.25
-SMOLLM2_HYBRID = dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                      num_attention_heads=9, num_key_value_heads=3, head_dim=64, linear_num_key_heads=3,
-                      linear_num_value_heads=6, linear_key_head_dim=64, linear_value_head_dim=64,
-                      max_position_embeddings=2048, tie_word_embeddings=True)
+SMOLLM2_HYBRID = dict(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    head_dim=64,
+    linear_num_key_heads=3,
+    linear_num_value_heads=6,
+    linear_key_head_dim=64,
+    linear_value_head_dim=64,
+    max_position_embeddings=2048,
+    tie_word_embeddings=True,
+)
 
 
 @torch.no_grad()
@@ -318,6 +389,7 @@ def test_a_smollm2_sized_random_hybrid_decodes_greedily_as_ar():
     8-token prompt; the random draft (τ ≈ 0: a crop inside every verify) and an oracle forcing τ = 1, 3, 0, 2
     both give generate()'s tokens."""
     from dflash_ref.drafts.random_draft import randomize_
+
     target = randomize_(Qwen3_5Target(HybridConfig(**SMOLLM2_HYBRID)), seed=3, std=0.05)
     draft = random_draft(target, num_hidden_layers=2, block_size=8, seed=3, target_layer_ids=[1, 27])
     ids = torch.randint(0, 49152, (1, 8), generator=torch.Generator().manual_seed(3))
@@ -334,10 +406,12 @@ def test_sampled_speculative_output_has_the_targets_distribution(through):
     Both the own target (per-position states) and transformers' model (snapshot + replay; half the samples:
     its forwards are slower, the chi-square test keeps ≥ 5 expected per cell)."""
     from test_lossless import N_SAMPLES, P_MIN, chi_square_pvalue, exact_distribution
+
     hf = hf_hybrid([L, F, L], seed=4, vocab_size=3, initializer_range=0.25)
     target = Qwen3_5Target.from_hf(hf) if through == "own" else HFTarget(hf)
-    draft = random_draft(target, num_hidden_layers=1, block_size=4, seed=9, std=2.0, mask_token_id=2,
-                         target_layer_ids=[0, 2])
+    draft = random_draft(
+        target, num_hidden_layers=1, block_size=4, seed=9, std=2.0, mask_token_id=2, target_layer_ids=[0, 2]
+    )
     exact = exact_distribution(target, [1], 3, temperature=1.0)
     torch.manual_seed(1234)
     samples, accepted = [], 0
@@ -357,8 +431,11 @@ HF_HYBRID = HFTarget(hf_hybrid([L, F, L], seed=7), rows_first=False)
 
 
 @settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
-@given(prefill=st.integers(1, 7), steps=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1,
-                                                  max_size=3), seed=st.integers(0, 99))
+@given(
+    prefill=st.integers(1, 7),
+    steps=st.lists(st.tuples(st.integers(1, 6), st.integers(0, 6)), min_size=1, max_size=3),
+    seed=st.integers(0, 99),
+)
 def test_replay_crop_equals_a_forward_of_the_committed_tokens(prefill, steps, seed):
     """ReplayCache after random verifies and crops: conv/recurrent states and K/V equal a plain forward's,
     to 1e-4 × scale: transformers runs one token by its recurrent algorithm and several by its chunked one,

@@ -1,4 +1,5 @@
 """Target-layer sampling (l_i = round(1 + i·(L − 4)/(n − 1)); n = 1: ⌊L/2⌋) and the +1 read offset."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,16 +10,19 @@ from dflash_ref.config import ConfigError
 from dflash_ref.layer_sampling import HIDDEN_STATE_OFFSET, build_target_layer_ids, extract_context_feature
 
 
-@pytest.mark.parametrize("num_target_layers,num_draft_layers,expected", [
-    (36, 5, [1, 9, 17, 25, 33]),   # Qwen3-8B, released draft: step (36 − 4)/4 = 8
-    (28, 4, [1, 9, 17, 25]),       # step (28 − 4)/3 = 8
-    (4, 2, [1, 1]),                # tiny target: 1 + (4 − 4)/1 = 1, the id repeats
-    (7, 3, [1, 2, 4]),             # 1 + 1·3/2 = 2.5 → round half to even → 2; 1 + 3 = 4
-    (9, 3, [1, 4, 6]),             # 1 + 1·5/2 = 3.5 → round half to even → 4; 1 + 5 = 6
-    (36, 1, [18]),                 # n = 1: ⌊36/2⌋
-    (5, 1, [2]),                   # ⌊5/2⌋
-    (1, 1, [0]),
-])
+@pytest.mark.parametrize(
+    "num_target_layers,num_draft_layers,expected",
+    [
+        (36, 5, [1, 9, 17, 25, 33]),  # Qwen3-8B, released draft: step (36 − 4)/4 = 8
+        (28, 4, [1, 9, 17, 25]),  # step (28 − 4)/3 = 8
+        (4, 2, [1, 1]),  # tiny target: 1 + (4 − 4)/1 = 1, the id repeats
+        (7, 3, [1, 2, 4]),  # 1 + 1·3/2 = 2.5 → round half to even → 2; 1 + 3 = 4
+        (9, 3, [1, 4, 6]),  # 1 + 1·5/2 = 3.5 → round half to even → 4; 1 + 5 = 6
+        (36, 1, [18]),  # n = 1: ⌊36/2⌋
+        (5, 1, [2]),  # ⌊5/2⌋
+        (1, 1, [0]),
+    ],
+)
 def test_layer_ids_by_hand(num_target_layers, num_draft_layers, expected):
     assert build_target_layer_ids(num_target_layers, num_draft_layers) == expected
 
@@ -73,8 +77,11 @@ def test_extract_against_the_official_function():
 
 @pytest.mark.parametrize("ids", [[4], [0, 4], [-1], [7, 1]])
 def test_ids_out_of_range_are_refused(ids):
-    with pytest.raises(ValueError, match=r"target layer ids \[.*\] do not fit a target with 4 layers "
-                                         r"\(ids must lie in 0\.\.3\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"target layer ids \[.*\] do not fit a target with 4 layers "
+        r"\(ids must lie in 0\.\.3\)",
+    ):
         extract_context_feature(index_coded_hidden_states(), ids)
 
 

@@ -1,6 +1,7 @@
 """The CPU linear (extensions/linear.py, extensions/linear_plan.py): every kernel is F.linear up to
 float rounding, the plan is chosen by the clock (a fake one here: no timing is asserted), cached,
 pinned by DFLASH_REF_LINEAR, and anything but an fp32 CPU product without grad goes to F.linear."""
+
 from __future__ import annotations
 
 import copy
@@ -14,8 +15,18 @@ from torch.nn import functional as F
 
 from dflash_ref.extensions import linear, linear_plan, plan_store
 from dflash_ref.extensions.linear import linear_product, use_rows_first
-from dflash_ref.extensions.linear_plan import (COPIES, KERNELS, MODES, candidates, choose, kernel_for, linear_mode,
-                                               linear_mode_as, measure, set_linear_mode)
+from dflash_ref.extensions.linear_plan import (
+    COPIES,
+    KERNELS,
+    MODES,
+    candidates,
+    choose,
+    kernel_for,
+    linear_mode,
+    linear_mode_as,
+    measure,
+    set_linear_mode,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -28,8 +39,9 @@ def fresh_plans():
     set_linear_mode(previous)
 
 
-def fake_clock(seconds: dict[str, float], names: tuple[str, ...], weight: torch.Tensor,
-               repeats: int = linear_plan.REPEATS):
+def fake_clock(
+    seconds: dict[str, float], names: tuple[str, ...], weight: torch.Tensor, repeats: int = linear_plan.REPEATS
+):
     """A clock for `measure`: each product of kernel `name` lasts seconds[name] (the kernels take
     turns product by product, `products_per_round` each per round, after a warm-up round)."""
     ticks, now = [], 0.0
@@ -60,14 +72,15 @@ def test_of_kernels_timed_alike_the_c_product_is_kept_before_torchs_other_produc
     """Within MARGIN of each other, the one first in the candidates' order stays (the order itself:
     tests/test_streamed.py); a kernel clearly faster replaces it."""
     from dflash_ref.extensions import streamed
+
     if not streamed.available():
         pytest.skip(f"no C product here: {streamed.status()}")
     for rows, other in ((1, "duplicated-row"), (4, "rows-first")):
         names = candidates(576, rows, with_copies=True)
         times = {name: [1.0] * 5 for name in names} | {"streamed": [0.5] * 5, other: [0.49] * 5}
-        assert choose(times) == "streamed"                      # 2 % faster is not clearly faster
-        assert choose(times | {other: [0.45] * 5}) == other     # 10 % is
-    assert "streamed" not in candidates(576, 1, True, d_out=linear_plan.streamed.MAX_SIZE + 1)   # int sizes
+        assert choose(times) == "streamed"  # 2 % faster is not clearly faster
+        assert choose(times | {other: [0.45] * 5}) == other  # 10 % is
+    assert "streamed" not in candidates(576, 1, True, d_out=linear_plan.streamed.MAX_SIZE + 1)  # int sizes
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -93,18 +106,18 @@ def test_linear_product_is_f_linear_to_float_rounding_under_every_plan(mode, sha
 def test_choose_keeps_f_linear_unless_another_is_clearly_faster():
     """A kernel replaces F.linear only if it is ≥ 5 % faster in the median pair of samples (i-th against
     i-th), and a later one (one that needs copies of W) replaces an earlier only if ≥ 5 % faster than it."""
-    assert choose({"linear": [1.0, 1.0, 1.0], "rows-first": [0.96, 0.96, 0.96]}) == "linear"      # a tie
+    assert choose({"linear": [1.0, 1.0, 1.0], "rows-first": [0.96, 0.96, 0.96]}) == "linear"  # a tie
     assert choose({"linear": [1.0, 1.0, 1.0], "rows-first": [0.9, 0.9, 0.9]}) == "rows-first"
     assert choose({"linear": [1.0, 1.0, 1.0], "rows-first": [0.9, 0.8, 0.9], "sliced": [0.5, 0.5, 0.6]}) == "sliced"
-    assert choose({"linear": [1.0, 1.0, 1.0], "transposed": [1.2, 1.3, 0.1]}) == "linear"        # one lucky sample
-    assert choose({"linear": [1.0, 1.0, 3.0], "rows-first": [0.9, 0.9, 0.3]}) == "rows-first"    # one stall of linear
+    assert choose({"linear": [1.0, 1.0, 1.0], "transposed": [1.2, 1.3, 0.1]}) == "linear"  # one lucky sample
+    assert choose({"linear": [1.0, 1.0, 3.0], "rows-first": [0.9, 0.9, 0.3]}) == "rows-first"  # one stall of linear
     # a quiet moment that speeds both up (the 4th pair) hides nothing: rows-first is 10 % faster in every
     # other pair (the fastest samples compared unpaired, 0.6 and 0.6, would call it a tie)
     assert choose({"linear": [1.0, 1.0, 1.0, 0.6], "rows-first": [0.9, 0.9, 0.9, 0.6]}) == "rows-first"
     # a slow minute for both: ratios, not times, are compared
     assert choose({"linear": [1.0, 3.0, 3.0], "rows-first": [1.0, 2.7, 2.7]}) == "rows-first"
     assert choose({"linear": [1.0], "rows-first": [0.8]}, margin=0.7) == "linear"
-    assert choose({"linear": [1.0], "rows-first": [0.8], "transposed": [0.78]}) == "rows-first"   # no copy for 2 %
+    assert choose({"linear": [1.0], "rows-first": [0.8], "transposed": [0.78]}) == "rows-first"  # no copy for 2 %
     assert choose({"linear": [1.0], "rows-first": [0.8], "transposed": [0.7]}) == "transposed"
 
 
@@ -120,7 +133,8 @@ def test_a_measured_plan_follows_the_clock_once_per_shape_and_is_cached(d_in):
 
     def no_clock():
         raise AssertionError("measured again")
-    assert kernel_for(weight, 3, True, clock=no_clock) == names[-1]                     # cached
+
+    assert kernel_for(weight, 3, True, clock=no_clock) == names[-1]  # cached
     with pytest.raises(AssertionError, match="measured again"):
         kernel_for(weight, 2, True, clock=no_clock)
     names_1 = candidates(d_in, 1, with_copies=False)
@@ -147,6 +161,7 @@ def test_the_mode_pins_the_plan_and_a_bad_one_is_named(monkeypatch):
 
     def no_clock():
         raise AssertionError("measured")
+
     with linear_mode_as("linear"):
         assert [kernel_for(weight, r, True, clock=no_clock) for r in (1, 2)] == ["linear", "linear"]
     with linear_mode_as("rows-first"):
@@ -156,8 +171,14 @@ def test_the_mode_pins_the_plan_and_a_bad_one_is_named(monkeypatch):
     assert linear_mode() == "rows-first"
     monkeypatch.setenv("DFLASH_REF_LINEAR", "fastest")
     set_linear_mode(None)
-    with pytest.raises(ValueError, match=r"DFLASH_REF_LINEAR='fastest' is not a linear plan; choose one of "
-                                         r"measured, linear, rows-first"), torch.no_grad():
+    with (
+        pytest.raises(
+            ValueError,
+            match=r"DFLASH_REF_LINEAR='fastest' is not a linear plan; choose one of "
+            r"measured, linear, rows-first",
+        ),
+        torch.no_grad(),
+    ):
         linear_product(torch.randn(2, 4), weight)
     with pytest.raises(ValueError, match="set_linear_mode='fast' is not a linear plan"):
         set_linear_mode("fast")
@@ -179,12 +200,13 @@ def test_bf16_autocast_grad_many_rows_and_other_devices_go_to_f_linear(monkeypat
             assert linear_product(x, w).dtype == torch.bfloat16
         meta = linear_product(x.to("meta"), w.to("meta"))
         assert meta.device.type == "meta" and meta.shape == (3, 12)
-    assert torch.equal(linear_product(x, w), F.linear(x, w))                           # grad mode
+    assert torch.equal(linear_product(x, w), F.linear(x, w))  # grad mode
     assert linear_plan.plans() == []
 
 
-@pytest.mark.parametrize("kernel, d_in, pieces", [("sliced", 1536, 2), ("sliced", 1537, 3), ("sliced", 769, 2),
-                                                  ("transposed", 40, 1)])
+@pytest.mark.parametrize(
+    "kernel, d_in, pieces", [("sliced", 1536, 2), ("sliced", 1537, 3), ("sliced", 769, 2), ("transposed", 40, 1)]
+)
 def test_a_rows_first_linear_keeps_the_copies_its_kernel_reads(monkeypatch, kernel, d_in, pieces):
     """When the plan picks a kernel that reads copies of W, the layer makes them once (contiguous, W
     again when put together), reads them (zeroed copies give the bias alone), and remakes them after
@@ -201,30 +223,31 @@ def test_a_rows_first_linear_keeps_the_copies_its_kernel_reads(monkeypatch, kern
         made = layer.copies(kernel)
         assert len(made) == pieces and all(p.is_contiguous() for p in made)
         assert torch.equal(torch.cat(made, dim=1) if kernel == "sliced" else made[0].T, layer.weight)
-        layer._copies_of_weight[kernel] = [torch.zeros_like(p) for p in made]         # read by the kernel
+        layer._copies_of_weight[kernel] = [torch.zeros_like(p) for p in made]  # read by the kernel
         torch.testing.assert_close(layer(x), layer.bias.expand(1, rows, 24))
         layer.forget_copies()
-        layer.weight.mul_(2)                                                        # in place: the copies follow
+        layer.weight.mul_(2)  # in place: the copies follow
         layer(x)
         layer.weight.mul_(0.5)
         torch.testing.assert_close(layer(x), out, rtol=1e-5, atol=1e-4)
         layer.load_state_dict({"weight": torch.zeros(24, d_in), "bias": torch.ones(24)})
         assert torch.equal(layer(x), torch.ones(1, rows, 24))
-        layer.weight = torch.nn.Parameter(torch.full((24, d_in), 0.5))             # replaced: the copies follow
+        layer.weight = torch.nn.Parameter(torch.full((24, d_in), 0.5))  # replaced: the copies follow
         expected = (x.sum(-1, keepdim=True) / 2 + 1).expand(1, rows, 24)
         torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-4)
-        twin = copy.deepcopy(layer)                                                 # its own version count
+        twin = copy.deepcopy(layer)  # its own version count
         assert "_copies_of_weight" not in twin.__dict__
         twin.weight.mul_(3)
-        torch.testing.assert_close(twin(x), (3 * x.sum(-1, keepdim=True) / 2 + 1).expand(1, rows, 24),
-                                   rtol=1e-5, atol=1e-4)
+        torch.testing.assert_close(
+            twin(x), (3 * x.sum(-1, keepdim=True) / 2 + 1).expand(1, rows, 24), rtol=1e-5, atol=1e-4
+        )
         monkeypatch.setattr(linear, "MAX_COPY", 24 * d_in - 1)
         assert layer.copies(kernel) is None and not linear.can_copy(layer.weight)
     with torch.inference_mode():
-        made_there = torch.nn.Linear(d_in, 24)                                      # no version count: no copies
+        made_there = torch.nn.Linear(d_in, 24)  # no version count: no copies
         use_rows_first(made_there)
         assert made_there.copies(kernel) is None and made_there(x).shape == (1, rows, 24)
-    assert layer.copies(kernel) is None                                             # grad mode
+    assert layer.copies(kernel) is None  # grad mode
 
 
 def test_grad_mode_takes_f_linear_so_gradients_reach_w_and_x():
@@ -245,6 +268,7 @@ def test_a_real_measurement_picks_a_candidate_and_every_plan_decodes_alike():
     numbers alone, and greedy speculative output with a switched draft is the same under every plan
     (the products differ by rounding only)."""
     from dflash_ref import spec_generate
+
     weight = torch.randn(32, 16)
     torch.manual_seed(0)
     with torch.no_grad():
@@ -252,7 +276,7 @@ def test_a_real_measurement_picks_a_candidate_and_every_plan_decodes_alike():
             assert kernel_for(weight, rows, with_copies) in candidates(16, rows, with_copies)
     drawn = torch.rand(3)
     torch.manual_seed(0)
-    assert torch.equal(drawn, torch.rand(3))             # measuring draws nothing: sampled decoding is unmoved
+    assert torch.equal(drawn, torch.rand(3))  # measuring draws nothing: sampled decoding is unmoved
     target, draft = make_pair(3)
     ids = torch.randint(0, 12, (1, 5), generator=torch.Generator().manual_seed(3))
     outputs = []
@@ -276,7 +300,9 @@ def test_a_measured_plan_is_stored_and_a_later_process_reads_it_instead_of_measu
     forget_plans(stored=True) deletes the file."""
     weight = torch.randn(24, 16)
     chosen = kernel_for(weight, 3, False)
-    entry = json.loads(store.read_text())["plans"][f"24×16 rows 3 no-copies torch.float32 threads {torch.get_num_threads()}"]
+    entry = json.loads(store.read_text())["plans"][
+        f"24×16 rows 3 no-copies torch.float32 threads {torch.get_num_threads()}"
+    ]
     assert entry["chosen"] == chosen and tuple(entry["times"]) == candidates(16, 3, False)
     linear_plan.forget_plans()
     monkeypatch.setattr(linear_plan, "measure", lambda *a, **k: pytest.fail("measured again"))
@@ -291,13 +317,23 @@ def test_a_measured_plan_is_stored_and_a_later_process_reads_it_instead_of_measu
     linear_plan.forget_plans()
     assert kernel_for(weight, 3, False) == choose(entry["times"]) == "rows-first"
     with pytest.raises(pytest.fail.Exception, match="measured again"):
-        kernel_for(weight, 2, False)                     # another row count: not in the store
+        kernel_for(weight, 2, False)  # another row count: not in the store
     linear_plan.forget_plans(stored=True)
     assert not store.exists()
 
 
-@pytest.mark.parametrize("damage", ["not json {", '{"plans": []}', "a kernel gone", "times not seconds", "chosen unknown",
-                                    "a zero time", "unequal lengths"])
+@pytest.mark.parametrize(
+    "damage",
+    [
+        "not json {",
+        '{"plans": []}',
+        "a kernel gone",
+        "times not seconds",
+        "chosen unknown",
+        "a zero time",
+        "unequal lengths",
+    ],
+)
 def test_a_damaged_or_outdated_store_is_measured_again_and_rewritten(store, damage):
     """A store file that does not parse, or whose plan names candidates other than those measurable
     now (a C product built since, say) or holds no times, a zero time or lists of unequal lengths, is
@@ -312,9 +348,9 @@ def test_a_damaged_or_outdated_store_is_measured_again_and_rewritten(store, dama
         entry["times"]["linear"] = ["fast"]
     elif damage == "chosen unknown":
         entry["chosen"] = "mystery"
-    elif damage == "a zero time":                       # choose() divides by the chosen kernel's samples
+    elif damage == "a zero time":  # choose() divides by the chosen kernel's samples
         entry["times"]["linear"][0] = 0.0
-    elif damage == "unequal lengths":                   # choose() pairs the i-th samples
+    elif damage == "unequal lengths":  # choose() pairs the i-th samples
         entry["times"]["linear"].pop()
     store.write_text(damage if damage.startswith(("not", "{")) else json.dumps(data))
     linear_plan.forget_plans()
@@ -325,6 +361,7 @@ def test_a_damaged_or_outdated_store_is_measured_again_and_rewritten(store, dama
     def counted(*args, **kwargs):
         measured.append(args[1])
         return real_measure(*args, **kwargs)
+
     with pytest.MonkeyPatch.context() as m:
         m.setattr(linear_plan, "measure", counted)
         assert kernel_for(weight, 3, False) in names
@@ -333,25 +370,26 @@ def test_a_damaged_or_outdated_store_is_measured_again_and_rewritten(store, dama
     assert tuple(rewritten["times"]) == names and rewritten["chosen"] in names
 
 
-def test_a_fake_clock_neither_reads_nor_writes_the_store_and_an_unwritable_cache_is_no_error(monkeypatch, store,
-                                                                                                  tmp_path):
+def test_a_fake_clock_neither_reads_nor_writes_the_store_and_an_unwritable_cache_is_no_error(
+    monkeypatch, store, tmp_path
+):
     """A plan timed by a fake clock (tests) is measured even where the store holds one, and not written;
     a cache folder that cannot be made keeps measured plans for the process, without an error."""
     weight = torch.randn(24, 16)
     names = candidates(16, 3, False)
-    kernel_for(weight, 3, False)                                          # a real plan in the store …
+    kernel_for(weight, 3, False)  # a real plan in the store …
     data = json.loads(store.read_text())
-    next(iter(data["plans"].values()))["chosen"] = "linear"               # … that says F.linear
+    next(iter(data["plans"].values()))["chosen"] = "linear"  # … that says F.linear
     store.write_text(before := json.dumps(data))
     linear_plan.forget_plans()
     seconds = {name: 1.0 for name in names} | {names[-1]: 0.5}
-    assert kernel_for(weight, 3, False, clock=fake_clock(seconds, names, weight)) == names[-1]   # measured, not read
-    assert store.read_text() == before                                    # and not written
+    assert kernel_for(weight, 3, False, clock=fake_clock(seconds, names, weight)) == names[-1]  # measured, not read
+    assert store.read_text() == before  # and not written
     blocked = tmp_path / "a file"
     blocked.write_text("")
-    monkeypatch.setenv("DFLASH_REF_CACHE", str(blocked))                  # the cache folder cannot be made
+    monkeypatch.setenv("DFLASH_REF_CACHE", str(blocked))  # the cache folder cannot be made
     linear_plan.forget_plans()
-    assert kernel_for(weight, 4, False) in candidates(16, 4, False)       # kept for this process only
+    assert kernel_for(weight, 4, False) in candidates(16, 4, False)  # kept for this process only
     assert kernel_for(weight, 4, False, clock=lambda: pytest.fail("measured again")) in candidates(16, 4, False)
 
 
@@ -369,11 +407,12 @@ def test_a_pass_that_measures_plans_says_so_and_its_time_leaves_them_out(store, 
     (linear_plan.measuring_seconds) go to clock.planning, not to the pass's time; a later pass of the
     same shapes measures nothing. The planning is faked as 5 s, so that no timing is asserted."""
     from dflash_ref.bench.timing import Stopwatch
+
     layer = torch.nn.Linear(16, 24)
     use_rows_first(layer)
     real_measure = linear_plan.measure
 
-    def slow_measure(*args, **kwargs):                   # a measurement that took 5 s more
+    def slow_measure(*args, **kwargs):  # a measurement that took 5 s more
         linear_plan._spent[0] += 5.0
         return real_measure(*args, **kwargs)
 
@@ -386,5 +425,5 @@ def test_a_pass_that_measures_plans_says_so_and_its_time_leaves_them_out(store, 
         layer(torch.randn(3, 16))
     clock.remove()
     assert planning == pytest.approx(linear_plan.measuring_seconds() - spent) and planning > 5.0
-    assert clock.planning == planning                    # the second pass read the plan: nothing measured
+    assert clock.planning == planning  # the second pass read the plan: nothing measured
     assert -5.0 < clock.times[0] < 0.0 <= clock.times[1]

@@ -12,6 +12,7 @@ The sampling claim is checked by enumerating the target's exact distribution ove
 (V ≤ 4, 1-token prompt, 2–3 new tokens) and a chi-square goodness-of-fit test on a few thousand
 speculative samples at a fixed seed. Power: the same test rejects two deliberately wrong samplers.
 """
+
 from __future__ import annotations
 
 import random
@@ -39,39 +40,59 @@ def new_tokens(out, prompt_len: int) -> list[int]:
 # Greedy: many random configurations
 # ---------------------------------------------------------------------------------------------
 
+
 def random_case(seed: int) -> dict:
     """One random tiny configuration: sizes, GQA, block size (and override), prompt, n, stops."""
     rng = random.Random(seed)
     vocab = rng.randint(8, 32)
     t_layers, d_layers = rng.randint(2, 6), rng.randint(1, 3)
     hidden = rng.choice([16, 24, 32])
-    t_heads = rng.choice([2, 4]); t_kv = rng.choice([k for k in (1, 2, 4) if t_heads % k == 0])
-    d_heads = rng.choice([2, 4]); d_kv = rng.choice([k for k in (1, 2, 4) if d_heads % k == 0])
+    t_heads = rng.choice([2, 4])
+    t_kv = rng.choice([k for k in (1, 2, 4) if t_heads % k == 0])
+    d_heads = rng.choice([2, 4])
+    d_kv = rng.choice([k for k in (1, 2, 4) if d_heads % k == 0])
     # the official layer formula gives negative ids for 2-layer targets: choose them then
-    layer_ids = sorted(rng.randrange(t_layers) for _ in range(d_layers)) \
-        if t_layers < 4 or rng.random() < 0.5 else []
+    layer_ids = sorted(rng.randrange(t_layers) for _ in range(d_layers)) if t_layers < 4 or rng.random() < 0.5 else []
     return dict(
         seed=seed,
-        target=dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                    num_hidden_layers=t_layers, num_attention_heads=t_heads,
-                    num_key_value_heads=t_kv, head_dim=rng.choice([4, 8])),
-        draft=dict(num_hidden_layers=d_layers, num_attention_heads=d_heads, num_key_value_heads=d_kv,
-                   head_dim=rng.choice([4, 8]), intermediate_size=rng.choice([16, 48]),
-                   block_size=rng.randint(2, 8), mask_token_id=rng.randrange(vocab),
-                   target_layer_ids=layer_ids),
+        target=dict(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=2 * hidden,
+            num_hidden_layers=t_layers,
+            num_attention_heads=t_heads,
+            num_key_value_heads=t_kv,
+            head_dim=rng.choice([4, 8]),
+        ),
+        draft=dict(
+            num_hidden_layers=d_layers,
+            num_attention_heads=d_heads,
+            num_key_value_heads=d_kv,
+            head_dim=rng.choice([4, 8]),
+            intermediate_size=rng.choice([16, 48]),
+            block_size=rng.randint(2, 8),
+            mask_token_id=rng.randrange(vocab),
+            target_layer_ids=layer_ids,
+        ),
         block_size=rng.choice([None, None, rng.randint(2, 8)]),
         prompt=[rng.randrange(vocab) for _ in range(rng.randint(1, 10))],
         max_new_tokens=rng.choice([0, 1, 2, rng.randint(3, 40), rng.randint(3, 40), rng.randint(3, 40)]),
         stop_kind=rng.choice(["none", "none", "random", "generated", "generated"]),
-        accept=rng.choice([None, rng.randint(0, 9),
-                           [rng.randint(0, 9) for _ in range(rng.randint(0, 12))],
-                           [rng.randint(0, 9) for _ in range(rng.randint(0, 12))]]),
+        accept=rng.choice(
+            [
+                None,
+                rng.randint(0, 9),
+                [rng.randint(0, 9) for _ in range(rng.randint(0, 12))],
+                [rng.randint(0, 9) for _ in range(rng.randint(0, 12))],
+            ]
+        ),
         rng=rng,
     )
 
 
-def expected_oracle_steps(prompt_len: int, n: int, block_size: int, accept, cont: list[int],
-                          stops: list[int]) -> tuple[list[int], list[int]]:
+def expected_oracle_steps(
+    prompt_len: int, n: int, block_size: int, accept, cont: list[int], stops: list[int]
+) -> tuple[list[int], list[int]]:
     """(τ per step, tokens committed per step) when the oracle forces `accept` and the target's
     continuation is `cont`: τ = min(forced, L_q − 1); commit τ + 1, clipped by the length limit,
     cut right after the first stop token."""
@@ -80,8 +101,13 @@ def expected_oracle_steps(prompt_len: int, n: int, block_size: int, accept, cont
     stopped = n > 0 and cont[prompt_len] in stops
     while start + 1 < max_length and not stopped:
         q_len = min(block_size, max_length - start)
-        forced = (1 << 30) if accept is None else accept if isinstance(accept, int) else \
-            (accept[step] if step < len(accept) else 0)
+        forced = (
+            (1 << 30)
+            if accept is None
+            else accept
+            if isinstance(accept, int)
+            else (accept[step] if step < len(accept) else 0)
+        )
         tau = min(forced, q_len - 1)
         produced = min(tau + 1, max_length - start - 1)
         for j in range(1, produced + 1):
@@ -112,7 +138,7 @@ def test_greedy_spec_equals_ar_random_configs(seed):
     n, P = case["max_new_tokens"], prompt.shape[1]
     block = case["block_size"] or case["draft"]["block_size"]
 
-    full = generate(target, prompt, n)                        # the continuation, no stop tokens
+    full = generate(target, prompt, n)  # the continuation, no stop tokens
     cont = full.output_ids[0].tolist()
     vocab = case["target"]["vocab_size"]
     if case["stop_kind"] == "random":
@@ -146,9 +172,9 @@ def test_full_acceptance_commits_whole_blocks(block_size):
     out = spec_generate(OracleDraft(draft, ar.output_ids[0]), target, prompt, n)
     assert torch.equal(out.output_ids, ar.output_ids)
     assert all(t == block_size - 1 for t in out.acceptance_lengths[:-1])
-    last_q_len = min(block_size, n - sum(out.tokens_per_step[:-1]))         # the last block shrinks
+    last_q_len = min(block_size, n - sum(out.tokens_per_step[:-1]))  # the last block shrinks
     assert out.acceptance_lengths[-1] == last_q_len - 1
-    assert len(out.acceptance_lengths) == -(-(n - 1) // block_size)      # ⌈(n − 1) / block⌉ steps
+    assert len(out.acceptance_lengths) == -(-(n - 1) // block_size)  # ⌈(n − 1) / block⌉ steps
 
 
 def test_zero_acceptance_is_still_lossless():
@@ -181,9 +207,12 @@ def test_tiny_temperature_decodes_as_greedy(verifier, temperature):
 # block_size 1 is autoregressive decoding
 # ---------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("verifier", ["rejection", "match"])
-@pytest.mark.parametrize("sampling", [dict(temperature=0.0), dict(temperature=1.0),
-                                      dict(temperature=0.7, top_k=5), dict(temperature=1.3, top_p=0.8)])
+@pytest.mark.parametrize(
+    "sampling",
+    [dict(temperature=0.0), dict(temperature=1.0), dict(temperature=0.7, top_k=5), dict(temperature=1.3, top_p=0.8)],
+)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_block_size_one_is_ar(verifier, sampling, seed):
     target, draft = make_pair(seed, dict(vocab_size=10 + seed), dict(block_size=4))
@@ -193,8 +222,7 @@ def test_block_size_one_is_ar(verifier, sampling, seed):
     torch.manual_seed(100 + seed)
     ar = generate(target, prompt, n, stop_token_ids=stops, **sampling)
     torch.manual_seed(100 + seed)
-    spec = spec_generate(draft, target, prompt, n, stop_token_ids=stops, block_size=1,
-                         verifier=verifier, **sampling)
+    spec = spec_generate(draft, target, prompt, n, stop_token_ids=stops, block_size=1, verifier=verifier, **sampling)
     assert spec.output_ids.tolist() == ar.output_ids.tolist()
     assert spec.num_draft_passes == 0
     assert spec.acceptance_lengths == [0] * len(spec.acceptance_lengths)
@@ -205,15 +233,22 @@ def test_block_size_one_is_ar(verifier, sampling, seed):
 # Temperature > 0: the exact distribution over whole sequences
 # ---------------------------------------------------------------------------------------------
 
-DIST_TARGET = dict(vocab_size=3, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                   num_attention_heads=2, num_key_value_heads=1, head_dim=8)
-DIST_DRAFT = dict(intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=8)
+DIST_TARGET = dict(
+    vocab_size=3,
+    hidden_size=16,
+    intermediate_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=8,
+)
+DIST_DRAFT = dict(intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, head_dim=8)
 
 
 @torch.inference_mode()
-def exact_distribution(target, prompt: list[int], n: int, temperature: float, top_p: float = 1.0,
-                       top_k: int = 0, stops=()) -> dict[tuple[int, ...], float]:
+def exact_distribution(
+    target, prompt: list[int], n: int, temperature: float, top_p: float = 1.0, top_k: int = 0, stops=()
+) -> dict[tuple[int, ...], float]:
     """P(y_1..y_m | prompt) = Π_t p_T(y_t | prompt, y_<t), by running the target (no cache) on
     every prefix; sequences end at n tokens or right after a stop token. Zero-probability
     sequences (cut by top_k / top_p) are left out."""
@@ -243,9 +278,12 @@ def chi_square_pvalue(samples: list[tuple[int, ...]], exact: dict[tuple[int, ...
     for cell in sorted(exact, key=exact.get):
         acc_o, acc_e = acc_o + counts.get(cell, 0), acc_e + n * exact[cell]
         if acc_e >= 5:
-            observed.append(acc_o); expected.append(acc_e); acc_o, acc_e = 0, 0.0
+            observed.append(acc_o)
+            expected.append(acc_e)
+            acc_o, acc_e = 0, 0.0
     if acc_e > 0:
-        observed[-1] += acc_o; expected[-1] += acc_e
+        observed[-1] += acc_o
+        expected[-1] += acc_e
     assert len(observed) >= 3, "too few cells for a meaningful test"
     total = sum(expected)
     return float(chisquare(observed, [e * n / total for e in expected]).pvalue)
@@ -263,7 +301,7 @@ class MimicDraft(torch.nn.Module):
         super().__init__()
         self.draft, self.target, self.prompt, self.scale = draft, target, prompt, scale
         self.config = draft.config
-        self._x0: dict[int, int] = {}    # position → token, for the current run
+        self._x0: dict[int, int] = {}  # position → token, for the current run
         self._prefix: list[int] = []
         self._logits: dict[tuple[int, ...], torch.Tensor] = {}  # prefix → target logits (memo)
 
@@ -272,15 +310,15 @@ class MimicDraft(torch.nn.Module):
     target_layer_ids = property(lambda self: self.draft.target_layer_ids)
 
     def make_cache(self):
-        self._x0 = {}                    # spec_generate makes a fresh cache per run
+        self._x0 = {}  # spec_generate makes a fresh cache per run
         return self.draft.make_cache()
 
     def forward(self, position_ids, attention_mask=None, **kwargs):
         hidden = self.draft(position_ids, attention_mask, **kwargs)
-        noise = kwargs["noise_embedding"]                                    # (1, L_q, d)
+        noise = kwargs["noise_embedding"]  # (1, L_q, d)
         start = int(position_ids[0, -noise.shape[1]])
-        table = self.target.model.embed_tokens.weight                        # (V, d)
-        self._x0[start] = int((table - noise[0, 0]).norm(dim=-1).argmin())   # block[0] is x_0
+        table = self.target.model.embed_tokens.weight  # (V, d)
+        self._x0[start] = int((table - noise[0, 0]).norm(dim=-1).argmin())  # block[0] is x_0
         self._prefix = self.prompt + [self._x0[i] for i in range(len(self.prompt), start + 1)]
         return hidden
 
@@ -290,33 +328,37 @@ class MimicDraft(torch.nn.Module):
             key = tuple(prefix)
             if key not in self._logits:
                 out = self.target(torch.tensor([prefix]), output_hidden_states=False)
-                self._logits[key] = out.logits[0, -1]                        # (V,)
+                self._logits[key] = out.logits[0, -1]  # (V,)
             logits = self._logits[key]
             rows.append(self.scale * logits)
             prefix.append(int(logits.argmax()))
-        return torch.stack(rows)[None]                                        # (1, γ, V)
+        return torch.stack(rows)[None]  # (1, γ, V)
 
 
 # seed: the pair's seed; target_std: the target's weight scale (0.25: neither flat nor one-hot);
 # draft: "random" (its own weights at scale `std`, far from the target), "oracle" (proposes the
 # target's greedy path, q one-hot: accepted with probability p(greedy)), "mimic" (q ≈ p, soft).
 DIST_CASES = {
-    "far-draft-block-4": dict(seed=1, vocab=3, n=3, block=4, sampling=dict(temperature=1.0),
-                               draft="random", std=2.0),
-    "oracle-draft-block-2-stop": dict(seed=2, vocab=3, n=3, block=2, sampling=dict(temperature=0.8),
-                                         draft="oracle", stops=[0]),
-    "mimic-draft-block-4-top-k": dict(seed=3, vocab=4, n=3, block=4, sampling=dict(temperature=1.2, top_k=2),
-                              draft="mimic"),
-    "far-draft-block-2-top-p": dict(seed=4, vocab=4, n=3, block=2,
-                                       sampling=dict(temperature=1.0, top_p=0.7), draft="random", std=1.5),
+    "far-draft-block-4": dict(seed=1, vocab=3, n=3, block=4, sampling=dict(temperature=1.0), draft="random", std=2.0),
+    "oracle-draft-block-2-stop": dict(
+        seed=2, vocab=3, n=3, block=2, sampling=dict(temperature=0.8), draft="oracle", stops=[0]
+    ),
+    "mimic-draft-block-4-top-k": dict(
+        seed=3, vocab=4, n=3, block=4, sampling=dict(temperature=1.2, top_k=2), draft="mimic"
+    ),
+    "far-draft-block-2-top-p": dict(
+        seed=4, vocab=4, n=3, block=2, sampling=dict(temperature=1.0, top_p=0.7), draft="random", std=1.5
+    ),
     # q = 0 outside the draft vocabulary {0, 2} (extensions/draft_vocab.py): still a proposal distribution
-    "far-draft-block-3-draft-vocab": dict(seed=5, vocab=4, n=3, block=3, sampling=dict(temperature=1.0),
-                                          draft="random", std=1.0, draft_vocab=[0, 2]),
+    "far-draft-block-3-draft-vocab": dict(
+        seed=5, vocab=4, n=3, block=3, sampling=dict(temperature=1.0), draft="random", std=1.0, draft_vocab=[0, 2]
+    ),
     # the verify gate (extensions/verify_gate.py, θ = `gate`) cuts some blocks to [x_0, d_1] and verifies others
     # whole (n = 3: the first block holds 3 tokens, so the gate picks 3 or 2); with this draft, θ = 0.3
     # lets some blocks through whole and cuts others (asserted)
-    "mimic-draft-block-4-gated": dict(seed=3, vocab=4, n=3, block=4, sampling=dict(temperature=1.0),
-                                      draft="mimic", gate=0.3),
+    "mimic-draft-block-4-gated": dict(
+        seed=3, vocab=4, n=3, block=4, sampling=dict(temperature=1.0), draft="mimic", gate=0.3
+    ),
 }
 N_SAMPLES = 1200
 TARGET_STD = 0.25
@@ -351,11 +393,20 @@ def test_sampled_distribution_equals_target(name, verifier):
     samples, accepted, verified = [], 0, Counter()
     ids = torch.tensor([prompt])
     for _ in range(N_SAMPLES):
-        out = spec_generate(draft, target, ids, case["n"], stop_token_ids=stops, verifier=verifier,
-                            block_size=case["block"], verify_gate=case.get("gate"),
-                            on_step=lambda r: verified.update([r.verify_size < len(r.q_position_ids)]
-                                                              if len(r.q_position_ids) > 2 else []),
-                            **case["sampling"])
+        out = spec_generate(
+            draft,
+            target,
+            ids,
+            case["n"],
+            stop_token_ids=stops,
+            verifier=verifier,
+            block_size=case["block"],
+            verify_gate=case.get("gate"),
+            on_step=lambda r: verified.update(
+                [r.verify_size < len(r.q_position_ids)] if len(r.q_position_ids) > 2 else []
+            ),
+            **case["sampling"],
+        )
         samples.append(tuple(new_tokens(out, 1)))
         accepted += sum(out.acceptance_lengths)
     p = chi_square_pvalue(samples, exact)
@@ -366,13 +417,14 @@ def test_sampled_distribution_equals_target(name, verifier):
         assert accepted > 0.3 * N_SAMPLES, "a near-target draft should be accepted often"
     else:
         assert accepted > 0, "some draft tokens should still be accepted"
-    if "gate" in case:   # the gate must have both cut blocks and let whole ones through
+    if "gate" in case:  # the gate must have both cut blocks and let whole ones through
         assert verified[True] > 0.1 * N_SAMPLES and verified[False] > 0.1 * N_SAMPLES, verified
 
 
 # ---------------------------------------------------------------------------------------------
 # Power: the same test rejects wrong samplers
 # ---------------------------------------------------------------------------------------------
+
 
 @torch.inference_mode()
 def one_step_tables(target, draft, prompt: list[int], n: int, sampling: dict):
@@ -382,12 +434,12 @@ def one_step_tables(target, draft, prompt: list[int], n: int, sampling: dict):
     vocab, gamma = target.config.vocab_size, n - 1
     out = target(torch.tensor([prompt]))
     target_hidden = extract_context_feature(out.hidden_states, draft.target_layer_ids)  # (1, P, k·d)
-    positions = torch.arange(len(prompt) + gamma + 1)[None]                          # (1, P + L_q)
+    positions = torch.arange(len(prompt) + gamma + 1)[None]  # (1, P + L_q)
     q = {}
     for x0 in range(vocab):
-        block = torch.tensor([[x0] + [draft.mask_token_id] * gamma])                 # (1, L_q)
+        block = torch.tensor([[x0] + [draft.mask_token_id] * gamma])  # (1, L_q)
         hidden = draft(positions, noise_embedding=target.embed(block), target_hidden=target_hidden)
-        logits = draft.compute_logits(hidden[:, 1:], target.output_head)             # (1, γ, V)
+        logits = draft.compute_logits(hidden[:, 1:], target.output_head)  # (1, γ, V)
         q[x0] = sampling_probs(logits, **sampling)[0].double().tolist()
 
     def p(prefix: list[int]) -> list[float]:
@@ -430,16 +482,24 @@ def wrong_samples(kind: str, p, q, n: int, count: int, seed: int, gate: float | 
                 residual = [max(a - b, 0.0) for a, b in zip(target_p, draft_q)]
                 seq.append(draw(residual if sum(residual) > 0 else target_p))
             break
-        while len(seq) < n:                            # after a rejection: the target goes on
+        while len(seq) < n:  # after a rejection: the target goes on
             seq.append(draw(p_of(seq)))
         samples.append(tuple(seq))
     return samples
 
 
-@pytest.mark.parametrize("name, kind, should_pass", [
-    *[(name, kind, ok) for name in ("far-draft-block-4", "mimic-draft-block-4-top-k")
-      for kind, ok in (("correct", True), ("accept-all", False), ("bonus-from-p", False))],
-    ("mimic-draft-block-4-gated", "gate-on-max", True), ("mimic-draft-block-4-gated", "gate-on-draw", False)])
+@pytest.mark.parametrize(
+    "name, kind, should_pass",
+    [
+        *[
+            (name, kind, ok)
+            for name in ("far-draft-block-4", "mimic-draft-block-4-top-k")
+            for kind, ok in (("correct", True), ("accept-all", False), ("bonus-from-p", False))
+        ],
+        ("mimic-draft-block-4-gated", "gate-on-max", True),
+        ("mimic-draft-block-4-gated", "gate-on-draw", False),
+    ],
+)
 def test_chi_square_has_power(name, kind, should_pass):
     """The goodness-of-fit test used above, at the same sample size, accepts a correct local
     rejection sampler and rejects two wrong ones built from the same draft and target."""

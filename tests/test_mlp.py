@@ -1,4 +1,5 @@
 """SwiGLU: MLP(x) = W_down · (SiLU(W_gate · x) ⊙ (W_up · x)), with hand-set weights."""
+
 from __future__ import annotations
 
 import torch
@@ -33,8 +34,7 @@ def test_two_by_two_by_hand():
     # x = [2, 1]:  gate = [2, 1] → [1.7615942, 0.7310586]; up = [3, 2] → product [5.2847826, 1.4621172]
     #              down = [5.2847826 − 1.4621172, 2 · 5.2847826] = [3.8226654, 10.5695652]
     out = mlp(torch.tensor([[[1.0, -1.0], [2.0, 1.0]]]))
-    torch.testing.assert_close(out, torch.tensor([[[-0.5378828, 0.0], [3.8226654, 10.5695652]]]),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(out, torch.tensor([[[-0.5378828, 0.0], [3.8226654, 10.5695652]]]), rtol=0, atol=1e-6)
 
 
 def test_shapes_and_no_biases():

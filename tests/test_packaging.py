@@ -1,6 +1,7 @@
 """Packaging: environment.yml mirrors pyproject.toml (core + test extras), torch pinned in both, CI
 runs exactly the README's test command, and the package keeps its layout: layers imported only
 downwards, no import cycle, imports at module top, short modules, few files at the top."""
+
 from __future__ import annotations
 
 import ast
@@ -21,7 +22,7 @@ REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(\[[^\]]*\])?\s*(.
 
 
 def normalise(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()      # PEP 503
+    return re.sub(r"[-_.]+", "-", name).lower()  # PEP 503
 
 
 def parse_requirement(text: str) -> tuple[str, frozenset[str], str]:
@@ -48,7 +49,7 @@ def pyproject_requirements(extras: list[str]) -> dict[str, str]:
     def add(lines: list[str]) -> None:
         for line in lines:
             name, sub_extras, spec = parse_requirement(line)
-            if name == normalise(PROJECT):          # dflash-ref[hf,notebooks]: those extras, inline
+            if name == normalise(PROJECT):  # dflash-ref[hf,notebooks]: those extras, inline
                 for extra in sorted(sub_extras - seen):
                     seen.add(extra)
                     add(optional[extra])
@@ -67,7 +68,7 @@ def environment_pip_lines(text: str) -> list[str]:
     """The entries of the `- pip:` list in a conda environment file (a small, indentation-based reader)."""
     entries, pip_indent = [], None
     for line in text.splitlines():
-        line = re.sub(r"(^|\s)#.*$", "", line).rstrip()    # YAML comments
+        line = re.sub(r"(^|\s)#.*$", "", line).rstrip()  # YAML comments
         if not line.strip():
             continue
         indent = len(line) - len(line.lstrip())
@@ -109,9 +110,11 @@ def test_environment_reader_by_hand():
 def test_environment_yml_matches_pyproject_core_and_test_extras():
     expected = pyproject_requirements(["test"])
     found = environment_requirements()
-    assert found == expected, (f"only in environment.yml: {sorted(set(found) - set(expected))}; "
-                               f"only in pyproject: {sorted(set(expected) - set(found))}; different: "
-                               f"{sorted(n for n in set(found) & set(expected) if found[n] != expected[n])}")
+    assert found == expected, (
+        f"only in environment.yml: {sorted(set(found) - set(expected))}; "
+        f"only in pyproject: {sorted(set(expected) - set(found))}; different: "
+        f"{sorted(n for n in set(found) & set(expected) if found[n] != expected[n])}"
+    )
 
 
 def test_environment_yml_installs_the_project_itself():
@@ -165,7 +168,7 @@ def test_ci_runs_exactly_the_readme_test_command():
 # module imports itself back through others. `__init__` (a lazy facade, imports by name on first use)
 # stands outside the layers; `__main__` is the command line, the top.
 PACKAGE = ROOT / "dflash_ref"
-LOOP = {"decoding"}                       # the loop: uses the extensions it can switch on
+LOOP = {"decoding"}  # the loop: uses the extensions it can switch on
 LAYERS = ["core", "extensions", "loop", "target", "drafts", "training", "apps", "cli"]
 APPS = {"bench", "walkthrough", "conformance"}
 
@@ -209,13 +212,16 @@ def imports_in(source: str, module: str, is_package: bool = False) -> list[tuple
 
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.level:
-            base = package[:len(package) - (node.level - 1)] if node.level > 1 else package
+            base = package[: len(package) - (node.level - 1)] if node.level > 1 else package
             add(".".join(base + ([node.module] if node.module else [])), [a.name for a in node.names], node)
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "dflash_ref":
             add(node.module.removeprefix("dflash_ref").lstrip("."), [a.name for a in node.names], node)
         elif isinstance(node, ast.Import):
-            found += [(a.name.removeprefix("dflash_ref").lstrip(".") or "__init__", node.lineno, id(node) in top)
-                      for a in node.names if a.name.split(".")[0] == "dflash_ref"]
+            found += [
+                (a.name.removeprefix("dflash_ref").lstrip(".") or "__init__", node.lineno, id(node) in top)
+                for a in node.names
+                if a.name.split(".")[0] == "dflash_ref"
+            ]
     return found
 
 
@@ -228,20 +234,38 @@ def package_modules() -> dict[str, Path]:
 
 
 def test_layer_of_by_hand():
-    assert [layer_of(m) for m in ("rope", "decoding", "extensions.linear", "target.hf", "drafts.oracle",
-                                  "training.recipe", "bench.suite", "conformance.verify", "cli.generate",
-                                  "__main__")] == \
-        ["core", "loop", "extensions", "target", "drafts", "training", "apps", "apps", "cli", "cli"]
+    assert [
+        layer_of(m)
+        for m in (
+            "rope",
+            "decoding",
+            "extensions.linear",
+            "target.hf",
+            "drafts.oracle",
+            "training.recipe",
+            "bench.suite",
+            "conformance.verify",
+            "cli.generate",
+            "__main__",
+        )
+    ] == ["core", "loop", "extensions", "target", "drafts", "training", "apps", "apps", "cli", "cli"]
 
 
 def test_imports_of_resolves_relative_imports():
     modules = {m for m, _, _ in imports_of(PACKAGE / "cli" / "train.py")}
     assert {"training.distill", "training.options", "drafts.checkpoint", "plots"} <= modules
     assert ("decoding", True) in {(m, at_top) for m, _, at_top in imports_of(PACKAGE / "training" / "measure.py")}
-    source = ("from . import plots\nfrom . import spec_generate\nfrom dflash_ref import load_draft\n"
-              "import dflash_ref.attention\n\n\ndef f():\n    from .cache import KVCache\n")
-    assert imports_in(source, "rope") == [("plots", 1, True), ("__init__", 2, True), ("__init__", 3, True),
-                                           ("attention", 4, True), ("cache", 8, False)]
+    source = (
+        "from . import plots\nfrom . import spec_generate\nfrom dflash_ref import load_draft\n"
+        "import dflash_ref.attention\n\n\ndef f():\n    from .cache import KVCache\n"
+    )
+    assert imports_in(source, "rope") == [
+        ("plots", 1, True),
+        ("__init__", 2, True),
+        ("__init__", 3, True),
+        ("attention", 4, True),
+        ("cache", 8, False),
+    ]
     assert imports_in("from ..target import hf\nfrom . import qwen3\n", "drafts.x")[0][0] == "target.hf"
     assert imports_in("from . import qwen3\n", "target", is_package=True) == [("target.qwen3", 1, True)]
 
@@ -249,8 +273,13 @@ def test_imports_of_resolves_relative_imports():
 def test_no_module_of_the_package_imports_its_facade():
     """dflash_ref/__init__ resolves names lazily for users; a module inside imports the module that
     defines a name (else the layers and the cycle check could not see the real dependency)."""
-    facade = [f"{path.relative_to(ROOT)}:{line}" for module, path in package_modules().items() if module
-              for target, line, _ in imports_of(path) if target == "__init__"]
+    facade = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for module, path in package_modules().items()
+        if module
+        for target, line, _ in imports_of(path)
+        if target == "__init__"
+    ]
     assert not facade, facade
 
 
@@ -262,8 +291,9 @@ def test_no_module_imports_from_a_layer_above_its_own():
             continue
         for target, line, _ in imports_of(path):
             if target and rank[layer_of(target)] > rank[layer_of(module)]:
-                upward.append(f"{path.relative_to(ROOT)}:{line} ({layer_of(module)}) imports {target} "
-                              f"({layer_of(target)})")
+                upward.append(
+                    f"{path.relative_to(ROOT)}:{line} ({layer_of(module)}) imports {target} ({layer_of(target)})"
+                )
     assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
 
 
@@ -273,7 +303,7 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
     def visit(m):
         if m in path:
-            cycles.append(path[path.index(m):] + [m])
+            cycles.append(path[path.index(m) :] + [m])
             return
         if m in done:
             return
@@ -294,13 +324,19 @@ def test_find_cycles_by_hand():
 
 
 def test_no_import_cycle():
-    graph = {module: {t for t, _, _ in imports_of(path) if t and t != module}
-             for module, path in package_modules().items() if module}
-    for module, targets in graph.items():   # importing p.q.r from outside p runs p/__init__ (and p/q/...) first
+    graph = {
+        module: {t for t, _, _ in imports_of(path) if t and t != module}
+        for module, path in package_modules().items()
+        if module
+    }
+    for module, targets in graph.items():  # importing p.q.r from outside p runs p/__init__ (and p/q/...) first
         for target in list(targets):
             parts = target.split(".")
-            targets |= {".".join(parts[:i]) for i in range(1, len(parts))
-                        if not (module + ".").startswith(".".join(parts[:i]) + ".")}
+            targets |= {
+                ".".join(parts[:i])
+                for i in range(1, len(parts))
+                if not (module + ".").startswith(".".join(parts[:i]) + ".")
+            }
     graph = {m: {t for t in targets if t in graph} for m, targets in graph.items()}
     cycles = find_cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" → ".join(c) for c in cycles)
@@ -313,14 +349,17 @@ def test_no_import_cycle():
 LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient", "mlx", "mlx_lm"}
 # None: any. training/init_draft.py reads a draft's config.json through config.py only for `train --init DRAFT`:
 # config.py brings torch, which training's options otherwise never import (`train --help` stays cheap)
-LOCAL_IMPORT_OF = {"__main__.py": None, "conformance/verify.py": {"conformance.ports"},
-                   "training/init_draft.py": {"config", "config_fields"}}
+LOCAL_IMPORT_OF = {
+    "__main__.py": None,
+    "conformance/verify.py": {"conformance.ports"},
+    "training/init_draft.py": {"config", "config_fields"},
+}
 
 
 def test_imports_sit_at_module_top_but_optional_dependencies():
     hidden = []
     for module, path in package_modules().items():
-        if module == "":                      # the facade: its imports are for type checkers only
+        if module == "":  # the facade: its imports are for type checkers only
             continue
         rel = path.relative_to(PACKAGE).as_posix()
         tree = ast.parse(path.read_text())
@@ -349,8 +388,7 @@ def test_the_top_of_the_package_holds_the_equations_and_few_files():
 
 
 def test_modules_stay_under_250_lines():
-    long = [f"{p.relative_to(ROOT)} ({n})" for p in PACKAGE.rglob("*.py")
-            if (n := p.read_text().count("\n")) > 250]
+    long = [f"{p.relative_to(ROOT)} ({n})" for p in PACKAGE.rglob("*.py") if (n := p.read_text().count("\n")) > 250]
     assert not long, long
 
 
@@ -360,14 +398,19 @@ def test_readme_fits_its_readers_and_its_links_resolve():
     the walk (README.md, dflash_ref/README.md) name, relative to the repository or to dflash_ref/."""
     assert (ROOT / "README.md").read_text().count("\n") <= 300
     missing = []
-    for doc in [ROOT / "README.md", PACKAGE / "README.md", PACKAGE / "conformance" / "README.md",
-                ROOT / "figures" / "bench" / "README.md", ROOT / "figures" / "training" / "README.md"]:
+    for doc in [
+        ROOT / "README.md",
+        PACKAGE / "README.md",
+        PACKAGE / "conformance" / "README.md",
+        ROOT / "figures" / "bench" / "README.md",
+        ROOT / "figures" / "training" / "README.md",
+    ]:
         text = doc.read_text()
         for link in re.findall(r"\]\(([^)#]+)\)", text):
             if not link.startswith("http") and not (doc.parent / link).exists():
                 missing.append(f"{doc.relative_to(ROOT)}: {link}")
         pattern = r"`([\w/]+\.py)`" if doc.parent in (ROOT, PACKAGE) else r"`((?:dflash_ref|tests)/[\w/]+\.py)`"
-        for path in re.findall(pattern, text):      # relative to the repository or to dflash_ref/
+        for path in re.findall(pattern, text):  # relative to the repository or to dflash_ref/
             if not ((ROOT / path).is_file() or (PACKAGE / path).is_file()):
                 missing.append(f"{doc.relative_to(ROOT)}: {path}")
     assert not missing, missing

@@ -6,6 +6,7 @@ is_causal overrides), and the whole decoding loop (greedy, sampled with the reje
 top-k / top-p, stop tokens, forced-correct drafts). Weights move between the two implementations
 with one `load_state_dict` (conftest.official_twins); nothing of the official code is copied here.
 """
+
 from __future__ import annotations
 
 import functools
@@ -13,16 +14,29 @@ import random
 
 import pytest
 import torch
+from conftest import (
+    assert_close,
+    draft_config,
+    make_pair,
+    official_twins,
+    randomize_,
+    target_config,
+    use_explicit_attention,
+)
 
-from conftest import assert_close, use_explicit_attention, draft_config, make_pair, official_twins, randomize_, target_config
-from dflash_ref import (DFlashDraftModel, Qwen3Target, build_target_layer_ids,
-                        extract_context_feature, generate, spec_generate)
+from dflash_ref import (
+    DFlashDraftModel,
+    Qwen3Target,
+    build_target_layer_ids,
+    extract_context_feature,
+    generate,
+    spec_generate,
+)
 from dflash_ref.drafts.oracle import OracleDraft
 from dflash_ref.extensions.linear import use_rows_first
 
 official = pytest.importorskip("dflash.model")
 transformers = pytest.importorskip("transformers")
-
 
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
@@ -31,6 +45,7 @@ SEEDS = list(range(24))
 
 
 # --------------------------------------------------------------------------- layer sampling
+
 
 def test_build_target_layer_ids_matches_official_everywhere():
     compared = 0
@@ -72,33 +87,44 @@ def test_extract_context_feature_matches_official(seed):
 
 # --------------------------------------------------------------------------- draft forward
 
+
 def random_draft_case(seed: int):
     """A tiny random draft (with its official twin) and random inputs, varied by seed."""
     rng = random.Random(seed)
-    ratio = (1, 2, 4)[seed % 3]                        # GQA ratios H_q / H_kv
+    ratio = (1, 2, 4)[seed % 3]  # GQA ratios H_q / H_kv
     kv_heads = rng.choice([1, 2])
     head_dim = rng.choice([4, 8, 16])
     hidden = rng.choice([16, 32, 48, 64])
     num_target_layers = rng.randint(2, 6)
     layer_ids = [rng.randrange(num_target_layers) for _ in range(rng.randint(1, 3))]
-    tc = target_config(hidden_size=hidden, vocab_size=rng.randint(8, 16), num_hidden_layers=num_target_layers,
-                       rope_theta=rng.choice([10000.0, 1e6]))
-    dc = draft_config(tc, hidden_size=hidden, num_hidden_layers=1 + seed % 3,
-                      num_attention_heads=kv_heads * ratio, num_key_value_heads=kv_heads, head_dim=head_dim,
-                      intermediate_size=rng.choice([32, 64]), target_layer_ids=layer_ids,
-                      block_size=rng.randint(2, 8))
+    tc = target_config(
+        hidden_size=hidden,
+        vocab_size=rng.randint(8, 16),
+        num_hidden_layers=num_target_layers,
+        rope_theta=rng.choice([10000.0, 1e6]),
+    )
+    dc = draft_config(
+        tc,
+        hidden_size=hidden,
+        num_hidden_layers=1 + seed % 3,
+        num_attention_heads=kv_heads * ratio,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        intermediate_size=rng.choice([32, 64]),
+        target_layer_ids=layer_ids,
+        block_size=rng.randint(2, 8),
+    )
     target = randomize_(Qwen3Target(tc), seed)
     draft = randomize_(DFlashDraftModel(dc), seed + 10_000)
-    use_rows_first(draft)     # the product every loaded or random draft uses, checked against the official
+    use_rows_first(draft)  # the product every loaded or random draft uses, checked against the official
     batch = 1 + (seed // 3) % 2
     ctx_len = rng.randint(1, 10)
     g = torch.Generator().manual_seed(seed)
     target_hidden = torch.randn(batch, ctx_len, len(layer_ids) * hidden, generator=g)
     noise_embedding = torch.randn(batch, dc.block_size, hidden, generator=g)
     offsets = torch.tensor([rng.randint(0, 20) for _ in range(batch)])[:, None]
-    position_ids = offsets + torch.arange(ctx_len + dc.block_size)[None]       # (B, L_c + L_q)
-    return target, draft, dict(position_ids=position_ids, noise_embedding=noise_embedding,
-                               target_hidden=target_hidden)
+    position_ids = offsets + torch.arange(ctx_len + dc.block_size)[None]  # (B, L_c + L_q)
+    return target, draft, dict(position_ids=position_ids, noise_embedding=noise_embedding, target_hidden=target_hidden)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -135,8 +161,12 @@ def test_draft_forward_configs_cover_the_grid():
 @pytest.mark.parametrize("is_causal", [None, True, False])
 @pytest.mark.parametrize("explicit", [False, True])
 def test_sliding_window_draft_matches_official(is_causal, explicit):
-    target, draft = make_pair(3, draft_overrides=dict(
-        layer_types=["sliding_attention", "full_attention"], sliding_window=3, is_causal=is_causal, block_size=6))
+    target, draft = make_pair(
+        3,
+        draft_overrides=dict(
+            layer_types=["sliding_attention", "full_attention"], sliding_window=3, is_causal=is_causal, block_size=6
+        ),
+    )
     off_draft = official_twins(target, draft)[1]
     attn = [layer.self_attn for layer in off_draft.layers]
     assert attn[0].sliding_window == 3 and attn[1].sliding_window is None
@@ -145,9 +175,11 @@ def test_sliding_window_draft_matches_official(is_causal, explicit):
         use_explicit_attention(draft)
     g = torch.Generator().manual_seed(5)
     for batch, ctx_len in [(1, 1), (2, 7)]:
-        inputs = dict(position_ids=torch.arange(ctx_len + 6)[None].expand(batch, -1),
-                      noise_embedding=torch.randn(batch, 6, 32, generator=g),
-                      target_hidden=torch.randn(batch, ctx_len, 64, generator=g))
+        inputs = dict(
+            position_ids=torch.arange(ctx_len + 6)[None].expand(batch, -1),
+            noise_embedding=torch.randn(batch, 6, 32, generator=g),
+            target_hidden=torch.randn(batch, ctx_len, 64, generator=g),
+        )
         with torch.no_grad():
             assert_close(draft(**inputs), off_draft(**inputs))
 
@@ -157,11 +189,30 @@ def test_sliding_window_draft_matches_official(is_causal, explicit):
 def test_is_causal_override_matches_official(is_causal, explicit):
     target, draft, inputs = random_draft_case(7)
     cfg = draft.config
-    draft = randomize_(DFlashDraftModel(draft_config(target.config, **{
-        **{k: getattr(cfg, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                        "num_key_value_heads", "head_dim", "intermediate_size",
-                                        "target_layer_ids", "block_size")},
-        "is_causal": is_causal})), 7)
+    draft = randomize_(
+        DFlashDraftModel(
+            draft_config(
+                target.config,
+                **{
+                    **{
+                        k: getattr(cfg, k)
+                        for k in (
+                            "hidden_size",
+                            "num_hidden_layers",
+                            "num_attention_heads",
+                            "num_key_value_heads",
+                            "head_dim",
+                            "intermediate_size",
+                            "target_layer_ids",
+                            "block_size",
+                        )
+                    },
+                    "is_causal": is_causal,
+                },
+            )
+        ),
+        7,
+    )
     _, off_draft = official_twins(target, draft)
     assert all(layer.self_attn.is_causal is is_causal for layer in off_draft.layers)
     assert all(layer.self_attn.is_causal is is_causal for layer in draft.layers)
@@ -172,10 +223,24 @@ def test_is_causal_override_matches_official(is_causal, explicit):
         assert_close(ours, theirs)
         # the override really changes the output (the default for full layers is non-causal)
         if is_causal:
-            plain = DFlashDraftModel(draft_config(target.config, **{
-                k: getattr(draft.config, k) for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
-                                                      "num_key_value_heads", "head_dim", "intermediate_size",
-                                                      "target_layer_ids", "block_size")}))
+            plain = DFlashDraftModel(
+                draft_config(
+                    target.config,
+                    **{
+                        k: getattr(draft.config, k)
+                        for k in (
+                            "hidden_size",
+                            "num_hidden_layers",
+                            "num_attention_heads",
+                            "num_key_value_heads",
+                            "head_dim",
+                            "intermediate_size",
+                            "target_layer_ids",
+                            "block_size",
+                        )
+                    },
+                )
+            )
             plain.load_state_dict(draft.state_dict())
             assert (plain.eval()(**inputs) - ours).abs().max() > 1e-3
 
@@ -197,8 +262,12 @@ MULTI_PASS = [
     (2, [7, 3], 8, {"num_attention_heads": 8, "num_key_value_heads": 2}),
     (3, [4, 1, 6], 5, {"num_key_value_heads": 4}),
     (4, [3, 4, 2], 4, {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 3}),
-    (5, [6, 2, 5], 3, {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 4,
-                       "is_causal": False}),
+    (
+        5,
+        [6, 2, 5],
+        3,
+        {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 4, "is_causal": False},
+    ),
 ]
 
 
@@ -217,10 +286,12 @@ def test_draft_multi_pass_kv_cache_matches_official(seed, ctx_lens, block, overr
     start = 0
     with torch.no_grad():
         for ctx_len in ctx_lens:
-            start += ctx_len                                 # the new context ends where the block starts
-            inputs = dict(position_ids=torch.arange(start - ctx_len, start + block)[None],
-                          noise_embedding=torch.randn(1, block, 32, generator=g),
-                          target_hidden=torch.randn(1, ctx_len, k_d, generator=g))
+            start += ctx_len  # the new context ends where the block starts
+            inputs = dict(
+                position_ids=torch.arange(start - ctx_len, start + block)[None],
+                noise_embedding=torch.randn(1, block, 32, generator=g),
+                target_hidden=torch.randn(1, ctx_len, k_d, generator=g),
+            )
             ours = draft(**inputs, past_key_values=ours_cache, use_cache=True)
             theirs = off_draft(**inputs, past_key_values=their_cache, use_cache=True)
             assert_close(ours, theirs)
@@ -235,15 +306,19 @@ def test_draft_multi_pass_kv_cache_matches_official(seed, ctx_lens, block, overr
 
 # --------------------------------------------------------------------------- the decoding loop
 
-@functools.lru_cache(maxsize=None)
+
+@functools.cache
 def loop_case(seed: int):
     """A tiny pair with a small vocabulary (random drafts are sometimes right), its official twins,
     a prompt, a max_new_tokens that is not a multiple of the block, and stop tokens on some seeds."""
     rng = random.Random(seed)
-    vocab = 8 + seed % 9                                           # 8..16
-    block = 2 + seed % 7                                           # 2..8
-    target, draft = make_pair(seed, target_overrides=dict(vocab_size=vocab, num_hidden_layers=rng.randint(3, 5)),
-                              draft_overrides=dict(block_size=block, num_hidden_layers=rng.randint(1, 2)))
+    vocab = 8 + seed % 9  # 8..16
+    block = 2 + seed % 7  # 2..8
+    target, draft = make_pair(
+        seed,
+        target_overrides=dict(vocab_size=vocab, num_hidden_layers=rng.randint(3, 5)),
+        draft_overrides=dict(block_size=block, num_hidden_layers=rng.randint(1, 2)),
+    )
     hf_target, off_draft = official_twins(target, draft)
     g = torch.Generator().manual_seed(seed)
     prompt = torch.randint(0, vocab, (1, rng.randint(1, 6)), generator=g)
@@ -251,7 +326,7 @@ def loop_case(seed: int):
     assert max_new % block
     stop = None
     if seed % 3 == 0:  # a stop token the greedy run meets a few tokens in
-        ar = generate(target, prompt, max_new).output_ids[0, prompt.shape[1]:]
+        ar = generate(target, prompt, max_new).output_ids[0, prompt.shape[1] :]
         stop = [int(ar[min(2 + seed % 5, len(ar) - 1)])]
     return target, draft, hf_target, off_draft, prompt, max_new, stop
 
@@ -265,7 +340,7 @@ SAMPLING = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def run_both(seed: int, mode: str, block_size: int | None = None):
     target, draft, hf_target, off_draft, prompt, max_new, stop = loop_case(seed)
     kw = dict(SAMPLING[mode], block_size=block_size)
@@ -327,12 +402,19 @@ def test_greedy_loop_is_lossless_against_official_ar():
         ours, theirs = run_both(seed, "greedy")
         ar = generate(target, prompt, max_new, stop).output_ids
         assert torch.equal(ours.output_ids, ar)
-        hf = hf_target.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=max_new,
-                                do_sample=False, eos_token_id=stop, pad_token_id=0)
-        assert torch.equal(theirs.output_ids, hf[:, :theirs.output_ids.shape[1]])
+        hf = hf_target.generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=stop,
+            pad_token_id=0,
+        )
+        assert torch.equal(theirs.output_ids, hf[:, : theirs.output_ids.shape[1]])
 
 
 # --------------------------------------------------------------------------- forced-correct drafts
+
 
 def force_official_proposals(off_draft, continuation: list[int], accept: int | None = None) -> list[int]:
     """Patch an official draft instance so its proposals are continuation[position] for the block
@@ -347,7 +429,7 @@ def force_official_proposals(off_draft, continuation: list[int], accept: int | N
         return inner_forward(*args, **kwargs)
 
     def compute_logits(hidden, output_head):
-        logits = output_head(hidden)                                  # (1, γ, V)
+        logits = output_head(hidden)  # (1, γ, V)
         vocab = logits.shape[-1]
         forced = torch.full_like(logits, -1e4)
         for i, pos in enumerate(seen[1:]):
@@ -366,9 +448,9 @@ def force_official_proposals(off_draft, continuation: list[int], accept: int | N
 @pytest.mark.parametrize("seed", [0, 2, 4, 5, 8, 13])
 def test_oracle_draft_matches_official_with_forced_proposals(seed, accept):
     target, draft, hf_target, off_draft, prompt, max_new, _ = loop_case(seed)
-    _, off_draft = official_twins(target, draft)        # a fresh instance: it is patched below
+    _, off_draft = official_twins(target, draft)  # a fresh instance: it is patched below
     block = draft.block_size
-    ar = generate(target, prompt, max_new).output_ids                 # the target's greedy output
+    ar = generate(target, prompt, max_new).output_ids  # the target's greedy output
     oracle = OracleDraft(draft, continuation=ar[0], accept=accept)
     seen = force_official_proposals(off_draft, ar[0].tolist(), accept)
     ours = spec_generate(oracle, target, prompt, max_new)
@@ -376,11 +458,11 @@ def test_oracle_draft_matches_official_with_forced_proposals(seed, accept):
     assert seen, "the official draft was never called"
     assert torch.equal(ours.output_ids, theirs.output_ids)
     assert ours.tokens_per_step == theirs.acceptance_lengths
-    assert torch.equal(ours.output_ids, ar)                           # lossless
+    assert torch.equal(ours.output_ids, ar)  # lossless
     expected = block - 1 if accept is None else min(accept, block - 1)
     # every full step accepts exactly `expected`; only the last (clipped) step may accept fewer
     assert all(t == expected for t in ours.acceptance_lengths[:-1]), ours.acceptance_lengths
     assert ours.acceptance_lengths[-1] <= expected
     assert all(p == expected + 1 for p in theirs.acceptance_lengths[:-1])
     steps = len(ours.acceptance_lengths)
-    assert steps == -(-(max_new - 1) // (expected + 1))               # ⌈(max_new − 1) / (τ + 1)⌉
+    assert steps == -(-(max_new - 1) // (expected + 1))  # ⌈(max_new − 1) / (τ + 1)⌉

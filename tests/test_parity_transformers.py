@@ -3,6 +3,7 @@ hidden state, with and without a KV cache, after crops), checkpoints written by 
 us and read by the other side (sharded bf16 targets, drafts in the official format), and the
 SDPA attention path against the explicit one.
 """
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,16 @@ import random
 
 import pytest
 import torch
+from conftest import (
+    assert_close,
+    draft_config,
+    make_pair,
+    official_twins,
+    randomize_,
+    target_config,
+    use_explicit_attention,
+)
 
-from conftest import assert_close, use_explicit_attention, draft_config, make_pair, official_twins, randomize_, target_config
 from dflash_ref import DFlashDraftModel, Qwen3Target, load_draft, load_target, save_draft
 
 transformers = pytest.importorskip("transformers")
@@ -21,8 +30,6 @@ ATOL = 1e-5
 
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
-
-
 
 
 def assert_outputs_close(ours, theirs, num_layers: int, atol: float = ATOL) -> None:
@@ -46,20 +53,28 @@ def crop_hf(cache, length: int) -> None:
 
 # (seed, tie_word_embeddings, num_attention_heads, num_key_value_heads, num_hidden_layers)
 TARGETS = [
-    (0, False, 4, 2, 4),   # GQA 2
-    (1, True, 4, 2, 3),    # tied, GQA 2
-    (2, False, 4, 4, 2),   # MHA
-    (3, True, 4, 4, 4),    # tied, MHA
-    (4, False, 8, 2, 3),   # GQA 4
-    (5, True, 4, 1, 2),    # tied, MQA
+    (0, False, 4, 2, 4),  # GQA 2
+    (1, True, 4, 2, 3),  # tied, GQA 2
+    (2, False, 4, 4, 2),  # MHA
+    (3, True, 4, 4, 4),  # tied, MHA
+    (4, False, 8, 2, 3),  # GQA 4
+    (5, True, 4, 1, 2),  # tied, MQA
 ]
 
 
 def make_target(seed, tie, heads, kv_heads, layers, **extra) -> Qwen3Target:
     hidden = 16 * (1 + seed % 3)
-    tc = target_config(tie_word_embeddings=tie, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                       num_hidden_layers=layers, hidden_size=hidden, head_dim=8, vocab_size=11 + seed,
-                       rope_theta=(10000.0, 1e6)[seed % 2], **extra)
+    tc = target_config(
+        tie_word_embeddings=tie,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        head_dim=8,
+        vocab_size=11 + seed,
+        rope_theta=(10000.0, 1e6)[seed % 2],
+        **extra,
+    )
     return randomize_(Qwen3Target(tc), seed)
 
 
@@ -70,6 +85,7 @@ def hf_twin(target: Qwen3Target):
 
 
 # --------------------------------------------------------------------------- target forward
+
 
 @pytest.mark.parametrize("seed,tie,heads,kv_heads,layers", TARGETS)
 def test_target_forward_matches_transformers(seed, tie, heads, kv_heads, layers):
@@ -104,7 +120,7 @@ def test_target_with_cache_and_crop_matches_transformers(seed, tie, heads, kv_he
     g = torch.Generator().manual_seed(100 + seed)
     batch = 1 + seed % 2
     ours_cache, their_cache = target.make_cache(), hf_cache(hf)
-    full = torch.randint(0, vocab, (batch, 5), generator=g)   # every token fed so far, for a no-cache check
+    full = torch.randint(0, vocab, (batch, 5), generator=g)  # every token fed so far, for a no-cache check
 
     def step(ids):
         nonlocal full
@@ -115,19 +131,19 @@ def test_target_with_cache_and_crop_matches_transformers(seed, tie, heads, kv_he
         assert ours_cache.get_seq_length() == their_cache.get_seq_length()
         return ours
 
-    step(full)                                                     # prefill 5
-    for _ in range(3):                                             # token by token
+    step(full)  # prefill 5
+    for _ in range(3):  # token by token
         new = torch.randint(0, vocab, (batch, 1), generator=g)
         step(new)
         full = torch.cat([full, new], dim=1)
-    new = torch.randint(0, vocab, (batch, 4), generator=g)        # a block
+    new = torch.randint(0, vocab, (batch, 4), generator=g)  # a block
     last = step(new)
     full = torch.cat([full, new], dim=1)
     assert ours_cache.get_seq_length() == 12
-    with torch.no_grad():                                          # the cache is exact, not approximate
+    with torch.no_grad():  # the cache is exact, not approximate
         assert_close(last.logits, target(full).logits[:, -4:])
 
-    for keep, block in [(9, 3), (10, 1), (6, 5)]:                  # crop (rejected tokens go), continue
+    for keep, block in [(9, 3), (10, 1), (6, 5)]:  # crop (rejected tokens go), continue
         ours_cache.crop(keep)
         crop_hf(their_cache, keep)
         assert ours_cache.get_seq_length() == their_cache.get_seq_length() == keep
@@ -141,6 +157,7 @@ def test_target_with_cache_and_crop_matches_transformers(seed, tie, heads, kv_he
 
 # --------------------------------------------------------------------------- target checkpoints
 
+
 @pytest.mark.parametrize("tie", [False, True])
 def test_sharded_bf16_target_checkpoint_loads(tmp_path, tie):
     target = make_target(6, tie, 4, 2, 3)
@@ -151,7 +168,7 @@ def test_sharded_bf16_target_checkpoint_loads(tmp_path, tie):
     assert len(shards) > 1 and all((tmp_path / s).is_file() for s in shards)
     assert not (tmp_path / "model.safetensors").exists()
 
-    ours = load_target(tmp_path)                                   # the config's dtype: bf16
+    ours = load_target(tmp_path)  # the config's dtype: bf16
     assert ours.dtype == torch.bfloat16 and ours.config.tie_word_embeddings == tie
     assert (ours.lm_head.weight is ours.model.embed_tokens.weight) == tie
     theirs = transformers.Qwen3ForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16).eval()
@@ -163,7 +180,7 @@ def test_sharded_bf16_target_checkpoint_loads(tmp_path, tie):
         a, b = ours(ids).logits, theirs(ids).logits
         assert a.dtype == b.dtype == torch.bfloat16
         scale = b.float().abs().max().item()
-        assert_close(a, b, atol=0.03 * scale)                      # bf16: ~3 significant digits
+        assert_close(a, b, atol=0.03 * scale)  # bf16: ~3 significant digits
         # the same bf16 numbers read into fp32 on both sides agree to fp32 precision
         ours32 = load_target(tmp_path, dtype=torch.float32)
         theirs32 = transformers.Qwen3ForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
@@ -175,12 +192,15 @@ def test_sharded_bf16_target_checkpoint_loads(tmp_path, tie):
 
 # --------------------------------------------------------------------------- draft checkpoints
 
+
 def draft_inputs(draft, batch=2, ctx_len=6, seed=0):
     g = torch.Generator().manual_seed(seed)
     d, q = draft.config.hidden_size, draft.block_size
-    return dict(position_ids=torch.arange(3, 3 + ctx_len + q)[None].expand(batch, -1),
-                noise_embedding=torch.randn(batch, q, d, generator=g),
-                target_hidden=torch.randn(batch, ctx_len, len(draft.target_layer_ids) * d, generator=g))
+    return dict(
+        position_ids=torch.arange(3, 3 + ctx_len + q)[None].expand(batch, -1),
+        noise_embedding=torch.randn(batch, q, d, generator=g),
+        target_hidden=torch.randn(batch, ctx_len, len(draft.target_layer_ids) * d, generator=g),
+    )
 
 
 DRAFTS = [
@@ -196,12 +216,13 @@ def test_saved_draft_loads_in_official(tmp_path, seed, overrides):
     save_draft(draft, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"]
-    assert config["dflash_config"] == {"mask_token_id": draft.mask_token_id,
-                                       "target_layer_ids": draft.target_layer_ids}
+    assert config["dflash_config"] == {"mask_token_id": draft.mask_token_id, "target_layer_ids": draft.target_layer_ids}
     theirs = official.DFlashDraftModel.from_pretrained(tmp_path).eval()
     assert theirs.block_size == draft.block_size and theirs.mask_token_id == draft.mask_token_id
     assert theirs.target_layer_ids == draft.target_layer_ids
-    assert [l.self_attn.is_causal for l in theirs.layers] == [l.self_attn.is_causal for l in draft.layers]
+    assert [layer.self_attn.is_causal for layer in theirs.layers] == [
+        layer.self_attn.is_causal for layer in draft.layers
+    ]
     their_sd = theirs.state_dict()
     assert set(their_sd) == set(draft.state_dict())
     assert all(torch.equal(v, their_sd[k]) for k, v in draft.state_dict().items())
@@ -236,8 +257,18 @@ def test_official_saved_draft_loads_here(tmp_path, seed, overrides):
     _, off_draft = official_twins(target, draft)
     off_draft.save_pretrained(tmp_path)
     ours = load_draft(tmp_path)
-    for key in ("block_size", "mask_token_id", "target_layer_ids", "num_hidden_layers", "num_target_layers",
-                "num_attention_heads", "num_key_value_heads", "head_dim", "rope_theta", "is_causal"):
+    for key in (
+        "block_size",
+        "mask_token_id",
+        "target_layer_ids",
+        "num_hidden_layers",
+        "num_target_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rope_theta",
+        "is_causal",
+    ):
         assert getattr(ours.config, key) == getattr(draft.config, key), key
     off_sd = off_draft.state_dict()
     assert set(ours.state_dict()) == set(off_sd)
@@ -278,7 +309,7 @@ def test_official_saved_sliding_draft_loads_here(tmp_path):
 def test_official_sliding_layers_without_window_load_here(tmp_path):
     _, draft = make_pair(9, draft_overrides=SLIDING)
     d = draft.config.to_dict()
-    d["use_sliding_window"] = False                   # transformers then drops the window
+    d["use_sliding_window"] = False  # transformers then drops the window
     off_draft = official.DFlashDraftModel(transformers.Qwen3Config(**d)).eval()
     off_draft.load_state_dict(draft.state_dict())
     assert off_draft.layers[0].self_attn.sliding_window is None and off_draft.layers[0].self_attn.is_causal
@@ -292,19 +323,28 @@ def test_official_sliding_layers_without_window_load_here(tmp_path):
 
 # --------------------------------------------------------------------------- SDPA vs explicit
 
+
 def random_draft(seed: int, **overrides) -> DFlashDraftModel:
     rng = random.Random(seed)
     kv = rng.choice([1, 2])
     layers = len(overrides["layer_types"]) if "layer_types" in overrides else rng.randint(1, 3)
-    dc = draft_config(target_config(), num_hidden_layers=layers, num_key_value_heads=kv,
-                      num_attention_heads=kv * rng.choice([1, 2, 4]), head_dim=rng.choice([4, 8]),
-                      block_size=rng.randint(2, 8), **overrides)
+    dc = draft_config(
+        target_config(),
+        num_hidden_layers=layers,
+        num_key_value_heads=kv,
+        num_attention_heads=kv * rng.choice([1, 2, 4]),
+        head_dim=rng.choice([4, 8]),
+        block_size=rng.randint(2, 8),
+        **overrides,
+    )
     return randomize_(DFlashDraftModel(dc), seed)
 
 
-@pytest.mark.parametrize("overrides", [{}, dict(is_causal=True), SLIDING,
-                                       dict(SLIDING, is_causal=False, sliding_window=2)],
-                         ids=["plain", "causal", "sliding", "sliding-noncausal"])
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, dict(is_causal=True), SLIDING, dict(SLIDING, is_causal=False, sliding_window=2)],
+    ids=["plain", "causal", "sliding", "sliding-noncausal"],
+)
 @pytest.mark.parametrize("seed", range(4))
 def test_draft_sdpa_matches_explicit(seed, overrides):
     sdpa = random_draft(seed, **overrides)
@@ -315,11 +355,13 @@ def test_draft_sdpa_matches_explicit(seed, overrides):
     k_d = len(sdpa.target_layer_ids) * sdpa.config.hidden_size
     q, start = sdpa.block_size, 0
     with torch.no_grad():
-        for ctx_len in (1 + seed, 3):                                  # two passes through a cache
+        for ctx_len in (1 + seed, 3):  # two passes through a cache
             start += ctx_len
-            inputs = dict(position_ids=torch.arange(start - ctx_len, start + q)[None],
-                          noise_embedding=torch.randn(1, q, 32, generator=g),
-                          target_hidden=torch.randn(1, ctx_len, k_d, generator=g))
+            inputs = dict(
+                position_ids=torch.arange(start - ctx_len, start + q)[None],
+                noise_embedding=torch.randn(1, q, 32, generator=g),
+                target_hidden=torch.randn(1, ctx_len, k_d, generator=g),
+            )
             a = sdpa(**inputs, past_key_values=caches[0], use_cache=True)
             b = explicit(**inputs, past_key_values=caches[1], use_cache=True)
             assert_close(a, b)
@@ -338,10 +380,12 @@ def test_target_sdpa_matches_explicit(seed, tie, heads, kv_heads, layers):
     with torch.no_grad():
         assert_outputs_close(sdpa(ids), explicit(ids), layers)
         caches = sdpa.make_cache(), explicit.make_cache()
-        for chunk in (ids[:, :6], ids[:, 6:7], ids[:, 7:]):              # prefill, one token, a block
-            assert_outputs_close(sdpa(chunk, past_key_values=caches[0]),
-                                 explicit(chunk, past_key_values=caches[1]), layers)
+        for chunk in (ids[:, :6], ids[:, 6:7], ids[:, 7:]):  # prefill, one token, a block
+            assert_outputs_close(
+                sdpa(chunk, past_key_values=caches[0]), explicit(chunk, past_key_values=caches[1]), layers
+            )
         for c in caches:
             c.crop(4)
-        assert_outputs_close(sdpa(ids[:, 4:8], past_key_values=caches[0]),
-                             explicit(ids[:, 4:8], past_key_values=caches[1]), layers)
+        assert_outputs_close(
+            sdpa(ids[:, 4:8], past_key_values=caches[0]), explicit(ids[:, 4:8], past_key_values=caches[1]), layers
+        )

@@ -1,6 +1,7 @@
 """Prompt lookup beside the draft (extensions/prompt_lookup.py): the proposals by hand, the refusals,
 and decoding with it: greedy equal to AR on random pairs (DFlash 1 and 2), sampled with the target's
 distribution (both verifiers), no draft pass where it proposes, and its steps in the trace."""
+
 from __future__ import annotations
 
 import itertools
@@ -33,12 +34,12 @@ def test_proposals_by_hand():
     assert proposals([1, 2, 3, 4, 2, 3, 5, 1, 2, 3], gamma=1, lookup=3) == [4]
     # (7, 8) ends at j = 1; its γ = 3 tokens reach the present token, which is committed: allowed
     assert proposals([7, 8, 9, 7, 8], gamma=3, lookup=2) == [9, 7, 8]
-    assert proposals([7, 8, 9, 7, 8], gamma=4, lookup=1) is None          # no match has 4 tokens after it
-    assert proposals([7, 8, 9, 1, 8], gamma=1, lookup=2) is None          # (1, 8) never occurred before
-    assert proposals([7, 8, 9, 1, 8], gamma=1, lookup=1) == [9]           # (8) did, at j = 1
-    assert proposals([7, 8, 9, 7, 8], gamma=0) is None                     # nothing to propose
-    assert proposals([7, 8, 9, 7, 8], gamma=2, lookup=None) is None        # off
-    assert proposals([4], gamma=1) is None                                 # one token: nothing before it
+    assert proposals([7, 8, 9, 7, 8], gamma=4, lookup=1) is None  # no match has 4 tokens after it
+    assert proposals([7, 8, 9, 1, 8], gamma=1, lookup=2) is None  # (1, 8) never occurred before
+    assert proposals([7, 8, 9, 1, 8], gamma=1, lookup=1) == [9]  # (8) did, at j = 1
+    assert proposals([7, 8, 9, 7, 8], gamma=0) is None  # nothing to propose
+    assert proposals([7, 8, 9, 7, 8], gamma=2, lookup=None) is None  # off
+    assert proposals([4], gamma=1) is None  # one token: nothing before it
 
 
 @pytest.mark.parametrize("bad", [0, 4, -1, True, 1.5, "2"])
@@ -66,12 +67,13 @@ def test_greedy_with_lookup_equals_ar_on_random_pairs(seed):
     target, draft = make_pair(seed, case["target"], case["draft"])
     prompt = torch.tensor([case["prompt"]])
     for n in sorted({case["max_new_tokens"], 24}):
-        cont = generate(target, prompt, n).output_ids[0, prompt.shape[1]:].tolist()
+        cont = generate(target, prompt, n).output_ids[0, prompt.shape[1] :].tolist()
         stops = [cont[len(cont) // 2]] if case["stop_kind"] == "generated" and cont else None
         expected = generate(target, prompt, n, stop_token_ids=stops).output_ids
         for lookup in (1, 2, 3):
-            out, records = lookup_run(draft, target, prompt, n, lookup, block_size=case["block_size"],
-                                      stop_token_ids=stops)
+            out, records = lookup_run(
+                draft, target, prompt, n, lookup, block_size=case["block_size"], stop_token_ids=stops
+            )
             assert torch.equal(out.output_ids, expected), (lookup, n, case)
             for r in records:
                 found = lookup_proposals(out.output_ids, r.start, len(r.draft_tokens), lookup)
@@ -80,9 +82,10 @@ def test_greedy_with_lookup_equals_ar_on_random_pairs(seed):
                     assert r.draft_tokens == found[0].tolist() == r.block_ids[1:]
                     assert r.q_position_ids == [] and r.ctx_len == 0 and r.draft_cache_after == r.draft_cache_before
             assert out.num_draft_passes == sum(1 for r in records if not r.lookup and len(r.block_ids) > 1)
-        gated, records = lookup_run(draft, target, prompt, n, 2, block_size=case["block_size"], verify_gate=0.5,
-                                    stop_token_ids=stops)
-        assert torch.equal(gated.output_ids, expected)                  # with the verify gate: lookup steps ungated
+        gated, records = lookup_run(
+            draft, target, prompt, n, 2, block_size=case["block_size"], verify_gate=0.5, stop_token_ids=stops
+        )
+        assert torch.equal(gated.output_ids, expected)  # with the verify gate: lookup steps ungated
         assert all(r.verify_size == len(r.block_ids) == len(r.draft_tokens) + 1 for r in records if r.lookup)
 
 
@@ -97,15 +100,18 @@ def test_lookup_fires_on_random_pairs_and_the_next_draft_pass_takes_the_waiting_
         fired += sum(r.lookup for r in records)
         drafted = [r for r in records if not r.lookup and len(r.block_ids) > 1]
         for before, after in zip(drafted, drafted[1:]):
-            assert after.draft_cache_before == before.start                  # the cache ends at the last x_0
-            assert after.ctx_len == after.start - before.start                # everything since waits for it
+            assert after.draft_cache_before == before.start  # the cache ends at the last x_0
+            assert after.ctx_len == after.start - before.start  # everything since waits for it
     assert fired > 20, fired
 
 
 def test_greedy_dflash2_with_lookup_equals_ar():
     for seed in range(6):
-        target, draft = make_pair(seed, target_overrides=dict(vocab_size=12),
-                                  draft_overrides=dflash2(block_size=4, top_k=4, kernel=3, group=4))
+        target, draft = make_pair(
+            seed,
+            target_overrides=dict(vocab_size=12),
+            draft_overrides=dflash2(block_size=4, top_k=4, kernel=3, group=4),
+        )
         prompt = torch.randint(0, 12, (1, 5), generator=torch.Generator().manual_seed(seed))
         out, records = lookup_run(draft, target, prompt, 30, 1)
         assert torch.equal(out.output_ids, generate(target, prompt, 30).output_ids), seed
@@ -119,13 +125,18 @@ def test_sampled_with_lookup_has_the_targets_distribution(version, verifier):
     mass on the copied token, and the rejection verifier's residual is p without it."""
     from dflash_ref.conformance.exact import _next_probs
     from dflash_ref.conformance.sampling import chi_square
+
     extra = dflash2(top_k=2, kernel=2, group=4) if version == 2 else {}
     target, draft = make_pair(5, target_overrides=dict(vocab_size=4), draft_overrides=dict(block_size=3, **extra))
     prompt, t = [0, 1, 0, 1], 1.5
     sequences = list(itertools.product(range(4), repeat=3))
     with torch.inference_mode():
-        exact = np.array([np.prod([float(_next_probs(target, prompt + list(seq[:i]), t)[-1, tok])
-                                   for i, tok in enumerate(seq)]) for seq in sequences])
+        exact = np.array(
+            [
+                np.prod([float(_next_probs(target, prompt + list(seq[:i]), t)[-1, tok]) for i, tok in enumerate(seq)])
+                for seq in sequences
+            ]
+        )
         counts, lookups, accepted = dict.fromkeys(sequences, 0), 0, 0
         for seed in range(1500):
             torch.manual_seed(seed)
@@ -148,7 +159,7 @@ def test_lookup_steps_in_a_trace_have_no_draft_activations_and_round_trip(tmp_pa
     assert any(r.lookup for r in trace.records) and any(not r.lookup for r in trace.records)
     for record, pattern in zip(trace.records, trace[name]):
         assert (pattern is None) == record.lookup
-        if pattern is not None:   # the pattern's keys: the cached context, the context fed now, the block
+        if pattern is not None:  # the pattern's keys: the cached context, the context fed now, the block
             assert pattern.shape[-1] == trace.context_columns(record.step) + len(record.q_position_ids)
     trace.save(tmp_path / "t")
     back = Trace.load(tmp_path / "t")
@@ -161,6 +172,7 @@ def test_draft_passes_after_lookups_propose_what_a_draft_fed_the_whole_prefix_at
     that anchor in one pass (training.teacher_forced.draft_proposals, no cache)."""
     from dflash_ref.layer_sampling import extract_context_feature
     from dflash_ref.training.teacher_forced import draft_proposals
+
     checked = 0
     for seed in range(4):
         target, draft = make_pair(seed, target_overrides=dict(vocab_size=10), draft_overrides=dict(block_size=4))
@@ -169,8 +181,11 @@ def test_draft_passes_after_lookups_propose_what_a_draft_fed_the_whole_prefix_at
         with torch.inference_mode():
             hidden = target(out.output_ids, output_hidden_states=True).hidden_states
             features = extract_context_feature(hidden, draft.target_layer_ids)
-            after_lookup = [r for i, r in enumerate(records)
-                            if not r.lookup and len(r.block_ids) == 4 and i and records[i - 1].lookup]
+            after_lookup = [
+                r
+                for i, r in enumerate(records)
+                if not r.lookup and len(r.block_ids) == 4 and i and records[i - 1].lookup
+            ]
             for r in after_lookup:
                 whole = draft_proposals(draft, target, out.output_ids, features, torch.tensor([r.start]))
                 assert whole[0].tolist() == r.draft_tokens, (seed, r.step)
@@ -181,11 +196,17 @@ def test_draft_passes_after_lookups_propose_what_a_draft_fed_the_whole_prefix_at
 def test_generate_figures_start_at_the_first_drafted_step(tmp_path):
     """`generate --figures` draws the first step with a draft pass: here step 0 is a lookup (the prompt repeats)."""
     from dflash_ref.cli.generate import write_figures
+
     target, draft = make_pair(2, target_overrides=dict(vocab_size=8))
     with tracing(draft, names=["*hook_pattern"]) as trace:
         spec_generate(draft, target, torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2, 3]]), 30, lookup=1, on_step=trace.on_step)
     first = next(r.step for r in trace.records if not r.lookup)
     assert trace.records[0].lookup and first > 0
     write_figures(trace, tmp_path)
-    assert {p.name for p in tmp_path.iterdir()} == {"acceptance.png", "cache_timeline.png", "attention_steps.png",
-                                                     f"attention_grid_step{first}.png", f"rope_alignment_step{first}.png"}
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "acceptance.png",
+        "cache_timeline.png",
+        "attention_steps.png",
+        f"attention_grid_step{first}.png",
+        f"rope_alignment_step{first}.png",
+    }

@@ -1,4 +1,5 @@
 """RMSNorm(x) = w ⊙ x / sqrt(mean(x²) + eps), checked against numbers worked out by hand."""
+
 from __future__ import annotations
 
 import math
@@ -50,8 +51,7 @@ def test_eps_enters_under_the_square_root():
     assert torch.isnan(norm(2, eps=0.0)(torch.zeros(2))).all()
     assert torch.equal(norm(2, eps=1e-6)(torch.zeros(2)), torch.zeros(2))
     # x = [3, 4], eps = 12.5 (as large as mean(x²)): scale 1/sqrt(25) = 0.2 → [0.6, 0.8]
-    torch.testing.assert_close(norm(2, eps=12.5)(torch.tensor([3.0, 4.0])), torch.tensor([0.6, 0.8]),
-                               rtol=0, atol=1e-7)
+    torch.testing.assert_close(norm(2, eps=12.5)(torch.tensor([3.0, 4.0])), torch.tensor([0.6, 0.8]), rtol=0, atol=1e-7)
 
 
 def test_bf16_casts_before_the_weight_multiplies():
@@ -79,8 +79,11 @@ def test_bf16_input_with_float32_weight_returns_float32():
 
 
 def test_shape_error_names_the_expected_size():
-    with pytest.raises(ValueError, match=r"RMSNorm over 4 features got a tensor of shape \(2, 3\)"
-                                         r" \(last dimension must be 4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"RMSNorm over 4 features got a tensor of shape \(2, 3\)"
+        r" \(last dimension must be 4\)",
+    ):
         norm(4)(torch.zeros(2, 3))
 
 

@@ -1,4 +1,5 @@
 """RoPE with the sliced query: K rotated at all L_c + L_q positions, Q at the last L_q only."""
+
 from __future__ import annotations
 
 import math
@@ -11,10 +12,10 @@ from hypothesis import strategies as st
 from dflash_ref.rope import RotaryEmbedding, apply_sliced_rope, rotate_half
 
 # head_dim = 4, theta = 100: θ_i = 100^(−2i/4) for i = 0, 1 → [100⁰, 100^(−1/2)] = [1, 0.1]
-C1, S1 = 0.5403023, 0.8414710      # cos 1,   sin 1
-C01, S01 = 0.9950042, 0.0998334    # cos 0.1, sin 0.1
-C2, S2 = -0.4161468, 0.9092974     # cos 2,   sin 2
-C02, S02 = 0.9800666, 0.1986693    # cos 0.2, sin 0.2
+C1, S1 = 0.5403023, 0.8414710  # cos 1,   sin 1
+C01, S01 = 0.9950042, 0.0998334  # cos 0.1, sin 0.1
+C2, S2 = -0.4161468, 0.9092974  # cos 2,   sin 2
+C02, S02 = 0.9800666, 0.1986693  # cos 0.2, sin 0.2
 
 
 def tables(positions, head_dim=4, theta=100.0, dtype=torch.float32):
@@ -33,7 +34,8 @@ def test_inverse_frequencies_by_hand():
     assert RotaryEmbedding(4, 100.0).inv_freq(torch.device("cpu")).tolist() == pytest.approx([1.0, 0.1])
     # head_dim 8, theta 10000: 10000^(−[0, 2, 4, 6]/8) = [1, 0.1, 0.01, 0.001]
     assert RotaryEmbedding(8, 10000.0).inv_freq(torch.device("cpu")).tolist() == pytest.approx(
-        [1.0, 0.1, 0.01, 0.001], rel=1e-6)
+        [1.0, 0.1, 0.01, 0.001], rel=1e-6
+    )
 
 
 def test_position_zero_is_the_identity_rotation():
@@ -45,10 +47,8 @@ def test_position_zero_is_the_identity_rotation():
 def test_cos_sin_tables_by_hand_at_positions_one_and_two():
     # angles p · [θ_0, θ_1, θ_0, θ_1] = p · [1, 0.1, 1, 0.1]
     cos, sin = tables([1, 2])
-    torch.testing.assert_close(cos[0], torch.tensor([[C1, C01, C1, C01], [C2, C02, C2, C02]]),
-                               rtol=0, atol=1e-6)
-    torch.testing.assert_close(sin[0], torch.tensor([[S1, S01, S1, S01], [S2, S02, S2, S02]]),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(cos[0], torch.tensor([[C1, C01, C1, C01], [C2, C02, C2, C02]]), rtol=0, atol=1e-6)
+    torch.testing.assert_close(sin[0], torch.tensor([[S1, S01, S1, S01], [S2, S02, S2, S02]]), rtol=0, atol=1e-6)
 
 
 def test_tables_are_returned_in_the_requested_dtype():
@@ -59,9 +59,12 @@ def test_tables_are_returned_in_the_requested_dtype():
 
 def test_batch_rows_get_their_own_positions():
     cos, _ = RotaryEmbedding(4, 100.0)(torch.tensor([[0, 1], [2, 2]]), torch.float32)
-    torch.testing.assert_close(cos, torch.tensor([[[1, 1, 1, 1], [C1, C01, C1, C01]],
-                                                  [[C2, C02, C2, C02], [C2, C02, C2, C02]]]),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        cos,
+        torch.tensor([[[1, 1, 1, 1], [C1, C01, C1, C01]], [[C2, C02, C2, C02], [C2, C02, C2, C02]]]),
+        rtol=0,
+        atol=1e-6,
+    )
 
 
 def test_sliced_query_uses_the_last_rows_of_the_tables():
@@ -97,11 +100,11 @@ def test_sliced_rope_broadcasts_over_heads_with_gqa_shapes():
     assert q_rot.shape == (1, 4, 1, 4) and k_rot.shape == (1, 2, 3, 4)
     # q at position 5: [cos 5, 0, sin 5, 0]
     for h in range(4):
-        torch.testing.assert_close(q_rot[0, h, 0], torch.tensor([math.cos(5), 0.0, math.sin(5), 0.0]),
-                                   rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            q_rot[0, h, 0], torch.tensor([math.cos(5), 0.0, math.sin(5), 0.0]), rtol=0, atol=1e-6
+        )
     # k = [0,0,1,0] at position 3: rotate_half = [−1,0,0,0] → [−sin 3, 0, cos 3, 0]
-    torch.testing.assert_close(k_rot[0, 1, 0], torch.tensor([-math.sin(3), 0.0, math.cos(3), 0.0]),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(k_rot[0, 1, 0], torch.tensor([-math.sin(3), 0.0, math.cos(3), 0.0]), rtol=0, atol=1e-6)
 
 
 def test_without_context_it_is_plain_rope():
@@ -113,18 +116,23 @@ def test_without_context_it_is_plain_rope():
     # position 1 of [1,2,3,4]: [1·C1 − 3·S1, 2·C01 − 4·S01, 3·C1 + S1, 4·C01 + 2·S01]
     #   = [0.5403023 − 2.5244130, 1.9900084 − 0.3993336, 1.6209069 + 0.8414710, 3.9800168 + 0.1996668]
     #   = [−1.9841107, 1.5906748, 2.4623779, 4.1796836]
-    torch.testing.assert_close(q_rot[0, 0, 0], torch.tensor([-1.9841107, 1.5906748, 2.4623779, 4.1796836]),
-                               rtol=0, atol=1e-6)
-    torch.testing.assert_close(q_rot[0, 0, 1], torch.tensor([-3.1440390, 1.1654560, -0.3391430, 4.3176050]),
-                               rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        q_rot[0, 0, 0], torch.tensor([-1.9841107, 1.5906748, 2.4623779, 4.1796836]), rtol=0, atol=1e-6
+    )
+    torch.testing.assert_close(
+        q_rot[0, 0, 1], torch.tensor([-3.1440390, 1.1654560, -0.3391430, 4.3176050]), rtol=0, atol=1e-6
+    )
 
 
 finite = st.floats(-4.0, 4.0, allow_nan=False, width=32)
 
 
 @settings(max_examples=60, deadline=None)
-@given(x=st.lists(finite, min_size=8, max_size=8), position=st.integers(0, 5000),
-       theta=st.sampled_from([100.0, 10000.0, 1e6]))
+@given(
+    x=st.lists(finite, min_size=8, max_size=8),
+    position=st.integers(0, 5000),
+    theta=st.sampled_from([100.0, 10000.0, 1e6]),
+)
 def test_rotation_preserves_each_pair_norm(x, position, theta):
     # pairs are (x_i, x_{i + d_h/2}): each is rotated by its own angle, so its length is unchanged
     cos, sin = tables([position], head_dim=8, theta=theta)
@@ -136,9 +144,14 @@ def test_rotation_preserves_each_pair_norm(x, position, theta):
 
 
 @settings(max_examples=60, deadline=None)
-@given(q=st.lists(finite, min_size=8, max_size=8), k=st.lists(finite, min_size=8, max_size=8),
-       m=st.integers(0, 60), n=st.integers(0, 60), shift=st.integers(0, 60),
-       theta=st.sampled_from([100.0, 10000.0]))
+@given(
+    q=st.lists(finite, min_size=8, max_size=8),
+    k=st.lists(finite, min_size=8, max_size=8),
+    m=st.integers(0, 60),
+    n=st.integers(0, 60),
+    shift=st.integers(0, 60),
+    theta=st.sampled_from([100.0, 10000.0]),
+)
 def test_scores_depend_only_on_relative_position(q, k, m, n, shift, theta):
     # ⟨RoPE(q, m), RoPE(k, n)⟩ = qᵀ R(n − m) k only depends on m − n, so shifting both by s keeps it
     rope = RotaryEmbedding(8, theta)

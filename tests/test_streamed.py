@@ -1,5 +1,6 @@
 """The C product (extensions/streamed.py): F.linear's numbers to fp32 rounding for any shape, a
 candidate of the measured plan where it builds, and a clear account of why where it does not."""
+
 from __future__ import annotations
 
 import ctypes
@@ -21,8 +22,13 @@ built = pytest.mark.skipif(not streamed.available(), reason=f"no C product here:
 
 @built
 @settings(max_examples=60, deadline=None)
-@given(rows=st.integers(1, 19), d_out=st.integers(1, 41), d_in=st.integers(0, 70), seed=st.integers(0, 2**16),
-       threads=st.sampled_from([1, 2, 3]))
+@given(
+    rows=st.integers(1, 19),
+    d_out=st.integers(1, 41),
+    d_in=st.integers(0, 70),
+    seed=st.integers(0, 2**16),
+    threads=st.sampled_from([1, 2, 3]),
+)
 def test_the_c_product_is_within_fp32_rounding_of_the_exact_product(rows, d_out, d_in, seed, threads):
     """|y − y_exact| ≤ γ_n Σ_k |x_k w_k| with γ_n = n·u / (1 − n·u), u = 2⁻²⁴, n = d_in: the bound of any order
     of fp32 sums (Higham 3.1), so a wrong index, a lost tail or a dropped tile fails it. Both tiles (2 rows of
@@ -41,8 +47,8 @@ def test_the_c_product_is_within_fp32_rounding_of_the_exact_product(rows, d_out,
 
 def assert_within_fp32_rounding(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
     """|y − x·wᵀ| ≤ γ_n |x|·|w|ᵀ elementwise, n = d_in, against the product in float64."""
-    exact = x.double() @ w.double().T                                              # (rows, d_out)
-    u, d_in = 2.0 ** -24, x.shape[1]
+    exact = x.double() @ w.double().T  # (rows, d_out)
+    u, d_in = 2.0**-24, x.shape[1]
     gamma = d_in * u / (1 - d_in * u)
     bound = gamma * (x.double().abs() @ w.double().abs().T)
     assert bool(((y.double() - exact).abs() <= bound + 1e-300).all())
@@ -53,16 +59,25 @@ def narrow_library(folder: Path) -> ctypes.CDLL:
     with -mno-avx512f where this CPU has AVX-512, else as the library itself is built (then it is that code)."""
     flags = ["-mno-avx512f"] if "avx512f" in streamed.cpu_identity().split() else []
     cc, path = streamed.compiler(), folder / "narrow.so"
-    macros = subprocess.run([*cc, *streamed.FLAGS, *flags, "-dM", "-E", "-x", "c", os.devnull],
-                            check=True, capture_output=True, text=True, timeout=60).stdout
+    macros = subprocess.run(
+        [*cc, *streamed.FLAGS, *flags, "-dM", "-E", "-x", "c", os.devnull],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     assert "__AVX512F__" not in macros.split(), "the narrow build still targets AVX-512"
-    subprocess.run([*cc, *streamed.FLAGS, *flags, "-o", str(path), str(streamed.SOURCE)],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [*cc, *streamed.FLAGS, *flags, "-o", str(path), str(streamed.SOURCE)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return streamed._load(path)
 
 
 def product_by(lib: ctypes.CDLL, x: torch.Tensor, w: torch.Tensor, threads: int) -> torch.Tensor:
-    y = torch.empty(x.shape[0], w.shape[0])                                        # (rows, d_out)
+    y = torch.empty(x.shape[0], w.shape[0])  # (rows, d_out)
     lib.streamed_product(x.data_ptr(), w.data_ptr(), y.data_ptr(), x.shape[0], w.shape[0], w.shape[1], threads)
     return y
 
@@ -74,15 +89,23 @@ def test_both_builds_give_each_row_the_same_sums_for_any_number_of_rows(tmp_path
     (what lets a verify's rows equal AR steps' where the plan takes the C product for both)."""
     libraries = {"as built here": streamed.library(), "narrow": narrow_library(tmp_path)}
     g = torch.Generator().manual_seed(0)
-    shapes = [(9, 41, 70, 2), (4, 17, 16, 3), (3, 8, 7, 1), (5, 100, 33, 2), (2, 3, 0, 2), (3, 9, 25, 2),
-              (4, 20, 45, 3), (2, 16, 15, 1)]                     # d_in % 16: 6, 0, 7, 1, 0, 9, 13, 15
+    shapes = [
+        (9, 41, 70, 2),
+        (4, 17, 16, 3),
+        (3, 8, 7, 1),
+        (5, 100, 33, 2),
+        (2, 3, 0, 2),
+        (3, 9, 25, 2),
+        (4, 20, 45, 3),
+        (2, 16, 15, 1),
+    ]  # d_in % 16: 6, 0, 7, 1, 0, 9, 13, 15
     for rows, d_out, d_in, threads in shapes:
         x, w = torch.randn(rows, d_in, generator=g), torch.randn(d_out, d_in, generator=g)
         for name, lib in libraries.items():
             y = product_by(lib, x, w, threads)
             assert_within_fp32_rounding(y, x, w)
             for i in range(rows):
-                assert torch.equal(product_by(lib, x[i:i + 1].clone(), w, threads)[0], y[i]), (name, rows, i)
+                assert torch.equal(product_by(lib, x[i : i + 1].clone(), w, threads)[0], y[i]), (name, rows, i)
 
 
 @built
@@ -103,34 +126,58 @@ def test_the_c_product_reads_views_and_refuses_what_it_cannot_compute():
 @built
 def test_the_plan_offers_it_after_f_linear_and_before_torchs_other_products():
     """choose() walks the candidates in order: F.linear, the C product, torch's other products, the copies of W."""
-    assert linear_plan.candidates(1536, 4, with_copies=True) == ("linear", "streamed", "rows-first", "transposed",
-                                                                  "sliced")
+    assert linear_plan.candidates(1536, 4, with_copies=True) == (
+        "linear",
+        "streamed",
+        "rows-first",
+        "transposed",
+        "sliced",
+    )
     assert linear_plan.candidates(576, 1, with_copies=False) == ("linear", "streamed", "duplicated-row")
 
 
-@pytest.mark.parametrize("env, why", [({"CC": "false"}, "no C product (false failed"),
-                                       ({"PATH": "/nonexistent"}, "no C product (no C compiler ($CC, cc or gcc)")])
+@pytest.mark.parametrize(
+    "env, why",
+    [
+        ({"CC": "false"}, "no C product (false failed"),
+        ({"PATH": "/nonexistent"}, "no C product (no C compiler ($CC, cc or gcc)"),
+    ],
+)
 def test_without_a_compiler_the_plan_measures_the_other_kernels(tmp_path, env, why):
     """A compiler that fails, or none on the PATH: nothing is built, status() says why, and the plan's
     candidates are torch's own (a fresh process: the library is looked for once per process)."""
-    code = ("from dflash_ref.extensions import linear_plan, streamed\n"
-            "print(streamed.available(), linear_plan.candidates(576, 4, False), streamed.status())")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={"PATH": "/usr/bin:/bin", "DFLASH_REF_CACHE": str(tmp_path), **env}).stdout
+    code = (
+        "from dflash_ref.extensions import linear_plan, streamed\n"
+        "print(streamed.available(), linear_plan.candidates(576, 4, False), streamed.status())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": "/usr/bin:/bin", "DFLASH_REF_CACHE": str(tmp_path), **env},
+    ).stdout
     assert out.startswith(f"False ('linear', 'rows-first') {why}")
-    assert list(tmp_path.iterdir()) == []                                 # no partial file left behind
+    assert list(tmp_path.iterdir()) == []  # no partial file left behind
 
 
 @built
 def test_a_damaged_cached_library_is_built_again(tmp_path):
     """A cached file that does not load (cut short, say) is compiled anew, not trusted or given up on."""
-    code = ("from dflash_ref.extensions import streamed\n"
-            "path = streamed.library_path(streamed.compiler())\n"
-            "path.parent.mkdir(parents=True, exist_ok=True)\n"
-            "path.write_bytes(b'not a library')\n"
-            "print(streamed.available(), path.stat().st_size > 1000)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         env={**os.environ, "DFLASH_REF_CACHE": str(tmp_path)}).stdout
+    code = (
+        "from dflash_ref.extensions import streamed\n"
+        "path = streamed.library_path(streamed.compiler())\n"
+        "path.parent.mkdir(parents=True, exist_ok=True)\n"
+        "path.write_bytes(b'not a library')\n"
+        "print(streamed.available(), path.stat().st_size > 1000)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "DFLASH_REF_CACHE": str(tmp_path)},
+    ).stdout
     assert out.split() == ["True", "True"]
 
 
@@ -155,5 +202,5 @@ def test_the_c_product_binds_to_torchs_openmp_runtime_beside_a_private_copy():
         print(len(before), streamed._openmp_runtimes() == before, info.fname.decode())
         """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    assert out[:2] == ["2", "True"], out                   # torch's and sentencepiece's, and no third
+    assert out[:2] == ["2", "True"], out  # torch's and sentencepiece's, and no third
     assert out[2] == str(Path(torch.__file__).parent / "lib" / "libgomp.so.1"), out

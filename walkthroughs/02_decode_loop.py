@@ -26,10 +26,9 @@
 
 # %%
 # %matplotlib inline
-import torch
 
-from dflash_ref.walkthrough.demo import VOCAB, decode
 from dflash_ref.plots import plot_acceptance, plot_attention_grid, plot_attention_steps, plot_cache_timeline
+from dflash_ref.walkthrough.demo import VOCAB, decode
 from dflash_ref.walkthrough.story import decode_loop_example
 
 ex = decode_loop_example()
@@ -40,9 +39,11 @@ trace
 for r in trace.records:
     print(f"step {r.step}: start {r.start:>2} block {[VOCAB[i] for i in r.block_ids]}")
     print(f"        posterior {[VOCAB[i] for i in r.posterior]} → τ = {r.acceptance_length}, bonus {VOCAB[r.bonus]!r}")
-    print(f"        new context L_c = {r.ctx_len}; draft cache {r.draft_cache_before} → {r.draft_cache_after_draft}"
-          f" → crop {r.draft_cache_after}; target cache {r.target_cache_before} → {r.target_cache_after_verify}"
-          f" → crop {r.target_cache_after}")
+    print(
+        f"        new context L_c = {r.ctx_len}; draft cache {r.draft_cache_before} → {r.draft_cache_after_draft}"
+        f" → crop {r.draft_cache_after}; target cache {r.target_cache_before} → {r.target_cache_after_verify}"
+        f" → crop {r.target_cache_after}"
+    )
 
 # %% [markdown]
 # The rules, checked on the real run: the draft cache always returns to `start`; the target cache to

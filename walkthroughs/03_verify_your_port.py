@@ -161,7 +161,7 @@ for bundle in sorted(folder.iterdir()):
 official = verify("zlab", plain)
 print(official.text().split("\n\n")[0], "…", official.text().rsplit("\n", 1)[-1])
 print("checks where evicted keys were allowed:", sum(bool(c.note) for c in official.checks))
-assert official.passed, official.text()          # the notebook stops here if the official package disagrees
+assert official.passed, official.text()  # the notebook stops here if the official package disagrees
 crop_only = verify("zlab", folder / "16_hybrid_target")
-print(crop_only.text()[crop_only.text().index("FIRST DIVERGENCE"):])
+print(crop_only.text()[crop_only.text().index("FIRST DIVERGENCE") :])
 assert crop_only.first_failure.stage == "recurrent_state"

@@ -38,8 +38,13 @@ import torch
 from dflash_ref.hooks import hook_points
 from dflash_ref.plots import plot_candidate_lattice
 from dflash_ref.walkthrough.demo import VOCAB, decode
-from dflash_ref.walkthrough.dflash2 import (block_labels, conv_lag_norms, dflash2_example, path_vs_argmax,
-                                            plot_conv_positions)
+from dflash_ref.walkthrough.dflash2 import (
+    block_labels,
+    conv_lag_norms,
+    dflash2_example,
+    path_vs_argmax,
+    plot_conv_positions,
+)
 
 torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
 ex = dflash2_example()
@@ -63,8 +68,8 @@ for name, p in draft.named_parameters():
 # With x = RMSNorm(H) the sublayer's input over the block's positions t = 0..3 and g the group of a
 # channel:
 #
-# $$u_t = \sum_{j<K} (w^0_j + a^0_{t,j,g}) \odot x_{t-j}, \qquad y_t = \sum_{j<K} (w^1_j + a^1_{t,j,g}) \odot f(u)_{t-j},
-# \qquad a_t = W_a x_t,$$
+# $$u_t = \sum_{j<K} (w^0_j + a^0_{t,j,g}) \odot x_{t-j}, \qquad
+# y_t = \sum_{j<K} (w^1_j + a^1_{t,j,g}) \odot f(u)_{t-j}, \qquad a_t = W_a x_t,$$
 #
 # and $x_{t-j} = 0$ when $t - j < 0$: the convolution starts again at every block. The layer adds
 # $y$ to the residual, where DFlash 1 adds $f(x)$. Layer 0's hook points:
@@ -101,7 +106,7 @@ for name, n in norms.items():
 # %%
 for step in range(len(trace.records)):
     for m in conv_lag_norms(ex, step).values():
-        before = np.arange(m.shape[1])[None, :] > np.arange(m.shape[0])[:, None]   # (L_q, K): t − j < 0
+        before = np.arange(m.shape[1])[None, :] > np.arange(m.shape[0])[:, None]  # (L_q, K): t − j < 0
         assert (m[before] == 0).all() and (m[~before] > 0).all()
 print("every step: each term reaching before the block is 0, every other term is not")
 
@@ -154,12 +159,16 @@ for step, (argmax, path) in enumerate(path_vs_argmax(ex)):
 
 # %%
 for name, out in (("DFlash 2", ex.output), ("DFlash 1", ex.dflash1)):
-    print(f"{name}: τ per step {out.acceptance_lengths}, {out.num_target_passes} target passes for "
-          f"{out.num_output_tokens} tokens")
+    print(
+        f"{name}: τ per step {out.acceptance_lengths}, {out.num_target_passes} target passes for "
+        f"{out.num_output_tokens} tokens"
+    )
 print("output:", " ".join(decode(ex.output.output_ids)))
-print("equal to the target's own greedy output:",
-      torch.equal(ex.output.output_ids, ex.reference.output_ids) and torch.equal(ex.dflash1.output_ids,
-                                                                                ex.reference.output_ids))
+print(
+    "equal to the target's own greedy output:",
+    torch.equal(ex.output.output_ids, ex.reference.output_ids)
+    and torch.equal(ex.dflash1.output_ids, ex.reference.output_ids),
+)
 
 # %% [markdown]
 # ## 5. A trained DFlash 2 draft on a real pair

@@ -14,13 +14,14 @@ dflash2: one DFlash 2 draft pass (the convolution around every sublayer, then th
 selector) against one DFlash 1 pass of the same size, at blocks 4 and 16, and the selector's
 sequential walk alone.
 """
+
 from __future__ import annotations
 
 import contextlib
 import copy
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -34,8 +35,8 @@ from ..training.prompt_sets import split_prompts
 from .suite import _draft_pass
 from .timing import measure, summarise
 
-PROMPTS, NEW_TOKENS = 8, 64   # the first 8 hand-written held-out prompts: 8 styles no training prompt has
-VERIFY_GATE = 0.5   # extensions/verify_gate.py's θ, chosen on held-out prompts 9…24 (figures/training/README.md)
+PROMPTS, NEW_TOKENS = 8, 64  # the first 8 hand-written held-out prompts: 8 styles no training prompt has
+VERIFY_GATE = 0.5  # extensions/verify_gate.py's θ, chosen on held-out prompts 9…24 (figures/training/README.md)
 
 
 @contextlib.contextmanager
@@ -60,7 +61,7 @@ def transformers_twin(model):
     with torch.device("meta"):
         twin = type(model)(config)
     tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
-    for name, tensor in tensors:                                            # a tied weight: one tensor, two names
+    for name, tensor in tensors:  # a tied weight: one tensor, two names
         module, _, leaf = name.rpartition(".")
         setattr(twin.get_submodule(module), leaf, tensor)
     twin.generation_config = model.generation_config
@@ -69,18 +70,26 @@ def transformers_twin(model):
 
 def hf_generate(model, ids: torch.Tensor, n: int) -> torch.Tensor:
     """transformers' own greedy decoding: (1, L) → (1, L + up to n), stopping after a stop token."""
-    return model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                          temperature=None, top_p=None, top_k=None, eos_token_id=STOP_TOKEN_IDS,
-                          pad_token_id=STOP_TOKEN_IDS[0])
+    return model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=n,
+        do_sample=False,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+        eos_token_id=STOP_TOKEN_IDS,
+        pad_token_id=STOP_TOKEN_IDS[0],
+    )
 
 
 def bench_baselines(repeats: int, out: Path, progress) -> dict:
     """The decoders above on PROMPTS hand-written held-out prompts (training/heldout_styles.py), NEW_TOKENS
     tokens each: seconds, the ratio to transformers' generate, speed (its time / theirs), τ (tokens per
     target pass), identical output."""
-    target, tokenizer = load_smollm2_own()          # the own Llama target (target/llama.py)
+    target, tokenizer = load_smollm2_own()  # the own Llama target (target/llama.py)
     model = transformers_twin(load_smollm2()[0].model)
-    draft, _ = open_draft(SHIPPED_DFLASH1, proposing=True)     # the official DFlashDraftModel's kind
+    draft, _ = open_draft(SHIPPED_DFLASH1, proposing=True)  # the official DFlashDraftModel's kind
     with official_timer() as official:
         zlab = official.DFlashDraftModel.from_pretrained(SHIPPED_DFLASH1, dtype=torch.float32).eval()
     all_v = _without_draft_vocab(draft)
@@ -105,16 +114,19 @@ def bench_baselines(repeats: int, out: Path, progress) -> dict:
         "dflash_ref generate (AR), F.linear": dflash_ref_linear,
         "dflash_ref generate (AR), measured linear plan": lambda ids: _ours(generate(target, ids, n, STOP_TOKEN_IDS)),
         f"official dflash_generate, shipped draft b={b} (all V)": official_generate,
-        f"dflash_ref spec_generate, shipped draft b={b} (all V)":
-            lambda ids: _ours(spec_generate(all_v, target, ids, n, STOP_TOKEN_IDS)),
-        f"dflash_ref spec_generate, shipped draft b={b} (its vocabulary)":
-            lambda ids: _ours(spec_generate(draft, target, ids, n, STOP_TOKEN_IDS)),
-        f"dflash_ref spec_generate, shipped draft b={b} (its vocabulary, verify gate θ={VERIFY_GATE})":
-            lambda ids: _ours(spec_generate(draft, target, ids, n, STOP_TOKEN_IDS, verify_gate=VERIFY_GATE)),
+        f"dflash_ref spec_generate, shipped draft b={b} (all V)": lambda ids: _ours(
+            spec_generate(all_v, target, ids, n, STOP_TOKEN_IDS)
+        ),
+        f"dflash_ref spec_generate, shipped draft b={b} (its vocabulary)": lambda ids: _ours(
+            spec_generate(draft, target, ids, n, STOP_TOKEN_IDS)
+        ),
+        f"dflash_ref spec_generate, shipped draft b={b} (its vocabulary, verify gate θ={VERIFY_GATE})": lambda ids: (
+            _ours(spec_generate(draft, target, ids, n, STOP_TOKEN_IDS, verify_gate=VERIFY_GATE))
+        ),
     }
     expected = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in inputs]
     taus = {}
-    for name, decode in decoders.items():                    # one untimed pass: τ and the lossless check
+    for name, decode in decoders.items():  # one untimed pass: τ and the lossless check
         results = [decode(ids) for ids in inputs]
         if not all(torch.equal(o, e) for (o, _), e in zip(results, expected)):
             raise AssertionError(f"{name}: output differs from dflash_ref's AR (not token-identical)")
@@ -122,10 +134,17 @@ def bench_baselines(repeats: int, out: Path, progress) -> dict:
     progress("every output equals dflash_ref's AR; timing")
     rows = summarise(measure(over_inputs(decoders, inputs), repeats, progress=progress), next(iter(decoders)))
     for row in rows:
-        row.update({"speed vs transformers generate": 1 / row["ratio"], "τ (tokens/step)": taus[row["variant"]],
-                    "identical output": True})
-    return {f"baselines · SmolLM2-135M fp32, {PROMPTS} hand-written held-out prompts, {n} tokens, greedy": rows,
-            "the linear plan measured meanwhile (µs per product, weights cold)": plans()}
+        row.update(
+            {
+                "speed vs transformers generate": 1 / row["ratio"],
+                "τ (tokens/step)": taus[row["variant"]],
+                "identical output": True,
+            }
+        )
+    return {
+        f"baselines · SmolLM2-135M fp32, {PROMPTS} hand-written held-out prompts, {n} tokens, greedy": rows,
+        "the linear plan measured meanwhile (µs per product, weights cold)": plans(),
+    }
 
 
 def over_inputs(decoders: dict[str, Callable], inputs: list[torch.Tensor]) -> dict[str, Callable[[], list]]:
@@ -153,9 +172,12 @@ def bench_dflash2(repeats: int, out: Path, progress) -> dict:
     and 16; and the selector alone, fed logits already cut to its K candidates (so that what is
     left is its sequential walk, x_t chosen after x_{t−1}, and the small projection P h)."""
     target, _ = load_smollm2()
-    drafts = {1: random_smollm2_draft(target, 3, 16),
-              2: random_smollm2_draft(target, 3, 16, version=2, conv_kernel_size=4, conv_group_size=64,
-                                      selector_rank=32, selector_top_k=8)}
+    drafts = {
+        1: random_smollm2_draft(target, 3, 16),
+        2: random_smollm2_draft(
+            target, 3, 16, version=2, conv_kernel_size=4, conv_group_size=64, selector_rank=32, selector_top_k=8
+        ),
+    }
     d, context, rows = target.config.hidden_size, 256, []
     caches = {v: dr.make_cache() for v, dr in drafts.items()}
     with torch.inference_mode():
@@ -166,25 +188,39 @@ def bench_dflash2(repeats: int, out: Path, progress) -> dict:
     for b in (4, 16):
         hidden, anchor = torch.randn(1, b - 1, d), torch.tensor([5])
 
-        def proposals(v, b=b):
+        def proposals(v, b=b, anchor=anchor):
             with torch.inference_mode():
                 dr = drafts[v]
-                h = dr(torch.arange(context - 4, context + b)[None], noise_embedding=torch.randn(1, b, d),
-                       target_hidden=torch.randn(1, 4, len(dr.target_layer_ids) * d),
-                       past_key_values=caches[v])[:, 1:]                       # (1, γ, d)
+                h = dr(
+                    torch.arange(context - 4, context + b)[None],
+                    noise_embedding=torch.randn(1, b, d),
+                    target_hidden=torch.randn(1, 4, len(dr.target_layer_ids) * d),
+                    past_key_values=caches[v],
+                )[:, 1:]  # (1, γ, d)
                 caches[v].crop(context)
-                logits = dr.compute_logits(h, target.output_head)             # (1, γ, V)
+                logits = dr.compute_logits(h, target.output_head)  # (1, γ, V)
                 return selector.select(h, logits, anchor, 0.0) if v == 2 else logits.argmax(-1)
 
-        def walk(hidden=hidden):
+        def walk(hidden=hidden, anchor=anchor):
             with torch.inference_mode():
                 return selector.select(hidden, torch.randn(1, hidden.shape[1], selector.top_k), anchor, 0.0)
 
-        times = summarise(measure({"DFlash 1": lambda: proposals(1), "DFlash 2": lambda: proposals(2),
-                                   "selector walk": walk}, repeats, progress=progress), "DFlash 1")
+        times = summarise(
+            measure(
+                {"DFlash 1": lambda: proposals(1), "DFlash 2": lambda: proposals(2), "selector walk": walk},
+                repeats,
+                progress=progress,
+            ),
+            "DFlash 1",
+        )
         ms = {r["variant"]: 1e3 * r["median_s"] for r in times}
-        rows.append({"block size": b, "DFlash 1 pass + lm_head + argmax (ms)": ms["DFlash 1"],
-                     "DFlash 2 pass + lm_head + selector (ms)": ms["DFlash 2"],
-                     "DFlash 2 / DFlash 1": ms["DFlash 2"] / ms["DFlash 1"],
-                     "selector's sequential walk alone (ms)": ms["selector walk"]})
+        rows.append(
+            {
+                "block size": b,
+                "DFlash 1 pass + lm_head + argmax (ms)": ms["DFlash 1"],
+                "DFlash 2 pass + lm_head + selector (ms)": ms["DFlash 2"],
+                "DFlash 2 / DFlash 1": ms["DFlash 2"] / ms["DFlash 1"],
+                "selector's sequential walk alone (ms)": ms["selector walk"],
+            }
+        )
     return {"dflash2 · SmolLM2-sized 3-layer drafts, 256 cached context, proposals included": rows}

@@ -33,6 +33,7 @@ Lossless here means token-identical to AR. In bf16, a block verify and a one-tok
 different kernel shapes, so a near-tie in the logits can flip an argmax: a mismatch is reported
 with its position (the first token that differs from AR), not hidden.
 """
+
 from __future__ import annotations
 
 import json
@@ -51,35 +52,110 @@ from ..target import Qwen3Target
 from .smoke_hybrid import HYBRID_SIZES, hybrid_models
 
 SIZES = {
-    "full": dict(target=dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                             num_attention_heads=32, num_key_value_heads=8, head_dim=128, rope_theta=1e6,
-                             max_position_embeddings=40960, tie_word_embeddings=False),
-                 draft_layers=5, block_size=16, mask_token_id=151669, prompt=64, new=256, dtype=torch.bfloat16,
-                 device="cuda"),
-    "tiny": dict(target=dict(vocab_size=512, hidden_size=64, intermediate_size=192, num_hidden_layers=8,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, rope_theta=1e6,
-                             max_position_embeddings=1024, tie_word_embeddings=False),
-                 draft_layers=2, block_size=8, mask_token_id=511, prompt=16, new=48, dtype=torch.float32,
-                 device="cpu"),
+    "full": dict(
+        target=dict(
+            vocab_size=151936,
+            hidden_size=4096,
+            intermediate_size=12288,
+            num_hidden_layers=36,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            rope_theta=1e6,
+            max_position_embeddings=40960,
+            tie_word_embeddings=False,
+        ),
+        draft_layers=5,
+        block_size=16,
+        mask_token_id=151669,
+        prompt=64,
+        new=256,
+        dtype=torch.bfloat16,
+        device="cuda",
+    ),
+    "tiny": dict(
+        target=dict(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=192,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            rope_theta=1e6,
+            max_position_embeddings=1024,
+            tie_word_embeddings=False,
+        ),
+        draft_layers=2,
+        block_size=8,
+        mask_token_id=511,
+        prompt=16,
+        new=48,
+        dtype=torch.float32,
+        device="cpu",
+    ),
 }
 
 # DFlash 2 (--version 2): the draft's own fields; width, vocabulary and target depth come from the target
 DFLASH2 = dict(version=2, conv_kernel_size=2, conv_group_size=16, selector_rank=256, selector_top_k=16)
 DFLASH2_SIZES = {
-    "full": dict(target=dict(vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
-                             num_attention_heads=24, num_key_value_heads=4, head_dim=256, rope_theta=1e7,
-                             max_position_embeddings=262144, tie_word_embeddings=False),
-                 draft=dict(num_hidden_layers=5, intermediate_size=17408, num_attention_heads=32,
-                            num_key_value_heads=8, head_dim=128, rope_theta=1e7, max_position_embeddings=262144,
-                            block_size=8, mask_token_id=248070, target_layer_ids=[5, 19, 33, 47, 61],
-                            layer_types=["sliding_attention"] * 5, sliding_window=2048, is_causal=False, **DFLASH2),
-                 prompt=64, new=256, dtype=torch.bfloat16, device="cuda"),
-    "tiny": dict(target=SIZES["tiny"]["target"],
-                 draft=dict(num_hidden_layers=2, intermediate_size=128, num_attention_heads=8, num_key_value_heads=2,
-                            head_dim=8, rope_theta=1e6, max_position_embeddings=1024, block_size=8,
-                            mask_token_id=511, target_layer_ids=[1, 6], layer_types=["sliding_attention"] * 2,
-                            sliding_window=16, is_causal=False, **{**DFLASH2, "selector_rank": 16}),
-                 prompt=16, new=48, dtype=torch.float32, device="cpu"),
+    "full": dict(
+        target=dict(
+            vocab_size=248320,
+            hidden_size=5120,
+            intermediate_size=17408,
+            num_hidden_layers=64,
+            num_attention_heads=24,
+            num_key_value_heads=4,
+            head_dim=256,
+            rope_theta=1e7,
+            max_position_embeddings=262144,
+            tie_word_embeddings=False,
+        ),
+        draft=dict(
+            num_hidden_layers=5,
+            intermediate_size=17408,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            rope_theta=1e7,
+            max_position_embeddings=262144,
+            block_size=8,
+            mask_token_id=248070,
+            target_layer_ids=[5, 19, 33, 47, 61],
+            layer_types=["sliding_attention"] * 5,
+            sliding_window=2048,
+            is_causal=False,
+            **DFLASH2,
+        ),
+        prompt=64,
+        new=256,
+        dtype=torch.bfloat16,
+        device="cuda",
+    ),
+    "tiny": dict(
+        target=SIZES["tiny"]["target"],
+        draft=dict(
+            num_hidden_layers=2,
+            intermediate_size=128,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=8,
+            rope_theta=1e6,
+            max_position_embeddings=1024,
+            block_size=8,
+            mask_token_id=511,
+            target_layer_ids=[1, 6],
+            layer_types=["sliding_attention"] * 2,
+            sliding_window=16,
+            is_causal=False,
+            **{**DFLASH2, "selector_rank": 16},
+        ),
+        prompt=16,
+        new=48,
+        dtype=torch.float32,
+        device="cpu",
+    ),
 }
 
 
@@ -109,12 +185,17 @@ def random_sized_draft(target, fields: dict, seed: int = 1, std: float = 0.02) -
     """A random draft with `fields` (its heads, FFN, block, layer ids, DFlash 2 sizes, …) and the target's
     width, vocabulary and depth, built on the meta device and filled on the target's (base_kernel too)."""
     tc = target.config
-    config = DraftConfig(vocab_size=tc.vocab_size, hidden_size=tc.hidden_size, rms_norm_eps=tc.rms_norm_eps,
-                         num_target_layers=tc.num_hidden_layers, **fields)
+    config = DraftConfig(
+        vocab_size=tc.vocab_size,
+        hidden_size=tc.hidden_size,
+        rms_norm_eps=tc.rms_norm_eps,
+        num_target_layers=tc.num_hidden_layers,
+        **fields,
+    )
     with torch.device("meta"):
         draft = DFlashDraftModel(config)
     draft = _fill_(draft.to_empty(device=target.device), target.device, seed, std)
-    use_rows_first(draft)           # as random_draft does (extensions/linear.py)
+    use_rows_first(draft)  # as random_draft does (extensions/linear.py)
     return draft.to(target.dtype).eval()
 
 
@@ -124,11 +205,18 @@ def dflash2_shapes(config: DraftConfig) -> dict[str, tuple[int, ...]]:
     codebooks (V, r) and hidden_projection (r, d)."""
     d, k, r, v = config.hidden_size, config.conv_kernel_size, config.selector_rank, config.vocab_size
     groups = d // config.conv_group_size
-    shapes = {f"layers.{i}.{conv}.{name}": shape for i in range(config.num_hidden_layers)
-              for conv in ("attention_conv", "mlp_conv")
-              for name, shape in (("base_kernel", (2, k, d)), ("kernel_projection.weight", (2 * k * groups, d)))}
-    return {**shapes, "candidate_selector.predecessor_codebook": (v, r),
-            "candidate_selector.successor_codebook": (v, r), "candidate_selector.hidden_projection.weight": (r, d)}
+    shapes = {
+        f"layers.{i}.{conv}.{name}": shape
+        for i in range(config.num_hidden_layers)
+        for conv in ("attention_conv", "mlp_conv")
+        for name, shape in (("base_kernel", (2, k, d)), ("kernel_projection.weight", (2 * k * groups, d)))
+    }
+    return {
+        **shapes,
+        "candidate_selector.predecessor_codebook": (v, r),
+        "candidate_selector.successor_codebook": (v, r),
+        "candidate_selector.hidden_projection.weight": (r, d),
+    }
 
 
 def check_dflash2_shapes(draft) -> dict[str, str]:
@@ -137,8 +225,11 @@ def check_dflash2_shapes(draft) -> dict[str, str]:
     if getattr(draft.config, "version", 1) != 2:
         raise ValueError(f"not a DFlash 2 draft (config.version {draft.config.version})")
     have = {name: tuple(p.shape) for name, p in draft.named_parameters()}
-    wrong = [f"{name}: {have.get(name, 'missing')} (expected {shape})"
-             for name, shape in dflash2_shapes(draft.config).items() if have.get(name) != shape]
+    wrong = [
+        f"{name}: {have.get(name, 'missing')} (expected {shape})"
+        for name, shape in dflash2_shapes(draft.config).items()
+        if have.get(name) != shape
+    ]
     if wrong:
         raise ValueError("DFlash 2 draft shapes differ from its config: " + "; ".join(wrong))
     return {name: str(shape) for name, shape in dflash2_shapes(draft.config).items()}
@@ -151,24 +242,33 @@ def draft_pass(draft, target, ids: torch.Tensor) -> dict:
     candidates (1, γ, top_k). A ValueError if a shape is off or the path leaves the candidates."""
     ids, b = ids.to(target.device), draft.block_size
     out = target(ids, None, target.make_cache(), output_hidden_states=True, logits_to_keep=1)
-    anchor = out.logits[:, -1].argmax(-1)                                          # (1,) x_0
+    anchor = out.logits[:, -1].argmax(-1)  # (1,) x_0
     block = torch.full((1, b), draft.mask_token_id, dtype=torch.long, device=target.device)
     block[:, 0] = anchor
-    noise = target.embed(block) * draft.config.input_embedding_scale               # (1, b, d)
+    noise = target.embed(block) * draft.config.input_embedding_scale  # (1, b, d)
     features = extract_context_feature(out.hidden_states, draft.target_layer_ids)  # (1, L, k·d)
-    positions = torch.arange(ids.shape[1] + b, device=target.device)[None]         # (1, L + b)
-    hidden = draft(positions, noise_embedding=noise, target_hidden=features)[:, 1:]   # (1, γ, d)
-    logits = draft.compute_logits(hidden, target.output_head)                       # (1, γ, V)
+    positions = torch.arange(ids.shape[1] + b, device=target.device)[None]  # (1, L + b)
+    hidden = draft(positions, noise_embedding=noise, target_hidden=features)[:, 1:]  # (1, γ, d)
+    logits = draft.compute_logits(hidden, target.output_head)  # (1, γ, V)
     path, candidates, q = draft.candidate_selector.select(hidden, logits, anchor, 0.0)
-    expected = ((1, b - 1, draft.config.hidden_size), (1, b - 1, draft.config.vocab_size), (1, b - 1),
-                (1, b - 1, draft.config.selector_top_k))
+    expected = (
+        (1, b - 1, draft.config.hidden_size),
+        (1, b - 1, draft.config.vocab_size),
+        (1, b - 1),
+        (1, b - 1, draft.config.selector_top_k),
+    )
     got = (tuple(hidden.shape), tuple(logits.shape), tuple(path.shape), tuple(candidates.shape))
     if got != expected or q is not None:
         raise ValueError(f"draft pass: hidden, logits, path, candidates are {got}, expected {expected}")
     if not (candidates == path[..., None]).any(-1).all():
         raise ValueError(f"draft pass: the selector's path {path[0].tolist()} left its candidates")
-    return {"hidden": str(got[0]), "logits": str(got[1]), "candidates": str(got[3]), "path": str(path[0].tolist()),
-            "path_equals_argmax": bool(torch.equal(path, logits.argmax(-1)))}
+    return {
+        "hidden": str(got[0]),
+        "logits": str(got[1]),
+        "candidates": str(got[3]),
+        "path": str(path[0].tolist()),
+        "path_equals_argmax": bool(torch.equal(path, logits.argmax(-1))),
+    }
 
 
 def _timed(fn, device):
@@ -203,8 +303,10 @@ def run(size: str = "full", say=print, version: int = 1, arch: str = "qwen3") ->
     if version not in (1, 2):
         raise ValueError(f"smoke: version must be 1 or 2, got {version!r}")
     if arch not in ("qwen3", "qwen3_5") or (arch == "qwen3_5" and version != 1):
-        raise ValueError(f"smoke: arch must be 'qwen3' or 'qwen3_5' (the hybrid with a DFlash 1 draft), "
-                         f"got arch {arch!r} with version {version}")
+        raise ValueError(
+            f"smoke: arch must be 'qwen3' or 'qwen3_5' (the hybrid with a DFlash 1 draft), "
+            f"got arch {arch!r} with version {version}"
+        )
     spec = (HYBRID_SIZES if arch == "qwen3_5" else SIZES if version == 1 else DFLASH2_SIZES)[size]
     device = torch.device(spec["device"])
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -216,24 +318,34 @@ def run(size: str = "full", say=print, version: int = 1, arch: str = "qwen3") ->
     n = spec["new"]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    _timed(lambda: generate(target, ids, 8), device)                       # warm-up, both paths: the first
-    _timed(lambda: spec_generate(draft, target, ids, 8), device)           # call of a shape pays its kernels
+    _timed(lambda: generate(target, ids, 8), device)  # warm-up, both paths: the first
+    _timed(lambda: spec_generate(draft, target, ids, 8), device)  # call of a shape pays its kernels
     ar, t_ar = _timed(lambda: generate(target, ids, n), device)
     rand, t_rand = _timed(lambda: spec_generate(draft, target, ids, n), device)
     oracle = OracleDraft(draft, ar.output_ids)
     orc, t_orc = _timed(lambda: spec_generate(oracle, target, ids, n), device)
     result = {
-        "size": size, "arch": arch, "version": version, "device": str(device),
+        "size": size,
+        "arch": arch,
+        "version": version,
+        "device": str(device),
         "dtype": str(spec["dtype"]).removeprefix("torch."),
         "target_params": sum(p.numel() for p in target.parameters()),
-        "draft_params": sum(p.numel() for p in draft.parameters()), "new_tokens": n,
+        "draft_params": sum(p.numel() for p in draft.parameters()),
+        "new_tokens": n,
         "ar_tokens_per_s": ar.num_output_tokens / t_ar,
-        "random_draft": {"tokens_per_s": rand.num_output_tokens / t_rand, "speedup": t_ar / t_rand,
-                         "mean_tokens_per_step": rand.mean_tokens_per_step,
-                         "first_difference_from_ar": _first_difference(rand.output_ids, ar.output_ids)},
-        "oracle_draft": {"tokens_per_s": orc.num_output_tokens / t_orc, "speedup": t_ar / t_orc,
-                         "mean_tokens_per_step": orc.mean_tokens_per_step,
-                         "first_difference_from_ar": _first_difference(orc.output_ids, ar.output_ids)},
+        "random_draft": {
+            "tokens_per_s": rand.num_output_tokens / t_rand,
+            "speedup": t_ar / t_rand,
+            "mean_tokens_per_step": rand.mean_tokens_per_step,
+            "first_difference_from_ar": _first_difference(rand.output_ids, ar.output_ids),
+        },
+        "oracle_draft": {
+            "tokens_per_s": orc.num_output_tokens / t_orc,
+            "speedup": t_ar / t_orc,
+            "mean_tokens_per_step": orc.mean_tokens_per_step,
+            "first_difference_from_ar": _first_difference(orc.output_ids, ar.output_ids),
+        },
         "peak_gpu_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
         **checks,
     }

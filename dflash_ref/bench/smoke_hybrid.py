@@ -20,6 +20,7 @@ Random weights are N(0, 0.02²); Qwen3.5's offset norms (1 + w) get w = 0 and th
 every norm starts at unit scale. The tiny size keeps the structure (both mixers, partial RoPE, GQA, the
 draft's heads unlike the target's, explicit layer ids) and runs on the CPU in seconds (CI runs it).
 """
+
 from __future__ import annotations
 
 from collections import Counter
@@ -30,29 +31,82 @@ from ..target import HybridConfig, Qwen3_5Target
 from ..target.qwen3_5 import OffsetRMSNorm
 
 HYBRID_SIZES = {
-    "full": dict(target=dict(vocab_size=248320, hidden_size=5120, intermediate_size=17408, num_hidden_layers=64,
-                             num_attention_heads=24, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
-                             linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128,
-                             linear_conv_kernel_dim=4, partial_rotary_factor=0.25, rope_theta=1e7,
-                             max_position_embeddings=262144, tie_word_embeddings=False),
-                 draft=dict(num_hidden_layers=5, intermediate_size=17408, num_attention_heads=32, num_key_value_heads=8,
-                            head_dim=128, rope_theta=1e7, max_position_embeddings=262144, block_size=16,
-                            mask_token_id=248070, target_layer_ids=[1, 16, 31, 46, 61]),
-                 prompt=64, new=256, dtype=torch.bfloat16, device="cuda"),
-    "tiny": dict(target=dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                             num_attention_heads=4, num_key_value_heads=2, head_dim=16, linear_num_key_heads=2,
-                             linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-                             linear_conv_kernel_dim=4, partial_rotary_factor=0.25, rope_theta=1e7,
-                             max_position_embeddings=1024, tie_word_embeddings=False),
-                 draft=dict(num_hidden_layers=2, intermediate_size=128, num_attention_heads=8, num_key_value_heads=2,
-                            head_dim=8, rope_theta=1e7, max_position_embeddings=1024, block_size=8,
-                            mask_token_id=511, target_layer_ids=[1, 6]),
-                 prompt=16, new=32, dtype=torch.float32, device="cpu"),
+    "full": dict(
+        target=dict(
+            vocab_size=248320,
+            hidden_size=5120,
+            intermediate_size=17408,
+            num_hidden_layers=64,
+            num_attention_heads=24,
+            num_key_value_heads=4,
+            head_dim=256,
+            linear_num_key_heads=16,
+            linear_num_value_heads=48,
+            linear_key_head_dim=128,
+            linear_value_head_dim=128,
+            linear_conv_kernel_dim=4,
+            partial_rotary_factor=0.25,
+            rope_theta=1e7,
+            max_position_embeddings=262144,
+            tie_word_embeddings=False,
+        ),
+        draft=dict(
+            num_hidden_layers=5,
+            intermediate_size=17408,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            head_dim=128,
+            rope_theta=1e7,
+            max_position_embeddings=262144,
+            block_size=16,
+            mask_token_id=248070,
+            target_layer_ids=[1, 16, 31, 46, 61],
+        ),
+        prompt=64,
+        new=256,
+        dtype=torch.bfloat16,
+        device="cuda",
+    ),
+    "tiny": dict(
+        target=dict(
+            vocab_size=512,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=8,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            linear_conv_kernel_dim=4,
+            partial_rotary_factor=0.25,
+            rope_theta=1e7,
+            max_position_embeddings=1024,
+            tie_word_embeddings=False,
+        ),
+        draft=dict(
+            num_hidden_layers=2,
+            intermediate_size=128,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=8,
+            rope_theta=1e7,
+            max_position_embeddings=1024,
+            block_size=8,
+            mask_token_id=511,
+            target_layer_ids=[1, 6],
+        ),
+        prompt=16,
+        new=32,
+        dtype=torch.float32,
+        device="cpu",
+    ),
 }
 
 
-def random_hybrid_target(config: HybridConfig, device, dtype, fill, seed: int = 0, std: float = 0.02
-                         ) -> Qwen3_5Target:
+def random_hybrid_target(config: HybridConfig, device, dtype, fill, seed: int = 0, std: float = 0.02) -> Qwen3_5Target:
     """Built on the meta device and filled in place on `device` by `fill` (smoke.py's: N(0, std²), norm
     weights 1); then the offset norms' w = 0, so that (1 + w) is 1 as the gated norm's w."""
     with torch.device("meta"):

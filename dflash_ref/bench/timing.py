@@ -1,5 +1,6 @@
-"""Timing: one_thread() for tiny models, seconds spent inside a module's forwards (Stopwatch, forward hooks, CUDA synchronised),
-and the side-by-side harness of the benchmarks (variants interleaved round-robin, medians, paired ratios).
+"""Timing: one_thread() for tiny models, seconds spent inside a module's forwards (Stopwatch, forward
+hooks, CUDA synchronised), and the side-by-side harness of the benchmarks (variants interleaved
+round-robin, medians, paired ratios).
 
     clock = Stopwatch(draft, device); …run…; clock.seconds, clock.calls, clock.times; clock.remove()
     summarise(measure({"a": fn_a, "b": fn_b}, repeats), baseline="a")
@@ -8,12 +9,13 @@ A pass's time leaves out what measuring linear plans took inside it (extensions/
 on a machine measures them, later ones read them); clock.planning is that time, all passes together (two
 clocks on nested modules would each count the inner one's).
 """
+
 from __future__ import annotations
 
 import contextlib
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -23,7 +25,7 @@ from ..extensions.linear_plan import measuring_seconds
 class Stopwatch:
     def __init__(self, module: torch.nn.Module, device: torch.device | str = "cpu") -> None:
         self.times: list[float] = []
-        self.planning = 0.0                     # seconds of linear plans measured inside the passes
+        self.planning = 0.0  # seconds of linear plans measured inside the passes
         self._t0 = self._planned = 0.0
         self._sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
         self._handles = [module.register_forward_pre_hook(self._start), module.register_forward_hook(self._stop)]
@@ -51,8 +53,12 @@ class Stopwatch:
             h.remove()
 
 
-def measure(variants: dict[str, Callable[[], object]], repeats: int, warmup: int = 1,
-            progress: Callable[[str], None] = lambda s: None) -> dict[str, list[float]]:
+def measure(
+    variants: dict[str, Callable[[], object]],
+    repeats: int,
+    warmup: int = 1,
+    progress: Callable[[str], None] = lambda s: None,
+) -> dict[str, list[float]]:
     """Seconds per call of each variant, interleaved so that drift hits all variants alike."""
     for _ in range(warmup):
         for fn in variants.values():
@@ -75,8 +81,16 @@ def paired_ratio(times: list[float], baseline: list[float]) -> float:
 
 def summarise(times: dict[str, list[float]], baseline: str) -> list[dict]:
     """A row per variant: its median, min and max seconds, and its ratio to the baseline, paired (paired_ratio)."""
-    return [{"variant": name, "median_s": statistics.median(t), "min_s": min(t), "max_s": max(t),
-             "ratio": paired_ratio(t, times[baseline])} for name, t in times.items()]
+    return [
+        {
+            "variant": name,
+            "median_s": statistics.median(t),
+            "min_s": min(t),
+            "max_s": max(t),
+            "ratio": paired_ratio(t, times[baseline]),
+        }
+        for name, t in times.items()
+    ]
 
 
 @contextlib.contextmanager

@@ -1,12 +1,12 @@
 """`python -m dflash_ref bench trained [--draft DIR]`: trained SmolLM2 drafts against transformers' own
 `generate` and the target alone, on held-out prompts of both kinds (harness and reporting: cli/bench.py)."""
+
 from __future__ import annotations
 
 import copy
 from pathlib import Path
 
 import torch
-
 from matplotlib.figure import Figure
 
 from ..decoding import generate, spec_generate
@@ -21,8 +21,8 @@ from ..training.prompts import eval_prompts
 from .baselines import VERIFY_GATE, hf_generate, transformers_twin
 from .suite import _measure
 
-PROMPTS, NEW_TOKENS = 8, 96   # of each held-out set: the templates' held-out topics, the hand-written other styles
-LOOKUP = 2                    # prompt lookup's shortest suffix (figures/training/README.md, "Prompt lookup beside the draft")
+PROMPTS, NEW_TOKENS = 8, 96  # of each held-out set: the templates' held-out topics, the hand-written other styles
+LOOKUP = 2  # prompt lookup's shortest suffix (figures/training/README.md, "Prompt lookup beside the draft")
 
 
 def prompt_sets() -> dict[str, list[str]]:
@@ -49,7 +49,7 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
     also at the smaller blocks and proposing over all V instead of its vocabulary (extensions/draft_vocab.py).
     Every output is checked equal to AR's before anything is timed. Speed is over transformers' generate
     and over AR; τ per prompt set; acceptance per block position; the gate's calibration (its premise)."""
-    target, tokenizer = load_smollm2_own()          # the own Llama target (target/llama.py)
+    target, tokenizer = load_smollm2_own()  # the own Llama target (target/llama.py)
     model = transformers_twin(load_smollm2()[0].model)
     sets = prompt_sets()
     inputs = {name: [chat_ids(tokenizer, p) for p in prompts] for name, prompts in sets.items()}
@@ -62,19 +62,33 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
     spec = _variants(opened)
     ar_out = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in every]
     own = _own_blocks(spec)
-    premise = next((name for name in own if spec[name][0].candidate_selector is None), None)   # gate's calibration
+    premise = next((name for name in own if spec[name][0].candidate_selector is None), None)  # gate's calibration
     stats, calibration, selector = {}, None, {}
-    for name, (d, b, gate, lookup) in spec.items():     # one untimed pass each: the statistics and the lossless check
+    for name, (d, b, gate, lookup) in spec.items():  # one untimed pass each: the statistics and the lossless check
         outputs, records = [], []
 
         def run_all(d=d, b=b, gate=gate, lookup=lookup, outputs=outputs, records=records):
-            return {set_name: acceptance_by_position(d, target, tokenizer, prompts, n, STOP_TOKEN_IDS, block_size=b,
-                                                     outputs=outputs, verify_gate=gate, records=records, lookup=lookup)
-                    for set_name, prompts in sets.items()}
-        if name == premise:                     # whole blocks verified every step: what the gate relies on
+            return {
+                set_name: acceptance_by_position(
+                    d,
+                    target,
+                    tokenizer,
+                    prompts,
+                    n,
+                    STOP_TOKEN_IDS,
+                    block_size=b,
+                    outputs=outputs,
+                    verify_gate=gate,
+                    records=records,
+                    lookup=lookup,
+                )
+                for set_name, prompts in sets.items()
+            }
+
+        if name == premise:  # whole blocks verified every step: what the gate relies on
             by_set, confidences = confidence_log(d, run_all)
             calibration = gate_calibration(confidences, outputs)
-        elif d.candidate_selector is not None and name in own:   # the path against the argmax of the same logits
+        elif d.candidate_selector is not None and name in own:  # the path against the argmax of the same logits
             by_set, choices = selector_log(d, run_all)
             selector[name] = path_against_argmax(records, choices, outputs)
         else:
@@ -82,38 +96,64 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
         if not all(torch.equal(o.output_ids, expected) for o, expected in zip(outputs, ar_out)):
             raise AssertionError(f"{name}: speculative output differs from AR (lossless broken)")
         lengths = [emitted(a, p) for o in outputs for a, p in zip(o.acceptance_lengths, o.tokens_per_step)]
-        stats[name] = {"sets": by_set, "accepted": sum(lengths) / len(lengths),
-                       "tau": sum(sum(o.tokens_per_step) for o in outputs) / sum(len(o.tokens_per_step) for o in outputs)}
+        stats[name] = {
+            "sets": by_set,
+            "accepted": sum(lengths) / len(lengths),
+            "tau": sum(sum(o.tokens_per_step) for o in outputs) / sum(len(o.tokens_per_step) for o in outputs),
+        }
     if not all(torch.equal(o, e) for o, e in zip((hf_generate(model, ids, n) for ids in every), ar_out)):
         raise AssertionError("transformers' generate differs from dflash_ref's AR")
     progress("outputs equal AR in every variant; timing")
-    variants = {"transformers generate (nn.Linear)": lambda: [hf_generate(model, ids, n) for ids in every],
-                "dflash_ref AR (target alone)": lambda: [generate(target, ids, n, STOP_TOKEN_IDS) for ids in every]}
+    variants = {
+        "transformers generate (nn.Linear)": lambda: [hf_generate(model, ids, n) for ids in every],
+        "dflash_ref AR (target alone)": lambda: [generate(target, ids, n, STOP_TOKEN_IDS) for ids in every],
+    }
     for name, (d, b, gate, lookup) in spec.items():
         variants[name] = lambda d=d, b=b, gate=gate, lookup=lookup: [
             spec_generate(d, target, ids, n, STOP_TOKEN_IDS, block_size=b, verify_gate=gate, lookup=lookup)
-            for ids in every]
+            for ids in every
+        ]
     with torch.inference_mode():
         rows = _measure(variants, repeats, progress)
     ar_ratio = rows[1]["ratio"]
     for row in rows:
         s = stats.get(row["variant"])
-        row.update({"speed vs transformers generate": 1 / row["ratio"], "speed vs AR": ar_ratio / row["ratio"],
-                    **{f"τ {set_name}": (s["sets"][set_name][1] if s else 1.0) for set_name in sets},
-                    "τ (tokens/step)": s["tau"] if s else 1.0, "accepted/step": s["accepted"] if s else 0.0})
-    positions = [{"block position k": k + 1, **{f"{name} · {set_name}": by_position[k] if k < len(by_position) else ""
-                                                for name in own for set_name, (by_position, _) in
-                                                stats[name]["sets"].items()}}
-                 for k in range(max(spec[name][1] for name in own) - 1)]
-    first = next(iter(opened.values()))                        # its blocks, over its vocabulary, ungated
-    sweep = {spec[r["variant"]][1]: (r, stats[r["variant"]]) for r in rows
-             if r["variant"] in spec and spec[r["variant"]][0] is first and spec[r["variant"]][2:] == (None, None)}
+        row.update(
+            {
+                "speed vs transformers generate": 1 / row["ratio"],
+                "speed vs AR": ar_ratio / row["ratio"],
+                **{f"τ {set_name}": (s["sets"][set_name][1] if s else 1.0) for set_name in sets},
+                "τ (tokens/step)": s["tau"] if s else 1.0,
+                "accepted/step": s["accepted"] if s else 0.0,
+            }
+        )
+    positions = [
+        {
+            "block position k": k + 1,
+            **{
+                f"{name} · {set_name}": by_position[k] if k < len(by_position) else ""
+                for name in own
+                for set_name, (by_position, _) in stats[name]["sets"].items()
+            },
+        }
+        for k in range(max(spec[name][1] for name in own) - 1)
+    ]
+    first = next(iter(opened.values()))  # its blocks, over its vocabulary, ungated
+    sweep = {
+        spec[r["variant"]][1]: (r, stats[r["variant"]])
+        for r in rows
+        if r["variant"] in spec and spec[r["variant"]][0] is first and spec[r["variant"]][2:] == (None, None)
+    }
     _plot_trained(sweep, out / "trained.png")
-    tables = {f"trained drafts · SmolLM2-135M, {PROMPTS} template held-out + {PROMPTS} hand-written other-style "
-              f"prompts, {n} tokens, greedy": rows, "accepted fraction per block position": positions}
+    tables = {
+        f"trained drafts · SmolLM2-135M, {PROMPTS} template held-out + {PROMPTS} hand-written other-style "
+        f"prompts, {n} tokens, greedy": rows,
+        "accepted fraction per block position": positions,
+    }
     if selector:
         tables["candidate selector: its path against the argmax of the same draft logits (greedy, every step)"] = [
-            {"variant": name, **tally} for name, tally in selector.items()]
+            {"variant": name, **tally} for name, tally in selector.items()
+        ]
     if calibration is not None:
         tables["verify gate: the DFlash 1 draft's c_1·c_2 against what the target accepted (no gate)"] = calibration
     return tables
@@ -124,22 +164,29 @@ def _variants(opened: dict[str, object]) -> dict[str, tuple[object, int, float |
     DFlash 2 draft's c_k read from its selector's q over the candidates) and with prompt lookup beside it
     (extensions/prompt_lookup.py, N = LOOKUP); the first draft also at smaller blocks and over all V."""
     spec = {f"{label} b={d.block_size}": (d, d.block_size, None, None) for label, d in opened.items()}
-    spec |= {f"{label} b={d.block_size}, verify gate θ={VERIFY_GATE}": (d, d.block_size, VERIFY_GATE, None)
-             for label, d in opened.items()}
-    spec |= {f"{label} b={d.block_size}, prompt lookup N={LOOKUP}": (d, d.block_size, None, LOOKUP)
-             for label, d in opened.items()}
+    spec |= {
+        f"{label} b={d.block_size}, verify gate θ={VERIFY_GATE}": (d, d.block_size, VERIFY_GATE, None)
+        for label, d in opened.items()
+    }
+    spec |= {
+        f"{label} b={d.block_size}, prompt lookup N={LOOKUP}": (d, d.block_size, None, LOOKUP)
+        for label, d in opened.items()
+    }
     label, d = next(iter(opened.items()))
     spec |= {f"{label} b={b}": (d, b, None, None) for b in (2, 3, 4, 8) if b < d.block_size}
     all_v = copy.deepcopy(d)
-    all_v.draft_vocab = None                                  # what an official loader proposes among
+    all_v.draft_vocab = None  # what an official loader proposes among
     spec[f"{label} b={d.block_size}, proposals over all V"] = (all_v, d.block_size, None, None)
     return spec
 
 
 def _own_blocks(spec: dict) -> set[str]:
     """The variants that run a draft at its own block size over its vocabulary, ungated: one per draft."""
-    return {name for name, (d, b, gate, lookup) in spec.items()
-            if b == d.block_size and gate is None and lookup is None and not name.endswith("all V")}
+    return {
+        name
+        for name, (d, b, gate, lookup) in spec.items()
+        if b == d.block_size and gate is None and lookup is None and not name.endswith("all V")
+    }
 
 
 def confidence_log(draft, run) -> tuple[object, list[float | None]]:
@@ -147,8 +194,8 @@ def confidence_log(draft, run) -> tuple[object, list[float | None]]:
     where a pass drafted fewer than 2 positions), read at the `draft.hook_logits` hook point."""
     log = []
 
-    def read(logits, point):                                     # (1, γ, V), once per draft pass
-        c = draft_confidence(logits[:, :2])                      # (1, min(γ, 2))
+    def read(logits, point):  # (1, γ, V), once per draft pass
+        c = draft_confidence(logits[:, :2])  # (1, min(γ, 2))
         log.append(float(c[0, 0] * c[0, 1]) if c.shape[1] == 2 else None)
 
     with hooks(draft, read, lambda name: name == "draft.hook_logits"):
@@ -163,15 +210,24 @@ def gate_calibration(confidences: list[float | None], outputs: list) -> list[dic
     → one row per bin of c_1·c_2: steps, and the fractions in which the target accepted d_1, and d_1
     and d_2."""
     # (c_1·c_2, τ) per step that drafted γ ≥ 2
-    pairs = [(c, tau) for out, mine in zip(outputs, per_prompt(confidences, outputs, "confidences"))
-             for c, tau in zip(mine, out.acceptance_lengths) if c is not None]
+    pairs = [
+        (c, tau)
+        for out, mine in zip(outputs, per_prompt(confidences, outputs, "confidences"))
+        for c, tau in zip(mine, out.acceptance_lengths)
+        if c is not None
+    ]
     edges = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
     rows = []
     for lo, hi in zip(edges, edges[1:]):
         taus = [tau for c, tau in pairs if lo <= c < hi or (hi == 1.0 and c == 1.0)]
-        rows.append({"c_1·c_2": f"{lo:.1f} … {hi:.1f}", "steps": len(taus),
-                     "d_1 accepted": sum(t >= 1 for t in taus) / max(len(taus), 1),
-                     "d_1 and d_2 accepted": sum(t >= 2 for t in taus) / max(len(taus), 1)})
+        rows.append(
+            {
+                "c_1·c_2": f"{lo:.1f} … {hi:.1f}",
+                "steps": len(taus),
+                "d_1 accepted": sum(t >= 1 for t in taus) / max(len(taus), 1),
+                "d_1 and d_2 accepted": sum(t >= 2 for t in taus) / max(len(taus), 1),
+            }
+        )
     return rows
 
 

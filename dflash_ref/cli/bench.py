@@ -4,7 +4,8 @@ Every variant runs in the same process, interleaved round-robin over the repeats
 as median, spread (min–max) and its ratio to the baseline: the median over the repeats of its time
 over the baseline's in the same repeat (since 2026-12-04; the ratio of the medians before). Absolute
 times on a shared machine drift, ratios measured together much less, and paired ones least. Nothing
-here is asserted (tests check correctness, benchmarks report). Each benchmark writes a markdown table and JSON, some a plot:
+here is asserted (tests check correctness, benchmarks report). Each benchmark writes a markdown table
+and JSON, some a plot:
 
     baselines  transformers' own generate (the headline's baseline) vs dflash_ref's AR (F.linear and the
                measured linear plan) vs the official `dflash_generate` vs dflash_ref's spec_generate,
@@ -24,29 +25,35 @@ here is asserted (tests check correctness, benchmarks report). Each benchmark wr
                kinds (template topics, hand-written other styles): τ and speed vs transformers' generate and
                AR, per block size
 """
+
 from __future__ import annotations
 
 import json
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 from ..bench import baselines, hybrid_rollback, steps, suite, trained
 from ..bench.timing import measure, summarise  # noqa: F401  (the harness, re-exported)
+from ..drafts.shipped import draft_folder
 from ..extensions import streamed
 from ..extensions.linear_plan import linear_mode
-from ..drafts.shipped import draft_folder
 from .folders import make_folder
 
 BENCHES: dict[str, Callable] = {
-    "baselines": baselines.bench_baselines, "steps": steps.bench_steps, "dflash2": baselines.bench_dflash2,
+    "baselines": baselines.bench_baselines,
+    "steps": steps.bench_steps,
+    "dflash2": baselines.bench_dflash2,
     "rollback": hybrid_rollback.bench_rollback,
-    "official": suite.bench_official, "tracing": suite.bench_tracing,
-    "blocks": suite.bench_blocks, "ceiling": suite.bench_ceiling, "memory": suite.bench_memory,
+    "official": suite.bench_official,
+    "tracing": suite.bench_tracing,
+    "blocks": suite.bench_blocks,
+    "ceiling": suite.bench_ceiling,
+    "memory": suite.bench_memory,
     "trained": trained.bench_trained,
 }
 
@@ -75,7 +82,7 @@ def machine_speed(repeats: int = 15) -> str:
     dearer and a verify of a few tokens relatively cheaper). SmolLM2's lm_head shape, fp32, two
     columns (extensions/linear_plan.py's duplicated-row kernel): (49152, 576) · (576, 2), 113 MB of weights read."""
     weight, x = torch.randn(49152, 576), torch.randn(576, 2)
-    median = statistics.median(measure({"probe": lambda: weight @ x}, repeats)["probe"])   # (49152, 2)
+    median = statistics.median(measure({"probe": lambda: weight @ x}, repeats)["probe"])  # (49152, 2)
     return f"probe {median * 1e3:.1f} ms ({weight.numel() * 4 / median / 1e9:.0f} GB/s: 49152×576 fp32 by 2 columns)"
 
 
@@ -93,17 +100,21 @@ def cpu_model() -> str:
 def machine() -> str:
     """What a table's footer says of the machine: CPU, threads, torch, Python, date, the linear plan's
     mode (extensions/linear_plan.py) and whether its C product was built here, and the probe's speed."""
-    return (f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, "
-            f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, "
-            f"linear plan {linear_mode()} ({streamed.status()}), {machine_speed()}")
+    return (
+        f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, "
+        f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, "
+        f"linear plan {linear_mode()} ({streamed.status()}), {machine_speed()}"
+    )
 
 
 def check_draft_option(names: list[str], draft: str | Path | None) -> None:
     """A draft folder is for `trained` alone: refuse one given to a run without it (ValueError)."""
     if draft is not None and "trained" not in names:
-        raise ValueError(f"--draft {draft}: only the trained benchmark measures a draft folder, and it is "
-                         f"not among those asked for ({', '.join(names)})")
-    draft_folder(draft)                       # an unknown shipped: name, before anything runs
+        raise ValueError(
+            f"--draft {draft}: only the trained benchmark measures a draft folder, and it is "
+            f"not among those asked for ({', '.join(names)})"
+        )
+    draft_folder(draft)  # an unknown shipped: name, before anything runs
 
 
 def check_options(names: list[str], repeats: int, out: str | Path, draft: str | Path | None = None) -> dict:
@@ -127,10 +138,14 @@ def read_report(path: Path) -> dict:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not JSON ({e}); move it or choose another --out") from None
     results = report.get("results") if isinstance(report, dict) else None
-    if not isinstance(results, dict) or not all(isinstance(r, dict) and isinstance(r.get("tables"), dict)
-                                                and "machine" in r and "repeats" in r for r in results.values()):
-        raise ValueError(f"{path} is not a bench results file ({{\"results\": {{name: {{machine, repeats, tables}}}}}}); "
-                         f"move it or choose another --out")
+    if not isinstance(results, dict) or not all(
+        isinstance(r, dict) and isinstance(r.get("tables"), dict) and "machine" in r and "repeats" in r
+        for r in results.values()
+    ):
+        raise ValueError(
+            f'{path} is not a bench results file ({{"results": {{name: {{machine, repeats, tables}}}}}}); '
+            f"move it or choose another --out"
+        )
     return report
 
 
@@ -158,6 +173,9 @@ def run(names: list[str], repeats: int, out: str | Path, say=print, draft: str |
 
 def render(report: dict) -> str:
     """bench.md: every table of every benchmark in the report, each with its machine's footer."""
-    texts = [f"{markdown(rows, title)}\n\n({r['machine']}; {r['repeats']} interleaved repeats; medians)"
-             for r in report["results"].values() for title, rows in r["tables"].items()]
+    texts = [
+        f"{markdown(rows, title)}\n\n({r['machine']}; {r['repeats']} interleaved repeats; medians)"
+        for r in report["results"].values()
+        for title, rows in r["tables"].items()
+    ]
     return "\n\n".join(texts) + "\n"

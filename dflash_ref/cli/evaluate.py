@@ -17,7 +17,8 @@ A set is SPLIT:START:COUNT, the prompts prompt_sets.split_prompts(SPLIT)[START:S
 first 1860; the shipped DFlash 2 draft on `mixed`'s first 4000: train's first 2000 and varied's, in turn),
 `heldout` 144 over 12 topics no draft here was trained on, `varied` the 28560 of `train --prompt-set varied`
 (48 styles), `heldout-styles` 48 written by hand in 12 styles no training prompt
-has, on other topics (training/heldout_styles.py); SPLIT may also be a prompts file of one's own (.txt or .jsonl, training/prompt_file.py), e.g. `--sets my_prompts.jsonl:0:50`. So
+has, on other topics (training/heldout_styles.py); SPLIT may also be a prompts file of one's own (.txt or
+.jsonl, training/prompt_file.py), e.g. `--sets my_prompts.jsonl:0:50`. So
 
     python -m dflash_ref evaluate --sets heldout:0:12 train:0:12 train:3000:12 train:6000:12
 
@@ -31,6 +32,7 @@ paths merged by their prefixes, τ the longest leading match of any, and the tre
 tree would take 1 + nodes tokens); decoding verifies one path, so this says what a tree verify could keep.
 `--lookup N` decodes with prompt lookup beside the draft (extensions/prompt_lookup.py): τ and a_k are then
 the decoder's, its lookup steps counted with the draft's, and each set also reports the two apart."""
+
 from __future__ import annotations
 
 import json
@@ -57,17 +59,21 @@ def parse_set(spec: str) -> tuple[str, int, int]:
     of the prompts written here, or a prompts file of one's own (.txt or .jsonl, training/prompt_file.py)."""
     found = re.fullmatch(r"(.+):(\d+):(\d+)", spec, re.ASCII)
     if not found or not (found[1] in SPLITS or found[1].endswith(SUFFIXES)):
-        raise ValueError(f"prompt set {spec!r}: expected SPLIT:START:COUNT with SPLIT one of {list(SPLITS)} "
-                         f"or a prompts file ({' or '.join(SUFFIXES)}), and START, COUNT whole numbers, "
-                         "e.g. heldout:0:12")
+        raise ValueError(
+            f"prompt set {spec!r}: expected SPLIT:START:COUNT with SPLIT one of {list(SPLITS)} "
+            f"or a prompts file ({' or '.join(SUFFIXES)}), and START, COUNT whole numbers, "
+            "e.g. heldout:0:12"
+        )
     split, start, count = found[1], int(found[2]), int(found[3])
     available = len(set_prompts(split))
     if count < 1:
         raise ValueError(f"prompt set {spec!r}: COUNT must be at least 1")
     if start + count > available:
         where = f"the {split} split" if split in SPLITS else split
-        raise ValueError(f"prompt set {spec!r}: prompts {start}…{start + count - 1} asked for, but {where} "
-                         f"has {available} (0…{available - 1})")
+        raise ValueError(
+            f"prompt set {spec!r}: prompts {start}…{start + count - 1} asked for, but {where} "
+            f"has {available} (0…{available - 1})"
+        )
     return split, start, count
 
 
@@ -92,11 +98,14 @@ def check_arguments(args) -> None:
         raise ValueError(f"prompt sets {twice} name the same prompts more than once")
     files = [spec for spec, (split, _, _) in zip(args.sets, parsed) if split not in SPLITS]
     if args.by_template and files:
-        raise ValueError(f"--by-template splits the prompts written here by their template or style; {files[0]} "
-                         f"is a file")
+        raise ValueError(
+            f"--by-template splits the prompts written here by their template or style; {files[0]} is a file"
+        )
     if args.tokens < 2:
-        raise ValueError(f"--tokens must be at least 2 (the first token is the prefill's; decode steps start at "
-                         f"the second), got {args.tokens}")
+        raise ValueError(
+            f"--tokens must be at least 2 (the first token is the prefill's; decode steps start at "
+            f"the second), got {args.tokens}"
+        )
     if args.block_size is not None and args.block_size < 2:
         raise ValueError(f"--block-size must be at least 2 (the bonus token and one proposal), got {args.block_size}")
     for flag, given in (("--figures", args.figures), ("--paths", args.paths is not None)):
@@ -105,12 +114,20 @@ def check_arguments(args) -> None:
     if args.paths is not None and args.paths < 1:
         raise ValueError(f"--paths must be at least 1 (1: the most probable path alone), got {args.paths}")
     if args.teacher_forced:
-        both = [flag for flag, given in (("--by-template", args.by_template),
-                                         ("--block-size", args.block_size is not None),
-                                         ("--lookup", args.lookup is not None)) if given]
+        both = [
+            flag
+            for flag, given in (
+                ("--by-template", args.by_template),
+                ("--block-size", args.block_size is not None),
+                ("--lookup", args.lookup is not None),
+            )
+            if given
+        ]
         if both:
-            raise ValueError(f"--teacher-forced measures the draft's own block size over all prompts together; "
-                             f"it takes no {' or '.join(both)}")
+            raise ValueError(
+                f"--teacher-forced measures the draft's own block size over all prompts together; "
+                f"it takes no {' or '.join(both)}"
+            )
     check_lookup(args.lookup)
     if args.out and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):
         raise ValueError(f"--out {args.out}: needs a file path in an existing folder")
@@ -131,8 +148,10 @@ def by_template(chosen: list[str], records: list[list], block_size: int, say=pri
         by_position, tau = tally([step for steps in runs for step in steps], block_size)
         found[template] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": len(runs)}
     for template, r in sorted(found.items(), key=lambda item: -(item[1]["tokens_per_step"] or 0)):
-        say(f"{'':>22}τ {number(r['tokens_per_step'])}  {fractions(r['acceptance_by_position'])}"
-            f"  {r['prompts']:>3} × {template}")
+        say(
+            f"{'':>22}τ {number(r['tokens_per_step'])}  {fractions(r['acceptance_by_position'])}"
+            f"  {r['prompts']:>3} × {template}"
+        )
     return found
 
 
@@ -142,41 +161,70 @@ def by_proposer(records: list[list], block_size: int, say=print) -> dict:
     steps = [step for run in records for step in run]
     found = {}
     for name, mine in (("lookup", [r for r in steps if r.lookup]), ("draft", [r for r in steps if not r.lookup])):
-        found[name] = {"steps": len(mine), "share": len(mine) / len(steps) if steps else None,
-                       "tokens_per_step": tally(mine, block_size)[1]}
-    say(f"{'':>22}" + ", ".join(f"{name} proposed {number(f['share'])} of the steps, τ {number(f['tokens_per_step'])}"
-                                for name, f in found.items()))
+        found[name] = {
+            "steps": len(mine),
+            "share": len(mine) / len(steps) if steps else None,
+            "tokens_per_step": tally(mine, block_size)[1],
+        }
+    say(
+        f"{'':>22}"
+        + ", ".join(
+            f"{name} proposed {number(f['share'])} of the steps, τ {number(f['tokens_per_step'])}"
+            for name, f in found.items()
+        )
+    )
     return found
 
 
-def measure_teacher_forced(draft, chat, spec: str, chosen: list[str], tokens: int,
-                           figures: str | None, folder: Path, say=print, paths: int | None = None) -> dict:
+def measure_teacher_forced(
+    draft,
+    chat,
+    spec: str,
+    chosen: list[str],
+    tokens: int,
+    figures: str | None,
+    folder: Path,
+    say=print,
+    paths: int | None = None,
+) -> dict:
     """The target's greedy responses to `chosen` (fp32, not stored), then training/teacher_forced.py on them
     (a tree of the selector's `paths` best paths, if given); with `figures`, its plot as
     FIGURES/teacher_forced_SPLIT_START_COUNT.png. chat: target/chat.ChatTarget."""
     target, tokenizer = chat.model, chat.tokenizer
     longest, limit = longest_chat_prompt(tokenizer, chosen), target.config.max_position_embeddings
-    if longest + tokens > limit:             # as decoding refuses it (compat.check_request), before generating
-        raise SystemExit(f"prompt set {spec}: its longest prompt ({longest} tokens) + --tokens {tokens} exceeds "
-                         f"{chat.label}'s {limit} positions; at most {limit - longest}")
-    rows = self_distill(target, tokenizer, chosen, None, tokens, batch_size=16, stop_token_ids=chat.stop_token_ids,
-                        say=say)
+    if longest + tokens > limit:  # as decoding refuses it (compat.check_request), before generating
+        raise SystemExit(
+            f"prompt set {spec}: its longest prompt ({longest} tokens) + --tokens {tokens} exceeds "
+            f"{chat.label}'s {limit} positions; at most {limit - longest}"
+        )
+    rows = self_distill(
+        target, tokenizer, chosen, None, tokens, batch_size=16, stop_token_ids=chat.stop_token_ids, say=say
+    )
     found = {**teacher_forced(draft, target, rows, paths=paths), "prompts": chosen}
     if not found["anchors"]:
-        raise SystemExit(f"prompt set {spec}: no response of {tokens} tokens or fewer holds a whole block of "
-                         f"{draft.block_size}; raise --tokens")
+        raise SystemExit(
+            f"prompt set {spec}: no response of {tokens} tokens or fewer holds a whole block of "
+            f"{draft.block_size}; raise --tokens"
+        )
     tree = "" if paths is None else f" of a tree of {paths} paths, {found['mean_nodes']:.2f} nodes on average,"
-    say(f"{spec:>20}  teacher-forced τ {found['tokens_per_step']:.3f}{tree} over {found['anchors']} anchors; "
-        f"acceptance by block position {fractions(found['acceptance_by_position'])}")
+    say(
+        f"{spec:>20}  teacher-forced τ {found['tokens_per_step']:.3f}{tree} over {found['anchors']} anchors; "
+        f"acceptance by block position {fractions(found['acceptance_by_position'])}"
+    )
     for b in found["by_confidence"]:
         if b["anchors"]:
-            say(f"{'':>22}target confidence {bin_label(b)}: {100 * b['share']:4.1f} % "
-                f"of anchors, τ {b['tokens_per_step']:.3f}, {fractions(b['acceptance_by_position'])}")
+            say(
+                f"{'':>22}target confidence {bin_label(b)}: {100 * b['share']:4.1f} % "
+                f"of anchors, τ {b['tokens_per_step']:.3f}, {fractions(b['acceptance_by_position'])}"
+            )
     if figures:
-        title = (f"{folder.parent.name}/{folder.name}, {spec}: teacher-forced τ {found['tokens_per_step']:.3f}"
-                 f"{tree} over {found['anchors']} anchors")
-        path = Path(figures) / ("teacher_forced_" + spec.replace(":", "_") + ("" if paths is None else f"_paths{paths}")
-                                + ".png")
+        title = (
+            f"{folder.parent.name}/{folder.name}, {spec}: teacher-forced τ {found['tokens_per_step']:.3f}"
+            f"{tree} over {found['anchors']} anchors"
+        )
+        path = Path(figures) / (
+            "teacher_forced_" + spec.replace(":", "_") + ("" if paths is None else f"_paths{paths}") + ".png"
+        )
         say(f"wrote {save_figure(plot(found, title), path)}")
     return found
 
@@ -188,43 +236,72 @@ def run(args, say=print) -> dict:
     if block_size > draft.block_size:
         # allowed, as in spec_generate and `generate --block-size`: the draft runs any block length (its
         # attention has no size of its own), but positions past its training block never had a label
-        untrained = (f"position {block_size - 1} was" if block_size == draft.block_size + 1
-                     else f"positions {draft.block_size} … {block_size - 1} were")
-        say(f"--block-size {block_size}: this draft was trained on blocks of {draft.block_size}; "
-            f"{untrained} never trained")
+        untrained = (
+            f"position {block_size - 1} was"
+            if block_size == draft.block_size + 1
+            else f"positions {draft.block_size} … {block_size - 1} were"
+        )
+        say(
+            f"--block-size {block_size}: this draft was trained on blocks of {draft.block_size}; "
+            f"{untrained} never trained"
+        )
     if args.paths is not None:
         try:
-            check_paths(draft, args.paths)           # the draft alone says, before the target is loaded
+            check_paths(draft, args.paths)  # the draft alone says, before the target is loaded
         except ValueError as e:
-            raise SystemExit(f"--{e}") from None     # "--paths=M: …"
+            raise SystemExit(f"--{e}") from None  # "--paths=M: …"
     chat = open_chat_target(args.target)
     target, tokenizer = chat.model, chat.tokenizer
     check_fits(draft, folder, target, "SmolLM2-135M" if chat.name == SMOLLM2 else chat.label)
-    results = {"target": args.target, "draft": str(folder), "block_size": block_size, "lookup": args.lookup,
-               "trained_block_size": draft.block_size, "tokens": args.tokens, "sets": {}}
+    results = {
+        "target": args.target,
+        "draft": str(folder),
+        "block_size": block_size,
+        "lookup": args.lookup,
+        "trained_block_size": draft.block_size,
+        "tokens": args.tokens,
+        "sets": {},
+    }
     for spec in args.sets:
         split, start, count = parse_set(spec)
-        chosen = set_prompts(split)[start:start + count]
+        chosen = set_prompts(split)[start : start + count]
         if args.teacher_forced:
-            results["sets"][spec] = measure_teacher_forced(draft, chat, spec, chosen, args.tokens, args.figures,
-                                                           folder, say, args.paths)
+            results["sets"][spec] = measure_teacher_forced(
+                draft, chat, spec, chosen, args.tokens, args.figures, folder, say, args.paths
+            )
             continue
         records, started = [], time.perf_counter()
 
-        def done(i: int) -> None:                  # a progress line per 12 prompts of a longer set
+        def done(i: int, spec=spec, count=count, started=started) -> None:  # progress per 12 prompts of a longer set
             if i % 12 == 0 and i < count:
                 say(f"{spec}: {i}/{count} prompts, {time.perf_counter() - started:.0f} s")
+
         try:
-            by_position, tau = acceptance_by_position(draft, target, tokenizer, chosen, args.tokens,
-                                                      chat.stop_token_ids, block_size, records=records, done=done,
-                                                      lookup=args.lookup)
-        except ValueError as e:                      # e.g. --tokens past the target's positions (compat.check_request)
+            by_position, tau = acceptance_by_position(
+                draft,
+                target,
+                tokenizer,
+                chosen,
+                args.tokens,
+                chat.stop_token_ids,
+                block_size,
+                records=records,
+                done=done,
+                lookup=args.lookup,
+            )
+        except ValueError as e:  # e.g. --tokens past the target's positions (compat.check_request)
             raise SystemExit(f"prompt set {spec}: {e}") from None
         per_prompt = mean_of_prompts(records)
-        results["sets"][spec] = {"tokens_per_step": tau, "tokens_per_step_mean_of_prompts": per_prompt,
-                                 "acceptance_by_position": by_position, "prompts": chosen}
-        say(f"{spec:>20}  τ {number(tau)} tokens/step (mean of prompts {number(per_prompt)})  "
-            f"acceptance by block position {fractions(by_position)}")
+        results["sets"][spec] = {
+            "tokens_per_step": tau,
+            "tokens_per_step_mean_of_prompts": per_prompt,
+            "acceptance_by_position": by_position,
+            "prompts": chosen,
+        }
+        say(
+            f"{spec:>20}  τ {number(tau)} tokens/step (mean of prompts {number(per_prompt)})  "
+            f"acceptance by block position {fractions(by_position)}"
+        )
         if None in by_position:
             say(f"{'':>22}(n/a: no step verified a whole block of {block_size}; raise --tokens)")
         if args.lookup is not None:
@@ -235,8 +312,10 @@ def run(args, say=print) -> dict:
         text = json.dumps(results, indent=1) + "\n"
         try:
             Path(args.out).write_text(text)
-        except OSError as e:                          # the results are not lost with the file
+        except OSError as e:  # the results are not lost with the file
             print(text)
-            raise SystemExit(f"--out {args.out}: cannot write it ({e.strerror}); the results are printed above")
+            raise SystemExit(
+                f"--out {args.out}: cannot write it ({e.strerror}); the results are printed above"
+            ) from None
         say(f"wrote {args.out}")
     return results

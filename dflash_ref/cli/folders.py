@@ -1,6 +1,7 @@
 """The folders a command-line option names (--out, --figures, --trace): made before any work, or
 refused with the option's name, so that a file in the way or a path no folder can be made at ends in
 a message instead of failing after the work is done."""
+
 from __future__ import annotations
 
 import os
@@ -11,7 +12,7 @@ def make_folder(flag: str, folder: str | Path) -> None:
     """Make the folder an option names (and its parents), or a ValueError naming the option: a file
     there, or a path no folder can be made at. generate checks its folders with it, bench and train
     make theirs before any work."""
-    path = Path(os.path.abspath(folder))               # x/../y: y, and no x made on the way
+    path = Path(os.path.abspath(folder))  # x/../y: y, and no x made on the way
     if path.exists() and not path.is_dir():
         raise ValueError(f"{flag} {folder} is a file, not a folder")
     try:
@@ -23,8 +24,8 @@ def make_folder(flag: str, folder: str | Path) -> None:
 def check_output_folder(flag: str, folder: str) -> None:
     """FOLDER is a folder or can be made one: checked by making it (and removing what was made), so
     that a file there, or a path no folder can be made at, is refused before the decoding."""
-    path = Path(os.path.abspath(folder))               # as make_folder makes it
-    made = [p for p in (path, *path.parents) if not p.exists()]            # deepest first
+    path = Path(os.path.abspath(folder))  # as make_folder makes it
+    made = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
     try:
         make_folder(flag, folder)
     finally:

@@ -5,6 +5,7 @@ a draft (`--draft DIR`, or a fresh random draft sized to the target), streams th
 accepted, and prints acceptance statistics and the time spent drafting and verifying. `--trace DIR`
 saves the trace; `--figures DIR` writes its plots.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,11 +19,11 @@ import torch
 
 from .. import plots
 from ..bench.timing import Stopwatch
-from ..extensions.linear_plan import measuring_seconds
 from ..config import ConfigError
 from ..decoding import spec_generate
 from ..drafts.folder import SHIPPED_DRAFT, check_fits, draft_folder, open_draft
 from ..drafts.random_draft import random_draft
+from ..extensions.linear_plan import measuring_seconds
 from ..target.checkpoint import DTYPES, CheckpointError, check_device
 from ..target.folder import folder_stop_ids, open_target
 from ..target.smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, chat_ids, load_smollm2_own
@@ -32,33 +33,41 @@ from .folders import check_output_folder
 
 
 def precision_note(dtype: torch.dtype) -> str | None:
-    """What 'lossless' means at this dtype: None for fp32, else a note for stderr (figures/bench/README.md, "Lossless")."""
+    """What 'lossless' means at this dtype: None for fp32, else a note for stderr (figures/bench/README.md,
+    "Lossless")."""
     if dtype == torch.float32:
         return None
-    return (f"[{str(dtype).removeprefix('torch.')}: the output is the target's own decoding up to its rounding: a "
-            "verify of several tokens rounds differently from one AR step, so where two tokens' logits tie "
-            "within that rounding either may come; float32 is token-identical]")
+    return (
+        f"[{str(dtype).removeprefix('torch.')}: the output is the target's own decoding up to its rounding: a "
+        "verify of several tokens rounds differently from one AR step, so where two tokens' logits tie "
+        "within that rounding either may come; float32 is token-identical]"
+    )
 
 
 def stop_note(output_ids: torch.Tensor, prompt_len: int, stop: list[int], tokenizer, chat: bool) -> str | None:
     """A note for stderr when the first token after the prompt is a stop token (an instruct model often
     ends a bare prompt at once), else None."""
-    first = output_ids[0, prompt_len:prompt_len + 1].tolist()
+    first = output_ids[0, prompt_len : prompt_len + 1].tolist()
     if not first or first[0] not in stop:
         return None
     hint = "" if chat else "; an instruct model usually needs its chat template: add --chat"
-    return (f"[the target ended its answer at once: its first token is the stop token "
-            f"{tokenizer.convert_ids_to_tokens(first[0])!r} (id {first[0]}){hint}]")
+    return (
+        f"[the target ended its answer at once: its first token is the stop token "
+        f"{tokenizer.convert_ids_to_tokens(first[0])!r} (id {first[0]}){hint}]"
+    )
 
 
 def check_arguments(args) -> None:
     """What can be refused before loading anything (`__main__` makes it a usage error): the numbers,
     --device, a shipped draft's name, and the --trace and --figures folders."""
-    for flag, value, least in (("--max-new-tokens", args.max_new_tokens, 0), ("--block-size", args.block_size, 1),
-                               ("--draft-layers", args.draft_layers, 1)):
+    for flag, value, least in (
+        ("--max-new-tokens", args.max_new_tokens, 0),
+        ("--block-size", args.block_size, 1),
+        ("--draft-layers", args.draft_layers, 1),
+    ):
         if value is not None and value < least:
             raise ValueError(f"{flag} must be at least {least}, got {value}")
-    check_seed(args.seed, -2**63, 2**64)          # what torch.manual_seed takes
+    check_seed(args.seed, -(2**63), 2**64)  # what torch.manual_seed takes
     draft_folder(args.draft)
     if not (args.temperature >= 0 and math.isfinite(args.temperature)):
         raise ValueError(f"--temperature must be a finite number ≥ 0, got {args.temperature}")
@@ -79,30 +88,38 @@ def load_models(args):
     if note:
         print(note, file=sys.stderr)
     if args.target == "smollm2":
-        target, tokenizer = load_smollm2_own(dtype)     # the own Llama target: transformers' numbers
+        target, tokenizer = load_smollm2_own(dtype)  # the own Llama target: transformers' numbers
         target = target.to(device)
         stop, mask = STOP_TOKEN_IDS, MASK_TOKEN_ID
     else:
         target, tokenizer = open_target(Path(args.target), dtype, device)
-        stop = folder_stop_ids(Path(args.target), tokenizer)       # generation_config.json's, else the tokenizer's
+        stop = folder_stop_ids(Path(args.target), tokenizer)  # generation_config.json's, else the tokenizer's
         mask = None
     if args.draft and args.random_draft:
         raise SystemExit("--draft and --random-draft exclude each other")
     if args.target == "smollm2" and not args.draft and not args.random_draft:
-        print(f"[draft: the trained SmolLM2 DFlash 2 draft shipped in {SHIPPED_DRAFT}; --draft shipped:dflash1 "
-              "for the DFlash 1 one]", file=sys.stderr)
+        print(
+            f"[draft: the trained SmolLM2 DFlash 2 draft shipped in {SHIPPED_DRAFT}; --draft shipped:dflash1 "
+            "for the DFlash 1 one]",
+            file=sys.stderr,
+        )
         draft, _ = open_draft(None, dtype, device)
     elif args.draft:
         draft, folder = open_draft(args.draft, dtype, device)
         check_fits(draft, folder, target, "SmolLM2-135M" if args.target == "smollm2" else f"the target {args.target}")
     else:
-        print(f"[a random {args.draft_layers}-layer draft; its proposals are noise, so expect "
-              "τ ≈ 0 — the output is still exactly the target's]", file=sys.stderr)
+        print(
+            f"[a random {args.draft_layers}-layer draft; its proposals are noise, so expect "
+            "τ ≈ 0 — the output is still exactly the target's]",
+            file=sys.stderr,
+        )
         try:
             draft = random_draft(target, args.draft_layers, args.block_size or 16, mask, args.seed)
         except ConfigError as e:
-            raise SystemExit(f"--random-draft: no random draft of --draft-layers {args.draft_layers} fits the target "
-                             f"{args.target}: {e} (it samples one target layer per layer: fewer may fit)") from None
+            raise SystemExit(
+                f"--random-draft: no random draft of --draft-layers {args.draft_layers} fits the target "
+                f"{args.target}: {e} (it samples one target layer per layer: fewer may fit)"
+            ) from None
     return target, draft, tokenizer, stop
 
 
@@ -113,13 +130,13 @@ def run(args) -> int:
     prompt_len, shown, new, cut, looked = ids.shape[1], [""], [], [], []
 
     def stream(record) -> None:  # print the text committed by each step as soon as it is accepted
-        cut.append(record.verify_size < len(record.q_position_ids))     # the verify gate shut
-        looked.append(record.lookup)                                     # proposed by prompt lookup
+        cut.append(record.verify_size < len(record.q_position_ids))  # the verify gate shut
+        looked.append(record.lookup)  # proposed by prompt lookup
         if record.step == 0:
             new.append(record.block_ids[0])
-        new.extend((record.block_ids[1:record.acceptance_length + 1] + [record.bonus])[:record.produced])
+        new.extend((record.block_ids[1 : record.acceptance_length + 1] + [record.bonus])[: record.produced])
         text = tokenizer.decode(new, skip_special_tokens=True)
-        print(text[len(shown[0]):], end="", flush=True)
+        print(text[len(shown[0]) :], end="", flush=True)
         shown[0] = text
 
     draft_clock, target_clock = Stopwatch(draft, target.device), Stopwatch(target, target.device)
@@ -130,15 +147,25 @@ def run(args) -> int:
     with recording as trace:
         on_step = (lambda r: (trace.on_step(r), stream(r))) if trace is not None else stream
         try:
-            out = spec_generate(draft, target, ids, args.max_new_tokens, stop, temperature=args.temperature,
-                                block_size=args.block_size, verifier=args.verifier, verify_gate=args.verify_gate,
-                                lookup=args.lookup, on_step=on_step)
-        except ValueError as e:        # the request, refused before any compute (e.g. past the position limit)
+            out = spec_generate(
+                draft,
+                target,
+                ids,
+                args.max_new_tokens,
+                stop,
+                temperature=args.temperature,
+                block_size=args.block_size,
+                verifier=args.verifier,
+                verify_gate=args.verify_gate,
+                lookup=args.lookup,
+                on_step=on_step,
+            )
+        except ValueError as e:  # the request, refused before any compute (e.g. past the position limit)
             raise SystemExit(f"generate: {e}") from None
-    total, planning = time.perf_counter() - t0, measuring_seconds() - planned   # planning: linear plans measured
+    total, planning = time.perf_counter() - t0, measuring_seconds() - planned  # planning: linear plans measured
     draft_clock.remove(), target_clock.remove()
     text = tokenizer.decode(out.output_ids[0, prompt_len:].tolist(), skip_special_tokens=True)
-    print(text[len(shown[0]):], flush=True)
+    print(text[len(shown[0]) :], flush=True)
     note = stop_note(out.output_ids, prompt_len, stop, tokenizer, args.chat)
     if note:
         print(note, file=sys.stderr)
@@ -146,7 +173,9 @@ def run(args) -> int:
     if args.verify_gate is not None:
         print(f"verify gate θ = {args.verify_gate}: {sum(cut)} of {len(cut)} steps verified [x_0, d_1] only")
     if args.lookup is not None:
-        print(f"prompt lookup N = {args.lookup}: {sum(looked)} of {len(looked)} steps proposed by lookup, no draft pass")
+        print(
+            f"prompt lookup N = {args.lookup}: {sum(looked)} of {len(looked)} steps proposed by lookup, no draft pass"
+        )
     if trace is not None:
         trace.meta.update(prompt=args.prompt, tokens=tokenizer.convert_ids_to_tokens(out.output_ids[0].tolist()))
         if args.trace:
@@ -163,7 +192,7 @@ def prompt_ids(tokenizer, args) -> torch.Tensor:
         return tokenizer(args.prompt, return_tensors="pt")["input_ids"]
     try:
         return chat_ids(tokenizer, args.prompt)
-    except ValueError as e:        # transformers: this tokenizer has no chat template
+    except ValueError as e:  # transformers: this tokenizer has no chat template
         raise SystemExit(f"--chat: {e}") from None
 
 
@@ -173,30 +202,38 @@ def report(out, total: float, draft_clock: Stopwatch, target_clock: Stopwatch, p
     n, steps = out.num_output_tokens, len(out.acceptance_lengths)
     hist = Counter(out.acceptance_lengths)
     print("\n--- statistics ---")
-    print(f"generated {n} tokens in {steps} decode steps (+ prefill); mean accepted draft tokens τ = "
-          f"{sum(out.acceptance_lengths) / max(steps, 1):.2f}, mean tokens per step {out.mean_tokens_per_step:.2f}")
+    print(
+        f"generated {n} tokens in {steps} decode steps (+ prefill); mean accepted draft tokens τ = "
+        f"{sum(out.acceptance_lengths) / max(steps, 1):.2f}, mean tokens per step {out.mean_tokens_per_step:.2f}"
+    )
     print("τ histogram: " + ", ".join(f"{k}: {hist[k]}" for k in sorted(hist)))
-    print(f"draft:  {draft_clock.calls} passes, {draft_clock.seconds:.3f} s"
-          f" ({draft_clock.seconds / max(draft_clock.calls, 1) * 1e3:.1f} ms/pass)")
-    print(f"verify: {target_clock.calls} target passes (prefill included), {target_clock.seconds:.3f} s"
-          f" ({target_clock.seconds / max(target_clock.calls, 1) * 1e3:.1f} ms/pass)")
+    print(
+        f"draft:  {draft_clock.calls} passes, {draft_clock.seconds:.3f} s"
+        f" ({draft_clock.seconds / max(draft_clock.calls, 1) * 1e3:.1f} ms/pass)"
+    )
+    print(
+        f"verify: {target_clock.calls} target passes (prefill included), {target_clock.seconds:.3f} s"
+        f" ({target_clock.seconds / max(target_clock.calls, 1) * 1e3:.1f} ms/pass)"
+    )
     if planning:
         total -= planning
-        print(f"linear plans: {planning:.3f} s measuring the products' kernels for this machine, left out of the "
-              "times here (stored: later runs read them)")
+        print(
+            f"linear plans: {planning:.3f} s measuring the products' kernels for this machine, left out of the "
+            "times here (stored: later runs read them)"
+        )
     print(f"overall: {total:.3f} s, {n / total:.1f} tokens/s")
 
 
 def write_figures(trace, folder: Path) -> None:
     tokens = trace.meta.get("tokens")
     figures = {"acceptance.png": plots.plot_acceptance(trace), "cache_timeline.png": plots.plot_cache_timeline(trace)}
-    drafted = [r.step for r in trace.records if len(r.q_position_ids) > 1]   # steps with a draft pass (not a lookup's)
+    drafted = [r.step for r in trace.records if len(r.q_position_ids) > 1]  # steps with a draft pass (not a lookup's)
     if drafted:
         first = drafted[0]
         figures[f"attention_grid_step{first}.png"] = plots.plot_attention_grid(trace, first, tokens)
         figures[f"rope_alignment_step{first}.png"] = plots.plot_rope_alignment(trace.records[first])
         figures["attention_steps.png"] = plots.plot_attention_steps(trace, 0, 0, drafted[:6], tokens)
-        if "draft.candidate_selector.hook_candidates" in trace.activations[first]:      # a DFlash 2 draft
+        if "draft.candidate_selector.hook_candidates" in trace.activations[first]:  # a DFlash 2 draft
             figures[f"candidate_lattice_step{first}.png"] = plots.plot_candidate_lattice(trace, first, tokens)
     for name, fig in figures.items():
         plots.save_figure(fig, folder / name)

@@ -9,10 +9,23 @@ where an implementation (a PyTorch adapter, or a dump from any framework) depart
 
 Importing this package (or bundle / verify) does not import torch.
 """
+
 from .bundle import SHIPPED, Bundle, find_bundles, key_for, load_bundle
-from .tensorfile import read_arrays, read_safetensors
 from .report import Check, Report
+from .tensorfile import read_arrays, read_safetensors
 from .verify import compare, verify, verify_dump
 
-__all__ = ["SHIPPED", "Bundle", "Check", "Report", "compare", "find_bundles", "key_for", "load_bundle",
-           "read_arrays", "read_safetensors", "verify", "verify_dump"]
+__all__ = [
+    "SHIPPED",
+    "Bundle",
+    "Check",
+    "Report",
+    "compare",
+    "find_bundles",
+    "key_for",
+    "load_bundle",
+    "read_arrays",
+    "read_safetensors",
+    "verify",
+    "verify_dump",
+]

@@ -13,17 +13,18 @@ The protocol (what a PyTorch port implements; `verify --impl mypkg.mod:factory` 
 Shipped (ports.py): `reference` (this package, read through its hook points and StepRecords, here),
 `zlab` (the official PyTorch code, official.py) and `mlx` (the official MLX backend, official_mlx.py).
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from ..bench.timing import one_thread
+from ..decoding import spec_generate
 from ..drafts.checkpoint import load_draft
 from ..target.checkpoint import load_target
 from ..target.hybrid_cache import HybridCache
 from ..target.qwen3_5_checkpoint import is_hybrid_folder, load_hybrid_target
-from ..decoding import spec_generate
-from ..bench.timing import one_thread
 from ..trace import tracing
 from .bundle import LAYER_STAGES, MODEL_STAGES, Bundle, key_for
 
@@ -50,8 +51,12 @@ def loop_values(out: dict, step: int, draft_tokens, posterior, tau, bonus, cache
 def pair_scores(predecessors: list, projected: np.ndarray, successors: list) -> np.ndarray:
     """A port's pair term from its own intermediates, one position at a time: E_pred(x_{t−1}) (r,) per t,
     P h (γ, r), E_succ(c_t) (K, r) per t → ⟨E_pred(x_{t−1}) ⊙ P h_t, E_succ(c_{t,k})⟩ (γ, K), in float64."""
-    return np.stack([np.asarray(s, np.float64) @ (np.asarray(e, np.float64) * projected[t])
-                     for t, (e, s) in enumerate(zip(predecessors, successors))])
+    return np.stack(
+        [
+            np.asarray(s, np.float64) @ (np.asarray(e, np.float64) * projected[t])
+            for t, (e, s) in enumerate(zip(predecessors, successors))
+        ]
+    )
 
 
 def check_path(port: str, path: np.ndarray, candidates: np.ndarray, scores: np.ndarray) -> None:
@@ -59,8 +64,9 @@ def check_path(port: str, path: np.ndarray, candidates: np.ndarray, scores: np.n
     recorded pair scores are not the ones it used (an AssertionError, as for re-derived attention weights)."""
     chosen = np.take_along_axis(candidates, scores.argmax(-1)[:, None], axis=-1)[:, 0]
     if not np.array_equal(chosen, path):
-        raise AssertionError(f"{port}: the re-derived selector scores do not reproduce its path "
-                             f"({chosen.tolist()} vs {path.tolist()})")
+        raise AssertionError(
+            f"{port}: the re-derived selector scores do not reproduce its path ({chosen.tolist()} vs {path.tolist()})"
+        )
 
 
 class TargetStates:
@@ -73,6 +79,7 @@ class TargetStates:
         def made():
             self.cache = make()
             return self.cache
+
         target.make_cache = made
 
     def after(self, step: int) -> None:
@@ -80,39 +87,64 @@ class TargetStates:
             return
         for layer in self.cache.linear:
             conv, recurrent = self.cache.linear_state(layer)
-            self.out[key_for("conv_state", step, layer)] = to_numpy(conv[0])             # (C, K − 1)
-            self.out[key_for("recurrent_state", step, layer)] = to_numpy(recurrent[0])   # (H_v, d_k, d_v)
+            self.out[key_for("conv_state", step, layer)] = to_numpy(conv[0])  # (C, K − 1)
+            self.out[key_for("recurrent_state", step, layer)] = to_numpy(recurrent[0])  # (H_v, d_k, d_v)
 
 
 class ReferenceAdapter:
     """This package. Subclass and override `load`, `generate` or `collect` to make a variant."""
-    name, dtype = "reference", None       # dtype None: the bundle's own (torch.float64: its float64 twin)
+
+    name, dtype = "reference", None  # dtype None: the bundle's own (torch.float64: its float64 twin)
 
     def load(self, bundle: Bundle):
         draft = load_draft(bundle.draft_dir, self.dtype)
-        draft.draft_vocab = None          # bundles compare proposals over all V, as the official package makes them
+        draft.draft_vocab = None  # bundles compare proposals over all V, as the official package makes them
         load = load_hybrid_target if is_hybrid_folder(bundle.target_dir) else load_target
         return load(bundle.target_dir, self.dtype), draft
 
     def generate(self, draft, target, input_ids: torch.Tensor, inputs: dict, on_step):
-        return spec_generate(draft, target, input_ids, inputs["max_new_tokens"],
-                             stop_token_ids=inputs.get("stop_token_ids"), block_size=inputs.get("block_size"),
-                             on_step=on_step)
+        return spec_generate(
+            draft,
+            target,
+            input_ids,
+            inputs["max_new_tokens"],
+            stop_token_ids=inputs.get("stop_token_ids"),
+            block_size=inputs.get("block_size"),
+            on_step=on_step,
+        )
 
     def run(self, bundle: Bundle) -> dict[str, np.ndarray]:
         target, draft = self.load(bundle)
         input_ids, states = torch.tensor([bundle.inputs["input_ids"]]), TargetStates(target)
         with one_thread(), tracing(draft, names=TRACED) as trace:
-            output = self.generate(draft, target, input_ids, bundle.inputs,
-                                   lambda record: (trace.on_step(record), states.after(record.step)))
+            output = self.generate(
+                draft,
+                target,
+                input_ids,
+                bundle.inputs,
+                lambda record: (trace.on_step(record), states.after(record.step)),
+            )
         return {**self.collect(draft, trace, output), **states.out}
 
     def collect(self, draft, trace, output) -> dict[str, np.ndarray]:
         out = {key_for("layer_ids"): np.asarray(draft.target_layer_ids, np.int64)}
         for step, (r, acts) in enumerate(zip(trace.records, trace.activations)):
             out.update({f"step{step}/{name}": to_numpy(t) for name, t in acts.items()})
-            loop_values(out, step, r.draft_tokens, r.posterior, r.acceptance_length, r.bonus,
-                         [r.draft_cache_before, r.draft_cache_after_draft, r.draft_cache_after,
-                          r.target_cache_before, r.target_cache_after_verify, r.target_cache_after])
+            loop_values(
+                out,
+                step,
+                r.draft_tokens,
+                r.posterior,
+                r.acceptance_length,
+                r.bonus,
+                [
+                    r.draft_cache_before,
+                    r.draft_cache_after_draft,
+                    r.draft_cache_after,
+                    r.target_cache_before,
+                    r.target_cache_after_verify,
+                    r.target_cache_after,
+                ],
+            )
         out[key_for("output_ids")] = to_numpy(output.output_ids[0])
         return out

@@ -16,6 +16,7 @@ data_offsets}}, then raw little-endian bytes; `tensorfile.read_safetensors` is a
 comes back as float32, exactly). Expected tensors of a bf16 scenario are stored as float32 holding
 exactly representable bf16 values (the manifest says `"source_dtype": "bfloat16"`).
 """
+
 from __future__ import annotations
 
 import json
@@ -24,17 +25,45 @@ from pathlib import Path
 
 import numpy as np
 
-from .stages import (KINDS, LAYER_STAGES, LOOP_STAGES, MODEL_STAGES, STAGE_INDEX, STAGES, TARGET_LAYER_STAGES,
-                     TITLES, key_for, parse_key, walk_order)
+from .stages import (
+    KINDS,
+    LAYER_STAGES,
+    LOOP_STAGES,
+    MODEL_STAGES,
+    STAGE_INDEX,
+    STAGES,
+    TARGET_LAYER_STAGES,
+    TITLES,
+    key_for,
+    parse_key,
+    walk_order,
+)
 from .tensorfile import array_or_none, read_safetensors, write_safetensors
 
-FORMAT = "dflash_ref.golden/2"                 # /2: stage kinds and design variants in the manifest
-READABLE = ("dflash_ref.golden/1", FORMAT)      # a /1 bundle reads the same (kinds from the stage)
+FORMAT = "dflash_ref.golden/2"  # /2: stage kinds and design variants in the manifest
+READABLE = ("dflash_ref.golden/1", FORMAT)  # a /1 bundle reads the same (kinds from the stage)
 SHIPPED = Path(__file__).resolve().parent / "bundles"  # the bundle(s) inside the package
-__all__ = ["FORMAT", "READABLE", "SHIPPED", "Bundle", "candidates_in_id_order", "find_bundles", "load_bundle",
-           "write_bundle_files",       # and the stages' names, read from here as before (stages.py)
-           "KINDS", "LAYER_STAGES", "LOOP_STAGES", "MODEL_STAGES", "STAGE_INDEX", "STAGES", "TARGET_LAYER_STAGES",
-           "TITLES", "key_for", "parse_key", "walk_order"]
+__all__ = [
+    "FORMAT",
+    "READABLE",
+    "SHIPPED",
+    "Bundle",
+    "candidates_in_id_order",
+    "find_bundles",
+    "load_bundle",
+    "write_bundle_files",  # and the stages' names, read from here as before (stages.py)
+    "KINDS",
+    "LAYER_STAGES",
+    "LOOP_STAGES",
+    "MODEL_STAGES",
+    "STAGE_INDEX",
+    "STAGES",
+    "TARGET_LAYER_STAGES",
+    "TITLES",
+    "key_for",
+    "parse_key",
+    "walk_order",
+]
 
 
 def candidates_in_id_order(arrays: dict) -> dict:
@@ -46,12 +75,12 @@ def candidates_in_id_order(arrays: dict) -> dict:
             continue
         candidates = array_or_none(candidates)
         if candidates is None or candidates.ndim == 0 or not np.issubdtype(candidates.dtype, np.number):
-            continue                                                   # left for the comparison to name
-        order = np.argsort(candidates, axis=-1, kind="stable")                     # (γ, K)
-        prefix = key[:-len(MODEL_STAGES["candidates"])]
+            continue  # left for the comparison to name
+        order = np.argsort(candidates, axis=-1, kind="stable")  # (γ, K)
+        prefix = key[: -len(MODEL_STAGES["candidates"])]
         for stage in ("candidates", "unary", "pair"):
             value = array_or_none(arrays.get(prefix + MODEL_STAGES[stage]))
-            if value is not None and value.shape == order.shape:   # a wrong shape is left for the comparison to name
+            if value is not None and value.shape == order.shape:  # a wrong shape is left for the comparison to name
                 out[prefix + MODEL_STAGES[stage]] = np.take_along_axis(value, order, axis=-1)
     return out
 
@@ -60,6 +89,7 @@ def candidates_in_id_order(arrays: dict) -> dict:
 @dataclass
 class Bundle:
     """One scenario on disk. `entries` are the manifest's tensor entries, in walk order."""
+
     path: Path
     manifest: dict
     _expected: dict | None = field(default=None, repr=False)
@@ -112,7 +142,7 @@ def load_bundle(path: str | Path) -> Bundle:
         raise ValueError(f"{manifest_path} is not a JSON object (a {type(manifest).__name__})")
     if manifest.get("format") not in READABLE:
         raise ValueError(f"{manifest_path} has format {manifest.get('format')!r}, expected one of {list(READABLE)}")
-    missing = [k for k in ("name", "inputs", "tensors") if k not in manifest]      # what Bundle reads
+    missing = [k for k in ("name", "inputs", "tensors") if k not in manifest]  # what Bundle reads
     if missing:
         raise ValueError(f"{manifest_path} lacks {missing}")
     return Bundle(path, manifest)

@@ -10,6 +10,7 @@ With rejection, proposal d_i is kept with probability min(1, p_i(d_i) / q_i(d_i)
 Σ_d min(p_1(d), q_1(d)) and P(τ ≥ 2) = Σ_d min(p_1(d), q_1(d)) · Σ_e min(p_2(e | d), q_2(e | d)), where
 DFlash 2's q_2 is conditional on d (the selector's predecessor) and both are 0 off the candidates.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -25,18 +26,34 @@ from ..decoding import spec_generate
 from ..drafts.checkpoint import load_draft, save_draft
 from ..layer_sampling import extract_context_feature
 from ..target.checkpoint import load_target, save_target
+from .bundle import FORMAT, Bundle, find_bundles, write_bundle_files
 from .official import ZLabAdapter
 from .ports import resolve
-from .bundle import FORMAT, Bundle, find_bundles, write_bundle_files
 from .sampling import SamplingResult, check_sampling
 from .scenarios import tiny_pair
 
 # 4 new tokens are decoded, the first 3 compared: so the first step's τ + 1 (at most 3) is never clipped
 # by the length, and a sampler that reports tokens per step gives τ back exactly
-SAMPLING = {"seed": 5, "vocab": 4, "input_ids": [0, 1, 2], "max_new_tokens": 4, "compared": 3, "block_size": 3,
-            "temperature": 1.5, "runs": 2000}
-DRAFTS = {"sampling": {}, "sampling_dflash2": {"version": 2, "conv_kernel_size": 2, "conv_group_size": 4,
-                                               "selector_rank": 4, "selector_top_k": 2}}   # K = 2 < V = 4
+SAMPLING = {
+    "seed": 5,
+    "vocab": 4,
+    "input_ids": [0, 1, 2],
+    "max_new_tokens": 4,
+    "compared": 3,
+    "block_size": 3,
+    "temperature": 1.5,
+    "runs": 2000,
+}
+DRAFTS = {
+    "sampling": {},
+    "sampling_dflash2": {
+        "version": 2,
+        "conv_kernel_size": 2,
+        "conv_group_size": 4,
+        "selector_rank": 4,
+        "selector_top_k": 2,
+    },
+}  # K = 2 < V = 4
 
 
 def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -54,12 +71,21 @@ def _next_probs(target, ids: list[int], temperature: float) -> torch.Tensor:
 def _draft_pass(target, draft, prompt: list[int], x0: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The draft's final hidden (1, b − 1, d) and logits (1, b − 1, V) at block positions 1 … b − 1 for
     the first block [x_0, mask, …]."""
-    out = target(torch.tensor([prompt]), torch.arange(len(prompt))[None], target.make_cache(),
-                 output_hidden_states=True, logits_to_keep=1)
-    context = extract_context_feature(out.hidden_states, draft.target_layer_ids)      # (1, P, k·d)
-    block = torch.tensor([[x0] + [draft.mask_token_id] * (draft.block_size - 1)])      # (1, b)
-    hidden = draft(torch.arange(len(prompt) + draft.block_size)[None], noise_embedding=target.embed(block),
-                   target_hidden=context, past_key_values=draft.make_cache())[:, 1:]
+    out = target(
+        torch.tensor([prompt]),
+        torch.arange(len(prompt))[None],
+        target.make_cache(),
+        output_hidden_states=True,
+        logits_to_keep=1,
+    )
+    context = extract_context_feature(out.hidden_states, draft.target_layer_ids)  # (1, P, k·d)
+    block = torch.tensor([[x0] + [draft.mask_token_id] * (draft.block_size - 1)])  # (1, b)
+    hidden = draft(
+        torch.arange(len(prompt) + draft.block_size)[None],
+        noise_embedding=target.embed(block),
+        target_hidden=context,
+        past_key_values=draft.make_cache(),
+    )[:, 1:]
     return hidden, draft.compute_logits(hidden, target.output_head)
 
 
@@ -70,9 +96,9 @@ def _proposals(draft, hidden, logits, x0: int, temperature: float, first: int | 
     selector = draft.candidate_selector
     if selector is None:
         return list(enumerate(_tempered(logits[0, 0 if first is None else 1], temperature).tolist()))
-    forced = []                                           # the candidate index chosen at position 1, if any
-    choose = lambda q: torch.tensor([forced.pop(0) if forced else 0])     # noqa: E731
-    _, candidates, q = selector.select(hidden, logits, torch.tensor([x0]), temperature, choose)    # (1, 2, K) each
+    forced = []  # the candidate index chosen at position 1, if any
+    choose = lambda q: torch.tensor([forced.pop(0) if forced else 0])  # noqa: E731
+    _, candidates, q = selector.select(hidden, logits, torch.tensor([x0]), temperature, choose)  # (1, 2, K) each
     if first is not None:
         forced.append(candidates[0, 0].tolist().index(first))
         _, candidates, q = selector.select(hidden, logits, torch.tensor([x0]), temperature, choose)
@@ -90,12 +116,23 @@ def acceptance_distribution(target, draft, prompt: list[int], temperature: float
         if verifier == "rejection":
             kept = [(d, min(float(p1[d]), q)) for d, q in _proposals(draft, hidden, logits, x0, temperature)]
             first = sum(k for _, k in kept)
-            both = sum(k * sum(min(float(_next_probs(target, prompt + [x0, d], temperature)[-1, e]), q)
-                               for e, q in _proposals(draft, hidden, logits, x0, temperature, d))
-                       for d, k in kept)
-        else:                                                                            # match: greedy draft
-            d1, d2 = (int(i) for i in (logits[0].argmax(dim=-1) if draft.candidate_selector is None else
-                                       draft.candidate_selector.select(hidden, logits, torch.tensor([x0]), 0.0)[0][0]))
+            both = sum(
+                k
+                * sum(
+                    min(float(_next_probs(target, prompt + [x0, d], temperature)[-1, e]), q)
+                    for e, q in _proposals(draft, hidden, logits, x0, temperature, d)
+                )
+                for d, k in kept
+            )
+        else:  # match: greedy draft
+            d1, d2 = (
+                int(i)
+                for i in (
+                    logits[0].argmax(dim=-1)
+                    if draft.candidate_selector is None
+                    else draft.candidate_selector.select(hidden, logits, torch.tensor([x0]), 0.0)[0][0]
+                )
+            )
             first = float(p1[d1])
             both = first * float(_next_probs(target, prompt + [x0, d1], temperature)[-1, d2])
         at_least += float(p0[x0]) * np.array([1.0, first, both])
@@ -116,18 +153,32 @@ def write_sampling(folder: str | Path, index: int = 0, name: str = "sampling") -
     with torch.inference_mode():
         probabilities = []
         for seq in sequences:
-            p = _next_probs(target, prompt + seq[:-1], t)                                # (P + n − 1, V)
+            p = _next_probs(target, prompt + seq[:-1], t)  # (P + n − 1, V)
             probabilities.append(float(np.prod([float(p[len(prompt) - 1 + i, tok]) for i, tok in enumerate(seq)])))
         acceptance = {v: acceptance_distribution(target, draft, prompt, t, v) for v in ("rejection", "match")}
-    manifest = {"format": FORMAT, "name": name, "kind": "sampling", "order": index,
-                "description": "sampled decoding checked by its distribution: the exact probability of every output, "
-                               "and of the first step's τ for each verifier (conformance/sampling.py)"
-                               + ("; a DFlash 2 draft whose selector proposes 2 of the 4 tokens" if DRAFTS[name] else ""),
-                "inputs": {"input_ids": prompt, "max_new_tokens": s["max_new_tokens"], "stop_token_ids": None,
-                           "block_size": None, "temperature": t},
-                "sampling": {**{k: s[k] for k in ("input_ids", "max_new_tokens", "compared", "temperature", "runs")},
-                             "sequences": sequences, "probabilities": probabilities, "acceptance": acceptance},
-                "tensors": []}
+    manifest = {
+        "format": FORMAT,
+        "name": name,
+        "kind": "sampling",
+        "order": index,
+        "description": "sampled decoding checked by its distribution: the exact probability of every output, "
+        "and of the first step's τ for each verifier (conformance/sampling.py)"
+        + ("; a DFlash 2 draft whose selector proposes 2 of the 4 tokens" if DRAFTS[name] else ""),
+        "inputs": {
+            "input_ids": prompt,
+            "max_new_tokens": s["max_new_tokens"],
+            "stop_token_ids": None,
+            "block_size": None,
+            "temperature": t,
+        },
+        "sampling": {
+            **{k: s[k] for k in ("input_ids", "max_new_tokens", "compared", "temperature", "runs")},
+            "sequences": sequences,
+            "probabilities": probabilities,
+            "acceptance": acceptance,
+        },
+        "tensors": [],
+    }
     write_bundle_files(folder, manifest, {})
     return folder
 
@@ -141,6 +192,7 @@ def reference_sampler(bundle: Bundle, verifier: str = "rejection"):
         torch.manual_seed(seed)
         out = spec_generate(draft, target, ids, s["max_new_tokens"], temperature=s["temperature"], verifier=verifier)
         return out.output_ids[0].tolist(), out.acceptance_lengths[0]
+
     return sample
 
 
@@ -149,7 +201,7 @@ def zlab_sampler(bundle: Bundle, verifier: str = "rejection"):
     if verifier != "rejection":
         raise ValueError("dflash 0.1.0 samples by rejection only")
     try:
-        from dflash import model as official        # optional: the official package
+        from dflash import model as official  # optional: the official package
     except ImportError:
         raise ValueError("zlab needs the official package: pip install --no-deps dflash==0.1.0") from None
     target, draft = ZLabAdapter().load(bundle)
@@ -157,13 +209,15 @@ def zlab_sampler(bundle: Bundle, verifier: str = "rejection"):
 
     def sample(seed: int):
         torch.manual_seed(seed)
-        timer, official._cuda_time = official._cuda_time, time.perf_counter    # 0.1.0 syncs CUDA even on a CPU
+        timer, official._cuda_time = official._cuda_time, time.perf_counter  # 0.1.0 syncs CUDA even on a CPU
         try:
-            stats = official.dflash_generate(draft, target, ids, s["max_new_tokens"], None,
-                                             temperature=s["temperature"], return_stats=True)
+            stats = official.dflash_generate(
+                draft, target, ids, s["max_new_tokens"], None, temperature=s["temperature"], return_stats=True
+            )
         finally:
             official._cuda_time = timer
-        return stats.output_ids[0].tolist(), stats.acceptance_lengths[0] - 1    # it lists tokens per step, τ + 1
+        return stats.output_ids[0].tolist(), stats.acceptance_lengths[0] - 1  # it lists tokens per step, τ + 1
+
     return sample
 
 
@@ -171,7 +225,7 @@ SAMPLERS = {"reference": reference_sampler, "zlab": zlab_sampler}
 
 
 def resolve_sampler(impl, bundle: Bundle, verifier: str):
-    """"reference" | "zlab" | "module:factory" (whose object has `sampler(bundle, verifier)`) | such an
+    """ "reference" | "zlab" | "module:factory" (whose object has `sampler(bundle, verifier)`) | such an
     object | a function (bundle, verifier) → a sampler seed → (output ids, first-step τ)."""
     if isinstance(impl, str):
         if impl in SAMPLERS:
@@ -180,13 +234,16 @@ def resolve_sampler(impl, bundle: Bundle, verifier: str):
     if hasattr(impl, "sampler"):
         return impl.sampler(bundle, verifier)
     if hasattr(impl, "run") or not callable(impl):
-        raise ValueError(f"{getattr(impl, 'name', impl)!r} has no sampler(bundle, verifier): a greedy adapter "
-                         "cannot be checked by its distribution")
+        raise ValueError(
+            f"{getattr(impl, 'name', impl)!r} has no sampler(bundle, verifier): a greedy adapter "
+            "cannot be checked by its distribution"
+        )
     return impl(bundle, verifier)
 
 
-def verify_sampling(impl, bundle: str | Path | None = None, runs: int | None = None,
-                    verifier: str = "rejection") -> list[tuple[str, SamplingResult]]:
+def verify_sampling(
+    impl, bundle: str | Path | None = None, runs: int | None = None, verifier: str = "rejection"
+) -> list[tuple[str, SamplingResult]]:
     """Every sampling bundle at `bundle` (default: fresh ones, DFlash 1 and 2, in a temporary folder) against `impl`."""
     if verifier not in ("rejection", "match"):
         raise ValueError(f"unknown verifier {verifier!r}; choose rejection or match")

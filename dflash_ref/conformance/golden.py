@@ -6,6 +6,7 @@ bytes. Every float tensor's tolerance comes from its own rounding, measured agai
 reference run in float64 (TOLERANCE_RULE), and every decision must be the same in that run: a
 scenario whose tokens hang on rounding is refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,18 @@ from ..target import Qwen3_5Target
 from ..target.checkpoint import save_target
 from ..target.qwen3_5_checkpoint import save_hybrid_target
 from .adapters import ReferenceAdapter
-from .bundle import (FORMAT, KINDS, STAGES, TARGET_LAYER_STAGES, TITLES, Bundle, candidates_in_id_order, parse_key,
-                     walk_order, write_bundle_files)
+from .bundle import (
+    FORMAT,
+    KINDS,
+    STAGES,
+    TARGET_LAYER_STAGES,
+    TITLES,
+    Bundle,
+    candidates_in_id_order,
+    parse_key,
+    walk_order,
+    write_bundle_files,
+)
 from .exact import DRAFTS, write_sampling
 from .scenarios import SCENARIOS, Scenario
 from .variants import VARIANTS
@@ -32,12 +43,14 @@ from .variants import VARIANTS
 # (long_context, K context after KNorm: a head dim of 4 magnifies the fc product's rounding, 5.6e-6 there, against
 # the golden's own 1.0e-6 from float64) and 1.02e-5 off one written on an AMD EPYC; the floor is 3× the worst seen
 TOLERANCE = {"float32": 1e-4, "bfloat16": 6e-2}
-SLACK = 4       # a tensor's tolerance: SLACK × the golden's own error against its float64 twin, at least the floor
-TOLERANCE_RULE = (f"tolerance = max(floor, {SLACK} × error_vs_float64), error_vs_float64 being the golden value's own "
-                  "max|Δ| / max(1, max|float64|) against the same reference run in float64 from the same weights "
-                  "(a correct port is off the exact value by about as much as the golden, so it is at most twice that "
-                  f"from the golden; {SLACK}× leaves room for another order of sums); floor: "
-                  + ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items()))
+SLACK = 4  # a tensor's tolerance: SLACK × the golden's own error against its float64 twin, at least the floor
+TOLERANCE_RULE = (
+    f"tolerance = max(floor, {SLACK} × error_vs_float64), error_vs_float64 being the golden value's own "
+    "max|Δ| / max(1, max|float64|) against the same reference run in float64 from the same weights "
+    "(a correct port is off the exact value by about as much as the golden, so it is at most twice that "
+    f"from the golden; {SLACK}× leaves room for another order of sums); floor: "
+    + ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items())
+)
 
 
 class Recorded(ReferenceAdapter):
@@ -54,8 +67,9 @@ class Recorded(ReferenceAdapter):
 
         def recorded(*args, **kwargs):
             out = forward(*args, **kwargs)
-            self.target_logits.append(out.logits[0].double().numpy())        # (L, V)
+            self.target_logits.append(out.logits[0].double().numpy())  # (L, V)
             return out
+
         target.forward = recorded
         return target, draft
 
@@ -63,8 +77,11 @@ class Recorded(ReferenceAdapter):
 def _decisions_agree(name: str, golden: dict, other: dict, how: str) -> None:
     """Every integer the golden holds (ids, τ, bonus, proposals, posterior, lengths) is the same in
     `other`: the scenario's decisions do not hang on rounding, else no tolerance could be fair."""
-    differ = [k for k, v in golden.items() if np.issubdtype(v.dtype, np.integer)
-              and (k not in other or not np.array_equal(other[k], v))]
+    differ = [
+        k
+        for k, v in golden.items()
+        if np.issubdtype(v.dtype, np.integer) and (k not in other or not np.array_equal(other[k], v))
+    ]
     if differ:
         raise AssertionError(f"scenario {name}: {how} decides otherwise at {differ[:3]}: choose another seed")
 
@@ -85,16 +102,25 @@ def _margin(golden: list[np.ndarray], exact: list[np.ndarray]) -> float:
 def _entry(key: str, array: np.ndarray, tolerance: float, sliding: set[int]) -> dict:
     stage, step, layer = parse_key(key)
     which = "target" if stage in TARGET_LAYER_STAGES else "draft"
-    where = ", ".join(([f"step {step}"] if step is not None else []) +
-                      ([f"{which} layer {layer}"] if layer is not None else []))
+    where = ", ".join(
+        ([f"step {step}"] if step is not None else []) + ([f"{which} layer {layer}"] if layer is not None else [])
+    )
     layout = next(s[3] for s in STAGES if s[0] == stage)
     integer = np.issubdtype(array.dtype, np.integer)
-    entry = {"key": key, "stage": stage, "step": step, "layer": layer, "shape": list(array.shape),
-             "dtype": str(array.dtype), "meaning": f"{where + ': ' if where else ''}{TITLES[stage]} {layout}",
-             "kind": KINDS[stage], "tolerance": 0.0 if integer else tolerance}
+    entry = {
+        "key": key,
+        "stage": stage,
+        "step": step,
+        "layer": layer,
+        "shape": list(array.shape),
+        "dtype": str(array.dtype),
+        "meaning": f"{where + ': ' if where else ''}{TITLES[stage]} {layout}",
+        "kind": KINDS[stage],
+        "tolerance": 0.0 if integer else tolerance,
+    }
     if layer in sliding and stage in ("k_ctx", "v", "k_rot", "pattern"):  # keys no query can see may be evicted
         entry["evictable_axis"] = 2 if stage == "pattern" else 1
-    if stage == "final_hidden":        # position 0's final hidden feeds no logit: a port may skip its row
+    if stage == "final_hidden":  # position 0's final hidden feeds no logit: a port may skip its row
         entry["evictable_axis"] = 0
     return entry
 
@@ -128,50 +154,74 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
     tolerance = TOLERANCE[scenario.dtype]
     sliding = {i for i in range(draft.config.num_hidden_layers) if draft.config.layer_type(i) == "sliding_attention"}
     manifest = {
-        "format": FORMAT, "name": scenario.name, "order": index, "description": scenario.description,
-        "dtype": "float32", "source_dtype": scenario.dtype,
-        "inputs": {"input_ids": scenario.input_ids, "max_new_tokens": scenario.max_new_tokens,
-                   "stop_token_ids": scenario.stop_token_ids, "block_size": None, "temperature": 0.0},
-        "tokenizer": {"tokens": scenario.tokens or [f"<t{i}>" for i in range(draft.config.vocab_size)],
-                      "mask_token_id": draft.mask_token_id, "eos_token_ids": scenario.stop_token_ids or [],
-                      "meaning": "a stub for loaders that insist on a tokenizer: token i's text; ids are the "
-                                 "models' own, prompts are given as ids, nothing is ever decoded from text"},
+        "format": FORMAT,
+        "name": scenario.name,
+        "order": index,
+        "description": scenario.description,
+        "dtype": "float32",
+        "source_dtype": scenario.dtype,
+        "inputs": {
+            "input_ids": scenario.input_ids,
+            "max_new_tokens": scenario.max_new_tokens,
+            "stop_token_ids": scenario.stop_token_ids,
+            "block_size": None,
+            "temperature": 0.0,
+        },
+        "tokenizer": {
+            "tokens": scenario.tokens or [f"<t{i}>" for i in range(draft.config.vocab_size)],
+            "mask_token_id": draft.mask_token_id,
+            "eos_token_ids": scenario.stop_token_ids or [],
+            "meaning": "a stub for loaders that insist on a tokenizer: token i's text; ids are the "
+            "models' own, prompts are given as ids, nothing is ever decoded from text",
+        },
         "comparison": "floats: max|got − expected| / max(1, max|expected|) ≤ tolerance; integers: equal; "
-                      "shapes: equal, except that on a sliding-window layer leading keys no query can see (attention "
-                      "weight exactly 0) may be left out along `evictable_axis` (of K, V, weights), and so may the "
-                      "final hidden's row at block position 0, which feeds no logit. Batch dimension dropped. "
-                      "Keys in the order of the data's walk.",
-        "stages": [{"stage": s, "title": t, "meaning": m, "layout": lay, "kind": KINDS[s]} for s, t, m, lay in STAGES
-                   if hybrid or s not in TARGET_LAYER_STAGES],     # a hybrid target's states: its bundles only
+        "shapes: equal, except that on a sliding-window layer leading keys no query can see (attention "
+        "weight exactly 0) may be left out along `evictable_axis` (of K, V, weights), and so may the "
+        "final hidden's row at block position 0, which feeds no logit. Batch dimension dropped. "
+        "Keys in the order of the data's walk.",
+        "stages": [
+            {"stage": s, "title": t, "meaning": m, "layout": lay, "kind": KINDS[s]}
+            for s, t, m, lay in STAGES
+            if hybrid or s not in TARGET_LAYER_STAGES
+        ],  # a hybrid target's states: its bundles only
         "kinds": "semantic: what DFlash defines (a difference is a failure); observable: how the reference lays out "
-                 "its state (checked against the port's declared or detected design variant, else a note)",
+        "its state (checked against the port's declared or detected design variant, else a note)",
         "variants": {key: {"reference": choices[0], "choices": list(choices)} for key, choices in VARIANTS.items()},
         "tensors": [],
     }
-    if sliding:   # which of the three meanings the draft's config gives its window (attention.py)
-        manifest["sliding_window"] = {"kind": draft.config.window_kind, "size": draft.config.sliding_window,
-                                      "layers": sorted(sliding)}
+    if sliding:  # which of the three meanings the draft's config gives its window (attention.py)
+        manifest["sliding_window"] = {
+            "kind": draft.config.window_kind,
+            "size": draft.config.sliding_window,
+            "layers": sorted(sliding),
+        }
     bundle, golden, exact = Bundle(folder, manifest), Recorded(), Recorded(torch.float64)
     produced = candidates_in_id_order(golden.run(bundle))  # from the weights as stored
     scenario.check(produced)
     twin = candidates_in_id_order(exact.run(bundle))
     _decisions_agree(scenario.name, produced, twin, "the float64 twin")
     logits = sorted((k for k in produced if parse_key(k)[0] == "logits"), key=walk_order)
-    margins = {"draft": _margin([produced[k] for k in logits], [twin[k] for k in logits]),
-               "target": _margin(golden.target_logits, exact.target_logits)}
+    margins = {
+        "draft": _margin([produced[k] for k in logits], [twin[k] for k in logits]),
+        "target": _margin(golden.target_logits, exact.target_logits),
+    }
     unary = sorted((k for k in produced if parse_key(k)[0] == "unary"), key=walk_order)
-    if unary:    # DFlash 2: the path's decisions are argmax_k (unary + pair)
+    if unary:  # DFlash 2: the path's decisions are argmax_k (unary + pair)
         scores = [{k: d[k] + d[k.replace("hook_unary", "hook_pair")] for k in unary} for d in (produced, twin)]
         margins["selector"] = _margin(list(scores[0].values()), list(scores[1].values()))
     if min(margins.values()) <= SLACK:
-        raise AssertionError(f"scenario {scenario.name}: a decision's margin is only {min(margins.values()):.3g}× "
-                             "its rounding: choose another seed")
+        raise AssertionError(
+            f"scenario {scenario.name}: a decision's margin is only {min(margins.values()):.3g}× "
+            "its rounding: choose another seed"
+        )
     manifest["tolerance_rule"] = TOLERANCE_RULE
-    manifest["margins"] = {**{k: round(v, 1) if np.isfinite(v) else None for k, v in margins.items()},
-                           "meaning": f"min over the draft's (target's, the selector's) decisions of (top-1 − top-2 logit "
-                                      "or score) / (the logits' "
-                                      f"distance from float64): above {SLACK}, a port as near float64 as the golden "
-                                      "decides alike"}
+    manifest["margins"] = {
+        **{k: round(v, 1) if np.isfinite(v) else None for k, v in margins.items()},
+        "meaning": f"min over the draft's (target's, the selector's) decisions of (top-1 − top-2 logit "
+        "or score) / (the logits' "
+        f"distance from float64): above {SLACK}, a port as near float64 as the golden "
+        "decides alike",
+    }
     expected = {}
     for key in sorted(produced, key=walk_order):
         array = produced[key]
@@ -201,9 +251,12 @@ def generate_golden(out: str | Path, names: list[str] | None = None) -> list[Pat
         # and one fixed kernel per product, not the one this machine measured: the rule used before the
         # plan was measured, so the bundles already published stay the same byte for byte
         with linear_mode_as("rows-first"):
-            written = [write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i)
-                       for i, s in enumerate(SCENARIOS, 1) if not names or s.name in names]
-            for i, name in enumerate(DRAFTS, len(SCENARIOS) + 1):           # the sampling bundles last
+            written = [
+                write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i)
+                for i, s in enumerate(SCENARIOS, 1)
+                if not names or s.name in names
+            ]
+            for i, name in enumerate(DRAFTS, len(SCENARIOS) + 1):  # the sampling bundles last
                 if not names or name in names:
                     written.append(write_sampling(Path(out) / f"{i:02d}_{name}", i, name))
         return written

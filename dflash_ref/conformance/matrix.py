@@ -5,6 +5,7 @@ its first divergence (with the hint) and the design variants the port declared o
 
 A port whose package is not installed (zlab: `dflash`; mlx: the `mlx` extra) is listed as such.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -33,19 +34,30 @@ def cells(report: Report) -> list[dict]:
             verdict, where = "raised", first.detail
         else:
             verdict = "FAIL"
-            where = f"{first.where.split(' · ', 1)[-1]} · {TITLES.get(first.stage, first.stage)}" + \
-                    (f" (hint: {first.hint})" if first.hint else "")
-        rows.append({"bundle": bundle, "verdict": verdict, "first": where,
-                     "variants": ", ".join(f"{k}={v}" for k, v in variants.items())})
+            where = f"{first.where.split(' · ', 1)[-1]} · {TITLES.get(first.stage, first.stage)}" + (
+                f" (hint: {first.hint})" if first.hint else ""
+            )
+        rows.append(
+            {
+                "bundle": bundle,
+                "verdict": verdict,
+                "first": where,
+                "variants": ", ".join(f"{k}={v}" for k, v in variants.items()),
+            }
+        )
     return rows
 
 
 def matrix(bundle: str | Path | None, ports=PORTS) -> str:
     """The matrix as Markdown: one table per port."""
-    lines = ["# Conformance matrix", "",
-             f"`python -m dflash_ref matrix` on {datetime.date.today()}, {platform.machine()}, Python "
-             f"{platform.python_version()}. Verdict per bundle; the first divergence is the first failing "
-             "semantic tensor along the data's walk (README.md in this folder: how to read it).", ""]
+    lines = [
+        "# Conformance matrix",
+        "",
+        f"`python -m dflash_ref matrix` on {datetime.date.today()}, {platform.machine()}, Python "
+        f"{platform.python_version()}. Verdict per bundle; the first divergence is the first failing "
+        "semantic tensor along the data's walk (README.md in this folder: how to read it).",
+        "",
+    ]
     for port in ports:
         lines += [f"## {port}", ""]
         try:
@@ -53,9 +65,15 @@ def matrix(bundle: str | Path | None, ports=PORTS) -> str:
         except Exception as e:  # noqa: BLE001 - an uninstalled port is a row of the matrix, not a crash
             lines += [f"not run: {type(e).__name__}: {e}", ""]
             continue
-        lines += [f"`verify {report.impl}`", "","| bundle | verdict | first divergence | variants (declared or detected) |",
-                  "|---|---|---|---|"]
-        lines += [f"| {r['bundle']} | {r['verdict']} | {r['first'].replace('|', '/')} | {r['variants']} |"
-                  for r in cells(report)]
+        lines += [
+            f"`verify {report.impl}`",
+            "",
+            "| bundle | verdict | first divergence | variants (declared or detected) |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['bundle']} | {r['verdict']} | {r['first'].replace('|', '/')} | {r['variants']} |"
+            for r in cells(report)
+        ]
         lines.append("")
     return "\n".join(lines)

@@ -7,6 +7,7 @@ Two layouts of that code exist, and `ZLabAdapter` reads whichever `dflash.model`
 and the GitHub repository's current code (the target's `lm_head` applied in the loop, caches cropped
 with `DynamicCache.crop`, every block drafted whole and the output truncated).
 """
+
 from __future__ import annotations
 
 import sys
@@ -38,8 +39,7 @@ class _OfficialRecorder:
         self.out[f"step{self.step}/{name}"] = to_numpy(tensor)
 
     def hook(self, module, fn, pre: bool = False) -> None:
-        handle = (module.register_forward_pre_hook(fn, with_kwargs=True) if pre
-                  else module.register_forward_hook(fn))
+        handle = module.register_forward_pre_hook(fn, with_kwargs=True) if pre else module.register_forward_hook(fn)
         self._undo.append(handle.remove)
 
     def patch(self, owner, name: str, value) -> None:
@@ -55,10 +55,12 @@ class _OfficialRecorder:
             self.draft_lengths = [kwargs["past_key_values"].get_seq_length()]
             self.put("draft.hook_target_hidden", kwargs["target_hidden"][0])
             self.put("draft.hook_noise_embedding", kwargs["noise_embedding"][0])
+
         self.hook(d, draft_inputs, pre=True)
 
         def target_inputs(mod, args, kwargs):
             self.target_before, self.in_target = kwargs["past_key_values"].get_seq_length(), True
+
         self.hook(self.target, target_inputs, pre=True)
         self.hook(self.target, lambda m, a, o: setattr(self, "in_target", False))
         self.hook(d.fc, lambda m, a, o: self.put("draft.context.hook_fc", o[0]))
@@ -66,13 +68,15 @@ class _OfficialRecorder:
         self.hook(d.norm, lambda m, a, o: self.put("draft.hook_out", o[0]))
         for i, layer in enumerate(d.layers):
             p = f"draft.layers.{i}."
-            self.hook(layer.self_attn.q_norm, lambda m, a, o, p=p: self.put(p + "self_attn.hook_q", o[0].transpose(0, 1)))
+            self.hook(
+                layer.self_attn.q_norm, lambda m, a, o, p=p: self.put(p + "self_attn.hook_q", o[0].transpose(0, 1))
+            )
             self.hook(layer.self_attn.k_norm, lambda m, a, o, p=p: self.put_k(p, o[0].transpose(0, 1)))
             self.hook(layer.self_attn.o_proj, lambda m, a, o, p=p: self.put(p + "self_attn.hook_out", o[0]))
             self.hook(layer, lambda m, a, o, p=p: self.put(p + "hook_resid_post", o[0]))
             layer.self_attn._conformance_prefix = p
             self._undo.append(lambda a=layer.self_attn: delattr(a, "_conformance_prefix"))
-            for name in ("attention_conv", "mlp_conv"):          # DFlash 2
+            for name in ("attention_conv", "mlp_conv"):  # DFlash 2
                 if getattr(layer, name, None) is not None:
                     self.record_conv(getattr(layer, name), f"{p}{name}.")
         if getattr(d, "candidate_selector", None) is not None:
@@ -84,13 +88,14 @@ class _OfficialRecorder:
             self.patch(d, "compute_logits", lambda *a: self.put_logits(logits_of(*a)))
             crop_to = self.official._crop_to
             self.patch(self.official, "_crop_to", lambda cache, length: self.crop(cache, length, crop_to))
-        else:       # the loop applies the target's lm_head to the draft's output, and crops caches itself
+        else:  # the loop applies the target's lm_head to the draft's output, and crops caches itself
             self.hook(self.target.lm_head, lambda m, a, o: None if self.in_target else self.put_logits(o))
             recorder = self
 
             class Cropping(self.official.DynamicCache):
                 def crop(self, length):
                     recorder.crop(self, length, lambda cache, n: super(Cropping, cache).crop(n))
+
             self.patch(self.official, "DynamicCache", Cropping)
         self.patch(self.official, "_cuda_time", time.perf_counter)  # it syncs CUDA even on a CPU
         return self
@@ -106,14 +111,17 @@ class _OfficialRecorder:
 
     def record_conv(self, conv, prefix: str) -> None:
         """Its dynamic taps (kernel_projection's output), and prepare's and finish's outputs."""
-        self.hook(conv.kernel_projection, lambda m, a, o: self.put(
-            prefix + "hook_taps", o[0].unflatten(-1, (2, conv.kernel_size, -1))))   # (L_q, 2·K·G) → (L_q, 2, K, G)
+        self.hook(
+            conv.kernel_projection,
+            lambda m, a, o: self.put(prefix + "hook_taps", o[0].unflatten(-1, (2, conv.kernel_size, -1))),
+        )  # (L_q, 2·K·G) → (L_q, 2, K, G)
         prepare, finish = conv.prepare, conv.finish
 
         def prepared(x):
             u, taps = prepare(x)
             self.put(prefix + "hook_prepared", u[0])
             return u, taps
+
         self.replace(conv, "prepare", prepared)
         self.replace(conv, "finish", lambda out, taps: self.put_out(prefix + "hook_finished", finish(out, taps)))
 
@@ -132,7 +140,7 @@ class _OfficialRecorder:
         def selected(hidden, logits, anchor_ids, temperature):
             seen["pred"], seen["succ"] = [], []
             path, candidates, q = select(hidden, logits, anchor_ids, temperature)
-            c, unary = to_numpy(candidates[0]), to_numpy(logits[0].gather(-1, candidates[0]))    # (γ, K) each
+            c, unary = to_numpy(candidates[0]), to_numpy(logits[0].gather(-1, candidates[0]))  # (γ, K) each
             pair = pair_scores(seen["pred"], seen["proj"], seen["succ"])
             if temperature == 0:
                 check_path("zlab", to_numpy(path[0]), c, unary + pair)
@@ -140,11 +148,12 @@ class _OfficialRecorder:
             self.put("draft.candidate_selector.hook_unary", torch.from_numpy(unary))
             self.put("draft.candidate_selector.hook_pair", torch.from_numpy(pair))
             return path, candidates, q
+
         self.replace(selector, "select", selected)
 
     def put_k(self, prefix: str, k: torch.Tensor) -> None:  # KNorm ran on [k_ctx; k_noise] at once
-        self.put(prefix + "self_attn.hook_k_ctx", k[:, :self.ctx_len])
-        self.put(prefix + "self_attn.hook_k_noise", k[:, self.ctx_len:])
+        self.put(prefix + "self_attn.hook_k_ctx", k[:, : self.ctx_len])
+        self.put(prefix + "self_attn.hook_k_noise", k[:, self.ctx_len :])
 
     def put_logits(self, logits: torch.Tensor) -> torch.Tensor:
         self.put("draft.hook_logits", logits[0])
@@ -153,6 +162,7 @@ class _OfficialRecorder:
     def attention(self, kernel):
         """The official kernel, with its inputs recorded: q/k after RoPE (k with the cache), the new V,
         and the weights softmax(q kᵀ · scaling, masked), checked against the kernel's own output."""
+
         def wrapped(module, query, key, value, attention_mask, **kwargs):
             output = kernel(module, query, key, value, attention_mask, **kwargs)
             p = module._conformance_prefix
@@ -164,15 +174,19 @@ class _OfficialRecorder:
             k, v = (t.float().repeat_interleave(groups, dim=1) for t in (key, value))  # (B, H_q, L_k, d_h)
             scores = query.float() @ k.transpose(-1, -2) * kwargs["scaling"]
             if attention_mask is not None:
-                scores = (scores.masked_fill(~attention_mask, float("-inf")) if attention_mask.dtype == torch.bool
-                          else scores + attention_mask.float())
+                scores = (
+                    scores.masked_fill(~attention_mask, float("-inf"))
+                    if attention_mask.dtype == torch.bool
+                    else scores + attention_mask.float()
+                )
             weights = scores.softmax(-1)
-            derived = (weights @ v).transpose(1, 2)                        # (B, L_q, H_q, d_h)
+            derived = (weights @ v).transpose(1, 2)  # (B, L_q, H_q, d_h)
             tol = 3e-2 if query.dtype == torch.bfloat16 else 1e-4
             if not torch.allclose(derived, output[0].float(), atol=tol * max(1.0, float(derived.abs().max()))):
                 raise AssertionError(f"{p}: re-derived attention weights do not reproduce the kernel's output")
             self.put(p + "self_attn.hook_pattern", weights[0])
             return output
+
         return wrapped
 
     def crop(self, cache, length: int, crop_to) -> None:
@@ -189,8 +203,15 @@ class _OfficialRecorder:
             block, tau = loop["block_output_ids"][0].tolist(), int(loop["acceptance_length"])
             bonus = int(loop["bonus"]) if "bonus" in loop else int(loop["posterior"][0, tau])
             draft_lengths = self.draft_lengths or [loop["past_key_values_draft"].get_seq_length()] * 3
-            loop_values(self.out, self.step, block[1:], loop["posterior"][0].tolist(), tau, bonus,
-                        draft_lengths + [self.target_before, before, cache.get_seq_length()])
+            loop_values(
+                self.out,
+                self.step,
+                block[1:],
+                loop["posterior"][0].tolist(),
+                tau,
+                bonus,
+                draft_lengths + [self.target_before, before, cache.get_seq_length()],
+            )
             self.out.update(linear_states(cache, self.step))
             self.step, self.draft_lengths = self.step + 1, None
 
@@ -199,16 +220,20 @@ def linear_states(cache, step: int) -> dict[str, np.ndarray]:
     """A hybrid target's DynamicCache after a crop: each linear layer's conv window (the last K − 1 of its
     K columns, (C, K − 1)) and recurrent state (H_v, d_k, d_v); nothing for a plain target."""
     from transformers.cache_utils import LinearAttentionCacheLayerMixin
+
     linear = [(i, c) for i, c in enumerate(cache.layers) if isinstance(c, LinearAttentionCacheLayerMixin)]
-    return {**{key_for("conv_state", step, i): to_numpy(c.conv_states[0][0, :, 1:]) for i, c in linear},
-            **{key_for("recurrent_state", step, i): to_numpy(c.recurrent_states[0][0]) for i, c in linear}}
+    return {
+        **{key_for("conv_state", step, i): to_numpy(c.conv_states[0][0, :, 1:]) for i, c in linear},
+        **{key_for("recurrent_state", step, i): to_numpy(c.recurrent_states[0][0]) for i, c in linear},
+    }
 
 
 class ZLabAdapter:
     """The official PyTorch code (either layout): DFlashDraftModel + dflash_generate, a transformers Qwen3
     target (Qwen3.5 for a hybrid bundle: linear_states after each crop). `layout`: which it found, after a run."""
+
     name, layout = "zlab", None
-    variants = {"sliding_window": "causal,symmetric"}    # it reads is_causal, not sliding_window_kind
+    variants = {"sliding_window": "causal,symmetric"}  # it reads is_causal, not sliding_window_kind
 
     def load(self, bundle: Bundle):
         with warnings.catch_warnings():  # tqdm's notebook warning when transformers is first imported
@@ -222,10 +247,14 @@ class ZLabAdapter:
         log.set_verbosity_error()
         log.disable_progress_bar()
         try:
-            kind = transformers.Qwen3_5ForCausalLM if is_hybrid_folder(bundle.target_dir) else transformers.Qwen3ForCausalLM
+            kind = (
+                transformers.Qwen3_5ForCausalLM
+                if is_hybrid_folder(bundle.target_dir)
+                else transformers.Qwen3ForCausalLM
+            )
             target = kind.from_pretrained(bundle.target_dir, dtype=dtype).eval()
             architecture = (bundle.config("draft").get("architectures") or ["DFlashDraftModel"])[0]
-            if not hasattr(official, architecture):    # the GitHub code has no DFlash 2
+            if not hasattr(official, architecture):  # the GitHub code has no DFlash 2
                 raise NotImplementedError(f"this dflash.model has no {architecture}")
             draft = getattr(official, architecture).from_pretrained(bundle.draft_dir, dtype=dtype).eval()
         finally:
@@ -240,10 +269,16 @@ class ZLabAdapter:
         target, draft = self.load(bundle)
         inputs = bundle.inputs
         with one_thread(), _OfficialRecorder(official, draft, target) as recorder:
-            stats = official.dflash_generate(draft, target, torch.tensor([inputs["input_ids"]]),
-                                             inputs["max_new_tokens"], inputs.get("stop_token_ids"),
-                                             temperature=0.0, block_size=inputs.get("block_size"),
-                                             return_stats=True)
+            stats = official.dflash_generate(
+                draft,
+                target,
+                torch.tensor([inputs["input_ids"]]),
+                inputs["max_new_tokens"],
+                inputs.get("stop_token_ids"),
+                temperature=0.0,
+                block_size=inputs.get("block_size"),
+                return_stats=True,
+            )
         self.layout, out = recorder.layout, recorder.out
         out[key_for("layer_ids")] = np.asarray(draft.target_layer_ids, np.int64)
         out[key_for("output_ids")] = to_numpy(stats.output_ids[0])

@@ -1,5 +1,6 @@
 """The official MLX backend as a port: `dflash.model_mlx` (its DFlashDraftModel and stream_generate)
-with an mlx-lm Qwen3 or Qwen3.5 target (its Gated DeltaNet states read before each verify: mlx_states.py), run on the CPU (`pip install 'dflash-ref[mlx]'`, the `mlx-cpu` wheel),
+with an mlx-lm Qwen3 or Qwen3.5 target (its Gated DeltaNet states read before each verify: mlx_states.py),
+run on the CPU (`pip install 'dflash-ref[mlx]'`, the `mlx-cpu` wheel),
 read through wrappers around its own submodules and its decoding loop's own variables.
 
 Its design, declared: the draft cache holds only context K/V (`context-only`), and a sliding window
@@ -8,6 +9,7 @@ It computes K/V only for the context its window keeps, and the final norm only f
 whose logits it takes: those leading rows are left out of its tensors (the kit allows it, manifest
 `evictable_axis`).
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -15,13 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import Bundle, key_for
 from .adapters import check_path, loop_values, pair_scores
+from .bundle import Bundle, key_for
 from .mlx_states import cache_length, linear_states
 
 
 def _np(x) -> np.ndarray:
     import mlx.core as mx
+
     return np.array(x.astype(mx.float32) if x.dtype in (mx.bfloat16, mx.float16) else x)
 
 
@@ -50,7 +53,7 @@ class _MLXRecorder:
         self.draft, self.out, self.step, self.steps = draft, {}, 0, []
         self.layer, self.in_draft, self.pending, self._undo = 0, False, {}, []
         self.draft_lengths, self.draft_cache, self.target_cache = [], None, None
-        self.target = _Tap(target, self.verified, self.before_verify)   # what stream_generate is given
+        self.target = _Tap(target, self.verified, self.before_verify)  # what stream_generate is given
 
     def put(self, name: str, array) -> None:
         self.out[f"step{self.step}/{name}"] = array if isinstance(array, np.ndarray) else _np(array)
@@ -61,6 +64,7 @@ class _MLXRecorder:
 
     def __enter__(self):
         import mlx.core as mx
+
         d = self.draft
         self.tap(d, "fc", lambda o: self.put("draft.context.hook_fc", o[0]))
         self.tap(d, "hidden_norm", lambda o: self.put("draft.context.hook_context", o[0]))
@@ -74,7 +78,7 @@ class _MLXRecorder:
             self.tap(attn, "v_proj", lambda o, p=p: self.pair(p + "self_attn.hook_v", o))
             self.tap(attn, "o_proj", lambda o, p=p: self.put(p + "self_attn.hook_out", o[0]))
             taps.append(_Tap(layer, lambda o, *a, p=p: self.put(p + "hook_resid_post", o[0])))
-            for name in ("attention_conv", "mlp_conv"):                     # DFlash 2
+            for name in ("attention_conv", "mlp_conv"):  # DFlash 2
                 if getattr(layer, name, None) is not None:
                     self.record_conv(getattr(layer, name), f"{p}{name}.")
         object.__setattr__(d, "layers", taps)
@@ -93,6 +97,7 @@ class _MLXRecorder:
             finally:
                 self.in_draft = False
                 self.draft_lengths.append(cache_length(cache))
+
         object.__setattr__(d, "hidden_states", draft_pass)
         self._undo.append(lambda: object.__delattr__(d, "hidden_states"))
 
@@ -101,6 +106,7 @@ class _MLXRecorder:
             if self.in_draft:
                 self.attention(queries, keys, values, scale, mask, output)
             return output
+
         mx.fast.scaled_dot_product_attention = attention
         self._undo.append(lambda: setattr(mx.fast, "scaled_dot_product_attention", sdpa))
         return self
@@ -111,8 +117,11 @@ class _MLXRecorder:
 
     def record_conv(self, conv, prefix: str) -> None:
         """Its dynamic taps (kernel_projection's output), and prepare's and finish's outputs."""
-        self.tap(conv, "kernel_projection", lambda o: self.put(
-            prefix + "hook_taps", _np(o[0]).reshape(o.shape[1], 2, conv.kernel_size, -1)))  # (L_q, 2·K·G) → (L_q, 2, K, G)
+        self.tap(
+            conv,
+            "kernel_projection",
+            lambda o: self.put(prefix + "hook_taps", _np(o[0]).reshape(o.shape[1], 2, conv.kernel_size, -1)),
+        )  # (L_q, 2·K·G) → (L_q, 2, K, G)
         self.tap(conv, "prepare", lambda o: self.put(prefix + "hook_prepared", o[0][0]))
         self.tap(conv, "finish", lambda o: self.put(prefix + "hook_finished", o[0]))
 
@@ -124,8 +133,8 @@ class _MLXRecorder:
         self.tap(selector, "hidden_projection", lambda o: seen.__setitem__("proj", _np(o[0])))
 
         def selected(out, hidden, logits, anchor_ids, temperature):
-            path, candidates = _np(out[0][0]), _np(out[1][0])                      # (γ,), (γ, K)
-            unary = np.take_along_axis(_np(logits[0]), candidates, axis=-1)         # (γ, K)
+            path, candidates = _np(out[0][0]), _np(out[1][0])  # (γ,), (γ, K)
+            unary = np.take_along_axis(_np(logits[0]), candidates, axis=-1)  # (γ, K)
             pair = pair_scores(seen["pred"], seen["proj"], seen["succ"])
             seen["pred"], seen["succ"] = [], []
             if temperature == 0:
@@ -133,6 +142,7 @@ class _MLXRecorder:
             self.put("draft.candidate_selector.hook_candidates", candidates)
             self.put("draft.candidate_selector.hook_unary", unary)
             self.put("draft.candidate_selector.hook_pair", pair.astype(np.float32))
+
         object.__setattr__(selector, "select", _Tap(selector.select, selected))
         self._undo.append(lambda: object.__delattr__(selector, "select"))
 
@@ -144,9 +154,9 @@ class _MLXRecorder:
     def verified(self, logits, inputs, cache=None, *args) -> None:
         """After each target pass: the cache lengths around a decode step's verify."""
         self.target_cache, length = cache, cache_length(cache)
-        if self.steps and self.steps[-1][-1][5] is None:      # the previous step's crop, seen now
+        if self.steps and self.steps[-1][-1][5] is None:  # the previous step's crop, seen now
             self.steps[-1][-1][5] = length - inputs.shape[1]
-        if self.draft_lengths:                                 # a decode step's verify, not the prefill
+        if self.draft_lengths:  # a decode step's verify, not the prefill
             self.draft_lengths.append(cache_length(self.draft_cache))
             self.target_lengths = [length - inputs.shape[1], length]
 
@@ -156,27 +166,27 @@ class _MLXRecorder:
         if len(self.pending[name]) < 2:
             return
         ctx, block = self.pending.pop(name)
-        if name.endswith("_k_"):                                       # (1, L, H_kv, d_h) each
+        if name.endswith("_k_"):  # (1, L, H_kv, d_h) each
             self.put(name + "ctx", _np(ctx[0].transpose(1, 0, 2)))
             self.put(name + "noise", _np(block[0].transpose(1, 0, 2)))
             return
         heads = self.draft.layers[0].self_attn.n_kv_heads
-        both = np.concatenate([_np(ctx[0]), _np(block[0])], axis=0)              # (L_c + L_q, H_kv · d_h)
+        both = np.concatenate([_np(ctx[0]), _np(block[0])], axis=0)  # (L_c + L_q, H_kv · d_h)
         self.put(name, both.reshape(both.shape[0], heads, -1).transpose(1, 0, 2))  # (H_kv, L_c + L_q, d_h)
 
     def attention(self, queries, keys, values, scale, mask, output) -> None:
         """q/k after RoPE as the kernel gets them, and softmax(q kᵀ · scale, masked), checked against
         the kernel's own output."""
         p, self.layer = f"draft.layers.{self.layer}.self_attn.", self.layer + 1
-        q, k, v = _np(queries[0]), _np(keys[0]), _np(values[0])        # (H_q, L_q, d_h), (H_kv, L_k, d_h)
+        q, k, v = _np(queries[0]), _np(keys[0]), _np(values[0])  # (H_q, L_q, d_h), (H_kv, L_k, d_h)
         groups = q.shape[0] // k.shape[0]
-        k, v = np.repeat(k, groups, axis=0), np.repeat(v, groups, axis=0)   # (H_q, L_k, d_h)
-        scores = q.astype(np.float64) @ k.transpose(0, 2, 1) * scale        # (H_q, L_q, L_k)
+        k, v = np.repeat(k, groups, axis=0), np.repeat(v, groups, axis=0)  # (H_q, L_k, d_h)
+        scores = q.astype(np.float64) @ k.transpose(0, 2, 1) * scale  # (H_q, L_q, L_k)
         if mask is not None:
             scores = np.where(_np(mask).astype(bool), scores, -np.inf)
         weights = np.exp(scores - scores.max(-1, keepdims=True))
         weights /= weights.sum(-1, keepdims=True)
-        tol = 1e-4 if str(queries.dtype).endswith("float32") else 3e-2        # bf16 bundles: 3e-2
+        tol = 1e-4 if str(queries.dtype).endswith("float32") else 3e-2  # bf16 bundles: 3e-2
         if not np.allclose(weights @ v, _np(output[0]), atol=tol * max(1.0, float(np.abs(v).max()))):
             raise AssertionError(f"{p}: re-derived attention weights do not reproduce the kernel's output")
         self.put(p + "hook_q_rot", q)
@@ -185,7 +195,7 @@ class _MLXRecorder:
 
     def decoded(self, loop: dict) -> None:
         """At a decode step's yield, from _stream_generate's frame: its proposals, posterior, τ, bonus."""
-        lengths = self.draft_lengths + self.target_lengths + [None]     # the target's crop comes later
+        lengths = self.draft_lengths + self.target_lengths + [None]  # the target's crop comes later
         self.steps.append([self.step, loop["d_list"], loop["t_list"], loop["accepted"], loop["bonus"], lengths])
         self.step += 1
 
@@ -194,6 +204,7 @@ class _MLXRecorder:
 def _stub_tokenizer(official, stops: set[int]):
     """stream_generate wants an mlx-lm TokenizerWrapper for its stop ids and detokenizer; the bundles
     give ids only, so a stub of the kind is handed in (the wrapper class patched for its type check)."""
+
     class Detokenizer:
         last_segment = ""
         add_token = finalize = staticmethod(lambda *a: None)
@@ -211,6 +222,7 @@ def _stub_tokenizer(official, stops: set[int]):
 class MLXAdapter:
     """The official MLX backend in `dflash` 0.1.0 (`dflash/model_mlx.py`), greedy. Its draft cache
     (context-only) is detected from its lengths; its sliding window is declared."""
+
     name = "mlx"
     variants = {"sliding_window": "rotating"}
 
@@ -232,15 +244,21 @@ class MLXAdapter:
         inputs, stops = bundle.inputs, set(bundle.inputs.get("stop_token_ids") or ())
         tokens = []
         with _MLXRecorder(draft, target) as recorder, _stub_tokenizer(official, stops) as tokenizer:
-            stream = official.stream_generate(recorder.target, draft, tokenizer, inputs["input_ids"],
-                                              block_size=inputs.get("block_size"),
-                                              max_tokens=inputs["max_new_tokens"], temperature=0.0)
+            stream = official.stream_generate(
+                recorder.target,
+                draft,
+                tokenizer,
+                inputs["input_ids"],
+                block_size=inputs.get("block_size"),
+                max_tokens=inputs["max_new_tokens"],
+                temperature=0.0,
+            )
             for response in stream:
                 tokens += response.tokens
-                if response.accepted is not None:      # a decode step (not the first token, not the end)
+                if response.accepted is not None:  # a decode step (not the first token, not the end)
                     recorder.decoded(stream.gi_yieldfrom.gi_frame.f_locals)
         out = recorder.out
-        if recorder.step:                   # the last step's rollback, after its yield
+        if recorder.step:  # the last step's rollback, after its yield
             out.update(linear_states(recorder.target_cache, recorder.step - 1, _np))
         for step, drafted, posterior, tau, bonus, lengths in recorder.steps:
             lengths[5] = cache_length(recorder.target_cache) if lengths[5] is None else lengths[5]

@@ -1,4 +1,5 @@
 """The shipped ports, by name, and how `verify --impl` finds a port of your own."""
+
 from __future__ import annotations
 
 import importlib
@@ -11,7 +12,7 @@ ADAPTERS = {"reference": ReferenceAdapter, "zlab": ZLabAdapter, "mlx": MLXAdapte
 
 
 def resolve(spec: str):
-    """"reference" | "zlab" | "mlx" | "package.module:factory" (factory() returns an adapter or a run function)."""
+    """ "reference" | "zlab" | "mlx" | "package.module:factory" (factory() returns an adapter or a run function)."""
     if spec in ADAPTERS:
         return ADAPTERS[spec]()
     if ":" not in spec:

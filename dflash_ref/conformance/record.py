@@ -16,11 +16,12 @@ llama.cpp's Python bindings or PyTorch hands over whatever `numpy.asarray` takes
 Start with the outputs (`output_ids`, and per step `draft_tokens`, `posterior`, `acceptance_length`,
 `bonus`) and `verify --allow-missing`; add stages along the data's walk until nothing is missing.
 """
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -36,7 +37,7 @@ class Recorder:
         self._bundle: str | None = None
 
     @contextlib.contextmanager
-    def bundle(self, name: str) -> Iterator["Recorder"]:
+    def bundle(self, name: str) -> Iterator[Recorder]:
         previous, self._bundle = self._bundle, name
         try:
             yield self
@@ -53,8 +54,9 @@ class Recorder:
             raise ValueError(f"stage {stage!r} " + ("is per step: give step=" if step is None else "has no step"))
         per_layer = "draft" if stage in LAYER_STAGES else "target" if stage in TARGET_LAYER_STAGES else None
         if (layer is None) == (per_layer is not None):
-            raise ValueError(f"stage {stage!r} " + (f"is per {per_layer} layer: give layer=" if layer is None
-                                                    else "has no layer"))
+            raise ValueError(
+                f"stage {stage!r} " + (f"is per {per_layer} layer: give layer=" if layer is None else "has no layer")
+            )
         key = key_for(stage, step, layer)
         self.arrays[f"{self._bundle}/{key}"] = as_array(value)
         return key

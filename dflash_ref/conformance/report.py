@@ -5,6 +5,7 @@ from the reference's choice where the port declared none: not a failure), skippe
 port, or not compared under its declared variant). FIRST DIVERGENCE is the first failing semantic
 check along the data's walk (an observable only where none is semantic), with a hint.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -19,13 +20,13 @@ class Check:
     stage: str
     step: int | None
     layer: int | None
-    status: str                  # "pass" | "FAIL" | "missing" | "error" | "note" | "skipped"
+    status: str  # "pass" | "FAIL" | "missing" | "error" | "note" | "skipped"
     max_abs: float = 0.0
-    rel: float = 0.0             # max_abs / max(1, max|expected|)
+    rel: float = 0.0  # max_abs / max(1, max|expected|)
     tolerance: float = 0.0
-    detail: str = ""             # why it failed (shape, integers, missing), or why it was skipped
-    note: str = ""               # what was allowed (keys evicted by a sliding window, a variant)
-    hint: str = ""               # for a failure: what to look at first (hints.py)
+    detail: str = ""  # why it failed (shape, integers, missing), or why it was skipped
+    note: str = ""  # what was allowed (keys evicted by a sliding window, a variant)
+    hint: str = ""  # for a failure: what to look at first (hints.py)
 
     @property
     def kind(self) -> str:
@@ -33,8 +34,11 @@ class Check:
 
     @property
     def where(self) -> str:
-        parts = [self.bundle] + ([f"step {self.step}"] if self.step is not None else []) + \
-                ([f"layer {self.layer}"] if self.layer is not None else [])
+        parts = (
+            [self.bundle]
+            + ([f"step {self.step}"] if self.step is not None else [])
+            + ([f"layer {self.layer}"] if self.layer is not None else [])
+        )
         return " · ".join(parts)
 
     def line(self) -> str:
@@ -48,9 +52,9 @@ class Report:
     impl: str
     checks: list[Check] = field(default_factory=list)
     allow_missing: bool = False
-    ignored: dict[str, list[str]] = field(default_factory=dict)   # bundle → keys the manifest lacks
-    variants: dict[str, dict] = field(default_factory=dict)       # bundle → {variant: (choice, how)}
-    skip: list[str] = field(default_factory=list)                 # stages the port waived
+    ignored: dict[str, list[str]] = field(default_factory=dict)  # bundle → keys the manifest lacks
+    variants: dict[str, dict] = field(default_factory=dict)  # bundle → {variant: (choice, how)}
+    skip: list[str] = field(default_factory=list)  # stages the port waived
 
     def failed(self, check: Check) -> bool:
         return check.status in ("FAIL", "error") or (check.status == "missing" and not self.allow_missing)
@@ -101,17 +105,21 @@ class Report:
                 if stage == "adapter":
                     continue
                 state = "FAIL" if bad else "note" if notes else "pass"
-                lines.append(f"  {state:<5} {TITLES.get(stage, stage):<22} {n - bad - notes:>3}/{n:<3} "
-                             + ("exact" if worst is None else f"worst rel {worst:.1e}")
-                             + (f"  ({notes} differ: {KINDS.get(stage)}, not declared)" if notes else ""))
+                lines.append(
+                    f"  {state:<5} {TITLES.get(stage, stage):<22} {n - bad - notes:>3}/{n:<3} "
+                    + ("exact" if worst is None else f"worst rel {worst:.1e}")
+                    + (f"  ({notes} differ: {KINDS.get(stage)}, not declared)" if notes else "")
+                )
             lines += [f"  not applicable: {c.detail}" for c in self.checks if c.bundle == b and c.key == "bundle"]
             skipped = sum(c.bundle == b and c.status == "skipped" and c.key != "bundle" for c in self.checks)
             if skipped:
                 lines.append(f"  skipped {skipped} tensor(s): waived, or not compared under a declared variant")
             if self.ignored.get(b):  # most often a misspelt key, whose tensor then shows as missing
                 keys = self.ignored[b]
-                lines.append(f"  ignored {len(keys)} key(s) the manifest does not list: {', '.join(keys[:4])}"
-                             + (" …" if len(keys) > 4 else ""))
+                lines.append(
+                    f"  ignored {len(keys)} key(s) the manifest does not list: {', '.join(keys[:4])}"
+                    + (" …" if len(keys) > 4 else "")
+                )
         if verbose:
             lines += ["", "every tensor:"] + ["  " + c.line() for c in self.checks]
         first = self.first_failure
@@ -123,11 +131,16 @@ class Report:
         elif first.status == "error":
             lines.append(f"\nFIRST DIVERGENCE: {first.bundle} · adapter raised\n  {first.detail}")
         else:
-            lines.append(f"\nFIRST DIVERGENCE: {first.where} · {TITLES.get(first.stage, first.stage)}\n  "
-                         + first.line() + (f"\n  hint: {first.hint}" if first.hint else ""))
+            lines.append(
+                f"\nFIRST DIVERGENCE: {first.where} · {TITLES.get(first.stage, first.stage)}\n  "
+                + first.line()
+                + (f"\n  hint: {first.hint}" if first.hint else "")
+            )
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         first = self.first_failure
-        return (f"Report({self.impl!r}, {len(self.checks)} checks, "
-                f"{'PASS' if first is None else 'first divergence: ' + first.where + ' · ' + first.stage})")
+        return (
+            f"Report({self.impl!r}, {len(self.checks)} checks, "
+            f"{'PASS' if first is None else 'first divergence: ' + first.where + ' · ' + first.stage})"
+        )

@@ -18,6 +18,7 @@ residual norm(max(p − q, 0)) after a rejection, fails the first; a draft that 
 temperature, or another verifier than the one declared, keeps the distribution but fails the second.
 Numpy only; the port runs as `sampler(seed) -> (output_ids, first-step τ)`.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-P_MIN = 1e-3        # a chi-square p-value below this fails (a correct sampler fails 1 run in 1000)
-Z_MAX = 4.0         # a mean τ more than 4 standard errors off fails (about 6e-5 for a correct one)
+P_MIN = 1e-3  # a chi-square p-value below this fails (a correct sampler fails 1 run in 1000)
+Z_MAX = 4.0  # a mean τ more than 4 standard errors off fails (about 6e-5 for a correct one)
 
 
 def upper_gamma_regularized(a: float, x: float) -> float:
@@ -34,7 +35,7 @@ def upper_gamma_regularized(a: float, x: float) -> float:
     if x <= 0:
         return 1.0
     log_front = a * math.log(x) - x - math.lgamma(a)
-    if x < a + 1:                                   # P(a, x) = e^{-x} x^a / Γ(a + 1) · Σ x^n / (a+1)…(a+n)
+    if x < a + 1:  # P(a, x) = e^{-x} x^a / Γ(a + 1) · Σ x^n / (a+1)…(a+n)
         term = total = 1.0 / a
         n = a
         while abs(term) > 1e-15 * abs(total):
@@ -42,7 +43,7 @@ def upper_gamma_regularized(a: float, x: float) -> float:
             term *= x / n
             total += term
         return max(0.0, 1.0 - total * math.exp(log_front))
-    b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)     # Lentz's continued fraction for Γ(a, x)
+    b, c, d = x + 1 - a, 1e300, 1 / (x + 1 - a)  # Lentz's continued fraction for Γ(a, x)
     h = d
     for i in range(1, 10_000):
         an = -i * (i - a)
@@ -60,7 +61,7 @@ def upper_gamma_regularized(a: float, x: float) -> float:
 def chi_square(observed: np.ndarray, expected: np.ndarray) -> tuple[float, int, float]:
     """(statistic, degrees of freedom, p-value): the bins with expected count < 5 pooled into one, and
     that one, if still under 5, into the smallest other bin. A count where nothing is expected: p = 0."""
-    if np.any(observed[expected == 0] > 0):          # an output the target cannot produce
+    if np.any(observed[expected == 0] > 0):  # an output the target cannot produce
         return math.inf, len(expected) - 1, 0.0
     small = expected < 5
     obs, exp = list(observed[~small]), list(expected[~small])
@@ -103,16 +104,22 @@ class SamplingResult:
         return self.distribution_ok and self.acceptance_ok
 
     def text(self) -> str:
-        lines = [f"outputs: chi-square {self.chi2:.1f} on {self.df} df, p = {self.p_value:.3g} "
-                 f"({'pass' if self.distribution_ok else 'FAIL'}, {self.runs} runs)",
-                 f"first-step τ ({self.verifier}): mean {self.mean_tau:.3f}, exact {self.expected_tau:.3f}, "
-                 f"z = {self.z:+.2f} ({'pass' if self.acceptance_ok else 'FAIL'})"]
+        lines = [
+            f"outputs: chi-square {self.chi2:.1f} on {self.df} df, p = {self.p_value:.3g} "
+            f"({'pass' if self.distribution_ok else 'FAIL'}, {self.runs} runs)",
+            f"first-step τ ({self.verifier}): mean {self.mean_tau:.3f}, exact {self.expected_tau:.3f}, "
+            f"z = {self.z:+.2f} ({'pass' if self.acceptance_ok else 'FAIL'})",
+        ]
         if not self.distribution_ok:
-            lines.append("the outputs are not the target's distribution: check the rejection rule (accept d_i only "
-                         "if u·q_i(d_i) < p_i(d_i)) and that a rejection samples the residual norm(max(p − q, 0)), not p")
+            lines.append(
+                "the outputs are not the target's distribution: check the rejection rule (accept d_i only "
+                "if u·q_i(d_i) < p_i(d_i)) and that a rejection samples the residual norm(max(p − q, 0)), not p"
+            )
         elif not self.acceptance_ok:
-            lines.append("the outputs are the target's distribution, but the acceptance is not that of this draft at "
-                         "this temperature: check that the draft samples at the request's temperature, and the verifier")
+            lines.append(
+                "the outputs are the target's distribution, but the acceptance is not that of this draft at "
+                "this temperature: check that the draft samples at the request's temperature, and the verifier"
+            )
         return "\n".join(lines)
 
 
@@ -122,23 +129,27 @@ def check_sampling(sampling: dict, sampler, runs: int | None = None, verifier: s
     runs = sampling["runs"] if runs is None else runs
     if isinstance(runs, bool) or not isinstance(runs, int) or runs < 1:
         raise ValueError(f"runs must be a whole number ≥ 1, got {runs!r}")
-    steps = len(sampling["acceptance"][verifier]) - 1                # τ of the first step lies in 0 … γ
+    steps = len(sampling["acceptance"][verifier]) - 1  # τ of the first step lies in 0 … γ
     index = {tuple(s): i for i, s in enumerate(sampling["sequences"])}
     prompt = len(sampling["input_ids"])
     counts, taus = np.zeros(len(index)), []
     for seed in range(runs):
         output_ids, tau = sampler(seed)
-        new = tuple(int(t) for t in np.asarray(output_ids).reshape(-1)[prompt:prompt + sampling["compared"]])
+        new = tuple(int(t) for t in np.asarray(output_ids).reshape(-1)[prompt : prompt + sampling["compared"]])
         if new not in index:
-            raise ValueError(f"the sampler returned {list(new)}, not {sampling['compared']} tokens of the "
-                             f"vocabulary after the prompt")
+            raise ValueError(
+                f"the sampler returned {list(new)}, not {sampling['compared']} tokens of the "
+                f"vocabulary after the prompt"
+            )
         counts[index[new]] += 1
         if not 0 <= int(tau) <= steps:
-            raise ValueError(f"the sampler's first-step τ {tau} is outside 0 … {steps} (the accepted proposals, "
-                             "not tokens per step, which is τ + 1)")
+            raise ValueError(
+                f"the sampler's first-step τ {tau} is outside 0 … {steps} (the accepted proposals, "
+                "not tokens per step, which is τ + 1)"
+            )
         taus.append(int(tau))
     chi2, df, p = chi_square(counts, runs * np.asarray(sampling["probabilities"]))
-    dist = np.asarray(sampling["acceptance"][verifier])              # P(τ = 0), P(τ = 1), …
+    dist = np.asarray(sampling["acceptance"][verifier])  # P(τ = 0), P(τ = 1), …
     values = np.arange(len(dist))
     mean, var = float(values @ dist), float(((values - values @ dist) ** 2) @ dist)
     observed = float(np.mean(taus))

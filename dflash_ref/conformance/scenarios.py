@@ -26,10 +26,11 @@ and checking that property on the reference's own run, so that a change that los
                           linear layers' states after every crop, rejected tokens undone (target/hybrid_cache.py)
 (04, 11 and 12 are the three meanings of a sliding window: attention.py.)
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -42,19 +43,51 @@ from ..walkthrough.demo import PROMPT, VOCAB, demo_models, encode
 from .bundle import walk_order
 
 
-def tiny_pair(seed: int, vocab: int = 6, target_layers: int = 4, draft_layers: int = 2, heads: int = 4,
-              kv_heads: int = 2, target_heads: tuple[int, int] = (4, 2), intermediate: int = 32,
-              block_size: int = 4, positions: int = 128, rope_theta: float = 10000.0,
-              rope_scaling: dict | None = None, **draft_fields) -> tuple[Qwen3Target, DFlashDraftModel]:
-    shared = dict(vocab_size=vocab, hidden_size=16, head_dim=4, intermediate_size=intermediate,
-                  max_position_embeddings=positions, rope_theta=rope_theta, rope_scaling=rope_scaling)
-    target = Qwen3Target(TargetConfig(num_hidden_layers=target_layers, num_attention_heads=target_heads[0],
-                                      num_key_value_heads=target_heads[1], **shared))
-    draft = DFlashDraftModel(DraftConfig(num_hidden_layers=draft_layers, num_attention_heads=heads,
-                                         num_key_value_heads=kv_heads, num_target_layers=target_layers,
-                                         block_size=block_size, mask_token_id=vocab - 1, **shared,
-                                         **draft_fields))
-    use_rows_first(draft)           # as every draft that decodes here (extensions/linear.py)
+def tiny_pair(
+    seed: int,
+    vocab: int = 6,
+    target_layers: int = 4,
+    draft_layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    target_heads: tuple[int, int] = (4, 2),
+    intermediate: int = 32,
+    block_size: int = 4,
+    positions: int = 128,
+    rope_theta: float = 10000.0,
+    rope_scaling: dict | None = None,
+    **draft_fields,
+) -> tuple[Qwen3Target, DFlashDraftModel]:
+    shared = dict(
+        vocab_size=vocab,
+        hidden_size=16,
+        head_dim=4,
+        intermediate_size=intermediate,
+        max_position_embeddings=positions,
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+    )
+    target = Qwen3Target(
+        TargetConfig(
+            num_hidden_layers=target_layers,
+            num_attention_heads=target_heads[0],
+            num_key_value_heads=target_heads[1],
+            **shared,
+        )
+    )
+    draft = DFlashDraftModel(
+        DraftConfig(
+            num_hidden_layers=draft_layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            num_target_layers=target_layers,
+            block_size=block_size,
+            mask_token_id=vocab - 1,
+            **shared,
+            **draft_fields,
+        )
+    )
+    use_rows_first(draft)  # as every draft that decodes here (extensions/linear.py)
     return randomize_(target, seed), randomize_(draft, seed + 1000)
 
 
@@ -62,12 +95,33 @@ def hybrid_pair(seed: int) -> tuple[Qwen3_5Target, DFlashDraftModel]:
     """A tiny Qwen3.5 hybrid target (layers linear, linear, linear, full: mlx-lm's every-4th layout; partial
     RoPE on half of head_dim 8) and a DFlash 1 draft reading layers 0 and 2 (both Gated DeltaNet)."""
     shared = dict(vocab_size=8, hidden_size=16, intermediate_size=32, max_position_embeddings=128, rope_theta=10000.0)
-    target = Qwen3_5Target(HybridConfig(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=4,
-                                        linear_value_head_dim=4, partial_rotary_factor=0.5, **shared))
-    draft = DFlashDraftModel(DraftConfig(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=4,
-                                         num_target_layers=4, block_size=4, mask_token_id=7, target_layer_ids=[0, 2],
-                                         **shared))
+    target = Qwen3_5Target(
+        HybridConfig(
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=8,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=4,
+            linear_value_head_dim=4,
+            partial_rotary_factor=0.5,
+            **shared,
+        )
+    )
+    draft = DFlashDraftModel(
+        DraftConfig(
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=4,
+            num_target_layers=4,
+            block_size=4,
+            mask_token_id=7,
+            target_layer_ids=[0, 2],
+            **shared,
+        )
+    )
     use_rows_first(draft)
     return randomize_(target, seed), randomize_(draft, seed + 1000)
 
@@ -81,8 +135,8 @@ class Scenario:
     max_new_tokens: int
     stop_token_ids: list[int] | None = None
     dtype: str = "float32"
-    tokens: list[str] | None = None     # the tokenizer stub's token texts (default <t0>, <t1>, …)
-    rope_spelling: str | None = None    # "rope_scaling" | "rope_parameters": the configs keep only that one
+    tokens: list[str] | None = None  # the tokenizer stub's token texts (default <t0>, <t1>, …)
+    rope_spelling: str | None = None  # "rope_scaling" | "rope_parameters": the configs keep only that one
     check: Callable[[dict], None] = lambda produced: None
 
 
@@ -93,8 +147,11 @@ def _steps(p: dict, what: str) -> list:
 def _check_multiround(p: dict) -> None:
     taus, gammas = _steps(p, "acceptance_length"), [len(d) for d in _steps(p, "draft_tokens")]
     assert 0 in taus and any(0 < t < 3 for t in taus) and 3 in taus and max(gammas) == 3, taus
-    hops = [(d, q) for d, q in zip(_steps(p, "draft_tokens"), _steps(p, "posterior"))
-            if any(d[i] != q[i] and d[j] == q[j] for i in range(len(d)) for j in range(i + 1, len(d)))]
+    hops = [
+        (d, q)
+        for d, q in zip(_steps(p, "draft_tokens"), _steps(p, "posterior"))
+        if any(d[i] != q[i] and d[j] == q[j] for i in range(len(d)) for j in range(i + 1, len(d)))
+    ]
     assert hops, "no step where a rejected draft token is followed by a matching one"
     assert 5 in p["output_ids"][4:], "the mask token (5) should be among the outputs"
 
@@ -113,7 +170,7 @@ def _last_step(p: dict) -> tuple[list[int], int, int]:
 def _check_stop_inside(p: dict) -> None:
     out, (drafted, tau, _) = p["output_ids"].tolist(), _last_step(p)
     assert out[-1] == 4 and 4 not in out[4:-1], out
-    assert 4 in drafted[:tau] and drafted[:tau].index(4) < tau - 1, (drafted, tau)   # accepted ones follow it
+    assert 4 in drafted[:tau] and drafted[:tau].index(4) < tau - 1, (drafted, tau)  # accepted ones follow it
 
 
 def _check_stop_bonus(p: dict) -> None:
@@ -125,7 +182,7 @@ def _check_stop_first(p: dict) -> None:
     assert p["output_ids"].tolist() == [0, 1, 2, 3, 6] and not any(k.startswith("step") for k in p), sorted(p)
 
 
-LONG_PROMPT = [(7 * i + 3) % 8 for i in range(4100)]     # positions past 4096, where an offset error shows
+LONG_PROMPT = [(7 * i + 3) % 8 for i in range(4100)]  # positions past 4096, where an offset error shows
 
 
 def _check_long(p: dict) -> None:
@@ -139,18 +196,18 @@ def _window_pattern(p: dict) -> np.ndarray:
 
 
 def _check_symmetric(p: dict) -> None:
-    seen = _window_pattern(p)[:, -4:] > 0                       # the block's 4 keys
+    seen = _window_pattern(p)[:, -4:] > 0  # the block's 4 keys
     assert seen[0].tolist() == [True, True, False, False] and seen[3].tolist() == [False, False, True, True]
 
 
 def _check_rotating(p: dict) -> None:
     pattern = _window_pattern(p)
-    assert (pattern[:, -4:] > 0).tolist() == np.tril(np.ones((4, 4), bool)).tolist()   # no window in the block
-    assert (pattern[:, :-4] > 0).sum() == 3                      # context keys 5, 6 seen by query 0, 6 by query 1
+    assert (pattern[:, -4:] > 0).tolist() == np.tril(np.ones((4, 4), bool)).tolist()  # no window in the block
+    assert (pattern[:, :-4] > 0).sum() == 3  # context keys 5, 6 seen by query 0, 6 by query 1
 
 
 YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
-LONGER_THAN_32 = [(5 * i + 1) % 8 for i in range(40)]      # positions past the unscaled 32
+LONGER_THAN_32 = [(5 * i + 1) % 8 for i in range(40)]  # positions past the unscaled 32
 
 
 def _check_long_prompt(p: dict) -> None:
@@ -169,8 +226,9 @@ def _check_hybrid(p: dict) -> None:
     taus, sizes = _steps(p, "acceptance_length"), [len(q) for q in _steps(p, "posterior")]
     assert any(t + 1 < n for t, n in zip(taus[:-1], sizes[:-1])), (taus, sizes)
     assert any(t > 0 for t in taus), taus
-    assert sorted({k.split("/")[1] for k in p if "target.layers" in k}) == \
-        [f"target.layers.{i}.linear_attn.{s}" for i in range(3) for s in ("conv_state", "recurrent_state")]
+    assert sorted({k.split("/")[1] for k in p if "target.layers" in k}) == [
+        f"target.layers.{i}.linear_attn.{s}" for i in range(3) for s in ("conv_state", "recurrent_state")
+    ]
 
 
 def _check_block16(p: dict) -> None:
@@ -179,56 +237,170 @@ def _check_block16(p: dict) -> None:
 
 
 SCENARIOS = [
-    Scenario("walkthrough", "the seed's example: 3-token prompt 'the cat sat', block size 4, the demo models",
-             lambda: demo_models(), encode(PROMPT)[0].tolist(), 4, tokens=list(VOCAB)),
-    Scenario("multiround", "greedy, 9 rounds: τ = 0, partial and full; a rejected draft token followed by a "
-             "matching one (cumprod matters); the mask token (5) among the outputs",
-             lambda: tiny_pair(8), [0, 1, 2, 3], 20, check=_check_multiround),
-    Scenario("stop_token", "the multiround models, stopped by stop token 2 committed inside a step",
-             lambda: tiny_pair(8), [0, 1, 2, 3], 20, stop_token_ids=[2], check=_check_stop),
-    Scenario("gqa_sliding", "8 query heads on 2 KV heads; draft layer 0 a causal sliding window of 3, "
-             "layer 1 full non-causal attention", lambda: tiny_pair(
-                 3, vocab=8, heads=8, layer_types=["sliding_attention", "full_attention"], sliding_window=3),
-             [1, 2, 3, 4, 5, 6, 0], 10),
-    Scenario("block16", "the official shape in miniature: 36 target layers, 5 draft layers, block size 16, "
-             "target_layer_ids [1, 9, 17, 25, 33], 4 query heads per KV head",
-             lambda: tiny_pair(5, vocab=8, target_layers=36, draft_layers=5, heads=4, kv_heads=1,
-                               target_heads=(4, 1), intermediate=16, block_size=16),
-             [1, 2, 3, 4, 5], 20, check=_check_block16),
-    Scenario("stop_inside", "stop token 4 drafted and accepted as d_1 of a step whose τ is 3: nothing after it is "
-             "committed (neither d_2, d_3 nor the bonus)", lambda: tiny_pair(54, vocab=8), [0, 1, 2, 3], 20,
-             stop_token_ids=[4], check=_check_stop_inside),
-    Scenario("stop_bonus", "stop token 5 as a step's bonus token, after 2 accepted proposals",
-             lambda: tiny_pair(54, vocab=8), [0, 1, 2, 3], 20, stop_token_ids=[5], check=_check_stop_bonus),
-    Scenario("stop_first", "stop token 6 as the first generated token (the prefill's): no decode step at all",
-             lambda: tiny_pair(54, vocab=8), [0, 1, 2, 3], 20, stop_token_ids=[6], check=_check_stop_first),
-    Scenario("long_context", "a 4100-token prompt, rope θ = 1e6: every draft position past 4096",
-             lambda: tiny_pair(21, vocab=8, positions=8192, rope_theta=1e6), LONG_PROMPT, 8, check=_check_long),
-    Scenario("bf16", "the multiround shapes in bfloat16 (weights and compute), with a seed whose every decision keeps "
-             "a margin over bf16 rounding (golden.py: the manifest's margins), so a correct bf16 port that rounds "
-             "otherwise cannot flip a token", lambda: tiny_pair(113), [0, 1, 2, 3], 12, dtype="bfloat16"),
-    Scenario("window_symmetric", "draft layer 0 a symmetric window of 2 (is_causal false, the reading of "
-             "transformers' flash-attention path): a query sees keys with |q − k| < 2, in its block too",
-             lambda: tiny_pair(3, vocab=8, layer_types=["sliding_attention", "full_attention"], sliding_window=2,
-                               is_causal=False), [1, 2, 3, 4, 5, 6, 0], 10, check=_check_symmetric),
-    Scenario("window_rotating", "draft layer 0 a rotating window of 3 (sliding_window_kind 'rotating', the "
-             "official MLX backend's reading): context keys with q − k < 3, every block key k ≤ q (of 4)",
-             lambda: tiny_pair(3, vocab=8, layer_types=["sliding_attention", "full_attention"], sliding_window=3,
-                               sliding_window_kind="rotating"), [1, 2, 3, 4, 5, 6, 0], 10, check=_check_rotating),
-    Scenario("rope_yarn", "target and draft with YaRN RoPE (factor 4 over 32 original positions, cos and sin "
-             "scaled by its attention factor), a 40-token prompt; configs spelled as released checkpoints: "
-             "rope_theta + rope_scaling only", lambda: tiny_pair(7, vocab=8, rope_scaling=YARN),
-             LONGER_THAN_32, 10, rope_spelling="rope_scaling", check=_check_long_prompt),
-    Scenario("rope_linear", "target and draft with linear RoPE scaling (factor 2), a 40-token prompt; configs "
-             "spelled as transformers 5 writes them: rope_parameters only",
-             lambda: tiny_pair(7, vocab=8, rope_scaling={"rope_type": "linear", "factor": 2.0}),
-             LONGER_THAN_32, 10, rope_spelling="rope_parameters", check=_check_long_prompt),
-    Scenario("dflash2", "a DFlash 2 draft: a dynamic causal convolution (K = 2, groups of 4) before and after every "
-             "sublayer, the candidate selector (top 3 of 8 candidates, rank 4) choosing the proposals",
-             lambda: tiny_pair(12, vocab=8, version=2, conv_kernel_size=2, conv_group_size=4, selector_rank=4,
-                               selector_top_k=3), [1, 2, 3, 4, 5], 12, check=_check_dflash2),
-    Scenario("hybrid_target", "a Qwen3.5-style hybrid target (Gated DeltaNet layers 0-2, gated attention layer 3): "
-             "after every step's crop each linear layer's conv window and recurrent state over the committed tokens "
-             "alone (a crop-only rollback keeps the rejected tokens in S), and the next step's posterior from them",
-             lambda: hybrid_pair(4), [1, 2, 3, 4, 5], 16, check=_check_hybrid),
+    Scenario(
+        "walkthrough",
+        "the seed's example: 3-token prompt 'the cat sat', block size 4, the demo models",
+        lambda: demo_models(),
+        encode(PROMPT)[0].tolist(),
+        4,
+        tokens=list(VOCAB),
+    ),
+    Scenario(
+        "multiround",
+        "greedy, 9 rounds: τ = 0, partial and full; a rejected draft token followed by a "
+        "matching one (cumprod matters); the mask token (5) among the outputs",
+        lambda: tiny_pair(8),
+        [0, 1, 2, 3],
+        20,
+        check=_check_multiround,
+    ),
+    Scenario(
+        "stop_token",
+        "the multiround models, stopped by stop token 2 committed inside a step",
+        lambda: tiny_pair(8),
+        [0, 1, 2, 3],
+        20,
+        stop_token_ids=[2],
+        check=_check_stop,
+    ),
+    Scenario(
+        "gqa_sliding",
+        "8 query heads on 2 KV heads; draft layer 0 a causal sliding window of 3, layer 1 full non-causal attention",
+        lambda: tiny_pair(3, vocab=8, heads=8, layer_types=["sliding_attention", "full_attention"], sliding_window=3),
+        [1, 2, 3, 4, 5, 6, 0],
+        10,
+    ),
+    Scenario(
+        "block16",
+        "the official shape in miniature: 36 target layers, 5 draft layers, block size 16, "
+        "target_layer_ids [1, 9, 17, 25, 33], 4 query heads per KV head",
+        lambda: tiny_pair(
+            5,
+            vocab=8,
+            target_layers=36,
+            draft_layers=5,
+            heads=4,
+            kv_heads=1,
+            target_heads=(4, 1),
+            intermediate=16,
+            block_size=16,
+        ),
+        [1, 2, 3, 4, 5],
+        20,
+        check=_check_block16,
+    ),
+    Scenario(
+        "stop_inside",
+        "stop token 4 drafted and accepted as d_1 of a step whose τ is 3: nothing after it is "
+        "committed (neither d_2, d_3 nor the bonus)",
+        lambda: tiny_pair(54, vocab=8),
+        [0, 1, 2, 3],
+        20,
+        stop_token_ids=[4],
+        check=_check_stop_inside,
+    ),
+    Scenario(
+        "stop_bonus",
+        "stop token 5 as a step's bonus token, after 2 accepted proposals",
+        lambda: tiny_pair(54, vocab=8),
+        [0, 1, 2, 3],
+        20,
+        stop_token_ids=[5],
+        check=_check_stop_bonus,
+    ),
+    Scenario(
+        "stop_first",
+        "stop token 6 as the first generated token (the prefill's): no decode step at all",
+        lambda: tiny_pair(54, vocab=8),
+        [0, 1, 2, 3],
+        20,
+        stop_token_ids=[6],
+        check=_check_stop_first,
+    ),
+    Scenario(
+        "long_context",
+        "a 4100-token prompt, rope θ = 1e6: every draft position past 4096",
+        lambda: tiny_pair(21, vocab=8, positions=8192, rope_theta=1e6),
+        LONG_PROMPT,
+        8,
+        check=_check_long,
+    ),
+    Scenario(
+        "bf16",
+        "the multiround shapes in bfloat16 (weights and compute), with a seed whose every decision keeps "
+        "a margin over bf16 rounding (golden.py: the manifest's margins), so a correct bf16 port that rounds "
+        "otherwise cannot flip a token",
+        lambda: tiny_pair(113),
+        [0, 1, 2, 3],
+        12,
+        dtype="bfloat16",
+    ),
+    Scenario(
+        "window_symmetric",
+        "draft layer 0 a symmetric window of 2 (is_causal false, the reading of "
+        "transformers' flash-attention path): a query sees keys with |q − k| < 2, in its block too",
+        lambda: tiny_pair(
+            3, vocab=8, layer_types=["sliding_attention", "full_attention"], sliding_window=2, is_causal=False
+        ),
+        [1, 2, 3, 4, 5, 6, 0],
+        10,
+        check=_check_symmetric,
+    ),
+    Scenario(
+        "window_rotating",
+        "draft layer 0 a rotating window of 3 (sliding_window_kind 'rotating', the "
+        "official MLX backend's reading): context keys with q − k < 3, every block key k ≤ q (of 4)",
+        lambda: tiny_pair(
+            3,
+            vocab=8,
+            layer_types=["sliding_attention", "full_attention"],
+            sliding_window=3,
+            sliding_window_kind="rotating",
+        ),
+        [1, 2, 3, 4, 5, 6, 0],
+        10,
+        check=_check_rotating,
+    ),
+    Scenario(
+        "rope_yarn",
+        "target and draft with YaRN RoPE (factor 4 over 32 original positions, cos and sin "
+        "scaled by its attention factor), a 40-token prompt; configs spelled as released checkpoints: "
+        "rope_theta + rope_scaling only",
+        lambda: tiny_pair(7, vocab=8, rope_scaling=YARN),
+        LONGER_THAN_32,
+        10,
+        rope_spelling="rope_scaling",
+        check=_check_long_prompt,
+    ),
+    Scenario(
+        "rope_linear",
+        "target and draft with linear RoPE scaling (factor 2), a 40-token prompt; configs "
+        "spelled as transformers 5 writes them: rope_parameters only",
+        lambda: tiny_pair(7, vocab=8, rope_scaling={"rope_type": "linear", "factor": 2.0}),
+        LONGER_THAN_32,
+        10,
+        rope_spelling="rope_parameters",
+        check=_check_long_prompt,
+    ),
+    Scenario(
+        "dflash2",
+        "a DFlash 2 draft: a dynamic causal convolution (K = 2, groups of 4) before and after every "
+        "sublayer, the candidate selector (top 3 of 8 candidates, rank 4) choosing the proposals",
+        lambda: tiny_pair(
+            12, vocab=8, version=2, conv_kernel_size=2, conv_group_size=4, selector_rank=4, selector_top_k=3
+        ),
+        [1, 2, 3, 4, 5],
+        12,
+        check=_check_dflash2,
+    ),
+    Scenario(
+        "hybrid_target",
+        "a Qwen3.5-style hybrid target (Gated DeltaNet layers 0-2, gated attention layer 3): "
+        "after every step's crop each linear layer's conv window and recurrent state over the committed tokens "
+        "alone (a crop-only rollback keeps the rejected tokens in S), and the next step's posterior from them",
+        lambda: hybrid_pair(4),
+        [1, 2, 3, 4, 5],
+        16,
+        check=_check_hybrid,
+    ),
 ]

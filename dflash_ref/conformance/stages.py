@@ -5,83 +5,167 @@ Keys: `prefill/layer_ids`, `step{s}/{name}` (name: a hook point of the reference
 `draft.layers.0.self_attn.hook_q`, a loop value: `draft_tokens`, `posterior`, ..., or a hybrid target's
 state after the step's crop: `target.layers.{l}.linear_attn.recurrent_state`), `output_ids`.
 """
+
 from __future__ import annotations
 
 import re
 
 # (stage id, title, meaning, layout), in the order of the data's walk. Per-layer stages are q..layer_out.
 STAGES = [
-    ("layer_ids", "layer ids", "target layers feeding the draft (target_layer_ids); layer l is read at "
-     "hidden_states[l + 1], index 0 being the embedding output", "(k,) int64"),
-    ("target_hidden", "extracted features", "concat over features of the sampled target layers' hidden "
-     "states at the new context positions (the prefill's, then the first τ + 1 of each verify)", "(L_c, k·d)"),
+    (
+        "layer_ids",
+        "layer ids",
+        "target layers feeding the draft (target_layer_ids); layer l is read at "
+        "hidden_states[l + 1], index 0 being the embedding output",
+        "(k,) int64",
+    ),
+    (
+        "target_hidden",
+        "extracted features",
+        "concat over features of the sampled target layers' hidden "
+        "states at the new context positions (the prefill's, then the first τ + 1 of each verify)",
+        "(L_c, k·d)",
+    ),
     ("fc", "fc", "W_fc · target_hidden, no bias", "(L_c, d)"),
     ("context", "C", "C = RMSNorm_hidden(W_fc · target_hidden)", "(L_c, d)"),
-    ("noise_embedding", "block embedding", "the target's embed_tokens of the block [x_0, mask, ..., mask]",
-     "(L_q, d)"),
-    ("attn_conv_taps", "attention conv taps", "DFlash 2: a_t = W_a x_t of the attention sublayer's convolution, x = "
-     "RMSNorm_in(H); [:, 0] the prepare taps, [:, 1] the finish taps", "(L_q, 2, K, G)"),
-    ("attn_conv_in", "attention conv input", "DFlash 2: u_t = Σ_j (w⁰_j + a⁰_{t,j,g}) ⊙ x_{t−j}, zero before the "
-     "block's first position: what Q, K and V of the block are computed from", "(L_q, d)"),
+    ("noise_embedding", "block embedding", "the target's embed_tokens of the block [x_0, mask, ..., mask]", "(L_q, d)"),
+    (
+        "attn_conv_taps",
+        "attention conv taps",
+        "DFlash 2: a_t = W_a x_t of the attention sublayer's convolution, x = "
+        "RMSNorm_in(H); [:, 0] the prepare taps, [:, 1] the finish taps",
+        "(L_q, 2, K, G)",
+    ),
+    (
+        "attn_conv_in",
+        "attention conv input",
+        "DFlash 2: u_t = Σ_j (w⁰_j + a⁰_{t,j,g}) ⊙ x_{t−j}, zero before the "
+        "block's first position: what Q, K and V of the block are computed from",
+        "(L_q, d)",
+    ),
     ("q", "Q after QNorm", "QNorm(H W_Q) per head, before RoPE", "(H_q, L_q, d_h)"),
     ("k_ctx", "K context after KNorm", "KNorm(C W_K) per head, before RoPE", "(H_kv, L_c, d_h)"),
     ("k_noise", "K block after KNorm", "KNorm(H W_K) per head, before RoPE", "(H_kv, L_q, d_h)"),
     ("v", "V", "[C W_V; H W_V] per head (new positions only)", "(H_kv, L_c + L_q, d_h)"),
-    ("q_rot", "Q after RoPE", "Q rotated at the block's positions: the last L_q rows of the RoPE table",
-     "(H_q, L_q, d_h)"),
-    ("k_rot", "K after RoPE", "K rotated at all L_c + L_q new positions, the cached context K prepended",
-     "(H_kv, L_k, d_h)"),
-    ("pattern", "attention weights", "softmax(Q Kᵀ/√d_h) over every key (non-causal on full-attention "
-     "layers; causal within the window on sliding ones), query head h reading KV head h // (H_q/H_kv)",
-     "(H_q, L_q, L_k)"),
+    (
+        "q_rot",
+        "Q after RoPE",
+        "Q rotated at the block's positions: the last L_q rows of the RoPE table",
+        "(H_q, L_q, d_h)",
+    ),
+    (
+        "k_rot",
+        "K after RoPE",
+        "K rotated at all L_c + L_q new positions, the cached context K prepended",
+        "(H_kv, L_k, d_h)",
+    ),
+    (
+        "pattern",
+        "attention weights",
+        "softmax(Q Kᵀ/√d_h) over every key (non-causal on full-attention "
+        "layers; causal within the window on sliding ones), query head h reading KV head h // (H_q/H_kv)",
+        "(H_q, L_q, L_k)",
+    ),
     ("attn_out", "attention output", "W_O · attention output", "(L_q, d)"),
-    ("attn_conv_out", "attention conv output", "DFlash 2: W_O · attention output convolved with w¹ + a¹ (the taps "
-     "of the sublayer's input)", "(L_q, d)"),
-    ("mlp_conv_taps", "MLP conv taps", "DFlash 2: a_t = W_a x_t of the MLP sublayer's convolution, x = "
-     "RMSNorm_post(H')", "(L_q, 2, K, G)"),
+    (
+        "attn_conv_out",
+        "attention conv output",
+        "DFlash 2: W_O · attention output convolved with w¹ + a¹ (the taps of the sublayer's input)",
+        "(L_q, d)",
+    ),
+    (
+        "mlp_conv_taps",
+        "MLP conv taps",
+        "DFlash 2: a_t = W_a x_t of the MLP sublayer's convolution, x = RMSNorm_post(H')",
+        "(L_q, 2, K, G)",
+    ),
     ("mlp_conv_in", "MLP conv input", "DFlash 2: the MLP's input, convolved with w⁰ + a⁰", "(L_q, d)"),
     ("mlp_conv_out", "MLP conv output", "DFlash 2: the MLP's output convolved with w¹ + a¹", "(L_q, d)"),
     ("layer_out", "layer output", "H' = H + Attn(LN(H), C); H' + MLP(LN(H'))", "(L_q, d)"),
-    ("final_hidden", "final hidden", "RMSNorm_final of the last layer's output, all L_q positions",
-     "(L_q, d)"),
+    ("final_hidden", "final hidden", "RMSNorm_final of the last layer's output, all L_q positions", "(L_q, d)"),
     ("logits", "draft logits", "the target's lm_head on the draft's last L_q − 1 positions", "(γ, V)"),
-    ("candidates", "candidates", "DFlash 2: the top-K token ids of each proposal position's draft logits; a set: "
-     "each row compared in increasing id order (unary and pair reordered alike)", "(γ, K) int64"),
+    (
+        "candidates",
+        "candidates",
+        "DFlash 2: the top-K token ids of each proposal position's draft logits; a set: "
+        "each row compared in increasing id order (unary and pair reordered alike)",
+        "(γ, K) int64",
+    ),
     ("unary", "unary scores", "DFlash 2: z_{t,k}, the draft logits at the candidates", "(γ, K)"),
-    ("pair", "pair scores", "DFlash 2: ⟨E_pred(x_{t−1}) ⊙ P h_t, E_succ(c_{t,k})⟩, x_{t−1} the candidate chosen "
-     "at t − 1 (x_0 the block's anchor)", "(γ, K)"),
-    ("draft_tokens", "draft tokens", "the proposals d_1..d_γ: the argmax of the draft logits (DFlash 1), the "
-     "selector's path argmax_k (unary + pair) from the anchor (DFlash 2)", "(γ,) int64"),
+    (
+        "pair",
+        "pair scores",
+        "DFlash 2: ⟨E_pred(x_{t−1}) ⊙ P h_t, E_succ(c_{t,k})⟩, x_{t−1} the candidate chosen "
+        "at t − 1 (x_0 the block's anchor)",
+        "(γ, K)",
+    ),
+    (
+        "draft_tokens",
+        "draft tokens",
+        "the proposals d_1..d_γ: the argmax of the draft logits (DFlash 1), the "
+        "selector's path argmax_k (unary + pair) from the anchor (DFlash 2)",
+        "(γ,) int64",
+    ),
     ("posterior", "posterior", "argmax of the target's logits at each verified block position", "(L_q,) int64"),
     ("acceptance_length", "acceptance length τ", "Σ_i Π_{j≤i} 1[d_j = posterior_{j−1}]", "() int64"),
     ("bonus", "bonus token", "posterior[τ], the target's token after the accepted run", "() int64"),
-    ("cache_lengths", "cache lengths", "[draft before the pass, draft after the pass, draft after its crop "
-     "(= start), target before verify, target after verify, target after its crop (= new start)]",
-     "(6,) int64"),
-    ("conv_state", "target conv state", "Hybrid targets: linear-attention layer l of the target after the step's "
-     "crop to the n committed tokens: the last K − 1 inputs u_{n−K+2..n} of its causal conv, oldest first (zero "
-     "before the first token)", "(C, K − 1)"),
-    ("recurrent_state", "target recurrent state", "Hybrid targets: S_n of linear-attention layer l after the step's "
-     "crop, S_t = α_t S_{t−1} + β_t k_t (v_t − α_t S_{t−1}ᵀ k_t)ᵀ over the n committed tokens alone: the rejected "
-     "ones undone", "(H_v, d_k, d_v)"),
+    (
+        "cache_lengths",
+        "cache lengths",
+        "[draft before the pass, draft after the pass, draft after its crop "
+        "(= start), target before verify, target after verify, target after its crop (= new start)]",
+        "(6,) int64",
+    ),
+    (
+        "conv_state",
+        "target conv state",
+        "Hybrid targets: linear-attention layer l of the target after the step's "
+        "crop to the n committed tokens: the last K − 1 inputs u_{n−K+2..n} of its causal conv, oldest first (zero "
+        "before the first token)",
+        "(C, K − 1)",
+    ),
+    (
+        "recurrent_state",
+        "target recurrent state",
+        "Hybrid targets: S_n of linear-attention layer l after the step's "
+        "crop, S_t = α_t S_{t−1} + β_t k_t (v_t − α_t S_{t−1}ᵀ k_t)ᵀ over the n committed tokens alone: the rejected "
+        "ones undone",
+        "(H_v, d_k, d_v)",
+    ),
     ("output_ids", "output ids", "prompt followed by every committed token", "(L,) int64"),
 ]
 # semantic: what DFlash defines; observable: how an implementation lays out its state (variants.py)
 KINDS = {s[0]: "observable" if s[0] == "cache_lengths" else "semantic" for s in STAGES}
 STAGE_INDEX = {s[0]: i for i, s in enumerate(STAGES)}
 TITLES = {s[0]: s[1] for s in STAGES}
-LAYER_STAGES = {"q": "self_attn.hook_q", "k_ctx": "self_attn.hook_k_ctx", "k_noise": "self_attn.hook_k_noise",
-                "v": "self_attn.hook_v", "q_rot": "self_attn.hook_q_rot", "k_rot": "self_attn.hook_k_rot",
-                "pattern": "self_attn.hook_pattern", "attn_out": "self_attn.hook_out",
-                "layer_out": "hook_resid_post", "attn_conv_taps": "attention_conv.hook_taps",
-                "attn_conv_in": "attention_conv.hook_prepared", "attn_conv_out": "attention_conv.hook_finished",
-                "mlp_conv_taps": "mlp_conv.hook_taps", "mlp_conv_in": "mlp_conv.hook_prepared",
-                "mlp_conv_out": "mlp_conv.hook_finished"}
-MODEL_STAGES = {"target_hidden": "draft.hook_target_hidden", "fc": "draft.context.hook_fc",
-                "context": "draft.context.hook_context", "noise_embedding": "draft.hook_noise_embedding",
-                "final_hidden": "draft.hook_out", "logits": "draft.hook_logits",
-                "candidates": "draft.candidate_selector.hook_candidates", "unary": "draft.candidate_selector.hook_unary",
-                "pair": "draft.candidate_selector.hook_pair"}
+LAYER_STAGES = {
+    "q": "self_attn.hook_q",
+    "k_ctx": "self_attn.hook_k_ctx",
+    "k_noise": "self_attn.hook_k_noise",
+    "v": "self_attn.hook_v",
+    "q_rot": "self_attn.hook_q_rot",
+    "k_rot": "self_attn.hook_k_rot",
+    "pattern": "self_attn.hook_pattern",
+    "attn_out": "self_attn.hook_out",
+    "layer_out": "hook_resid_post",
+    "attn_conv_taps": "attention_conv.hook_taps",
+    "attn_conv_in": "attention_conv.hook_prepared",
+    "attn_conv_out": "attention_conv.hook_finished",
+    "mlp_conv_taps": "mlp_conv.hook_taps",
+    "mlp_conv_in": "mlp_conv.hook_prepared",
+    "mlp_conv_out": "mlp_conv.hook_finished",
+}
+MODEL_STAGES = {
+    "target_hidden": "draft.hook_target_hidden",
+    "fc": "draft.context.hook_fc",
+    "context": "draft.context.hook_context",
+    "noise_embedding": "draft.hook_noise_embedding",
+    "final_hidden": "draft.hook_out",
+    "logits": "draft.hook_logits",
+    "candidates": "draft.candidate_selector.hook_candidates",
+    "unary": "draft.candidate_selector.hook_unary",
+    "pair": "draft.candidate_selector.hook_pair",
+}
 TARGET_LAYER_STAGES = {"conv_state": "linear_attn.conv_state", "recurrent_state": "linear_attn.recurrent_state"}
 LOOP_STAGES = ("draft_tokens", "posterior", "acceptance_length", "bonus", "cache_lengths")
 _BY_NAME = {v: k for k, v in MODEL_STAGES.items()}
@@ -97,9 +181,13 @@ def key_for(stage: str, step: int | None = None, layer: int | None = None) -> st
         return "prefill/layer_ids"
     if stage == "output_ids":
         return "output_ids"
-    name = (f"draft.layers.{layer}.{LAYER_STAGES[stage]}" if stage in LAYER_STAGES else
-            f"target.layers.{layer}.{TARGET_LAYER_STAGES[stage]}" if stage in TARGET_LAYER_STAGES
-            else MODEL_STAGES.get(stage, stage))
+    name = (
+        f"draft.layers.{layer}.{LAYER_STAGES[stage]}"
+        if stage in LAYER_STAGES
+        else f"target.layers.{layer}.{TARGET_LAYER_STAGES[stage]}"
+        if stage in TARGET_LAYER_STAGES
+        else MODEL_STAGES.get(stage, stage)
+    )
     return f"step{step}/{name}"
 
 

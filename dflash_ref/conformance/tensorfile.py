@@ -2,6 +2,7 @@
 (an 8-byte little-endian header length, a JSON header {name: {dtype, shape, data_offsets}}, then raw
 little-endian bytes; BF16 comes back as float32, exactly), and a port's dump as .safetensors or .npz.
 A file that cannot be read is a ValueError naming it."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
-_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2", "I8": "i1",
-           "U8": "u1", "BOOL": "?"}
+_DTYPES = {
+    "F64": "<f8",
+    "F32": "<f4",
+    "F16": "<f2",
+    "I64": "<i8",
+    "I32": "<i4",
+    "I16": "<i2",
+    "I8": "i1",
+    "U8": "u1",
+    "BOOL": "?",
+}
 _NAMES = {np.dtype(v): k for k, v in _DTYPES.items()}
 
 
@@ -23,11 +33,11 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
     try:
         if len(data) < 8 or 8 + n > len(data):
             raise ValueError(f"its header of {n} bytes does not fit in its {len(data)} bytes")
-        header = json.loads(data[8:8 + n])
+        header = json.loads(data[8 : 8 + n])
         if not isinstance(header, dict):
             raise ValueError("its header is not a JSON object")
         header.pop("__metadata__", None)
-        body, out = data[8 + n:], {}
+        body, out = data[8 + n :], {}
         for name, info in header.items():
             start, end = info["data_offsets"]
             if not 0 <= start <= end <= len(body):
@@ -40,7 +50,7 @@ def read_safetensors(path: str | Path) -> dict[str, np.ndarray]:
             else:
                 raise ValueError(f"tensor {name!r} has dtype {info['dtype']}, which this reader does not know")
             out[name] = array.reshape(tuple(info["shape"])).copy()
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:   # JSONDecodeError is a ValueError
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:  # JSONDecodeError is a ValueError
         raise ValueError(f"{path} is not a readable safetensors file: {e}") from None
     return out
 
@@ -54,8 +64,11 @@ def write_safetensors(path: str | Path, tensors: dict[str, np.ndarray]) -> None:
         if array.dtype not in _NAMES:
             raise ValueError(f"cannot store {name!r} of dtype {array.dtype}")
         raw = array.astype(array.dtype.newbyteorder("<")).tobytes()
-        header[name] = {"dtype": _NAMES[array.dtype], "shape": list(array.shape),
-                        "data_offsets": [offset, offset + len(raw)]}
+        header[name] = {
+            "dtype": _NAMES[array.dtype],
+            "shape": list(array.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
         chunks.append(raw)
         offset += len(raw)
     text = json.dumps(header, separators=(",", ":")).encode()

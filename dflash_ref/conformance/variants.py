@@ -23,6 +23,7 @@ profile `{"variants": {...}, "skip": [...]}` beside a dump); what it leaves unde
 where its tensors say so unambiguously, else taken as the reference's choice. A declared variant's
 observables are checked (a failure); an undeclared one's are notes.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,11 @@ import numpy as np
 
 from .tensorfile import array_or_none, as_array
 
-VARIANTS = {"draft_cache": ("crop-after-pass", "context-only"), "last_block": ("shrink", "full-then-truncate"),
-            "sliding_window": ("as-configured", "causal", "symmetric", "rotating")}
+VARIANTS = {
+    "draft_cache": ("crop-after-pass", "context-only"),
+    "last_block": ("shrink", "full-then-truncate"),
+    "sliding_window": ("as-configured", "causal", "symmetric", "rotating"),
+}
 REFERENCE = {key: choices[0] for key, choices in VARIANTS.items()}
 
 
@@ -110,17 +114,21 @@ def detect(bundle, produced: dict) -> dict[str, str]:
     truncate needs the whole block's shapes at every shrunk step (posterior (b,), proposals (b − 1,)),
     so an off-by-one last block is not taken for it."""
     found = {}
-    lengths = [(bundle.expected[e["key"]], produced[e["key"]]) for e in bundle.entries
-               if e["stage"] == "cache_lengths" and e["key"] in produced and _shape(produced[e["key"]]) == (6,)]
-    telling = [(e, as_array(g)) for e, g in lengths if e[1] != e[2]]              # a pass that cached a block
+    lengths = [
+        (bundle.expected[e["key"]], produced[e["key"]])
+        for e in bundle.entries
+        if e["stage"] == "cache_lengths" and e["key"] in produced and _shape(produced[e["key"]]) == (6,)
+    ]
+    telling = [(e, as_array(g)) for e, g in lengths if e[1] != e[2]]  # a pass that cached a block
     if telling:
-        for variant in VARIANTS["draft_cache"]:    # the last step's final crop is never used again: not telling
+        for variant in VARIANTS["draft_cache"]:  # the last step's final crop is never used again: not telling
             if all(np.array_equal(g[:5], expected_lengths(variant, e)[:5]) for e, g in telling):
                 found["draft_cache"] = variant
     shrunk, block = sorted(shrunk_steps(bundle)), block_size(bundle)
     if shrunk:
-        shapes = [(_shape(produced.get(f"step{s}/posterior")), _shape(produced.get(f"step{s}/draft_tokens")))
-                  for s in shrunk]
+        shapes = [
+            (_shape(produced.get(f"step{s}/posterior")), _shape(produced.get(f"step{s}/draft_tokens"))) for s in shrunk
+        ]
         if all(p == (block,) and d in ((block - 1,), None) for p, d in shapes):
             found["last_block"] = "full-then-truncate"
         elif all(p == bundle.expected[f"step{s}/posterior"].shape for s, (p, _) in zip(shrunk, shapes)):
@@ -133,8 +141,10 @@ def window_mismatch(bundle, declared: dict) -> str | None:
     readings, window = declared.get("sliding_window", "as-configured"), bundle.manifest.get("sliding_window")
     if readings == "as-configured" or not window or window["kind"] in readings.split(","):
         return None
-    return (f"the port's sliding windows are {readings.replace(',', ' or ')}; this bundle's config means "
-            f"{window['kind']} (window {window['size']} on draft layers {window['layers']})")
+    return (
+        f"the port's sliding windows are {readings.replace(',', ' or ')}; this bundle's config means "
+        f"{window['kind']} (window {window['size']} on draft layers {window['layers']})"
+    )
 
 
 def resolve_variants(bundle, produced: dict, declared: dict) -> dict[str, tuple[str, str]]:

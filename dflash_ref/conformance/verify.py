@@ -13,6 +13,7 @@ The first semantic entry that fails is the first stage where the candidate depar
 candidate is either an adapter (`run(bundle) -> {key: array}`, see adapters.py) or a dump file
 (.npz or .safetensors) of `{bundle name}/{key}` → array, written by a port in any framework.
 """
+
 from __future__ import annotations
 
 import traceback
@@ -24,8 +25,7 @@ from .bundle import KINDS, STAGES, Bundle, candidates_in_id_order, find_bundles
 from .hints import hint
 from .report import Check, Report
 from .tensorfile import array_or_none, as_array, read_arrays
-from .variants import (check_variants, expected_lengths, read_profile, resolve_variants, shrunk_steps,
-                       window_mismatch)
+from .variants import check_variants, expected_lengths, read_profile, resolve_variants, shrunk_steps, window_mismatch
 
 
 def _evicted(entry: dict, expected: np.ndarray, got: np.ndarray) -> int:
@@ -33,8 +33,12 @@ def _evicted(entry: dict, expected: np.ndarray, got: np.ndarray) -> int:
     layer, or position 0's final hidden. Allowed only along the entry's `evictable_axis`, for weights
     only where they are exactly 0, for the final hidden only its first row."""
     axis = entry.get("evictable_axis")
-    if axis is None or got.ndim != expected.ndim or got.shape[axis] >= expected.shape[axis] or \
-            any(g != e for i, (g, e) in enumerate(zip(got.shape, expected.shape)) if i != axis):
+    if (
+        axis is None
+        or got.ndim != expected.ndim
+        or got.shape[axis] >= expected.shape[axis]
+        or any(g != e for i, (g, e) in enumerate(zip(got.shape, expected.shape)) if i != axis)
+    ):
         return -1
     dropped = expected.shape[axis] - got.shape[axis]
     if entry["stage"] == "pattern" and np.any(np.take(expected, range(dropped), axis=axis) != 0):
@@ -54,7 +58,7 @@ def compare_one(bundle: str, entry: dict, expected: np.ndarray, got) -> Check:
         got = as_array(got)
         if not np.issubdtype(got.dtype, np.number) and got.dtype != np.bool_:
             raise TypeError(f"of dtype {got.dtype}")
-    except (TypeError, ValueError) as e:     # ragged lists, objects, strings: a result, not a crash of verify
+    except (TypeError, ValueError) as e:  # ragged lists, objects, strings: a result, not a crash of verify
         check.status, check.detail = "FAIL", f"not an array of numbers ({e})"
         return check
     if got.shape != expected.shape:
@@ -62,10 +66,14 @@ def compare_one(bundle: str, entry: dict, expected: np.ndarray, got) -> Check:
         if dropped < 0:
             check.status, check.detail = "FAIL", f"shape {tuple(got.shape)}, expected {tuple(expected.shape)}"
             return check
-        expected = np.take(expected, range(dropped, expected.shape[entry["evictable_axis"]]),
-                           axis=entry["evictable_axis"])
-        check.note = (f"{dropped} keys outside the window left out" if stage != "final_hidden"
-                      else "position 0 (no logit) left out")
+        expected = np.take(
+            expected, range(dropped, expected.shape[entry["evictable_axis"]]), axis=entry["evictable_axis"]
+        )
+        check.note = (
+            f"{dropped} keys outside the window left out"
+            if stage != "final_hidden"
+            else "position 0 (no logit) left out"
+        )
     if expected.size == 0:
         return check
     if np.issubdtype(expected.dtype, np.integer):
@@ -73,8 +81,10 @@ def compare_one(bundle: str, entry: dict, expected: np.ndarray, got) -> Check:
         if wrong.size:
             i = int(wrong[0])
             check.status = "FAIL"
-            check.detail = (f"{wrong.size} of {expected.size} differ; first at flat index {i}: "
-                            f"got {got.reshape(-1)[i]}, expected {expected.reshape(-1)[i]}")
+            check.detail = (
+                f"{wrong.size} of {expected.size} differ; first at flat index {i}: "
+                f"got {got.reshape(-1)[i]}, expected {expected.reshape(-1)[i]}"
+            )
         return check
     diff = np.abs(got.astype(np.float64) - expected.astype(np.float64))
     check.max_abs = float(np.nanmax(diff)) if not np.isnan(diff).all() else float("nan")
@@ -90,8 +100,9 @@ def compare_one(bundle: str, entry: dict, expected: np.ndarray, got) -> Check:
 BLOCK_FREE = {"target_hidden", "fc", "context", "k_ctx"}
 
 
-def compare(bundle: Bundle, produced: dict, report: Report | None = None, declared: dict | None = None,
-            skip: list[str] = ()) -> list[Check]:
+def compare(
+    bundle: Bundle, produced: dict, report: Report | None = None, declared: dict | None = None, skip: list[str] = ()
+) -> list[Check]:
     """Every manifest entry of `bundle` against `produced` (key → array), in walk order, under the
     port's design variants (`declared`, the rest detected); `skip` names stages the port waives. Keys
     the manifest does not list, and the variants used, go to `report`."""
@@ -106,20 +117,43 @@ def compare(bundle: Bundle, produced: dict, report: Report | None = None, declar
         report.variants[bundle.name] = variants
     truncated = shrunk_steps(bundle) if variants["last_block"][0] == "full-then-truncate" else set()
     draft = bundle.config("draft")
-    context = {"inputs": bundle.inputs, "mask_token_id": draft.get("dflash_config", draft).get("mask_token_id"),
-               "sliding_window": bundle.manifest.get("sliding_window")}
+    context = {
+        "inputs": bundle.inputs,
+        "mask_token_id": draft.get("dflash_config", draft).get("mask_token_id"),
+        "sliding_window": bundle.manifest.get("sliding_window"),
+    }
     checks, last = [], max((e["step"] for e in bundle.entries if e["stage"] == "cache_lengths"), default=None)
     for e in bundle.entries:
         expected, got = bundle.expected[e["key"]], produced.get(e["key"])
         if truncated and e["stage"] == "output_ids" and (got is None or "output_ids" in skip):
-            checks.append(Check(bundle.name, e["key"], e["stage"], None, None, "FAIL",
-                                detail="full-then-truncate is judged by its output ids, which the port did not give"))
+            checks.append(
+                Check(
+                    bundle.name,
+                    e["key"],
+                    e["stage"],
+                    None,
+                    None,
+                    "FAIL",
+                    detail="full-then-truncate is judged by its output ids, which the port did not give",
+                )
+            )
             continue
-        if e["stage"] in skip or (e.get("step") in truncated and not (e["stage"] in BLOCK_FREE
-                                                                     and e.get("step") == min(truncated))):
-            checks.append(Check(bundle.name, e["key"], e["stage"], e.get("step"), e.get("layer"), "skipped",
-                                detail="waived by the port" if e["stage"] in skip else
-                                "the reference shrank this last block; full-then-truncate compares the output"))
+        if e["stage"] in skip or (
+            e.get("step") in truncated and not (e["stage"] in BLOCK_FREE and e.get("step") == min(truncated))
+        ):
+            checks.append(
+                Check(
+                    bundle.name,
+                    e["key"],
+                    e["stage"],
+                    e.get("step"),
+                    e.get("layer"),
+                    "skipped",
+                    detail="waived by the port"
+                    if e["stage"] in skip
+                    else "the reference shrank this last block; full-then-truncate compares the output",
+                )
+            )
             continue
         choice, how = variants["draft_cache"] if e["stage"] == "cache_lengths" else (None, None)
         if choice:
@@ -128,7 +162,7 @@ def compare(bundle: Bundle, produced: dict, report: Report | None = None, declar
         if choice and choice != "crop-after-pass":
             check.note = f"the {choice} variant's lengths"
         if check.status in ("FAIL", "missing") and KINDS.get(e["stage"]) == "observable" and how != "declared":
-            check.status = "note"     # an undeclared implementation choice: reported, not a failure
+            check.status = "note"  # an undeclared implementation choice: reported, not a failure
         if check.status == "FAIL":
             check.hint = hint(e["stage"], expected, array_or_none(got), context, e.get("layer"))
         checks.append(check)
@@ -147,18 +181,23 @@ def _final_crop_free(expected: np.ndarray, got, last: bool) -> np.ndarray:
 
 
 def resolve(impl):
-    """"reference" | "zlab" | "module:factory" | an adapter | a run function → something with run()."""
+    """ "reference" | "zlab" | "module:factory" | an adapter | a run function → something with run()."""
     if isinstance(impl, str):
         from .ports import resolve as resolve_adapter  # imports torch
+
         impl = resolve_adapter(impl)
     if not hasattr(impl, "run") and callable(impl):
-        return type("FunctionAdapter", (), {"name": getattr(impl, "__name__", "function"),
-                                            "run": staticmethod(impl)})()
+        return type("FunctionAdapter", (), {"name": getattr(impl, "__name__", "function"), "run": staticmethod(impl)})()
     return impl
 
 
-def verify(impl, bundle: str | Path | None = None, allow_missing: bool = False, variants: dict | None = None,
-           skip: list[str] = ()) -> Report:
+def verify(
+    impl,
+    bundle: str | Path | None = None,
+    allow_missing: bool = False,
+    variants: dict | None = None,
+    skip: list[str] = (),
+) -> Report:
     """Run a candidate on the bundles at `bundle` (default: the shipped one) and compare. `variants`
     (or the adapter's own `variants` attribute) declares its design variants; `skip` waives stages.
     What cannot be read (the bundles, the implementation, the declaration) is an InputError before
@@ -167,25 +206,39 @@ def verify(impl, bundle: str | Path | None = None, allow_missing: bool = False, 
     declared = _declaration({**getattr(adapter, "variants", {}), **(variants or {})}, skip)
     report = Report(getattr(adapter, "name", str(impl)), allow_missing=allow_missing, skip=list(skip))
     for b in bundles:
-        if window_mismatch(b, declared):          # not applicable: not even run
+        if window_mismatch(b, declared):  # not applicable: not even run
             report.checks += compare(b, {}, report, declared, skip)
             continue
         try:
             produced = adapter.run(b)
         except Exception as e:  # noqa: BLE001 - a crashing port is a result to report, not to hide
             where = traceback.extract_tb(e.__traceback__)[-1]
-            report.checks.append(Check(b.name, "adapter", "adapter", None, None, "error",
-                                       detail=f"{type(e).__name__}: {e} ({Path(where.filename).name}:"
-                                              f"{where.lineno})"))
+            report.checks.append(
+                Check(
+                    b.name,
+                    "adapter",
+                    "adapter",
+                    None,
+                    None,
+                    "error",
+                    detail=f"{type(e).__name__}: {e} ({Path(where.filename).name}:{where.lineno})",
+                )
+            )
             continue
         report.checks += compare(b, produced, report, declared, skip)
-    if getattr(adapter, "layout", None):       # which code of the port it found (official.py)
+    if getattr(adapter, "layout", None):  # which code of the port it found (official.py)
         report.impl += f" [{adapter.layout} code]"
     return report
 
 
-def verify_dump(path: str | Path, bundle: str | Path | None = None, allow_missing: bool = False,
-                variants: dict | None = None, skip: list[str] = (), profile: str | Path | None = None) -> Report:
+def verify_dump(
+    path: str | Path,
+    bundle: str | Path | None = None,
+    allow_missing: bool = False,
+    variants: dict | None = None,
+    skip: list[str] = (),
+    profile: str | Path | None = None,
+) -> Report:
     """Compare a port's dump (keys `{bundle name}/{key}`) with the bundles at `bundle`. A profile
     (`profile`, or FILE.profile.json beside the dump) declares variants and waivers, which `variants`
     and `skip` extend."""
@@ -200,8 +253,9 @@ def verify_dump(path: str | Path, bundle: str | Path | None = None, allow_missin
     report = Report(f"dump {Path(path).name}", allow_missing=allow_missing, skip=skip)
     for b in bundles:
         prefix = b.name + "/"
-        report.checks += compare(b, {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
-                                 report, declared, skip)
+        report.checks += compare(
+            b, {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}, report, declared, skip
+        )
     return report
 
 
@@ -229,7 +283,7 @@ def _read_inputs(read_candidate, bundle):
         if not bundles:
             raise ValueError(f"{bundle} holds only a sampling bundle: check it with verify --sampling")
         for b in bundles:
-            b.expected                                    # read now: a damaged file is named before any run
+            _ = b.expected  # read now: a damaged file is named before any run
     except (ValueError, OSError) as e:
         raise InputError(str(e)) from None
     return candidate, bundles

@@ -5,6 +5,7 @@ official parameter names, so one folder loads here, in `dflash` and in any port.
 A draft folder may also hold `draft_vocab.json` (extensions/draft_vocab.py): the token ids the draft
 proposes among; the official loader ignores the file and proposes over all V.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -21,19 +22,20 @@ from ..target.checkpoint import CheckpointError, load_folder, save_folder
 
 def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> DFlashDraftModel:
     """An official-format DFlash draft folder → DFlashDraftModel (dtype: None = the config's)."""
-    model = load_folder(DFlashDraftModel, DraftConfig, folder, dtype, device,
-                        {"DFlashDraftModel", "DFlash2DraftModel"})
+    model = load_folder(DFlashDraftModel, DraftConfig, folder, dtype, device, {"DFlashDraftModel", "DFlash2DraftModel"})
     state = model.state_dict()
     broken = [name for name, t in state.items() if not bool(torch.isfinite(t).all())]
-    if broken:                    # a damaged draft: its proposals would be NaN, sampling them fails in torch
+    if broken:  # a damaged draft: its proposals would be NaN, sampling them fails in torch
         loaded = next(iter(state.values())).dtype
         narrow = ", which may be too narrow for the stored values" if loaded == torch.float16 else ""
-        raise CheckpointError(f"{Path(folder)}: tensors holding NaN or infinity as loaded in {loaded}{narrow}: {broken}")
+        raise CheckpointError(
+            f"{Path(folder)}: tensors holding NaN or infinity as loaded in {loaded}{narrow}: {broken}"
+        )
     try:
-        model.draft_vocab = load_draft_vocab(folder, model.config.vocab_size)   # draft_vocab.json, if any
+        model.draft_vocab = load_draft_vocab(folder, model.config.vocab_size)  # draft_vocab.json, if any
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    use_rows_first(model)         # the CPU's faster product for decoding's few rows (extensions/linear.py)
+    use_rows_first(model)  # the CPU's faster product for decoding's few rows (extensions/linear.py)
     return model
 
 

@@ -4,6 +4,7 @@ DFlash 2 draft (the default) and the DFlash 1 draft before it, which `--draft sh
 (their folders and names: shipped.py). A folder that cannot serve ends the command with the checkpoint's
 own message, never a traceback.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -14,12 +15,22 @@ from ..compat import IncompatibleModels, check_pair
 from ..draft_model import DFlashDraftModel
 from ..target.checkpoint import CheckpointError
 from .checkpoint import load_draft
-from .shipped import (SHIPPED_DFLASH1, SHIPPED_DFLASH2, SHIPPED_DRAFT, SHIPPED_DRAFTS,  # noqa: F401 (imported from here)
-                      SHIPPED_NAMES, draft_folder)
+from .shipped import (  # noqa: F401 (imported from here)
+    SHIPPED_DFLASH1,
+    SHIPPED_DFLASH2,
+    SHIPPED_DRAFT,
+    SHIPPED_DRAFTS,
+    SHIPPED_NAMES,
+    draft_folder,
+)
 
 
-def open_draft(folder: str | Path | None, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu", proposing: bool = False) -> tuple[DFlashDraftModel, Path]:
+def open_draft(
+    folder: str | Path | None,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    proposing: bool = False,
+) -> tuple[DFlashDraftModel, Path]:
     """--draft FOLDER or shipped name (default: the shipped SmolLM2 draft) → (draft, folder); a bad folder ends the
     command with the checkpoint's own message (checkpoint.CheckpointError) instead of a traceback.
     generate, evaluate and bench trained all read --draft here. `proposing`: a measure of acceptance
@@ -34,8 +45,10 @@ def open_draft(folder: str | Path | None, dtype: torch.dtype = torch.float32,
         shipped = folder in SHIPPED_DRAFTS.values()
         raise SystemExit(f"{f'the shipped SmolLM2 draft {folder.name}' if shipped else '--draft'}: {e}") from None
     if proposing and draft.block_size < 2:
-        raise SystemExit(f"--draft {folder}: its block_size {draft.block_size} holds no proposal (a block is the "
-                         f"anchor and b − 1 proposals), so there is no acceptance to measure")
+        raise SystemExit(
+            f"--draft {folder}: its block_size {draft.block_size} holds no proposal (a block is the "
+            f"anchor and b − 1 proposals), so there is no acceptance to measure"
+        )
     return draft, folder
 
 

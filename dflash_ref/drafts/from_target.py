@@ -10,6 +10,7 @@ The draft's layers have the target's shapes, so its last N layers can be copied 
     hidden_norm  ← layer L_0's input norm: draft layer 0 first reads the context as L_0 reads its input
     norm         ← the target's final norm
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,17 +41,19 @@ def init_from_target(draft, target, layer_ids: list[int] | None = None):
             for name, p in layer.named_parameters():
                 if name in source:
                     if source[name].shape != p.shape:
-                        raise ValueError(f"target layer {i} {name} is {tuple(source[name].shape)}, the draft's "
-                                         f"is {tuple(p.shape)}: the draft must have the target's shapes")
+                        raise ValueError(
+                            f"target layer {i} {name} is {tuple(source[name].shape)}, the draft's "
+                            f"is {tuple(p.shape)}: the draft must have the target's shapes"
+                        )
                     p.copy_(source[name])
                 elif name.endswith(("q_norm.weight", "k_norm.weight")):
                     p.fill_(1.0)
                 elif name.startswith(("attention_conv.", "mlp_conv.")):
-                    continue        # DFlash 2's: no target counterpart (random_draft.identity_convolutions_)
+                    continue  # DFlash 2's: no target counterpart (random_draft.identity_convolutions_)
                 else:
                     raise ValueError(f"target layer {i} has no {name} to copy")
         draft.fc.weight.zero_()
-        draft.fc.weight[:, -d:] = torch.eye(d)                                # (d, k·d): the last sampled layer
+        draft.fc.weight[:, -d:] = torch.eye(d)  # (d, k·d): the last sampled layer
         draft.hidden_norm.weight.copy_(decoder.layers[layer_ids[0]].input_layernorm.weight)
         draft.norm.weight.copy_(decoder.norm.weight)
     return draft

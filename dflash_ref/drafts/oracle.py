@@ -8,9 +8,10 @@ so acceptance is full (the speedup ceiling); `accept` (a list of τ per step, or
 exact partial acceptance, which the tests use to place stop tokens inside accepted runs or as the
 bonus. The draft network still runs (same cost, same cache handling); only its logits are replaced.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -19,8 +20,12 @@ from ..draft_model import DFlashDraftModel
 
 
 class OracleDraft(nn.Module):
-    def __init__(self, draft: DFlashDraftModel, continuation: torch.Tensor | Sequence[int],
-                 accept: int | Sequence[int] | None = None) -> None:
+    def __init__(
+        self,
+        draft: DFlashDraftModel,
+        continuation: torch.Tensor | Sequence[int],
+        accept: int | Sequence[int] | None = None,
+    ) -> None:
         super().__init__()
         self.draft = draft
         self.config = draft.config
@@ -50,10 +55,10 @@ class OracleDraft(nn.Module):
         return self.accept[self._steps] if self._steps < len(self.accept) else 0
 
     def compute_logits(self, hidden: torch.Tensor, output_head: nn.Module) -> torch.Tensor:
-        logits = self.draft.compute_logits(hidden, output_head)        # (1, γ, V): real, still traced
+        logits = self.draft.compute_logits(hidden, output_head)  # (1, γ, V): real, still traced
         vocab, allowed = logits.shape[-1], self._allowed()
         forced = torch.full_like(logits, -1e4)
-        for i, pos in enumerate(self._block_positions[1:]):             # d_i predicts position pos
+        for i, pos in enumerate(self._block_positions[1:]):  # d_i predicts position pos
             token = self.continuation[pos] if pos < len(self.continuation) else 0
             if i >= allowed:
                 token = (token + 1) % vocab

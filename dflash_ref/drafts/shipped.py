@@ -1,5 +1,6 @@
 """The drafts shipped with the package and the names the commands take for them (`--draft shipped:dflash1`,
 `train --init shipped:dflash2`). No torch here, so that an option naming one is checked before anything loads."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,7 +8,7 @@ from pathlib import Path
 # the drafts trained for SmolLM2 by `python -m dflash_ref train` (figures/training/README.md), official format, bf16
 SHIPPED_DFLASH1 = Path(__file__).parent / "smollm2"
 SHIPPED_DFLASH2 = Path(__file__).parent / "smollm2_dflash2"
-SHIPPED_DRAFT = SHIPPED_DFLASH2                       # what a command without --draft uses for SmolLM2
+SHIPPED_DRAFT = SHIPPED_DFLASH2  # what a command without --draft uses for SmolLM2
 # every draft shipped for SmolLM2, the default first, by the label `bench trained` gives it
 SHIPPED_DRAFTS = {"DFlash 2 (shipped)": SHIPPED_DFLASH2, "DFlash 1 (shipped)": SHIPPED_DFLASH1}
 # what --draft takes for a shipped draft, in place of its folder

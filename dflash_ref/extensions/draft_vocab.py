@@ -14,6 +14,7 @@ among its labels (training/recipe.py's sampled vocabulary) almost never proposes
 Stored next to an official checkpoint as `draft_vocab.json` ({"token_ids": [...]}); loaders that
 do not know it (the official one) ignore it and propose over all V, which is equally lossless.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,15 +32,20 @@ def check_draft_vocab(token_ids, vocab_size: int) -> torch.Tensor:
     try:
         ids = torch.as_tensor(token_ids)
     except (TypeError, ValueError, RuntimeError) as e:
-        raise ValueError(f"a draft vocabulary is a sorted list of integer token ids, got {type(token_ids).__name__}: "
-                         f"{e}") from None
+        raise ValueError(
+            f"a draft vocabulary is a sorted list of integer token ids, got {type(token_ids).__name__}: {e}"
+        ) from None
     if ids.dim() != 1 or ids.numel() == 0 or ids.is_floating_point() or ids.dtype == torch.bool:
-        raise ValueError(f"a draft vocabulary is a non-empty 1-D list of integer token ids, got "
-                         f"{ids.dtype} of shape {tuple(ids.shape)}")
+        raise ValueError(
+            f"a draft vocabulary is a non-empty 1-D list of integer token ids, got "
+            f"{ids.dtype} of shape {tuple(ids.shape)}"
+        )
     ids = ids.long()
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
-        raise ValueError(f"draft vocabulary ids must lie in [0, {vocab_size}) (the target's vocabulary), "
-                         f"got ids from {int(ids.min())} to {int(ids.max())}")
+        raise ValueError(
+            f"draft vocabulary ids must lie in [0, {vocab_size}) (the target's vocabulary), "
+            f"got ids from {int(ids.min())} to {int(ids.max())}"
+        )
     if ids.numel() > 1 and not bool((ids[1:] > ids[:-1]).all()):
         raise ValueError("draft vocabulary ids must be sorted and distinct")
     return ids
@@ -51,16 +57,16 @@ class DraftVocabHead:
 
     def __init__(self, target, token_ids: torch.Tensor) -> None:
         try:
-            weight = target.output_weight()                                   # (V, d)
+            weight = target.output_weight()  # (V, d)
         except ValueError as e:
             raise ValueError(f"a draft vocabulary needs the target's lm_head as one matrix: {e}") from None
         self.ids = check_draft_vocab(token_ids, weight.shape[0]).to(weight.device)
-        self.rows = weight[self.ids]                                          # (|V_d|, d)
+        self.rows = weight[self.ids]  # (|V_d|, d)
         self.vocab_size = weight.shape[0]
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        sub = linear_product(hidden, self.rows)                               # (…, |V_d|)
-        full = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))   # (…, V)
+        sub = linear_product(hidden, self.rows)  # (…, |V_d|)
+        full = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))  # (…, V)
         full[..., self.ids] = sub
         return full
 
@@ -78,7 +84,7 @@ def load_draft_vocab(folder: str | Path, vocab_size: int) -> torch.Tensor | None
     try:
         ids = json.loads(path.read_text())["token_ids"]
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"{path} is not a draft vocabulary ({{\"token_ids\": [...]}}): {e}") from None
+        raise ValueError(f'{path} is not a draft vocabulary ({{"token_ids": [...]}}): {e}') from None
     try:
         return check_draft_vocab(ids, vocab_size)
     except ValueError as e:

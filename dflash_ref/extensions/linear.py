@@ -21,10 +21,11 @@ inference mode are not copied. `use_rows_first` switches a model's plain nn.Line
 models are made or loaded (HFTarget, the own Llama, load_draft, random_draft), and `linear_product` is
 what the draft's proposals go through (target.output_head, extensions/draft_vocab.py).
 """
+
 from __future__ import annotations
 
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -34,25 +35,37 @@ from . import streamed
 from .linear_plan import COPIES, KERNELS, MAX_COPY, MEASURED_ROWS, kernel_for
 
 
-def linear_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                   copies: Callable[[str], list[torch.Tensor] | None] | None = None) -> torch.Tensor:
+def linear_product(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    copies: Callable[[str], list[torch.Tensor] | None] | None = None,
+) -> torch.Tensor:
     """x (…, d_in), weight (d_out, d_in), bias (d_out,) or None → x · weightᵀ + bias (…, d_out),
     contiguous, by the plan's kernel. `copies(kernel)` (RowsFirstLinear's) gives the parts of W a
     kernel of linear_plan.COPIES reads; without it those kernels are not candidates."""
     rows = x.numel() // max(x.shape[-1], 1)
-    if (torch.is_grad_enabled() or rows not in MEASURED_ROWS or x.dtype != torch.float32
-            or weight.dtype != torch.float32 or not x.is_cpu or not weight.is_cpu or weight.dim() != 2
-            or x.shape[-1] != weight.shape[-1] or torch.is_autocast_enabled("cpu")):
-        return F.linear(x, weight, bias)   # incl. its own shape errors, and autocast's bf16 products
+    if (
+        torch.is_grad_enabled()
+        or rows not in MEASURED_ROWS
+        or x.dtype != torch.float32
+        or weight.dtype != torch.float32
+        or not x.is_cpu
+        or not weight.is_cpu
+        or weight.dim() != 2
+        or x.shape[-1] != weight.shape[-1]
+        or torch.is_autocast_enabled("cpu")
+    ):
+        return F.linear(x, weight, bias)  # incl. its own shape errors, and autocast's bf16 products
     name = kernel_for(weight, rows, copies is not None and can_copy(weight))
     if name == "linear":
         return F.linear(x, weight, bias)
-    if name == "streamed":             # the C product takes x as it is: no reshape of x or of y (µs each)
-        y = streamed.product(x, weight)                                   # (…, d_in) → (…, d_out)
+    if name == "streamed":  # the C product takes x as it is: no reshape of x or of y (µs each)
+        y = streamed.product(x, weight)  # (…, d_in) → (…, d_out)
     else:
         parts = copies(name) if name in COPIES else [weight]
-        y = KERNELS[name](x.reshape(rows, x.shape[-1]), parts)            # (N, d_in) → (N, d_out)
-        y = y.reshape(*x.shape[:-1], weight.shape[0])                    # (N, d_out) → (…, d_out)
+        y = KERNELS[name](x.reshape(rows, x.shape[-1]), parts)  # (N, d_in) → (N, d_out)
+        y = y.reshape(*x.shape[:-1], weight.shape[0])  # (N, d_out) → (…, d_out)
     if bias is not None:
         y += bias
     return y

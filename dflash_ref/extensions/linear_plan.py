@@ -27,6 +27,7 @@ read it instead of measuring again (extensions/plan_store.py). DFLASH_REF_LINEAR
 `measuring_seconds()`: what measuring and storing cost this process (bench.timing.Stopwatch leaves it out of a
 pass's time). Kernels tried and left out: ../../figures/bench/README.md, "The CPU linear".
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -34,7 +35,7 @@ import math
 import os
 import statistics
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.nn import functional as F
@@ -43,48 +44,50 @@ from . import plan_store, streamed
 
 ENV = "DFLASH_REF_LINEAR"
 MODES = ("measured", "linear", "rows-first")
-MEASURED_ROWS = range(1, 65)   # row counts planned (decoding's); prefill's many rows keep F.linear
-MARGIN = 0.95                  # a kernel must be ≥ 5 % faster than F.linear (median pair) to replace it
-REPEATS = 7                    # rounds of interleaved products per candidate (after one warm-up round)
-SPLIT_WIDTH = 768              # the widest slice of d_in
-MAX_COPY = 1 << 24             # elements; a larger weight is not copied (sliced, transposed)
-MAX_SLOTS = 256                # cold copies in the pool at most (tiny weights: overhead-bound anyway)
+MEASURED_ROWS = range(1, 65)  # row counts planned (decoding's); prefill's many rows keep F.linear
+MARGIN = 0.95  # a kernel must be ≥ 5 % faster than F.linear (median pair) to replace it
+REPEATS = 7  # rounds of interleaved products per candidate (after one warm-up round)
+SPLIT_WIDTH = 768  # the widest slice of d_in
+MAX_COPY = 1 << 24  # elements; a larger weight is not copied (sliced, transposed)
+MAX_SLOTS = 256  # cold copies in the pool at most (tiny weights: overhead-bound anyway)
 
 
 def _rows_first(flat: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
     """y = (W · xᵀ)ᵀ: x (N, d_in), parts [W] → (N, d_out)."""
-    return (parts[0] @ flat.T).T.contiguous()                             # (d_out, N) → (N, d_out)
+    return (parts[0] @ flat.T).T.contiguous()  # (d_out, N) → (N, d_out)
 
 
 def _duplicated_row(flat: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
     """y = (W · [x; x]ᵀ)[:, 0]ᵀ: x (1, d_in), parts [W] → (1, d_out)."""
-    return (parts[0] @ torch.cat([flat, flat]).T)[:, :1].T.contiguous()   # (d_out, 2) → (1, d_out)
+    return (parts[0] @ torch.cat([flat, flat]).T)[:, :1].T.contiguous()  # (d_out, 2) → (1, d_out)
 
 
 def _sliced(flat: torch.Tensor, parts: list[torch.Tensor]) -> torch.Tensor:
     """y = (Σ_j W[:, S_j] · x[:, S_j]ᵀ)ᵀ: x (N, d_in), parts the slices W[:, S_j] in order → (N, d_out)."""
-    y_t, start = parts[0] @ flat[:, :parts[0].shape[1]].T, parts[0].shape[1]   # (d_out, N)
-    for piece in parts[1:]:                                               # yᵀ += W[:, S_j] · x[:, S_j]ᵀ
-        y_t.addmm_(piece, flat[:, start:start + piece.shape[1]].T)
+    y_t, start = parts[0] @ flat[:, : parts[0].shape[1]].T, parts[0].shape[1]  # (d_out, N)
+    for piece in parts[1:]:  # yᵀ += W[:, S_j] · x[:, S_j]ᵀ
+        y_t.addmm_(piece, flat[:, start : start + piece.shape[1]].T)
         start += piece.shape[1]
-    return y_t.T.contiguous()                                             # (d_out, N) → (N, d_out)
+    return y_t.T.contiguous()  # (d_out, N) → (N, d_out)
 
 
 KERNELS: dict[str, Callable[[torch.Tensor, list[torch.Tensor]], torch.Tensor]] = {
     "linear": lambda flat, parts: F.linear(flat, parts[0]),
-    "duplicated-row": _duplicated_row, "rows-first": _rows_first, "sliced": _sliced,
-    "transposed": lambda flat, parts: flat @ parts[0],                    # (N, d_in) · (d_in, d_out)
+    "duplicated-row": _duplicated_row,
+    "rows-first": _rows_first,
+    "sliced": _sliced,
+    "transposed": lambda flat, parts: flat @ parts[0],  # (N, d_in) · (d_in, d_out)
     "streamed": lambda flat, parts: streamed.product(flat, parts[0]),  # checked by linear_product, candidates
 }
-COPIES: dict[str, Callable[[torch.Tensor], list[torch.Tensor]]] = {       # W → the parts a kernel reads
+COPIES: dict[str, Callable[[torch.Tensor], list[torch.Tensor]]] = {  # W → the parts a kernel reads
     "sliced": lambda w: [p.contiguous() for p in torch.tensor_split(w, -(-w.shape[1] // SPLIT_WIDTH), dim=1)],
-    "transposed": lambda w: [w.T.contiguous()],                           # (d_in, d_out)
+    "transposed": lambda w: [w.T.contiguous()],  # (d_in, d_out)
 }
 
-_mode: str | None = None                                 # None: read DFLASH_REF_LINEAR at the next product
-_plans: dict[tuple, plan_store.Plan] = {}               # key → (kernel, each candidate's samples)
-_from_store: set[tuple] = set()                          # keys of _plans read from the store, not measured here
-_spent = [0.0]                                           # seconds spent measuring and storing plans (measuring_seconds)
+_mode: str | None = None  # None: read DFLASH_REF_LINEAR at the next product
+_plans: dict[tuple, plan_store.Plan] = {}  # key → (kernel, each candidate's samples)
+_from_store: set[tuple] = set()  # keys of _plans read from the store, not measured here
+_spent = [0.0]  # seconds spent measuring and storing plans (measuring_seconds)
 
 
 def check_mode(mode: str, source: str = ENV) -> str:
@@ -122,18 +125,22 @@ def linear_mode_as(mode: str):
 def candidates(d_in: int, rows: int, with_copies: bool, d_out: int = 1) -> tuple[str, ...]:
     """The kernels that may compute a product of `rows` rows, in the order `choose` walks them: F.linear,
     the C product, torch's other products, then those that read copies of W. The C product goes first among
-    ties: the pool timed the duplicated row within 1-4 % of it, yet an AR step of SmolLM2 (AMD EPYC, AVX-512) took
-    0.905 of the time with the C product's one-row products that it took with the duplicated row's (at two rows, against rows-first: 0.959)."""
-    sizes_fit = max(d_in, d_out) <= streamed.MAX_SIZE          # the C code's sizes are ints
-    names = ["linear", *(["streamed"] if streamed.available() and sizes_fit else []),
-             "duplicated-row" if rows == 1 else "rows-first"]
+    ties: timed alone, the duplicated row comes within a few per cent of it, while in a whole decoding step
+    the C product's products left more time to the rest (figures/bench/README.md)."""
+    sizes_fit = max(d_in, d_out) <= streamed.MAX_SIZE  # the C code's sizes are ints
+    names = [
+        "linear",
+        *(["streamed"] if streamed.available() and sizes_fit else []),
+        "duplicated-row" if rows == 1 else "rows-first",
+    ]
     if with_copies:
         names += ["transposed"] + (["sliced"] if rows > 1 and d_in > SPLIT_WIDTH else [])
     return tuple(names)
 
 
-def kernel_for(weight: torch.Tensor, rows: int, with_copies: bool,
-               clock: Callable[[], float] = time.perf_counter) -> str:
+def kernel_for(
+    weight: torch.Tensor, rows: int, with_copies: bool, clock: Callable[[], float] = time.perf_counter
+) -> str:
     """The kernel for x (rows, d_in) · weightᵀ under the plan in force; a measured one is read from
     the store, else timed, at its shape's first product in this process, and kept for the process.
     `clock` may be a fake (for tests): a plan it times is neither read from nor written to the store."""
@@ -143,9 +150,9 @@ def kernel_for(weight: torch.Tensor, rows: int, with_copies: bool,
     key = (*weight.shape, rows, with_copies, weight.dtype, torch.get_num_threads())
     if key not in _plans:
         names = candidates(weight.shape[1], rows, with_copies, weight.shape[0])
-        real = clock is time.perf_counter           # see the docstring
+        real = clock is time.perf_counter  # see the docstring
         stored = plan_store.lookup(key, names) if real else None
-        if stored is not None:                       # its samples decide, by today's rule
+        if stored is not None:  # its samples decide, by today's rule
             _plans[key] = (choose(stored[1]), stored[1])
             _from_store.add(key)
         else:
@@ -176,18 +183,23 @@ def choose(times: dict[str, list[float]], margin: float = MARGIN) -> str:
     return chosen
 
 
-def measure(weight: torch.Tensor, rows: int, names: tuple[str, ...], clock: Callable[[], float] = time.perf_counter,
-            repeats: int = REPEATS) -> dict[str, list[float]]:
+def measure(
+    weight: torch.Tensor,
+    rows: int,
+    names: tuple[str, ...],
+    clock: Callable[[], float] = time.perf_counter,
+    repeats: int = REPEATS,
+) -> dict[str, list[float]]:
     """Seconds of each product of each named kernel, weights cold (see the module's docstring): one
     warm-up round, then `repeats` rounds of `products_per_round` products per kernel, the kernels
     taking turns product by product (no kernel runs twice in a row, as in a forward), each product
     on the next copy of the pool."""
-    x = torch.full((rows, weight.shape[1]), 1e-2, dtype=weight.dtype)   # (N, d_in); no draw from torch's RNG
+    x = torch.full((rows, weight.shape[1]), 1e-2, dtype=weight.dtype)  # (N, d_in); no draw from torch's RNG
     count = copies_in_pool(weight)
     buffer = torch.full((count * weight.numel(),), 1e-3, dtype=weight.dtype) if count >= 2 else None
     slots = {name: _cold_slots(weight, name, buffer) for name in names}  # name → [parts of one copy, …]
     times: dict[str, list[float]] = {name: [] for name in names}
-    position = 0                                                         # walks the pool round-robin
+    position = 0  # walks the pool round-robin
     for round_ in range(repeats + 1):
         for _ in range(products_per_round(weight)):
             for name in names:
@@ -217,13 +229,14 @@ def _cold_slots(weight: torch.Tensor, name: str, buffer: torch.Tensor | None) ->
     buffer (a weight as large as the pool, cold by itself) W itself, or one copy of its parts."""
     if buffer is None:
         return [COPIES[name](weight.detach()) if name in COPIES else [weight]]
-    shapes = [p.shape for p in COPIES[name](torch.empty(weight.shape, device="meta"))] if name in COPIES \
-        else [weight.shape]
+    shapes = (
+        [p.shape for p in COPIES[name](torch.empty(weight.shape, device="meta"))] if name in COPIES else [weight.shape]
+    )
     slots, offset = [], 0
     while offset + weight.numel() <= buffer.numel():
         parts = []
         for s in shapes:
-            parts.append(buffer[offset:offset + math.prod(s)].view(s))   # (flat,) → a contiguous part
+            parts.append(buffer[offset : offset + math.prod(s)].view(s))  # (flat,) → a contiguous part
             offset += math.prod(s)
         slots.append(parts)
     return slots
@@ -235,11 +248,20 @@ def pool_bytes() -> int:
 
 
 def plans() -> list[dict]:
-    """Plans in use here: shape, rows, each kernel's median µs ("" if no candidate), the choice, measured now or stored."""
-    return [{"d_out": key[0], "d_in": key[1], "rows": key[2], "threads": key[5], "chosen": name,
-             "measured": "earlier (stored)" if key in _from_store else "now",
-             **{f"{n} (µs)": 1e6 * statistics.median(times[n]) if n in times else "" for n in KERNELS}}
-            for key, (name, times) in _plans.items()]
+    """Plans in use here: shape, rows, each kernel's median µs ("" if no candidate), the choice, measured
+    now or stored."""
+    return [
+        {
+            "d_out": key[0],
+            "d_in": key[1],
+            "rows": key[2],
+            "threads": key[5],
+            "chosen": name,
+            "measured": "earlier (stored)" if key in _from_store else "now",
+            **{f"{n} (µs)": 1e6 * statistics.median(times[n]) if n in times else "" for n in KERNELS},
+        }
+        for key, (name, times) in _plans.items()
+    ]
 
 
 def forget_plans(stored: bool = False) -> None:

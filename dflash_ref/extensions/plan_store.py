@@ -11,6 +11,7 @@ which source, or why not). An entry is trusted only where its candidates are tho
 its times are seconds; a file that does not parse is as good as none. Delete the file, or call
 `linear_plan.forget_plans(stored=True)`, to measure afresh.
 """
+
 from __future__ import annotations
 
 import functools
@@ -24,8 +25,8 @@ import torch
 
 from . import streamed
 
-Plan = tuple[str, dict[str, list[float]]]       # (the kernel chosen, each candidate's samples in seconds)
-_read: dict[str, dict] | None = None            # the file's plans, read at the first lookup of a process
+Plan = tuple[str, dict[str, list[float]]]  # (the kernel chosen, each candidate's samples in seconds)
+_read: dict[str, dict] | None = None  # the file's plans, read at the first lookup of a process
 
 
 @functools.lru_cache(maxsize=1)
@@ -41,8 +42,15 @@ def last_level_cache() -> int:
 @functools.lru_cache(maxsize=1)
 def machine_digest() -> str:
     """16 hex digits naming the machine a plan was measured on (the module's docstring)."""
-    machine = "\n".join([streamed.cpu_identity(), str(last_level_cache()), str(streamed.cpus_at_hand()),
-                         torch.__version__, streamed.status()])
+    machine = "\n".join(
+        [
+            streamed.cpu_identity(),
+            str(last_level_cache()),
+            str(streamed.cpus_at_hand()),
+            torch.__version__,
+            streamed.status(),
+        ]
+    )
     return hashlib.sha256(machine.encode()).hexdigest()[:16]
 
 
@@ -76,8 +84,12 @@ def lookup(key: tuple, names: tuple[str, ...]) -> Plan | None:
     entry = _read.get(entry_name(key))
     try:
         chosen, times = entry["chosen"], entry["times"]
-        if tuple(times) == names and chosen in names and all(_seconds(t) for t in times.values()) \
-                and len({len(t) for t in times.values()}) == 1:
+        if (
+            tuple(times) == names
+            and chosen in names
+            and all(_seconds(t) for t in times.values())
+            and len({len(t) for t in times.values()}) == 1
+        ):
             return chosen, {n: [float(s) for s in t] for n, t in times.items()}
     except (TypeError, KeyError, AttributeError):
         pass
@@ -86,8 +98,11 @@ def lookup(key: tuple, names: tuple[str, ...]) -> Plan | None:
 
 def _seconds(samples) -> bool:
     """Whether `samples` is a non-empty list of durations: numbers (not booleans), finite and > 0."""
-    return isinstance(samples, list) and bool(samples) and all(
-        isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s < float("inf") for s in samples)
+    return (
+        isinstance(samples, list)
+        and bool(samples)
+        and all(isinstance(s, (int, float)) and not isinstance(s, bool) and 0 < s < float("inf") for s in samples)
+    )
 
 
 def add(key: tuple, plan: Plan) -> None:

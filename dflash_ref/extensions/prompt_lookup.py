@@ -18,11 +18,12 @@ which a draft trained on a few hundred thousand tokens predicts poorly (figures/
 "Prompt lookup beside the draft"). Where a lookup proposes, the step needs no draft pass; the context
 features of its committed tokens wait for the next draft pass, which takes them all at once.
 """
+
 from __future__ import annotations
 
 import torch
 
-MAX_NGRAM = 3   # the longest suffix looked up: measured against 2 and 4 in figures/training/README.md
+MAX_NGRAM = 3  # the longest suffix looked up: measured against 2 and 4 in figures/training/README.md
 
 
 def check_lookup(lookup: int | None) -> None:
@@ -30,8 +31,10 @@ def check_lookup(lookup: int | None) -> None:
     if lookup is None:
         return
     if isinstance(lookup, bool) or not isinstance(lookup, int) or not 1 <= lookup <= MAX_NGRAM:
-        raise ValueError(f"lookup must be None (off) or an integer from 1 to {MAX_NGRAM} (the shortest "
-                         f"suffix of committed tokens that may propose), got {lookup!r}")
+        raise ValueError(
+            f"lookup must be None (off) or an integer from 1 to {MAX_NGRAM} (the shortest "
+            f"suffix of committed tokens that may propose), got {lookup!r}"
+        )
 
 
 def lookup_proposals(sequence: torch.Tensor, start: int, gamma: int, lookup: int | None) -> torch.Tensor | None:
@@ -39,18 +42,18 @@ def lookup_proposals(sequence: torch.Tensor, start: int, gamma: int, lookup: int
     in `sequence` (1, ≥ start + 1), or None (no match of at least `lookup` tokens, lookup off, γ = 0)."""
     if lookup is None or gamma < 1:
         return None
-    committed = sequence[0, :start + 1]                                      # (s + 1,) t_0 … t_s
-    for n in range(min(MAX_NGRAM, start + 1 - gamma), lookup - 1, -1):     # n ≤ the s − γ + 1 tokens searched
-        windows = committed[:start + 1 - gamma].unfold(0, n, 1)              # (s − γ − n + 2, n) ending at j ≤ s − γ
-        hits = (windows == committed[start + 1 - n:]).all(dim=1).nonzero()  # (h, 1) window starts i, j = i + n − 1
+    committed = sequence[0, : start + 1]  # (s + 1,) t_0 … t_s
+    for n in range(min(MAX_NGRAM, start + 1 - gamma), lookup - 1, -1):  # n ≤ the s − γ + 1 tokens searched
+        windows = committed[: start + 1 - gamma].unfold(0, n, 1)  # (s − γ − n + 2, n) ending at j ≤ s − γ
+        hits = (windows == committed[start + 1 - n :]).all(dim=1).nonzero()  # (h, 1) window starts i, j = i + n − 1
         if len(hits):
             j = int(hits[-1, 0]) + n - 1
-            return committed[j + 1:j + 1 + gamma][None]                      # (1, γ)
+            return committed[j + 1 : j + 1 + gamma][None]  # (1, γ)
     return None
 
 
 def lookup_distribution(proposals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The q a lookup block was drawn from, in the candidate form the rejection verifier reads:
     candidates (1, γ, 1) the proposals themselves, q (1, γ, 1) all ones."""
-    candidates = proposals[..., None]                                        # (1, γ, 1)
+    candidates = proposals[..., None]  # (1, γ, 1)
     return torch.ones(candidates.shape, dtype=torch.float32, device=proposals.device), candidates

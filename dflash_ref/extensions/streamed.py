@@ -21,6 +21,7 @@ runtime (libgomp.so.1), so both share one thread pool; it runs on `torch.get_num
 Where it cannot be built or loaded (no compiler, a compiler without GCC's vector extensions or
 OpenMP, a second OpenMP runtime) linear_plan measures the other kernels only; `status()` says why.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -40,10 +41,10 @@ import torch
 
 SOURCE = Path(__file__).with_name("streamed.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
-MAX_SIZE = 2**31 - 64                     # the C code's sizes are ints
+MAX_SIZE = 2**31 - 64  # the C code's sizes are ints
 CPU_FIELDS = ("model name", "flags", "Features", "CPU implementer", "CPU architecture", "CPU variant", "CPU part")
-_why_not: list[str] = []                  # why the library could not be built or loaded, once tried
-_building = threading.Lock()              # one thread compiles; the others wait for its library
+_why_not: list[str] = []  # why the library could not be built or loaded, once tried
+_building = threading.Lock()  # one thread compiles; the others wait for its library
 
 
 def cache_folder() -> Path:
@@ -79,8 +80,9 @@ def cpus_at_hand() -> int:
 
 def library_path(cc: list[str]) -> Path:
     """The library's file: named by a digest of the source, the flags, the compiler and the CPU."""
-    digest = hashlib.sha256("\n".join([SOURCE.read_text(), " ".join(FLAGS), " ".join(cc), platform.machine(),
-                                       cpu_identity()]).encode()).hexdigest()[:16]
+    digest = hashlib.sha256(
+        "\n".join([SOURCE.read_text(), " ".join(FLAGS), " ".join(cc), platform.machine(), cpu_identity()]).encode()
+    ).hexdigest()[:16]
     return cache_folder() / f"streamed-{digest}.so"
 
 
@@ -91,8 +93,9 @@ def _compile(cc: list[str], target: Path) -> None:
     handle, partial = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
     os.close(handle)
     try:
-        subprocess.run([*cc, *FLAGS, "-o", partial, str(SOURCE)], check=True, capture_output=True, text=True,
-                       timeout=300)
+        subprocess.run(
+            [*cc, *FLAGS, "-o", partial, str(SOURCE)], check=True, capture_output=True, text=True, timeout=300
+        )
         os.replace(partial, target)
     finally:
         Path(partial).unlink(missing_ok=True)
@@ -138,7 +141,7 @@ def library() -> ctypes.CDLL | None:
             if path.is_file():
                 try:
                     return _load(path)
-                except OSError:                  # a damaged or foreign file: build it anew
+                except OSError:  # a damaged or foreign file: build it anew
                     path.unlink(missing_ok=True)
             _compile(cc, path)
             return _load(path)
@@ -168,16 +171,21 @@ def streamed_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if lib is None:
         raise RuntimeError(f"the C product is not available here: {status()}")
     if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"streamed_product takes x (N, d_in) and weight (d_out, d_in), got {tuple(x.shape)} "
-                         f"and {tuple(weight.shape)}")
+        raise ValueError(
+            f"streamed_product takes x (N, d_in) and weight (d_out, d_in), got {tuple(x.shape)} "
+            f"and {tuple(weight.shape)}"
+        )
     if x.dtype != torch.float32 or weight.dtype != torch.float32 or not (x.is_cpu and weight.is_cpu):
-        raise ValueError(f"streamed_product is for fp32 CPU tensors, got {x.dtype} on {x.device} and "
-                         f"{weight.dtype} on {weight.device}")
+        raise ValueError(
+            f"streamed_product is for fp32 CPU tensors, got {x.dtype} on {x.device} and "
+            f"{weight.dtype} on {weight.device}"
+        )
     if max(*x.shape, weight.shape[0]) > MAX_SIZE:
         raise ValueError(f"streamed_product takes sizes below 2³¹, got {tuple(x.shape)} and {tuple(weight.shape)}")
     if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
-        raise RuntimeError("streamed_product computes no gradient: call it under torch.no_grad() or "
-                           "inference_mode, or use F.linear")
+        raise RuntimeError(
+            "streamed_product computes no gradient: call it under torch.no_grad() or inference_mode, or use F.linear"
+        )
     return product(x, weight)
 
 
@@ -187,8 +195,15 @@ def product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     library available; an empty x or d_in = 0 is fine). The linear plan calls this on each of decoding's
     products, whose inputs linear_product has checked already: checking them again cost about 2 µs a
     product, a sixth of a 576 × 576 product's at one row."""
-    x, weight = x.contiguous(), weight.contiguous()                      # row-major, as the C code reads them
-    y = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32)   # (…, d_out)
-    library().streamed_product(x.data_ptr(), weight.data_ptr(), y.data_ptr(), math.prod(x.shape[:-1]),
-                               weight.shape[0], weight.shape[1], torch.get_num_threads())
+    x, weight = x.contiguous(), weight.contiguous()  # row-major, as the C code reads them
+    y = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32)  # (…, d_out)
+    library().streamed_product(
+        x.data_ptr(),
+        weight.data_ptr(),
+        y.data_ptr(),
+        math.prod(x.shape[:-1]),
+        weight.shape[0],
+        weight.shape[1],
+        torch.get_num_threads(),
+    )
     return y

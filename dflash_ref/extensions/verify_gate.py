@@ -33,6 +33,7 @@ which assumes d_2 ~ q_2, would then be biased (tests/test_lossless.py caught exa
 by how likely both proposals are accepted, though it is no calibrated probability, and whether the
 gate pays depends on the machine, so it is off by default.
 """
+
 from __future__ import annotations
 
 import torch
@@ -43,26 +44,33 @@ def check_gate(threshold: float | None) -> None:
     if threshold is None:
         return
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not threshold >= 0:
-        raise ValueError(f"verify_gate must be None (verify every block whole) or a number θ ≥ 0 "
-                         f"(verify the whole block when c_1·c_2 ≥ θ), got {threshold!r}")
+        raise ValueError(
+            f"verify_gate must be None (verify every block whole) or a number θ ≥ 0 "
+            f"(verify the whole block when c_1·c_2 ≥ θ), got {threshold!r}"
+        )
 
 
 def draft_confidence(draft_logits: torch.Tensor, draft_probs: torch.Tensor | None = None) -> torch.Tensor:
     """c_k at each block position: from draft_logits (1, γ, V) (softmax taken here) or, when the
     proposals are sampled, from draft_probs (1, γ, V), the distributions they are drawn from → (1, γ), fp32."""
     probs = draft_probs if draft_probs is not None else torch.softmax(draft_logits.float(), dim=-1)
-    return probs.float().amax(dim=-1)                                        # (1, γ, V) → (1, γ)
+    return probs.float().amax(dim=-1)  # (1, γ, V) → (1, γ)
 
 
-def selector_confidence(selector, hidden: torch.Tensor, draft_logits: torch.Tensor, block_ids: torch.Tensor,
-                        draft_probs: torch.Tensor | None = None) -> torch.Tensor:
+def selector_confidence(
+    selector,
+    hidden: torch.Tensor,
+    draft_logits: torch.Tensor,
+    block_ids: torch.Tensor,
+    draft_probs: torch.Tensor | None = None,
+) -> torch.Tensor:
     """c_k of a DFlash 2 draft (candidate_selector.py) at each proposal position: the largest probability
     of its selector's q_k over the K candidates. Sampled: draft_probs (1, γ, K) is q_k itself; greedy:
     softmax of the scores with the predecessors of the path, [x_0, d_1, …] = block_ids (1, γ + 1), as
     `select` scored them. hidden (1, γ, d), draft_logits (1, γ, V) → (1, γ), fp32."""
     if draft_probs is not None:
-        return draft_probs.float().amax(dim=-1)                              # (1, γ, K) → (1, γ)
-    _, scores = selector.teacher_forced(hidden, draft_logits, block_ids[:, :-1])   # (1, γ, K)
+        return draft_probs.float().amax(dim=-1)  # (1, γ, K) → (1, γ)
+    _, scores = selector.teacher_forced(hidden, draft_logits, block_ids[:, :-1])  # (1, γ, K)
     return torch.softmax(scores.float(), dim=-1).amax(dim=-1)
 
 
@@ -74,9 +82,15 @@ def gated_verify_size(confidence: torch.Tensor, draft_size: int, threshold: floa
     return draft_size if float(confidence[0, 0] * confidence[0, 1]) >= threshold else 2
 
 
-def gate_block(threshold: float | None, block_ids: torch.Tensor, draft_logits: torch.Tensor | None,
-               draft_probs: torch.Tensor | None, candidates: torch.Tensor | None = None, selector=None,
-               hidden: torch.Tensor | None = None):
+def gate_block(
+    threshold: float | None,
+    block_ids: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_probs: torch.Tensor | None,
+    candidates: torch.Tensor | None = None,
+    selector=None,
+    hidden: torch.Tensor | None = None,
+):
     """The block the target verifies: block_ids (1, L_q) [x_0, d_1, …] cut to (1, L), and what the
     rejection verifier reads with it cut alike: draft_probs (1, L_q − 1, V or K) and a DFlash 2 draft's
     candidates (1, L_q − 1, K) → (block_ids, draft_probs, candidates); unchanged with the gate off
@@ -86,8 +100,14 @@ def gate_block(threshold: float | None, block_ids: torch.Tensor, draft_logits: t
     if threshold is None or draft_size <= 2:
         return block_ids, draft_probs, candidates
     probs = draft_probs[:, :2] if draft_probs is not None else None
-    confidence = (selector_confidence(selector, hidden[:, :2], draft_logits[:, :2], block_ids[:, :3], probs)
-                  if selector is not None else draft_confidence(draft_logits[:, :2], probs))   # c_1, c_2: (1, 2)
+    confidence = (
+        selector_confidence(selector, hidden[:, :2], draft_logits[:, :2], block_ids[:, :3], probs)
+        if selector is not None
+        else draft_confidence(draft_logits[:, :2], probs)
+    )  # c_1, c_2: (1, 2)
     size = gated_verify_size(confidence, draft_size, threshold)
-    cut = (lambda t: t[:, :size - 1] if t is not None else None)             # (1, L_q − 1, …) → (1, L − 1, …)
+
+    def cut(t):
+        return t[:, : size - 1] if t is not None else None  # (1, L_q − 1, …) → (1, L − 1, …)
+
     return block_ids[:, :size], cut(draft_probs), cut(candidates)

@@ -11,6 +11,7 @@ A target offers what the loop needs and nothing more:
     target(input_ids, position_ids, past_key_values, output_hidden_states)
                                         → TargetOutput(logits (B, L, V), hidden_states: L_t + 1 tensors)
 """
+
 from .hf import HFTarget
 from .llama import LlamaTarget
 from .qwen3 import Qwen3Target, TargetOutput

@@ -19,6 +19,7 @@ Beside the model, the commands need to know of it:
 A folder always runs in transformers here (`HFTarget`), even a Qwen3 that `generate` runs on the
 project's own Qwen3: distillation batches through transformers' `generate`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,8 @@ SMOLLM2 = "smollm2"
 
 @dataclass
 class ChatTarget:
-    name: str                 # "smollm2" or the folder as given
-    model: object             # HFTarget, fp32: features, training and evaluation
+    name: str  # "smollm2" or the folder as given
+    model: object  # HFTarget, fp32: features, training and evaluation
     tokenizer: object
     stop_token_ids: list[int]
     mask_token_id: int
@@ -67,19 +68,24 @@ def open_chat_target(name: str) -> ChatTarget:
     folder = Path(name)
     model, tokenizer = open_target(folder, torch.float32, torch.device("cpu"), own_qwen3=False)
     if not getattr(tokenizer, "chat_template", None):
-        raise SystemExit(f"--target {name}: its tokenizer has no chat template (the prompts are put to it as "
-                         f"a chat turn)")
+        raise SystemExit(
+            f"--target {name}: its tokenizer has no chat template (the prompts are put to it as a chat turn)"
+        )
     stop, vocab = folder_stop_ids(folder, tokenizer), model.config.vocab_size
     if not stop:
-        raise SystemExit(f"--target {name}: neither generation_config.json nor the tokenizer names an end-of-"
-                         f"sequence token, so no answer would end")
+        raise SystemExit(
+            f"--target {name}: neither generation_config.json nor the tokenizer names an end-of-"
+            f"sequence token, so no answer would end"
+        )
     if not all(0 <= t < vocab for t in stop):
         raise SystemExit(f"--target {name}: its end-of-sequence ids {stop} do not all lie in its vocabulary of {vocab}")
     try:
         model.output_weight()
     except ValueError:
-        raise SystemExit(f"--target {name}: its lm_head has a bias, which training a draft does not take (the loss "
-                         f"uses rows of the lm_head matrix alone, training/recipe.py)") from None
+        raise SystemExit(
+            f"--target {name}: its lm_head has a bias, which training a draft does not take (the loss "
+            f"uses rows of the lm_head matrix alone, training/recipe.py)"
+        ) from None
     return ChatTarget(name, model, tokenizer, stop, mask_id(model.model.get_input_embeddings().weight, len(tokenizer)))
 
 
@@ -87,7 +93,7 @@ def mask_id(embedding: torch.Tensor, tokenizer_size: int) -> int:
     """The first embedding row past the tokenizer's tokens, else the last row, passing over rows of zeros
     (embedding: (V, d))."""
     vocab = embedding.shape[0]
-    nonzero = embedding.detach().abs().amax(dim=1) > 0                      # (V, d) → (V,)
+    nonzero = embedding.detach().abs().amax(dim=1) > 0  # (V, d) → (V,)
     for i in [*range(tokenizer_size, vocab), *range(vocab - 1, -1, -1)]:
         if nonzero[i]:
             return i

@@ -7,6 +7,7 @@ Loading builds the model on the `meta` device (no memory), then reads each shard
 `device` in `dtype`, so no full float32 copy of a large model is ever held in host memory.
 Targets load here (`load_target`); drafts load through the same reader (drafts/checkpoint.py).
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,14 @@ from ..config import ConfigError, Qwen3Config, TargetConfig
 from .qwen3 import Qwen3Target
 
 SINGLE, INDEX = "model.safetensors", "model.safetensors.index.json"
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 class CheckpointError(ValueError):
@@ -52,21 +59,26 @@ def check_device(device: str | torch.device, dtype: torch.dtype) -> torch.device
         raise CheckpointError(f"unknown device {device!r}: {e}") from None
     if device.type == "cuda":
         if not torch.cuda.is_available():
-            raise CheckpointError(f"device {device} asked for, but this torch has no usable CUDA device "
-                                  f"(torch {torch.__version__}); use device='cpu'")
+            raise CheckpointError(
+                f"device {device} asked for, but this torch has no usable CUDA device "
+                f"(torch {torch.__version__}); use device='cpu'"
+            )
         if dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-            raise CheckpointError(f"{torch.cuda.get_device_name(device)} cannot compute in bfloat16; "
-                                  "use dtype float16 or float32")
+            raise CheckpointError(
+                f"{torch.cuda.get_device_name(device)} cannot compute in bfloat16; use dtype float16 or float32"
+            )
     elif device.type == "mps":
         if not torch.backends.mps.is_available():
-            raise CheckpointError(f"device {device} asked for, but this torch has no usable MPS device "
-                                  f"(torch {torch.__version__}); use device='cpu'")
+            raise CheckpointError(
+                f"device {device} asked for, but this torch has no usable MPS device "
+                f"(torch {torch.__version__}); use device='cpu'"
+            )
     elif device.type != "cpu":
         raise CheckpointError(f"device type {device.type!r} is not supported (cpu, cuda, mps)")
     elif device.index not in (None, 0):
         raise CheckpointError(f"device {device}: the CPU is one device, 'cpu' (or 'cpu:0')")
     else:
-        device = torch.device("cpu")                 # cpu:0 is the CPU; safetensors takes only "cpu"
+        device = torch.device("cpu")  # cpu:0 is the CPU; safetensors takes only "cpu"
     return device
 
 
@@ -143,13 +155,12 @@ def _read_shard(path: Path, dtype: torch.dtype, device: str | torch.device, rena
         reason = str(e).removeprefix("Error while deserializing header: ")
         raise CheckpointError(f"{path} is not a readable safetensors file ({reason})") from None
     whole = sorted(f"{name} ({t.dtype})" for name, t in stored.items() if not t.is_floating_point())
-    if whole:                     # not weights this model can compute with; a cast would hide it
+    if whole:  # not weights this model can compute with; a cast would hide it
         raise CheckpointError(f"{path} holds tensors that are not floating point: {whole}")
     return {name: t.to(dtype) for name, t in stored.items()}
 
 
-def load_weights(model: nn.Module, folder: Path, dtype: torch.dtype, device: str | torch.device,
-                 rename=None) -> None:
+def load_weights(model: nn.Module, folder: Path, dtype: torch.dtype, device: str | torch.device, rename=None) -> None:
     """Fill a meta-device model from the folder's safetensors, listing missing/unexpected names.
     `rename(stored name)` → the model's name, or None for a tensor the model does not use (identity if None)."""
     expected = dict(model.state_dict(keep_vars=True))
@@ -162,10 +173,15 @@ def load_weights(model: nn.Module, folder: Path, dtype: torch.dtype, device: str
         expected.pop("lm_head.weight")
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
-        raise CheckpointError(f"{folder}: tensors do not match the model. missing: {missing or 'none'}; "
-                              f"unexpected: {unexpected or 'none'}")
-    wrong = [f"{n}: file {tuple(state[n].shape)} vs model {tuple(expected[n].shape)}"
-             for n in expected if state[n].shape != expected[n].shape]
+        raise CheckpointError(
+            f"{folder}: tensors do not match the model. missing: {missing or 'none'}; "
+            f"unexpected: {unexpected or 'none'}"
+        )
+    wrong = [
+        f"{n}: file {tuple(state[n].shape)} vs model {tuple(expected[n].shape)}"
+        for n in expected
+        if state[n].shape != expected[n].shape
+    ]
     if wrong:
         raise CheckpointError(f"{folder}: tensor shapes do not match the config: {wrong}")
     model.load_state_dict(state, assign=True, strict=not tied)

@@ -4,6 +4,7 @@ the own hybrid target where it is a Qwen3.5 / 3.6, text or multimodal (qwen3_5_c
 transformers otherwise (hf.py), and the token ids its answers end with. A folder that cannot serve ends the
 command with a message naming the folder and the problem, never a traceback.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,6 @@ from .checkpoint import CheckpointConfigError, CheckpointError, config_architect
 from .hf import HFTarget
 from .llama import load_llama_target
 from .qwen3_5_checkpoint import is_hybrid_folder, load_hybrid_target
-
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 
@@ -35,18 +35,26 @@ def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen
         raise SystemExit(f"--target {e}") from None
     if "DFlashDraftModel" in archs:
         raise SystemExit(f"--target {folder}: architectures {archs} is a draft, not a target")
-    if not any((folder / name).is_file() for name in TOKENIZER_FILES):   # else transformers makes an empty one
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):  # else transformers makes an empty one
         raise SystemExit(f"--target {folder}: no tokenizer files ({' or '.join(TOKENIZER_FILES)})")
-    from transformers import AutoTokenizer            # optional: the hf extra
+    from transformers import AutoTokenizer  # optional: the hf extra
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError, KeyError, TypeError) as e:       # transformers' own, for damaged files
+    except (OSError, ValueError, KeyError, TypeError) as e:  # transformers' own, for damaged files
         raise SystemExit(f"--target {folder}: its tokenizer does not load: {type(e).__name__}: {e}") from None
-    own = (load_target if "Qwen3ForCausalLM" in archs else load_llama_target if "LlamaForCausalLM" in archs
-           else load_hybrid_target if is_hybrid_folder(folder) else None)
+    own = (
+        load_target
+        if "Qwen3ForCausalLM" in archs
+        else load_llama_target
+        if "LlamaForCausalLM" in archs
+        else load_hybrid_target
+        if is_hybrid_folder(folder)
+        else None
+    )
     if own is not None and own_qwen3:
         try:
-            return own(folder, dtype, device), tokenizer              # the project's own Qwen3, Llama or Qwen3.5
+            return own(folder, dtype, device), tokenizer  # the project's own Qwen3, Llama or Qwen3.5
         except CheckpointConfigError as e:
             if own is not load_llama_target:
                 raise SystemExit(f"--target: {e}") from None
@@ -54,7 +62,8 @@ def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen
             print(f"[--target: not on the own Llama ({e}); running it in transformers]", file=sys.stderr)
         except CheckpointError as e:
             raise SystemExit(f"--target: {e}") from None
-    from transformers import AutoModelForCausalLM    # optional: the hf extra
+    from transformers import AutoModelForCausalLM  # optional: the hf extra
+
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     except (OSError, ValueError) as e:

@@ -24,6 +24,7 @@ What a model passes beyond plain attention (attention sinks, logit soft-capping,
 sparse key indices: any keyword outside SAFE_KEYWORDS that is not None) is refused with
 UnsupportedAttention, never ignored; distill.py then falls back to the model's eager attention.
 """
+
 from __future__ import annotations
 
 import torch
@@ -34,9 +35,22 @@ GROUPED = "grouped_kv"
 SDPA_GROUPED = "grouped_kv_sdpa"
 # what Llama, Qwen2/3, Mistral and Gemma 3 pass besides q, k, v, the mask and the scaling (sliding_window
 # is in the mask already), and what eager itself ignores; any other keyword changes the attention
-SAFE_KEYWORDS = frozenset({"position_ids", "sliding_window", "use_cache", "output_attentions", "cache_position",
-                           "is_causal", "past_key_values", "cu_seq_lens_q", "cu_seq_lens_k", "max_length_q",
-                           "max_length_k", "output_hidden_states"})
+SAFE_KEYWORDS = frozenset(
+    {
+        "position_ids",
+        "sliding_window",
+        "use_cache",
+        "output_attentions",
+        "cache_position",
+        "is_causal",
+        "past_key_values",
+        "cu_seq_lens_q",
+        "cu_seq_lens_k",
+        "max_length_q",
+        "max_length_k",
+        "output_hidden_states",
+    }
+)
 
 
 class UnsupportedAttention(NotImplementedError):
@@ -46,55 +60,80 @@ class UnsupportedAttention(NotImplementedError):
 def beyond_plain(module, kwargs: dict) -> list[str]:
     """What a call asks beyond plain attention: its keywords outside SAFE_KEYWORDS that are not None, and the
     module's attention sinks."""
-    return [name for name, v in kwargs.items() if v is not None and name not in SAFE_KEYWORDS] + \
-        (["sinks"] if getattr(module, "sinks", None) is not None else [])
+    return [name for name, v in kwargs.items() if v is not None and name not in SAFE_KEYWORDS] + (
+        ["sinks"] if getattr(module, "sinks", None) is not None else []
+    )
 
 
-def grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
+def grouped_attention(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+):
     """transformers' attention interface: query (B, H, n, d), key (B, G, L, d), value (B, G, L, d_v), an additive
     float or a boolean (True: attend) mask broadcastable to (B, 1, n, L) → ((B, n, H, d_v), p (B, H, n, L))."""
     unsupported = beyond_plain(module, kwargs)
     if unsupported:
-        raise UnsupportedAttention(f"{GROUPED} attention has no {', '.join(sorted(set(unsupported)))} "
-                                   f"({type(module).__name__}): use the model's own attention implementation")
+        raise UnsupportedAttention(
+            f"{GROUPED} attention has no {', '.join(sorted(set(unsupported)))} "
+            f"({type(module).__name__}): use the model's own attention implementation"
+        )
     batch, heads, n, d = query.shape
     groups = key.shape[1]
     if heads % groups:
         raise ValueError(f"{heads} query heads do not split into {groups} key/value groups")
-    per_group = heads // groups                                              # H/G
-    q = query.reshape(batch, groups, per_group * n, d)                       # (B, G, (H/G)·n, d)
-    scores = torch.matmul(q, key.transpose(2, 3)) * scaling                  # (B, G, (H/G)·n, L)
-    scores = scores.view(batch, groups, per_group, n, -1)                    # (B, G, H/G, n, L)
+    per_group = heads // groups  # H/G
+    q = query.reshape(batch, groups, per_group * n, d)  # (B, G, (H/G)·n, d)
+    scores = torch.matmul(q, key.transpose(2, 3)) * scaling  # (B, G, (H/G)·n, L)
+    scores = scores.view(batch, groups, per_group, n, -1)  # (B, G, H/G, n, L)
     if attention_mask is not None:
-        mask = attention_mask[:, :, None, :, :scores.shape[-1]]              # (B, 1, 1, n, L)
+        mask = attention_mask[:, :, None, :, : scores.shape[-1]]  # (B, 1, 1, n, L)
         # a boolean mask as eager's float one: the dtype's lowest, not −inf, so that a row with no key (a
         # left pad's) gets finite weights, not NaNs that would reach the cache's padded values
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool \
-            else scores + mask
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
     p = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
     p = F.dropout(p, p=dropout, training=module.training)
-    out = torch.matmul(p.view(batch, groups, per_group * n, -1), value)      # (B, G, (H/G)·n, d_v)
-    out = out.view(batch, heads, n, value.shape[-1])                         # (B, H, n, d_v)
+    out = torch.matmul(p.view(batch, groups, per_group * n, -1), value)  # (B, G, (H/G)·n, d_v)
+    out = out.view(batch, heads, n, value.shape[-1])  # (B, H, n, d_v)
     return out.transpose(1, 2).contiguous(), p.view(batch, heads, n, -1)
 
 
-def sdpa_grouped_attention(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                           attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                           **kwargs):
+def sdpa_grouped_attention(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+):
     """transformers' sdpa attention, but a masked call on a CPU reads the G key/value heads in place
     (enable_gqa) → ((B, n, H, d_v), None). Anything else, or anything beyond plain attention, is
     transformers' own sdpa_attention_forward, unchanged."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     groups = getattr(module, "num_key_value_groups", 1)
-    if attention_mask is None or groups == 1 or beyond_plain(module, kwargs) or not query.is_cpu \
-            or key.shape[-1] != value.shape[-1] or query.shape[1] != key.shape[1] * groups:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                         scale=scaling, enable_gqa=True)      # (B, H, n, d_v)
-    return out.transpose(1, 2).contiguous(), None                            # (B, n, H, d_v)
+    if (
+        attention_mask is None
+        or groups == 1
+        or beyond_plain(module, kwargs)
+        or not query.is_cpu
+        or key.shape[-1] != value.shape[-1]
+        or query.shape[1] != key.shape[1] * groups
+    ):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )  # (B, H, n, d_v)
+    return out.transpose(1, 2).contiguous(), None  # (B, n, H, d_v)
 
 
 def use_sdpa_grouped(model) -> bool:
@@ -109,7 +148,7 @@ def use_sdpa_grouped(model) -> bool:
     AttentionMaskInterface.register(SDPA_GROUPED, sdpa_mask)
     try:
         model.set_attn_implementation(SDPA_GROUPED)
-    except (ValueError, TypeError):        # a model that takes no custom attention: its own sdpa stays
+    except (ValueError, TypeError):  # a model that takes no custom attention: its own sdpa stays
         return False
     return True
 

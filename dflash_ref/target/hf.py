@@ -9,6 +9,7 @@ model gives no attention weights on its SDPA path, so tracing such a target is r
 silently empty; the own Llama (llama.py) gives a transformers Llama's numbers with them
 (`from_transformers(model)`, and what `--target DIR` opens a Llama folder on).
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,21 +52,26 @@ class HFTarget(nn.Module):
 
     def __init__(self, model: nn.Module, rows_first: bool = True) -> None:
         super().__init__()
-        self.replay = replayable(model)   # Qwen3.5 / Qwen3-Next: exact rollback by snapshot + replay (hf_hybrid.py)
+        self.replay = replayable(model)  # Qwen3.5 / Qwen3-Next: exact rollback by snapshot + replay (hf_hybrid.py)
         if not self.replay:
-            check_rollback(model)      # other recurrent (linear-attention, SSM) states: a crop cannot undo them
+            check_rollback(model)  # other recurrent (linear-attention, SSM) states: a crop cannot undo them
         config = model.config
-        missing = [k for k in ("hidden_size", "vocab_size", "num_hidden_layers", "max_position_embeddings")
-                   if getattr(config, k, None) is None]
+        missing = [
+            k
+            for k in ("hidden_size", "vocab_size", "num_hidden_layers", "max_position_embeddings")
+            if getattr(config, k, None) is None
+        ]
         if missing or model.get_output_embeddings() is None:
-            raise TypeError(f"{type(model).__name__} is not a causal LM this adapter can drive "
-                            f"(config lacks {missing or 'nothing'}; output head: "
-                            f"{'missing' if model.get_output_embeddings() is None else 'ok'})")
+            raise TypeError(
+                f"{type(model).__name__} is not a causal LM this adapter can drive "
+                f"(config lacks {missing or 'nothing'}; output head: "
+                f"{'missing' if model.get_output_embeddings() is None else 'ok'})"
+            )
         self.model = model.eval()
         self.config = config
         if rows_first:
             use_rows_first(model)
-        use_sdpa_grouped(model)     # "sdpa" without copying the cache's key/value heads: the same numbers
+        use_sdpa_grouped(model)  # "sdpa" without copying the cache's key/value heads: the same numbers
 
     @property
     def device(self) -> torch.device:
@@ -79,7 +85,7 @@ class HFTarget(nn.Module):
         return self.model.get_input_embeddings()(input_ids)
 
     def output_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        head = self.model.get_output_embeddings()             # the draft's proposals (extensions/linear.py)
+        head = self.model.get_output_embeddings()  # the draft's proposals (extensions/linear.py)
         return linear_product(hidden, head.weight, getattr(head, "bias", None))
 
     def output_weight(self) -> torch.Tensor:
@@ -92,13 +98,22 @@ class HFTarget(nn.Module):
     def make_cache(self) -> HFCache | ReplayCache:
         return ReplayCache(self.model) if self.replay else HFCache(self.config)
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                past_key_values: HFCache | None = None, output_hidden_states: bool = True,
-                logits_to_keep: int = 0) -> TargetOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        past_key_values: HFCache | None = None,
+        output_hidden_states: bool = True,
+        logits_to_keep: int = 0,
+    ) -> TargetOutput:
         if isinstance(past_key_values, ReplayCache):
-            past_key_values.record(input_ids, position_ids)      # the snapshot a crop restores
-        out = self.model(input_ids, position_ids=position_ids,
-                         past_key_values=past_key_values.cache if past_key_values is not None else None,
-                         use_cache=past_key_values is not None, output_hidden_states=output_hidden_states,
-                         logits_to_keep=logits_to_keep)
+            past_key_values.record(input_ids, position_ids)  # the snapshot a crop restores
+        out = self.model(
+            input_ids,
+            position_ids=position_ids,
+            past_key_values=past_key_values.cache if past_key_values is not None else None,
+            use_cache=past_key_values is not None,
+            output_hidden_states=output_hidden_states,
+            logits_to_keep=logits_to_keep,
+        )
         return TargetOutput(out.logits, tuple(out.hidden_states) if output_hidden_states else None)

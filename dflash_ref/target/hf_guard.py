@@ -16,16 +16,29 @@ says it carries such a state:
 
 Qwen3.5 / 3.6 hybrids decode exactly through the own target: `Qwen3_5Target.from_hf(model)`.
 """
+
 from __future__ import annotations
 
 import re
 
 from torch import nn
 
-RECURRENT_LAYER_TYPES = ("linear_attention", "conv", "mamba", "mamba2", "hybrid", "hybrid_sliding", "recurrent",
-                         "rwkv", "lightning_attention", "deltanet")
-RECURRENT_MODULE = re.compile(r"(GatedDeltaNet|DeltaNet|Mamba\d*Mixer|MambaMixer|Mamba\d*Layer|Mixer$|ShortConv|"
-                              r"LightningAttention|LinearAttention|Recurrent|Rglru|RGLRU|Rwkv|RWKV|xLSTM|Lstm|LSTM)")
+RECURRENT_LAYER_TYPES = (
+    "linear_attention",
+    "conv",
+    "mamba",
+    "mamba2",
+    "hybrid",
+    "hybrid_sliding",
+    "recurrent",
+    "rwkv",
+    "lightning_attention",
+    "deltanet",
+)
+RECURRENT_MODULE = re.compile(
+    r"(GatedDeltaNet|DeltaNet|Mamba\d*Mixer|MambaMixer|Mamba\d*Layer|Mixer$|ShortConv|"
+    r"LightningAttention|LinearAttention|Recurrent|Rglru|RGLRU|Rwkv|RWKV|xLSTM|Lstm|LSTM)"
+)
 
 
 class UnrollableTarget(TypeError):
@@ -43,8 +56,9 @@ def recurrent_parts(model: nn.Module) -> list[str]:
     """What in `model` keeps a state that a crop cannot undo: layer types, module classes, the flag."""
     config = getattr(model, "config", None)
     parts = sorted({f"layer type {t!r}" for t in _layer_types(config) if str(t) in RECURRENT_LAYER_TYPES})
-    parts += sorted({f"module {type(m).__name__}" for m in model.modules()
-                     if RECURRENT_MODULE.search(type(m).__name__)})
+    parts += sorted(
+        {f"module {type(m).__name__}" for m in model.modules() if RECURRENT_MODULE.search(type(m).__name__)}
+    )
     if getattr(model, "_is_stateful", False):
         parts.append(f"{type(model).__name__}._is_stateful")
     return parts
@@ -54,8 +68,12 @@ def check_rollback(model: nn.Module) -> None:
     """Raise UnrollableTarget, naming the layer type, if the model's cache cannot be cropped exactly."""
     parts = recurrent_parts(model)
     if parts:
-        hint = (" Use dflash_ref.target.Qwen3_5Target.from_hf(model), whose cache rolls Gated DeltaNet states "
-                "back exactly." if type(model).__name__ == "Qwen3_5ForCausalLM" else "")
+        hint = (
+            " Use dflash_ref.target.Qwen3_5Target.from_hf(model), whose cache rolls Gated DeltaNet states back exactly."
+            if type(model).__name__ == "Qwen3_5ForCausalLM"
+            else ""
+        )
         raise UnrollableTarget(
             f"{type(model).__name__} keeps recurrent states ({', '.join(parts)}): a cache crop after a rejected "
-            "draft cannot roll them back, so speculative decoding through HFTarget would not be lossless." + hint)
+            "draft cannot roll them back, so speculative decoding through HFTarget would not be lossless." + hint
+        )

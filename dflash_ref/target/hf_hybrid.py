@@ -15,20 +15,24 @@ with nothing to replay, 71 ms replaying 1 token, 93 ms replaying 2 or 3; the own
 models whose cache is known (linear-attention layers of one state, plus at least one full-attention
 layer, which transformers needs for the cache length) are taken; every other recurrent model stays refused.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-REPLAYABLE = ("Qwen3_5ForCausalLM", "Qwen3NextForCausalLM")     # tested (tests/test_hybrid_target.py); others refused
+REPLAYABLE = ("Qwen3_5ForCausalLM", "Qwen3NextForCausalLM")  # tested (tests/test_hybrid_target.py); others refused
 
 
 def replayable(model: nn.Module) -> bool:
     """Whether ReplayCache rolls this model back exactly: a known Gated DeltaNet hybrid with ≥ 1 attention layer."""
     types = list(getattr(model.config, "layer_types", None) or [])
-    return (type(model).__name__ in REPLAYABLE and "full_attention" in types
-            and set(types) <= {"linear_attention", "full_attention"}
-            and getattr(model.config, "number_of_conv_states", 1) == 1)
+    return (
+        type(model).__name__ in REPLAYABLE
+        and "full_attention" in types
+        and set(types) <= {"linear_attention", "full_attention"}
+        and getattr(model.config, "number_of_conv_states", 1) == 1
+    )
 
 
 class ReplayCache:
@@ -39,10 +43,11 @@ class ReplayCache:
         from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
         self.model = model
-        self.cache = DynamicCache(config=model.config)     # conv windows stay K wide: no past recording
-        self._linear = [i for i, layer in enumerate(self.cache.layers)
-                        if isinstance(layer, LinearAttentionCacheLayerMixin)]
-        self._snapshot = None     # (n, {layer: (W_n, S_n) or None before any token}, input_ids, position_ids)
+        self.cache = DynamicCache(config=model.config)  # conv windows stay K wide: no past recording
+        self._linear = [
+            i for i, layer in enumerate(self.cache.layers) if isinstance(layer, LinearAttentionCacheLayerMixin)
+        ]
+        self._snapshot = None  # (n, {layer: (W_n, S_n) or None before any token}, input_ids, position_ids)
 
     def get_seq_length(self) -> int:
         return self.cache.get_seq_length()
@@ -65,22 +70,29 @@ class ReplayCache:
             return
         if self._snapshot is None or length < self._snapshot[0]:
             start = None if self._snapshot is None else self._snapshot[0]
-            raise ValueError(f"cannot crop to {length}: a hybrid's linear-attention states roll back only within "
-                             f"the last forward (from {start})")
+            raise ValueError(
+                f"cannot crop to {length}: a hybrid's linear-attention states roll back only within "
+                f"the last forward (from {start})"
+            )
         start, states, input_ids, position_ids = self._snapshot
         for i, saved in states.items():
             layer = self.cache.layers[i]
             if saved is None:
-                layer.reset()                                          # before any token: zeros, no history
+                layer.reset()  # before any token: zeros, no history
             else:
                 layer.conv_states[0], layer.recurrent_states[0] = saved
         for i, layer in enumerate(self.cache.layers):
             if i not in states and current > start:
-                layer.crop(start - current)                            # K/V back to n (a negative count)
+                layer.crop(start - current)  # K/V back to n (a negative count)
         self._snapshot = None
         accepted = length - start
         if accepted:
             positions = None if position_ids is None else position_ids[:, :accepted]
             with torch.no_grad():
-                self.model(input_ids[:, :accepted], position_ids=positions, past_key_values=self.cache,
-                           use_cache=True, logits_to_keep=1)
+                self.model(
+                    input_ids[:, :accepted],
+                    position_ids=positions,
+                    past_key_values=self.cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )

@@ -3,8 +3,8 @@
 Attention layers keep K^(l), V^(l) as cache.py does: crop(n) keeps the first n positions. A linear
 (Gated DeltaNet) layer keeps, after the committed prefix x_1..x_n, only its state:
 
-    conv window  W_n = [u_{n−K+2}, …, u_n]      (B, C, K − 1)        the causal conv's last K − 1 inputs (0 before 1)
-    recurrent    S_n                              (B, H_v, d_k, d_v)   S_n = α_n S_{n−1} + β_n k_n (v_n − α_n S_{n−1}ᵀ k_n)ᵀ
+    conv window  W_n = [u_{n−K+2}, …, u_n]   (B, C, K − 1)        the conv's last K − 1 inputs (0 before 1)
+    recurrent    S_n                         (B, H_v, d_k, d_v)   S_n = α_n S_{n−1} + β_n k_n (v_n − α_n S_{n−1}ᵀ k_n)ᵀ
 
 S_n folds every token in, so it cannot be cut back by slicing (transformers' DynamicCache.crop trims the
 conv window and leaves S with the rejected tokens in: the guard in hf_guard.py refuses those
@@ -19,12 +19,11 @@ exact (the very numbers the forward computed), no replay. The loop only crops wi
 Why not snapshot + replay (keep S_n, W_n; on crop run the τ + 1 accepted tokens through the target again,
 as the official MLX backend does)? Replay is a second target forward on every step with a rejection, the
 whole network for τ + 1 tokens; keeping states is a copy of H_v·d_k·d_v floats per position and linear
-layer. Measured (bench/hybrid_rollback.py, hidden 256, 8 layers, one CPU thread, a shared machine): a
-verify of 4 takes 20.4 ms keeping every state vs 19.7 ms keeping the last (+3 %), while a replay adds
-14.4 / 16.9 / 19.3 / 19.8 ms for τ + 1 = 1 / 2 / 3 / 4 accepted tokens (+73 … 100 % per step). The memory of L states is only held
-for the last forward: forwards longer than `keep_positions` (a long prefill) keep S_{n+L} alone, and a
-crop into them is refused with a clear error.
+layer (`python -m dflash_ref bench rollback` measures both, figures/bench/README.md). The memory of L
+states is only held for the last forward: forwards longer than `keep_positions` (a long prefill) keep
+S_{n+L} alone, and a crop into them is refused with a clear error.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -33,18 +32,19 @@ import torch
 
 from ..cache import KVCache
 
-KEEP_POSITIONS = 64   # forwards up to this many tokens keep every position's state (verifies do)
+KEEP_POSITIONS = 64  # forwards up to this many tokens keep every position's state (verifies do)
 
 
 @dataclass
 class LinearLayerState:
     """One Gated DeltaNet layer: its state at `length`, and the last forward's, not yet committed."""
+
     length: int = 0
-    conv: torch.Tensor | None = None          # W_length (B, C, K − 1); None: all zeros (nothing seen)
-    recurrent: torch.Tensor | None = None     # S_length (B, H_v, d_k, d_v); None: zeros
-    inputs: torch.Tensor | None = None        # pending [W_length ; u_new] (B, C, K − 1 + L)
-    states: torch.Tensor | None = None        # pending S per new position (B, H_v, L, d_k, d_v), or the last (…, 1, …)
-    pending: int = 0                          # L
+    conv: torch.Tensor | None = None  # W_length (B, C, K − 1); None: all zeros (nothing seen)
+    recurrent: torch.Tensor | None = None  # S_length (B, H_v, d_k, d_v); None: zeros
+    inputs: torch.Tensor | None = None  # pending [W_length ; u_new] (B, C, K − 1 + L)
+    states: torch.Tensor | None = None  # pending S per new position (B, H_v, L, d_k, d_v), or the last (…, 1, …)
+    pending: int = 0  # L
 
     def pick(self, m: int, keep_positions: int) -> None:
         """Commit the first m of the pending L positions (0 ≤ m ≤ L): W and S after them."""
@@ -53,11 +53,13 @@ class LinearLayerState:
             self.pending = 0
             return
         if m < self.pending and self.states.shape[2] != self.pending:
-            raise ValueError(f"cannot roll a linear-attention layer back into a forward of {self.pending} tokens: "
-                             f"only forwards of ≤ {keep_positions} tokens keep a state per position "
-                             "(HybridCache(keep_positions=...))")
-        window = self.inputs.shape[-1] - self.pending                         # K − 1
-        self.conv = self.inputs[..., m:m + window].clone()                    # (B, C, K − 1)
+            raise ValueError(
+                f"cannot roll a linear-attention layer back into a forward of {self.pending} tokens: "
+                f"only forwards of ≤ {keep_positions} tokens keep a state per position "
+                "(HybridCache(keep_positions=...))"
+            )
+        window = self.inputs.shape[-1] - self.pending  # K − 1
+        self.conv = self.inputs[..., m : m + window].clone()  # (B, C, K − 1)
         self.recurrent = self.states[:, :, m - 1 if self.states.shape[2] > 1 else 0].clone()  # (B, H_v, d_k, d_v)
         self.length += m
         self.inputs = self.states = None
@@ -70,13 +72,14 @@ class HybridCache:
     def __init__(self, layer_types: list[str], keep_positions: int = KEEP_POSITIONS) -> None:
         unknown = sorted({t for t in layer_types if t not in ("linear_attention", "full_attention")})
         if unknown or not layer_types:
-            raise ValueError(f"a hybrid cache needs layer types 'linear_attention' / 'full_attention', got "
-                             f"{unknown or 'no layers'}")
+            raise ValueError(
+                f"a hybrid cache needs layer types 'linear_attention' / 'full_attention', got {unknown or 'no layers'}"
+            )
         if isinstance(keep_positions, bool) or not isinstance(keep_positions, int) or keep_positions < 1:
             raise ValueError(f"keep_positions must be an integer ≥ 1, got {keep_positions!r}")
         self.layer_types, self.keep_positions = list(layer_types), keep_positions
         attention = [i for i, t in enumerate(layer_types) if t == "full_attention"]
-        self._slot = {layer: slot for slot, layer in enumerate(attention)}    # layer index → KV slot
+        self._slot = {layer: slot for slot, layer in enumerate(attention)}  # layer index → KV slot
         self.kv = KVCache(len(attention)) if attention else None
         self.linear = {i: LinearLayerState() for i, t in enumerate(layer_types) if t == "linear_attention"}
 
@@ -85,13 +88,16 @@ class HybridCache:
 
     def _linear(self, layer_idx: int) -> LinearLayerState:
         if layer_idx not in self.linear:
-            raise ValueError(f"layer {layer_idx} is not a linear-attention layer of this cache "
-                             f"({self.layer_types[layer_idx] if 0 <= layer_idx < len(self) else 'out of range'})")
+            raise ValueError(
+                f"layer {layer_idx} is not a linear-attention layer of this cache "
+                f"({self.layer_types[layer_idx] if 0 <= layer_idx < len(self) else 'out of range'})"
+            )
         return self.linear[layer_idx]
 
     # -- attention layers: the KVCache interface ------------------------------------------------
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int,
-               cache_kwargs: dict | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def update(
+        self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, cache_kwargs: dict | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Append (B, H_kv, L_new, d_h) keys/values to attention layer `layer_idx`; return the whole layer."""
         if layer_idx not in self._slot:
             raise ValueError(f"layer {layer_idx} is not a full-attention layer of this cache")
@@ -139,13 +145,17 @@ class HybridCache:
             raise ValueError(f"cannot crop a cache of length {current} to {length}")
         for layer_idx, state in self.linear.items():
             if not state.length <= length <= state.length + state.pending:
-                raise ValueError(f"cannot crop linear-attention layer {layer_idx} to {length}: its state can "
-                                 f"only be rolled back within its last forward ({state.length} … "
-                                 f"{state.length + state.pending})")
+                raise ValueError(
+                    f"cannot crop linear-attention layer {layer_idx} to {length}: its state can "
+                    f"only be rolled back within its last forward ({state.length} … "
+                    f"{state.length + state.pending})"
+                )
             if state.length < length < state.length + state.pending and state.states.shape[2] != state.pending:
-                raise ValueError(f"cannot crop linear-attention layer {layer_idx} to {length}: its last forward "
-                                 f"({state.pending} tokens > keep_positions {self.keep_positions}) kept only "
-                                 "its final state")
+                raise ValueError(
+                    f"cannot crop linear-attention layer {layer_idx} to {length}: its last forward "
+                    f"({state.pending} tokens > keep_positions {self.keep_positions}) kept only "
+                    "its final state"
+                )
         for state in self.linear.values():
             state.pick(length - state.length, self.keep_positions)
         if self.kv is not None:

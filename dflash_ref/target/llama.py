@@ -13,6 +13,7 @@ transformers' bit for bit on the same weights and products (tests/test_llama_tar
 Refused by name rather than run approximately: mlp_bias, attention_bias, an activation other than
 SiLU, rope types other than default / linear / yarn (Llama 3's "llama3" among them).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,8 +26,7 @@ from ..extensions.linear import use_rows_first
 from .checkpoint import load_folder
 from .qwen3 import Qwen3Target
 
-
-LLAMA_MAX_POSITIONS = 2048   # transformers' LlamaConfig default (a yarn RoPE without its original length reads it)
+LLAMA_MAX_POSITIONS = 2048  # transformers' LlamaConfig default (a yarn RoPE without its original length reads it)
 
 
 class LlamaTargetConfig(TargetConfig):
@@ -37,12 +37,11 @@ class LlamaTargetConfig(TargetConfig):
         if isinstance(d, dict):
             if bool_field(d.get("mlp_bias", False), "mlp_bias"):
                 raise ConfigError("mlp_bias=true is not supported (the SwiGLU here has no biases)")
-            d = {"max_position_embeddings": LLAMA_MAX_POSITIONS, **d}   # LlamaConfig's default, not Qwen3's
+            d = {"max_position_embeddings": LLAMA_MAX_POSITIONS, **d}  # LlamaConfig's default, not Qwen3's
         return super()._fields_from_dict(d)
 
     def to_dict(self) -> dict:
-        return {**super().to_dict(), "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                "mlp_bias": False}
+        return {**super().to_dict(), "architectures": ["LlamaForCausalLM"], "model_type": "llama", "mlp_bias": False}
 
 
 class LlamaTarget(Qwen3Target):
@@ -59,28 +58,34 @@ def from_transformers(model, rows_first: bool = True) -> LlamaTarget:
     with torch.device("meta"):
         target = LlamaTarget(config)
     state = model.state_dict()
-    if config.tie_word_embeddings:       # one tensor under two names: the own target ties it after loading
+    if config.tie_word_embeddings:  # one tensor under two names: the own target ties it after loading
         state.pop("lm_head.weight", None)
     missing, unexpected = target.load_state_dict(state, assign=True, strict=False)
     missing = [name for name in missing if not (config.tie_word_embeddings and name == "lm_head.weight")]
     if missing or unexpected:
-        raise ValueError(f"{type(model).__name__}'s tensors do not match a Llama target: missing {missing or 'none'}, "
-                         f"unexpected {unexpected or 'none'}")
+        raise ValueError(
+            f"{type(model).__name__}'s tensors do not match a Llama target: missing {missing or 'none'}, "
+            f"unexpected {unexpected or 'none'}"
+        )
     if config.tie_word_embeddings:
         target.lm_head.weight = target.model.embed_tokens.weight
     theirs = model.model.rotary_emb.inv_freq
     if not torch.equal(theirs.float(), target.rotary_emb.inv_freq(theirs.device)) or theirs.dtype != torch.float32:
-        raise ValueError("this model's RoPE frequencies (model.model.rotary_emb.inv_freq, "
-                         f"{theirs.dtype}) are not the fp32 ones its config gives: a model cast by .to(dtype) "
-                         "rounds them; load it with from_pretrained(..., dtype=...) instead")
+        raise ValueError(
+            "this model's RoPE frequencies (model.model.rotary_emb.inv_freq, "
+            f"{theirs.dtype}) are not the fp32 ones its config gives: a model cast by .to(dtype) "
+            "rounds them; load it with from_pretrained(..., dtype=...) instead"
+        )
     return _planned(target.eval(), rows_first)
 
 
-def load_llama_target(folder: str | Path, dtype=None, device: str | torch.device = "cpu",
-                      rows_first: bool = True) -> LlamaTarget:
+def load_llama_target(
+    folder: str | Path, dtype=None, device: str | torch.device = "cpu", rows_first: bool = True
+) -> LlamaTarget:
     """A transformers LlamaForCausalLM folder → the project's own LlamaTarget (`rows_first`: as above)."""
-    return _planned(load_folder(LlamaTarget, LlamaTargetConfig, folder, dtype, device, {"LlamaForCausalLM"}),
-                    rows_first)
+    return _planned(
+        load_folder(LlamaTarget, LlamaTargetConfig, folder, dtype, device, {"LlamaForCausalLM"}), rows_first
+    )
 
 
 def _planned(target: LlamaTarget, rows_first: bool) -> LlamaTarget:

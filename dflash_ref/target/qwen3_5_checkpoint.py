@@ -12,6 +12,7 @@ writes the multimodal layout (the text model alone: no vision tower), which tran
 loader all read. The MoE variants
 (qwen3_5_moe) are not this model: they go to transformers (target/folder.py), which refuses them.
 """
+
 from __future__ import annotations
 
 import json
@@ -57,18 +58,33 @@ def save_hybrid_target(model: Qwen3_5Target, folder: str | Path, dtype: torch.dt
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     c = model.config
-    state = {(MULTIMODAL_PREFIX + k.removeprefix("model.") if k.startswith("model.") else k):
-             v.detach().to(dtype or v.dtype).contiguous().cpu() for k, v in model.state_dict().items()}
+    state = {
+        (MULTIMODAL_PREFIX + k.removeprefix("model.") if k.startswith("model.") else k): v.detach()
+        .to(dtype or v.dtype)
+        .contiguous()
+        .cpu()
+        for k, v in model.state_dict().items()
+    }
     if c.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     text = {k: v for k, v in c.to_dict().items() if k not in ("rope_theta", "partial_rotary_factor", "dtype")}
-    text.update(model_type="qwen3_5_text", rope_parameters={"rope_type": "default", "rope_theta": c.rope_theta,
-                                                           "partial_rotary_factor": c.partial_rotary_factor})
+    text.update(
+        model_type="qwen3_5_text",
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": c.rope_theta,
+            "partial_rotary_factor": c.partial_rotary_factor,
+        },
+    )
     every_4th = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(c.num_hidden_layers)]
     if c.layer_types == every_4th:
         text["full_attention_interval"] = 4
-    config = {"architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": text,
-              "tie_word_embeddings": c.tie_word_embeddings,
-              "dtype": str(next(iter(state.values())).dtype).removeprefix("torch.")}
+    config = {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": text,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "dtype": str(next(iter(state.values())).dtype).removeprefix("torch."),
+    }
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(state, str(folder / SINGLE), metadata={"format": "pt"})

@@ -13,6 +13,7 @@ dtype where the text_config lacks them.
     Gated DeltaNet: H_k = linear_num_key_heads, H_v = linear_num_value_heads (a multiple of H_k),
                     d_k = linear_key_head_dim, d_v = linear_value_head_dim, conv kernel K = linear_conv_kernel_dim
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -59,7 +60,7 @@ class HybridConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     hidden_act: str = "silu"
-    dtype: str | None = None                  # dtype the checkpoint was saved in, informative
+    dtype: str | None = None  # dtype the checkpoint was saved in, informative
 
     def __post_init__(self) -> None:
         self.validate()
@@ -70,32 +71,52 @@ class HybridConfig:
         return int(self.head_dim * self.partial_rotary_factor)
 
     def validate(self) -> None:
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                     "num_key_value_heads", "head_dim", "linear_conv_kernel_dim", "linear_key_head_dim",
-                     "linear_value_head_dim", "linear_num_key_heads", "linear_num_value_heads",
-                     "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "linear_conv_kernel_dim",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"config field {name!r} must be an integer ≥ 1, got {value!r}")
-        if not self.layer_types:   # transformers' default: every 4th layer full attention
-            self.layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-                                for i in range(self.num_hidden_layers)]
+        if not self.layer_types:  # transformers' default: every 4th layer full attention
+            self.layer_types = [
+                "full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(self.num_hidden_layers)
+            ]
         if len(self.layer_types) != self.num_hidden_layers:
-            raise ConfigError(f"layer_types has {len(self.layer_types)} entries but num_hidden_layers is "
-                              f"{self.num_hidden_layers}")
+            raise ConfigError(
+                f"layer_types has {len(self.layer_types)} entries but num_hidden_layers is {self.num_hidden_layers}"
+            )
         unknown = sorted({t for t in self.layer_types if t not in LAYER_TYPES})
         if unknown:
-            raise ConfigError(f"unknown layer type(s) {unknown} in layer_types; this hybrid target implements "
-                              f"{list(LAYER_TYPES)}")
+            raise ConfigError(
+                f"unknown layer type(s) {unknown} in layer_types; this hybrid target implements {list(LAYER_TYPES)}"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                              f"num_key_value_heads ({self.num_key_value_heads}) for GQA")
+            raise ConfigError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads}) for GQA"
+            )
         if self.linear_num_value_heads % self.linear_num_key_heads:
-            raise ConfigError(f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
-                              f"linear_num_key_heads ({self.linear_num_key_heads})")
+            raise ConfigError(
+                f"linear_num_value_heads ({self.linear_num_value_heads}) must be a multiple of "
+                f"linear_num_key_heads ({self.linear_num_key_heads})"
+            )
         if not 0 < self.partial_rotary_factor <= 1 or self.rotary_dim % 2:
-            raise ConfigError(f"partial_rotary_factor {self.partial_rotary_factor} × head_dim {self.head_dim} "
-                              f"= {self.rotary_dim} rotary channels: must be even and ≥ 2")
+            raise ConfigError(
+                f"partial_rotary_factor {self.partial_rotary_factor} × head_dim {self.head_dim} "
+                f"= {self.rotary_dim} rotary channels: must be even and ≥ 2"
+            )
         if not isinstance(self.dtype, (str, type(None))):
             raise ConfigError(f"config field 'dtype' must be a name such as \"bfloat16\", got {self.dtype!r}")
         if self.hidden_act != "silu":
@@ -103,7 +124,7 @@ class HybridConfig:
         self.rms_norm_eps, self.rope_theta = float(self.rms_norm_eps), float(self.rope_theta)
 
     @classmethod
-    def from_hf(cls, config) -> "HybridConfig":
+    def from_hf(cls, config) -> HybridConfig:
         """From a transformers Qwen3_5TextConfig or Qwen3_5Config (or their dicts); RoPE read from either
         spelling, rope types other than plain ("default") refused."""
         c = text_fields(config if isinstance(config, dict) else config.to_dict())
@@ -118,15 +139,26 @@ class HybridConfig:
         kwargs["rope_theta"] = rope.get("rope_theta", c.get("rope_theta", 10_000.0))
         kwargs["partial_rotary_factor"] = rope.get("partial_rotary_factor", c.get("partial_rotary_factor", 1.0))
         kwargs["dtype"] = c.get("dtype", c.get("torch_dtype"))
-        missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                               "num_attention_heads", "num_key_value_heads", "head_dim") if k not in kwargs]
+        missing = [
+            k
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+            )
+            if k not in kwargs
+        ]
         if missing:
             raise ConfigError(f"the config lacks {missing}, needed by the hybrid target")
         kwargs["layer_types"] = list(kwargs.get("layer_types") or [])
         return cls(**kwargs)
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "HybridConfig":
+    def from_json(cls, path: str | Path) -> HybridConfig:
         """A folder's config.json (or that file), text model or multimodal."""
         path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)
         try:

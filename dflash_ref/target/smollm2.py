@@ -9,6 +9,7 @@ process loads that folder, with the same weights and tokenizer.
 The EOS trap: the GGUF tokenizer reports id 1 (`<|im_start|>`) as end of sequence, but a chat turn
 ends with id 2 (`<|im_end|>`): stop on STOP_TOKEN_IDS, not on `tokenizer.eos_token_id`.
 """
+
 from __future__ import annotations
 
 import functools
@@ -25,8 +26,8 @@ from ..extensions.streamed import cache_folder
 from .hf import HFTarget
 from .llama import LlamaTarget, from_transformers
 
-STOP_TOKEN_IDS = [2]   # <|im_end|>
-MASK_TOKEN_ID = 16     # <empty_output>, a special token chat text never contains
+STOP_TOKEN_IDS = [2]  # <|im_end|>
+MASK_TOKEN_ID = 16  # <empty_output>, a special token chat text never contains
 DONE = "converted-from"  # written last into the converted folder: a folder without it is not used
 
 
@@ -57,14 +58,14 @@ def converted_folder() -> Path | None:
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
-    except OSError:                            # a read-only home: read the GGUF every time instead
+    except OSError:  # a read-only home: read the GGUF every time instead
         return None
     try:
         model, tokenizer = _from_gguf(gguf, torch.float32)
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / DONE).write_text(f"{gguf}\n")
-        os.replace(staging, folder)            # whole or not at all; a process that got there first wins
+        os.replace(staging, folder)  # whole or not at all; a process that got there first wins
     except OSError:
         pass
     finally:
@@ -108,13 +109,12 @@ def load_smollm2_own(dtype: torch.dtype = torch.float32) -> tuple[LlamaTarget, o
 
 def chat_ids(tokenizer, prompt: str) -> torch.Tensor:
     """The chat template (any tokenizer's) with the assistant turn opened: (1, L) token ids."""
-    return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                         return_tensors="pt", return_dict=True)["input_ids"]
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
 
 
 def longest_chat_prompt(tokenizer, prompts: list[str]) -> int:
     """The length in tokens of the longest of `prompts` in the chat template: what a command checks
     its new tokens against, before generating, so that prompt + tokens fit the target's positions."""
     return max(chat_ids(tokenizer, prompt).shape[1] for prompt in prompts)
-
-

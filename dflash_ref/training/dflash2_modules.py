@@ -8,6 +8,7 @@ measure each alone (figures/training/README.md, "The levers").
     selector  the convolutions kept the identity they start as (`freeze_convolutions_`): each layer
               stays its DFlash 1 layer, and the selector proposes
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager

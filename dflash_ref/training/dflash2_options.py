@@ -11,6 +11,7 @@ A DFlash 1 run (`--version 1`, the default) takes none of them (each stays null 
 DFlash 2 run fills the ones not given with DFLASH2_DEFAULTS, so that its train_config.json holds the
 sizes it was trained with and `--resume` is held to them. No torch here.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,7 @@ MODULES = ("both", "conv", "selector")
 # of 4; 16 channels a group (the released Muse-Glimmer-30B's) gives 36 groups; r = 32 keeps the two
 # codebooks (2 · 49152 · 32 = 3.1 M weights) below the draft's layers; 8 candidates for 3 proposals
 DFLASH2_DEFAULTS = {"conv_kernel_size": 3, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 8}
-SMOLLM2_WIDTHS = (576, 49152)       # hidden size, vocabulary (target/smollm2.py's model; the GGUF holds them)
+SMOLLM2_WIDTHS = (576, 49152)  # hidden size, vocabulary (target/smollm2.py's model; the GGUF holds them)
 
 
 def _flag(key: str) -> str:
@@ -62,8 +63,10 @@ def check_dflash2(options: dict, widths: tuple[int, int] | None) -> None:
     hidden, vocab = widths
     if hidden % options["conv_group_size"]:
         divisors = [g for g in range(1, hidden + 1) if hidden % g == 0]
-        raise ValueError(f"--conv-group-size {options['conv_group_size']} does not divide the target's hidden size "
-                         f"{hidden}; one of {divisors}")
+        raise ValueError(
+            f"--conv-group-size {options['conv_group_size']} does not divide the target's hidden size "
+            f"{hidden}; one of {divisors}"
+        )
     if options["selector_top_k"] > vocab:
         raise ValueError(f"--selector-top-k {options['selector_top_k']} exceeds the target's vocabulary of {vocab}")
 
@@ -78,7 +81,7 @@ def target_widths(target: str) -> tuple[int, int] | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return None
     if isinstance(config, dict) and isinstance(config.get("text_config"), dict):
-        config = config["text_config"]                       # a multimodal folder: its language model's
+        config = config["text_config"]  # a multimodal folder: its language model's
     widths = (config.get("hidden_size"), config.get("vocab_size")) if isinstance(config, dict) else (None, None)
     return widths if all(isinstance(w, int) and not isinstance(w, bool) and w > 0 for w in widths) else None
 

@@ -8,6 +8,7 @@ trained as one of 4). Everything else (data, steps, learning rate, replay) is th
 read, and refused, before any model is loaded; config.py (and with it torch) is imported only where --init
 names a draft, so that `train --help` and the other options stay cheap.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 from ..drafts.shipped import SHIPPED_NAMES, draft_folder
 from .dflash2_options import DFLASH2_DEFAULTS
 
-FRESH = ("random", "target")                   # --init values that make a new draft (state.run_draft)
+FRESH = ("random", "target")  # --init values that make a new draft (state.run_draft)
 
 
 class InitDraftError(ValueError):
@@ -28,20 +29,29 @@ def init_folder(init: str) -> Path | None:
         return None
     try:
         return draft_folder(init, "--init")
-    except ValueError as e:                    # an unknown shipped: name
+    except ValueError as e:  # an unknown shipped: name
         raise InitDraftError(str(e)) from None
 
 
 def draft_shape(folder: Path) -> dict:
     """The options a draft folder fixes, from its config.json: version, layers, block size and (DFlash 2)
     its four sizes; a folder that holds no readable draft config is refused by name."""
-    from ..config import DraftConfig                  # torch, through layer_sampling: only for a draft
+    from ..config import DraftConfig  # torch, through layer_sampling: only for a draft
     from ..config_fields import ConfigError
+
     if not (folder / "config.json").is_file():
-        raise InitDraftError(f"--init {folder}: " + ("no config.json there" if folder.is_dir() else
-                                                 "a file, not a folder" if folder.exists() else "no such folder")
-                             + f"; --init takes {' or '.join(FRESH)}, a draft folder, or "
-                             + " / ".join(SHIPPED_NAMES))
+        raise InitDraftError(
+            f"--init {folder}: "
+            + (
+                "no config.json there"
+                if folder.is_dir()
+                else "a file, not a folder"
+                if folder.exists()
+                else "no such folder"
+            )
+            + f"; --init takes {' or '.join(FRESH)}, a draft folder, or "
+            + " / ".join(SHIPPED_NAMES)
+        )
     try:
         config = DraftConfig.from_json(folder)
     except ConfigError as e:
@@ -52,8 +62,13 @@ def draft_shape(folder: Path) -> dict:
 def config_shape(config) -> dict:
     """A DraftConfig → the run options it fixes (a DFlash 1 config's DFlash 2 sizes are None); also what
     state.run_draft holds a resumed checkpoint's draft to."""
-    return {"version": config.version, "layers": config.num_hidden_layers, "block_size": config.block_size,
-            "target_layers": len(config.target_layer_ids), **{k: getattr(config, k) for k in DFLASH2_DEFAULTS}}
+    return {
+        "version": config.version,
+        "layers": config.num_hidden_layers,
+        "block_size": config.block_size,
+        "target_layers": len(config.target_layer_ids),
+        **{k: getattr(config, k) for k in DFLASH2_DEFAULTS},
+    }
 
 
 def take_draft_shape(options: dict, requested: dict) -> dict:
@@ -63,10 +78,14 @@ def take_draft_shape(options: dict, requested: dict) -> dict:
     if folder is None:
         return options
     shape = draft_shape(folder)
-    wrong = [f"--{k.replace('_', '-')} {requested[k]} (the draft has {'none' if v is None else v})"
-             for k, v in shape.items()
-             if requested.get(k) is not None and requested[k] != v]
+    wrong = [
+        f"--{k.replace('_', '-')} {requested[k]} (the draft has {'none' if v is None else v})"
+        for k, v in shape.items()
+        if requested.get(k) is not None and requested[k] != v
+    ]
     if wrong:
-        raise InitDraftError(f"--init {options['init']}: the run asks {', '.join(wrong)}; a draft is trained in "
-                             f"its own shape: leave these out")
+        raise InitDraftError(
+            f"--init {options['init']}: the run asks {', '.join(wrong)}; a draft is trained in "
+            f"its own shape: leave these out"
+        )
     return {**options, **shape}

@@ -7,6 +7,7 @@
 
 What `train`'s held-out evaluation, `evaluate` and `bench trained` all report, and how they print it.
 """
+
 from __future__ import annotations
 
 from ..decoding import spec_generate
@@ -14,21 +15,40 @@ from ..hooks import hooks
 from ..target.smollm2 import chat_ids
 
 
-def acceptance_by_position(draft, target, tokenizer, prompt_list, max_new_tokens=64, stop=(2,),
-                           block_size: int | None = None, outputs: list | None = None,
-                           verify_gate: float | None = None, records: list | None = None, done=None,
-                           lookup: int | None = None) -> tuple[list[float | None], float | None]:
+def acceptance_by_position(
+    draft,
+    target,
+    tokenizer,
+    prompt_list,
+    max_new_tokens=64,
+    stop=(2,),
+    block_size: int | None = None,
+    outputs: list | None = None,
+    verify_gate: float | None = None,
+    records: list | None = None,
+    done=None,
+    lookup: int | None = None,
+) -> tuple[list[float | None], float | None]:
     """Greedy on each prompt: the fraction of full-block decode steps (the whole block drafted and
     verified) in which block position k (1 … b − 1) was accepted, and the mean tokens per step over
     all steps (the paper's τ): `tally` of every step (with `lookup`, extensions/prompt_lookup.py, its
-    steps count too: a_k and τ are then the decoder's, not the draft's alone). Each prompt's GenerationOutput is appended to
-    `outputs` and its list of step records to `records`, if given; `done(i)` is called after the i-th."""
+    steps count too: a_k and τ are then the decoder's, not the draft's alone). Each prompt's GenerationOutput
+    is appended to `outputs` and its list of step records to `records`, if given; `done(i)` is called after the i-th."""
     b = block_size or draft.block_size
     steps = []
     for i, prompt in enumerate(prompt_list, 1):
         mine = []
-        out = spec_generate(draft, target, chat_ids(tokenizer, prompt), max_new_tokens, list(stop), block_size=b,
-                            verify_gate=verify_gate, lookup=lookup, on_step=mine.append)
+        out = spec_generate(
+            draft,
+            target,
+            chat_ids(tokenizer, prompt),
+            max_new_tokens,
+            list(stop),
+            block_size=b,
+            verify_gate=verify_gate,
+            lookup=lookup,
+            on_step=mine.append,
+        )
         if outputs is not None:
             outputs.append(out)
         if records is not None:
@@ -89,8 +109,10 @@ def per_prompt(per_pass: list, outputs: list, what: str) -> list[list]:
     for out in outputs:
         steps = len(out.acceptance_lengths)
         if out.num_draft_passes != steps or len(rest) < steps:
-            raise ValueError(f"a prompt of {steps} steps made {out.num_draft_passes} draft passes, and "
-                             f"{len(rest)} {what} are left for it: these are not its passes")
+            raise ValueError(
+                f"a prompt of {steps} steps made {out.num_draft_passes} draft passes, and "
+                f"{len(rest)} {what} are left for it: these are not its passes"
+            )
         shares.append(rest[:steps])
         rest = rest[steps:]
     if rest:
@@ -104,7 +126,7 @@ def selector_log(draft, run) -> tuple[object, list[tuple]]:
     `hook_unary`. The candidates are the top K of the logits, so their best unary z is the argmax."""
     candidates, unary = [], []
 
-    def read(tensor, point):                                            # (1, γ, K), once per pass each
+    def read(tensor, point):  # (1, γ, K), once per pass each
         (candidates if point.name.endswith("hook_candidates") else unary).append(tensor[0])
 
     names = ("draft.candidate_selector.hook_candidates", "draft.candidate_selector.hook_unary")
@@ -126,25 +148,42 @@ def path_against_argmax(records: list[list], choices: list[tuple], outputs: list
         recall = share with y_t among the K candidates (the most the selector can get right),
         argmax = share with a_t = y_t, path = share with d_t = y_t, and where d_t ≠ a_t ("moved")
         which of the two was y_t."""
-    tally = dict.fromkeys(("steps", "decisive", "in candidates", "argmax right", "path right",
-                           "moved", "moved, path right", "moved, argmax right"), 0)
+    tally = dict.fromkeys(
+        (
+            "steps",
+            "decisive",
+            "in candidates",
+            "argmax right",
+            "path right",
+            "moved",
+            "moved, path right",
+            "moved, argmax right",
+        ),
+        0,
+    )
     matched = {"path": 0, "argmax": 0}
     for steps, out, mine in zip(records, outputs, per_prompt(choices, outputs, "selector records"), strict=True):
         if len(steps) != len(out.acceptance_lengths):
-            raise ValueError(f"{len(steps)} step records for an output of {len(out.acceptance_lengths)} steps: "
-                             f"these are not its records")
+            raise ValueError(
+                f"{len(steps)} step records for an output of {len(out.acceptance_lengths)} steps: "
+                f"these are not its records"
+            )
         for record, (candidates, argmax) in zip(steps, mine):
-            truth = out.output_ids[0, record.start + 1:record.start + 1 + len(record.draft_tokens)].tolist()
-            path, argmax = record.draft_tokens[:len(truth)], argmax[:len(truth)].tolist()
+            truth = out.output_ids[0, record.start + 1 : record.start + 1 + len(record.draft_tokens)].tolist()
+            path, argmax = record.draft_tokens[: len(truth)], argmax[: len(truth)].tolist()
             tally["steps"] += 1
-            prefix = {name: next((t for t, (p, y) in enumerate(zip(proposal, truth)) if p != y), len(truth))
-                      for name, proposal in (("path", path), ("argmax", argmax))}
+            prefix = {
+                name: next((t for t, (p, y) in enumerate(zip(proposal, truth)) if p != y), len(truth))
+                for name, proposal in (("path", path), ("argmax", argmax))
+            }
             if len(truth) == len(record.draft_tokens) and prefix["path"] != record.acceptance_length:
-                raise ValueError(f"step {record.step}: the output's tokens accept {prefix['path']} of the path, the "
-                                 f"step record {record.acceptance_length}: the output is not this run's")
+                raise ValueError(
+                    f"step {record.step}: the output's tokens accept {prefix['path']} of the path, the "
+                    f"step record {record.acceptance_length}: the output is not this run's"
+                )
             for name in matched:
                 matched[name] += prefix[name]
-            for t, y in enumerate(truth):              # the decisive positions: the path's prefix right so far
+            for t, y in enumerate(truth):  # the decisive positions: the path's prefix right so far
                 moved = path[t] != argmax[t]
                 tally["decisive"] += 1
                 tally["in candidates"] += y in candidates[t].tolist()
@@ -156,5 +195,4 @@ def path_against_argmax(records: list[list], choices: list[tuple], outputs: list
                 if path[t] != y:
                     break
     steps = max(tally["steps"], 1)
-    return {"accepted/step, path": matched["path"] / steps, "accepted/step, argmax": matched["argmax"] / steps,
-            **tally}
+    return {"accepted/step, path": matched["path"] / steps, "accepted/step, argmax": matched["argmax"] / steps, **tally}

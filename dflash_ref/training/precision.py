@@ -6,6 +6,7 @@ bf16 products: a (1024 × 576) · (576 × 1536) product took 226 ms in bf16 agai
 torch 2.13, 2026-12-03. `auto` is resolved when a run starts and saved as what it chose, so that a resumed
 run keeps it (training/options.py). No torch here.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

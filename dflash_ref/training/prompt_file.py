@@ -17,11 +17,13 @@ anything is loaded). Which prompts a run uses:
     held-out   the first --eval-prompts of --heldout-file (default: up to 12), else prompts.eval_prompts;
                beside them the first --eval-styles hand-written ones (heldout_styles.py)
 """
+
 from __future__ import annotations
 
 import functools
 import json
 from pathlib import Path
+
 from .heldout_styles import heldout_styles
 from .prompt_sets import PROMPT_SETS, split_prompts
 from .prompts import prompts
@@ -47,8 +49,9 @@ def read_prompts(path: str | Path, role: str = "") -> list[str]:
 def _read(path: str) -> tuple[str, ...]:
     file = Path(path)
     if file.suffix not in SUFFIXES:
-        raise PromptFileError(f"{path}: a prompts file must be {' or '.join(SUFFIXES)}, "
-                              f"not {file.suffix or 'without a suffix'}")
+        raise PromptFileError(
+            f"{path}: a prompts file must be {' or '.join(SUFFIXES)}, not {file.suffix or 'without a suffix'}"
+        )
     try:
         lines = file.read_text(encoding="utf-8").splitlines()
     except FileNotFoundError:
@@ -77,11 +80,12 @@ def _prompt_of(line: str, where: str) -> str:
         turns = row["messages"] if isinstance(row.get("messages"), list) else row["conversations"]
         users = [t for t in turns if isinstance(t, dict) and (t.get("role") or t.get("from")) in USER_ROLES]
         if not users:
-            raise PromptFileError(f"{where}: its conversation has no user turn "
-                                  f"(role or from: {' or '.join(USER_ROLES)})")
+            raise PromptFileError(
+                f"{where}: its conversation has no user turn (role or from: {' or '.join(USER_ROLES)})"
+            )
         prompt = users[0].get("content", users[0].get("value"))
     else:
-        raise PromptFileError(f"{where} has no \"prompt\", \"messages\" or \"conversations\"")
+        raise PromptFileError(f'{where} has no "prompt", "messages" or "conversations"')
     if not isinstance(prompt, str) or not prompt.strip():
         raise PromptFileError(f"{where}: its prompt is not a non-empty string: {prompt!r}"[:300])
     return prompt
@@ -101,7 +105,7 @@ def heldout_prompts(options: dict) -> list[str]:
 
 def style_prompts(options: dict) -> list[str]:
     """The hand-written held-out prompts a run evaluates on beside the others (the first options["eval_styles"])."""
-    return heldout_styles()[:options["eval_styles"]]
+    return heldout_styles()[: options["eval_styles"]]
 
 
 def file_counts(options: dict, requested: dict, resumed: bool, default_eval_prompts: int) -> dict:

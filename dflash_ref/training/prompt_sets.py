@@ -9,13 +9,14 @@
 
 No torch here.
 """
+
 from __future__ import annotations
 
 from .heldout_styles import heldout_styles, style_of_heldout
 from .prompts import prompts, template_of
 from .varied_prompts import style_of, varied_prompts
 
-PROMPT_SETS = {"templates": "train", "varied": "varied", "mixed": "mixed"}   # train --prompt-set → its split
+PROMPT_SETS = {"templates": "train", "varied": "varied", "mixed": "mixed"}  # train --prompt-set → its split
 SPLITS = ("train", "heldout", "varied", "mixed", "heldout-styles")
 
 
@@ -36,7 +37,7 @@ def mixed_prompts() -> list[str]:
     """The template prompts and the varied ones in turn (train[0], varied[0], train[1], …), then the varied
     prompts left: any first 2n are n of each, and each half keeps its own spread over topics and styles."""
     templates, varied = prompts("train"), varied_prompts()
-    return [p for pair in zip(templates, varied) for p in pair] + varied[len(templates):]
+    return [p for pair in zip(templates, varied) for p in pair] + varied[len(templates) :]
 
 
 def kind_of(prompt: str) -> str:

@@ -29,6 +29,7 @@ states the draft induces are only *which* anchors decoding visits (a draft's wro
 becomes the prefix of a later proposal); that is what is replayed. Draft-OPD also trains on the target's
 distribution at those states; here only its greedy token (the data holds no target distributions).
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,11 +55,11 @@ def sequence_errors(draft, target, token_ids: torch.Tensor, features: torch.Tens
     """E(x) for one training sequence (1, T) with its features (1, T, k·d), the draft as it is now (in
     fp32, in eval mode: its proposals as decoding makes them)."""
     b = draft.block_size
-    anchors = every_anchor(prompt_len, token_ids.shape[1], b)                   # (m,) a, a + 1, …
+    anchors = every_anchor(prompt_len, token_ids.shape[1], b)  # (m,) a, a + 1, …
     if len(anchors) == 0:
         return []
-    proposals = draft_proposals(draft, target, token_ids, features.float(), anchors)   # (m, b − 1)
-    wanted = token_ids[0, anchors[:, None] + torch.arange(1, b)[None, :]]       # (m, b − 1) x_{a+k}
+    proposals = draft_proposals(draft, target, token_ids, features.float(), anchors)  # (m, b − 1)
+    wanted = token_ids[0, anchors[:, None] + torch.arange(1, b)[None, :]]  # (m, b − 1) x_{a+k}
     return visited_errors(leading_count(proposals, wanted), int(anchors[0]), b)
 
 
@@ -73,8 +74,15 @@ def find_errors(draft, target, data, feats, count: int, generator: torch.Generat
     return {i: errors for i, errors in found.items() if errors}
 
 
-def replay_batch(errors: dict[int, list[int]], data, batch: int, share: float, anchors: int, block_size: int,
-                 generator: torch.Generator) -> list[tuple[int, torch.Tensor]]:
+def replay_batch(
+    errors: dict[int, list[int]],
+    data,
+    batch: int,
+    share: float,
+    anchors: int,
+    block_size: int,
+    generator: torch.Generator,
+) -> list[tuple[int, torch.Tensor]]:
     """round(share · batch) sequences drawn from `errors`' (none while it is empty), each with its error
     anchors (a random `anchors` of them if more) topped up with uniform ones to `anchors` → [(index,
     sorted anchors)]. The rest of the batch is the caller's."""
@@ -88,6 +96,6 @@ def replay_batch(errors: dict[int, list[int]], data, batch: int, share: float, a
         mine = mine[torch.randperm(len(mine), generator=generator)[:anchors]]
         prompt_len, ids = data[i]
         uniform = sample_anchors(prompt_len, ids.shape[1], block_size, anchors, generator)
-        extra = uniform[~torch.isin(uniform, mine)][:anchors - len(mine)]
+        extra = uniform[~torch.isin(uniform, mine)][: anchors - len(mine)]
         picked.append((i, torch.cat([mine, extra]).sort().values))
     return picked

@@ -4,6 +4,7 @@ uniformly every step, each counted (V − |R|)/K times:
 
     Z ≈ Σ_{v∈R} e^{z_v} + (V − |R|)/K · Σ_{v∈sample} e^{z_v}      (log-weight log((V − |R|)/K))
 """
+
 from __future__ import annotations
 
 import math
@@ -17,13 +18,14 @@ def training_vocabulary(token_lists, always=()) -> torch.Tensor:
     return torch.tensor(sorted(ids), dtype=torch.long)
 
 
-def sampled_vocabulary(always: torch.Tensor, vocab_size: int, num_sampled: int,
-                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sampled_vocabulary(
+    always: torch.Tensor, vocab_size: int, num_sampled: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`always` (R) + `num_sampled` distinct ids drawn uniformly from the rest, and each id's
     log-weight in the normaliser: 0 for R, log((V − |R|)/K) for a sampled id."""
     others = torch.ones(vocab_size, dtype=torch.bool)
     others[always] = False
-    rest = others.nonzero()[:, 0]                                              # (V − |R|,)
+    rest = others.nonzero()[:, 0]  # (V − |R|,)
     k = min(num_sampled, len(rest))
     sampled = rest[torch.randperm(len(rest), generator=generator)[:k]]
     log_weight = torch.cat([torch.zeros(len(always)), torch.full((k,), math.log(len(rest) / max(k, 1)))])

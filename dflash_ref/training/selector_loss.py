@@ -13,20 +13,29 @@ first mismatch), so the predecessor that matters for τ is the true one. The una
 gradient: the selector's loss also shapes the draft's logits among its top K. No public recipe exists
 (the DFlash 2 authors published none); this is the simplest loss that trains every selector weight.
 """
+
 from __future__ import annotations
 
 import torch
 from torch.nn import functional as F
 
 
-def selector_loss(selector, hidden: torch.Tensor, logits: torch.Tensor, previous: torch.Tensor,
-                  labels: torch.Tensor, weights: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+def selector_loss(
+    selector,
+    hidden: torch.Tensor,
+    logits: torch.Tensor,
+    previous: torch.Tensor,
+    labels: torch.Tensor,
+    weights: torch.Tensor,
+    vocab: torch.Tensor | None = None,
+) -> torch.Tensor:
     """hidden (m, γ, d), logits (m, γ, V) (or over `vocab` (V',), without the sampled normaliser's
     log-weights), previous and labels (m, γ) token ids, weights (γ,) → L_sel."""
-    candidates, scores = selector.teacher_forced(hidden, logits, previous, vocab)          # (m, γ, K) each
-    hit = candidates == labels[..., None]                                                  # (m, γ, K)
-    found = hit.any(-1)                                                                    # (m, γ)
-    ce = F.cross_entropy(scores.float().reshape(-1, scores.shape[-1]), hit.int().argmax(-1).reshape(-1),
-                         reduction="none").reshape(found.shape)                            # (m, γ)
+    candidates, scores = selector.teacher_forced(hidden, logits, previous, vocab)  # (m, γ, K) each
+    hit = candidates == labels[..., None]  # (m, γ, K)
+    found = hit.any(-1)  # (m, γ)
+    ce = F.cross_entropy(
+        scores.float().reshape(-1, scores.shape[-1]), hit.int().argmax(-1).reshape(-1), reduction="none"
+    ).reshape(found.shape)  # (m, γ)
     counted = weights.to(ce.device) * found
     return (ce * counted).sum() / counted.sum().clamp_min(torch.finfo(ce.dtype).tiny)

@@ -17,6 +17,7 @@ token is (up to the distillation's bf16 rounding) the argmax of q. What the soft
 rest of q: how sure the target is, and its second choices, information a data-limited draft does not
 get from one token per position.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -26,18 +27,19 @@ from torch.nn import functional as F
 
 from .sampled_softmax import positions_in
 
-TOP_K = 16          # the soft label's support: the target's 16 likeliest next tokens (the rest is left out)
+TOP_K = 16  # the soft label's support: the target's 16 likeliest next tokens (the rest is left out)
 
 
 class SoftTargets(NamedTuple):
     """The target's top-K next-token distribution at every position of one sequence."""
-    ids: torch.Tensor        # (T, K) token ids, int64
-    probs: torch.Tensor      # (T, K) fp32, renormalised over R (rows summing to 1, or to 0 where no id is in R)
+
+    ids: torch.Tensor  # (T, K) token ids, int64
+    probs: torch.Tensor  # (T, K) fp32, renormalised over R (rows summing to 1, or to 0 where no id is in R)
 
 
 def top_k_distribution(logits: torch.Tensor, k: int = TOP_K) -> tuple[torch.Tensor, torch.Tensor]:
     """logits (…, V) → the top-k ids (…, k) and their probabilities under the full softmax (…, k), fp32."""
-    probs, ids = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)      # (…, k) each
+    probs, ids = torch.softmax(logits.float(), dim=-1).topk(k, dim=-1)  # (…, k) each
     return ids, probs
 
 
@@ -48,21 +50,28 @@ def restrict_to_vocab(ids: torch.Tensor, probs: torch.Tensor, vocab: torch.Tenso
     return SoftTargets(ids, probs / probs.sum(-1, keepdim=True).clamp_min(torch.finfo(probs.dtype).tiny))
 
 
-def soft_label_loss(logits: torch.Tensor, soft_ids: torch.Tensor, soft_probs: torch.Tensor, weights: torch.Tensor,
-                    vocab: torch.Tensor | None = None) -> torch.Tensor:
+def soft_label_loss(
+    logits: torch.Tensor,
+    soft_ids: torch.Tensor,
+    soft_probs: torch.Tensor,
+    weights: torch.Tensor,
+    vocab: torch.Tensor | None = None,
+) -> torch.Tensor:
     """L_soft. logits (m, b − 1, V') over `vocab` (V',) (None: all V), the normaliser's log-weights added;
     soft_ids / soft_probs (m, b − 1, K): q̃ at each proposal position; weights (b − 1,)."""
-    log_p = F.log_softmax(logits.float(), dim=-1)                                 # (m, b − 1, V')
-    positions = soft_ids if vocab is None else positions_in(vocab, soft_ids)      # (m, b − 1, K), −1: not in it
+    log_p = F.log_softmax(logits.float(), dim=-1)  # (m, b − 1, V')
+    positions = soft_ids if vocab is None else positions_in(vocab, soft_ids)  # (m, b − 1, K), −1: not in it
     if ((positions < 0) & (soft_probs > 0)).any():
-        raise ValueError("a soft label with mass lies outside the loss's vocabulary; restrict it to the training "
-                         "vocabulary first (restrict_to_vocab)")
-    ce = -(soft_probs * log_p.gather(-1, positions.clamp_min(0))).sum(-1)        # (m, b − 1)
+        raise ValueError(
+            "a soft label with mass lies outside the loss's vocabulary; restrict it to the training "
+            "vocabulary first (restrict_to_vocab)"
+        )
+    ce = -(soft_probs * log_p.gather(-1, positions.clamp_min(0))).sum(-1)  # (m, b − 1)
     return (ce * weights).sum() / (len(ce) * weights.sum())
 
 
 def block_soft_targets(soft: SoftTargets, anchors: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The soft labels of every block's proposal positions: position k of block j (k = 1 … b − 1) takes
     q̃ at a_j + k − 1 → ids, probs (m, b − 1, K)."""
-    at = anchors[:, None] + torch.arange(block_size - 1)[None]                    # (m, b − 1)
+    at = anchors[:, None] + torch.arange(block_size - 1)[None]  # (m, b − 1)
     return soft.ids[at], soft.probs[at]

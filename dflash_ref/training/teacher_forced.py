@@ -24,10 +24,10 @@ With `paths` = M (a DFlash 2 draft), what a verify of a tree would keep: the sel
 and N_a the tree's nodes (distinct non-empty prefixes), so such a verify would take 1 + N_a tokens. A
 measure only: decoding verifies one path.
 """
+
 from __future__ import annotations
 
 import torch
-
 from matplotlib.figure import Figure
 
 from ..layer_sampling import extract_context_feature
@@ -38,7 +38,7 @@ CONFIDENCE_EDGES = (0.0, 0.3, 0.5, 0.7, 0.9, 0.99, 1.0)
 
 
 def bin_label(b: dict) -> str:
-    """"[low, high)" for a bin of `teacher_forced`'s by_confidence, "[low, high]" for the last one."""
+    """ "[low, high)" for a bin of `teacher_forced`'s by_confidence, "[low, high]" for the last one."""
     low, high = b["confidence"]
     return f"[{low}, {high}{']' if b['closed'] else ')'}"
 
@@ -46,35 +46,40 @@ def bin_label(b: dict) -> str:
 def summary(leads: torch.Tensor, block_size: int) -> dict:
     """τ_tf and a_k from the leading-match counts L_a (m,)."""
     k = torch.arange(1, block_size)
-    return {"anchors": len(leads), "tokens_per_step": 1 + leads.float().mean().item() if len(leads) else None,
-            "acceptance_by_position": (leads[:, None] >= k).float().mean(0).tolist() if len(leads) else None}
+    return {
+        "anchors": len(leads),
+        "tokens_per_step": 1 + leads.float().mean().item() if len(leads) else None,
+        "acceptance_by_position": (leads[:, None] >= k).float().mean(0).tolist() if len(leads) else None,
+    }
 
 
 @torch.no_grad()
-def leading_matches(draft, target, token_ids: torch.Tensor, prompt_len: int,
-                    paths: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def leading_matches(
+    draft, target, token_ids: torch.Tensor, prompt_len: int, paths: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One sequence (1, T): L_a, c_a and N_a (the proposals verified: b − 1, or a tree's nodes with `paths`)
     for every anchor a ≥ max(prompt_len, 1) with a whole block inside it; empty tensors if there is none."""
     b = draft.block_size
-    anchors = every_anchor(prompt_len, token_ids.shape[1], b)                   # (m,)
+    anchors = every_anchor(prompt_len, token_ids.shape[1], b)  # (m,)
     if len(anchors) == 0:
         return torch.zeros(0, dtype=torch.long), torch.zeros(0), torch.zeros(0, dtype=torch.long)
     out = target(token_ids, output_hidden_states=True)
-    probs = out.logits[0].float().softmax(-1)                                   # (T, V)
-    greedy = probs.argmax(-1)                                                   # (T,) g_{p+1} at index p
-    features = extract_context_feature(out.hidden_states, draft.target_layer_ids)   # (1, T, k·d)
-    proposals = draft_proposals(draft, target, token_ids, features, anchors, paths)   # (m, b − 1) or (m, M, b − 1)
-    wanted = greedy[anchors[:, None] + torch.arange(b - 1)[None, :]]             # (m, b − 1) g_{a+k}
+    probs = out.logits[0].float().softmax(-1)  # (T, V)
+    greedy = probs.argmax(-1)  # (T,) g_{p+1} at index p
+    features = extract_context_feature(out.hidden_states, draft.target_layer_ids)  # (1, T, k·d)
+    proposals = draft_proposals(draft, target, token_ids, features, anchors, paths)  # (m, b − 1) or (m, M, b − 1)
+    wanted = greedy[anchors[:, None] + torch.arange(b - 1)[None, :]]  # (m, b − 1) g_{a+k}
     if paths is None:
         return leading_count(proposals, wanted), probs.max(-1).values[anchors], torch.full_like(anchors, b - 1)
-    leads = leading_count(proposals, wanted[:, None]).max(-1).values            # the best of the M paths
+    leads = leading_count(proposals, wanted[:, None]).max(-1).values  # the best of the M paths
     return leads, probs.max(-1).values[anchors], tree_nodes(proposals)
 
 
 def tree_nodes(paths: torch.Tensor) -> torch.Tensor:
     """N_a: the distinct non-empty prefixes of each anchor's paths (m, M, γ) → (m,), the nodes of their tree."""
-    return torch.tensor([len({tuple(p[:t]) for p in rows for t in range(1, len(p) + 1)})
-                         for rows in paths.tolist()], dtype=torch.long)
+    return torch.tensor(
+        [len({tuple(p[:t]) for p in rows for t in range(1, len(p) + 1)}) for rows in paths.tolist()], dtype=torch.long
+    )
 
 
 def every_anchor(prompt_len: int, seq_len: int, block_size: int) -> torch.Tensor:
@@ -90,36 +95,41 @@ def leading_count(proposals: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor
 
 
 @torch.no_grad()
-def draft_proposals(draft, target, token_ids: torch.Tensor, features: torch.Tensor,
-                    anchors: torch.Tensor, paths: int | None = None) -> torch.Tensor:
+def draft_proposals(
+    draft, target, token_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor, paths: int | None = None
+) -> torch.Tensor:
     """The draft's greedy proposals d_1 … d_{b−1} of the blocks anchored at `anchors` (m,) of one sequence
     (1, T) with its features (1, T, k·d), as decoding makes them: among the draft vocabulary if it has
     one, through the selector's greedy path for DFlash 2 → (m, b − 1); with `paths` = M the selector's M
     most probable paths instead → (m, M, b − 1)."""
-    hidden, labels = training_hidden(draft, target, token_ids, features, anchors)   # (m, b − 1, d)
-    logits, _ = output_logits(draft, target, hidden, labels)                    # (m, b − 1, V)
+    hidden, labels = training_hidden(draft, target, token_ids, features, anchors)  # (m, b − 1, d)
+    logits, _ = output_logits(draft, target, hidden, labels)  # (m, b − 1, V)
     vocab = getattr(draft, "draft_vocab", None)
-    if vocab is not None:                 # proposals among the draft vocabulary only, as decoding makes them
+    if vocab is not None:  # proposals among the draft vocabulary only, as decoding makes them
         outside = torch.ones(logits.shape[-1], dtype=torch.bool)
         outside[vocab] = False
         logits = logits.masked_fill(outside, float("-inf"))
     selector = draft.candidate_selector
     if paths is not None:
         check_paths(draft, paths)
-        return selector.best_paths(hidden, logits, token_ids[0, anchors], paths)[0]   # (m, M, b − 1)
-    return (logits.argmax(-1) if selector is None
-            else selector.select(hidden, logits, token_ids[0, anchors], 0.0)[0])   # DFlash 2: the greedy path
+        return selector.best_paths(hidden, logits, token_ids[0, anchors], paths)[0]  # (m, M, b − 1)
+    return (
+        logits.argmax(-1) if selector is None else selector.select(hidden, logits, token_ids[0, anchors], 0.0)[0]
+    )  # DFlash 2: the greedy path
 
 
 def check_paths(draft, paths: int) -> None:
     """A ValueError naming the problem unless the draft has a selector and 1 ≤ paths ≤ K^(b − 1)."""
     selector = draft.candidate_selector
     if selector is None:
-        raise ValueError(f"paths={paths!r}: a tree of the selector's paths needs a DFlash 2 draft; this one has no "
-                         "selector")
+        raise ValueError(
+            f"paths={paths!r}: a tree of the selector's paths needs a DFlash 2 draft; this one has no selector"
+        )
     if not isinstance(paths, int) or not 1 <= paths <= selector.top_k ** (draft.block_size - 1):
-        raise ValueError(f"paths={paths!r}: must be 1 … K^(b − 1) = {selector.top_k ** (draft.block_size - 1)} "
-                         f"(K = {selector.top_k}, b = {draft.block_size})")
+        raise ValueError(
+            f"paths={paths!r}: must be 1 … K^(b − 1) = {selector.top_k ** (draft.block_size - 1)} "
+            f"(K = {selector.top_k}, b = {draft.block_size})"
+        )
 
 
 def teacher_forced(draft, target, rows: list[dict], edges=CONFIDENCE_EDGES, paths: int | None = None) -> dict:
@@ -128,21 +138,28 @@ def teacher_forced(draft, target, rows: list[dict], edges=CONFIDENCE_EDGES, path
     of a tree of the selector's best paths, and "paths" and "mean_nodes" (the mean N_a) say so."""
     draft.eval()
     if paths is not None:
-        check_paths(draft, paths)             # before any target pass
+        check_paths(draft, paths)  # before any target pass
     found = [leading_matches(draft, target, torch.tensor([r["ids"]]), r["prompt_len"], paths) for r in rows]
     leads = torch.cat([f[0] for f in found])
     confidence = torch.cat([f[1] for f in found])
     result = summary(leads, draft.block_size)
     if paths is not None:
-        result |= {"paths": paths, "mean_nodes": torch.cat([f[2] for f in found]).float().mean().item()
-                   if len(leads) else None}
+        result |= {
+            "paths": paths,
+            "mean_nodes": torch.cat([f[2] for f in found]).float().mean().item() if len(leads) else None,
+        }
     result["by_confidence"] = []
     for low, high in zip(edges[:-1], edges[1:]):
         last = high == edges[-1]
         chosen = (confidence >= low) & ((confidence <= high) if last else (confidence < high))
-        result["by_confidence"].append({"confidence": [low, high], "closed": last,
-                                        "share": chosen.float().mean().item() if len(leads) else None,
-                                        **summary(leads[chosen], draft.block_size)})
+        result["by_confidence"].append(
+            {
+                "confidence": [low, high],
+                "closed": last,
+                "share": chosen.float().mean().item() if len(leads) else None,
+                **summary(leads[chosen], draft.block_size),
+            }
+        )
     return result
 
 
@@ -161,9 +178,9 @@ def plot(result: dict, title: str = ""):
     ax.set_ylim(0, 1)
     ax.set_xlabel("target's confidence c_a in the token after the anchor")
     ax.set_ylabel("fraction")
-    ax.set_title(title or f"teacher-forced τ {result['tokens_per_step']:.3f} over {result['anchors']} anchors",
-                 fontsize=9)
+    ax.set_title(
+        title or f"teacher-forced τ {result['tokens_per_step']:.3f} over {result['anchors']} anchors", fontsize=9
+    )
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig
-

@@ -7,6 +7,7 @@ The draft is untrained, so its own proposals are almost never accepted; the deco
 uses `OracleDraft` (the real draft network runs; its proposals are replaced) to show zero, partial
 and full acceptance.
 """
+
 from __future__ import annotations
 
 import torch
@@ -17,8 +18,7 @@ from ..drafts.random_draft import randomize_
 from ..extensions.linear import use_rows_first
 from ..target import Qwen3Target
 
-VOCAB = ["<s>", "the", "cat", "sat", "on", "a", "mat", ".", "dog", "ran", "to", "park", "and",
-         "then", "</s>", "<mask>"]
+VOCAB = ["<s>", "the", "cat", "sat", "on", "a", "mat", ".", "dog", "ran", "to", "park", "and", "then", "</s>", "<mask>"]
 PROMPT = ["the", "cat", "sat"]
 
 
@@ -31,10 +31,25 @@ def decode(ids) -> list[str]:
 
 
 def demo_models(seed: int = 0, block_size: int = 4) -> tuple[Qwen3Target, DFlashDraftModel]:
-    shared = dict(vocab_size=len(VOCAB), hidden_size=8, intermediate_size=16, num_attention_heads=2,
-                  num_key_value_heads=1, head_dim=4, rope_theta=10000.0, max_position_embeddings=256)
+    shared = dict(
+        vocab_size=len(VOCAB),
+        hidden_size=8,
+        intermediate_size=16,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        rope_theta=10000.0,
+        max_position_embeddings=256,
+    )
     target = Qwen3Target(TargetConfig(num_hidden_layers=6, **shared))
-    draft = DFlashDraftModel(DraftConfig(num_hidden_layers=2, num_target_layers=6, block_size=block_size,
-                                         mask_token_id=VOCAB.index("<mask>"), **shared))
-    use_rows_first(draft)           # as every draft that decodes here (extensions/linear.py)
+    draft = DFlashDraftModel(
+        DraftConfig(
+            num_hidden_layers=2,
+            num_target_layers=6,
+            block_size=block_size,
+            mask_token_id=VOCAB.index("<mask>"),
+            **shared,
+        )
+    )
+    use_rows_first(draft)  # as every draft that decodes here (extensions/linear.py)
     return randomize_(target, seed, norm_jitter=None), randomize_(draft, seed + 1, norm_jitter=None)

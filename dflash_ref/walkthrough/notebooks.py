@@ -4,12 +4,13 @@ the truth; `walkthroughs/*.ipynb` are generated from them, executed, outputs inc
 Needs the `notebooks` extra (jupytext, nbclient, ipykernel), and walkthrough 03 the official dflash
 0.1.0 (`pip install --no-deps dflash==0.1.0`), whose conformance it runs.
 """
+
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
-WALKTHROUGHS = Path(__file__).resolve().parents[2] / "walkthroughs"   # the repository's, beside dflash_ref/
+WALKTHROUGHS = Path(__file__).resolve().parents[2] / "walkthroughs"  # the repository's, beside dflash_ref/
 
 
 def execute(source: Path, timeout: int = 600):
@@ -18,12 +19,17 @@ def execute(source: Path, timeout: int = 600):
     from nbclient import NotebookClient
 
     notebook = jupytext.read(source)
-    NotebookClient(notebook, timeout=timeout, kernel_name="python3", record_timing=False,
-                   resources={"metadata": {"path": str(source.parent)}}).execute()
+    NotebookClient(
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        record_timing=False,
+        resources={"metadata": {"path": str(source.parent)}},
+    ).execute()
     return notebook
 
 
-TQDM_WARNING = "TqdmWarning: IProgress not found"       # the kernel has no ipywidgets; names a local path
+TQDM_WARNING = "TqdmWarning: IProgress not found"  # the kernel has no ipywidgets; names a local path
 
 
 def _without_progress_noise(output):
@@ -55,12 +61,14 @@ def tidy(notebook):
 def build(folder: Path = WALKTHROUGHS) -> list[Path]:
     """Write every executed notebook next to its source."""
     if importlib.util.find_spec("dflash") is None:
-        raise SystemExit("walkthrough 03 runs the official dflash 0.1.0 (its part 5); install it first: "
-                         "pip install --no-deps dflash==0.1.0")
+        raise SystemExit(
+            "walkthrough 03 runs the official dflash 0.1.0 (its part 5); install it first: "
+            "pip install --no-deps dflash==0.1.0"
+        )
     import jupytext
 
     sources = sorted(Path(folder).glob("[0-9]*.py"))
-    if not sources:     # e.g. an installed package without the repository's walkthroughs/ beside it
+    if not sources:  # e.g. an installed package without the repository's walkthroughs/ beside it
         raise SystemExit(f"no walkthrough sources (NN_name.py) in {folder}")
     written = []
     for source in sources:

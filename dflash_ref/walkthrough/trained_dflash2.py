@@ -7,12 +7,12 @@ against the argmax of the same draft logits (training/measure.py's `path_against
     accepted per step, path / argmax;  at the decisive positions (the path right up to there):
     y_t among the K candidates (recall), a_t = y_t, d_t = y_t, and where d_t ≠ a_t which was right
 """
+
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -41,15 +41,15 @@ class TokenTexts(Sequence):
         return self.tokenizer.decode([int(token_id)]).replace("\n", "\\n")
 
 
-TRAINED_PROMPTS, TRAINED_TOKENS = 3, 64          # of each held-out set (templates', other styles), new tokens each
+TRAINED_PROMPTS, TRAINED_TOKENS = 3, 64  # of each held-out set (templates', other styles), new tokens each
 
 
 @dataclass
 class TrainedDFlash2:
-    prompt: str                  # the first prompt, whose steps are traced
-    trace: Trace                 # its candidate selector's hook points, every step
+    prompt: str  # the first prompt, whose steps are traced
+    trace: Trace  # its candidate selector's hook points, every step
     tokens: TokenTexts
-    tally: dict                  # path_against_argmax over every step of every prompt
+    tally: dict  # path_against_argmax over every step of every prompt
     prompts: int
 
 
@@ -57,19 +57,25 @@ def trained_dflash2_example() -> TrainedDFlash2:
     """The shipped SmolLM2 DFlash 2 draft (fp32, proposing among its draft vocabulary) greedy on the first
     TRAINED_PROMPTS prompts of both held-out sets: its path against the argmax of its own logits at every
     step, and the first prompt's selector traced (its output checked equal to the target's own)."""
-    target, tokenizer = load_smollm2_own()          # the own Llama target: transformers' numbers, faster
+    target, tokenizer = load_smollm2_own()  # the own Llama target: transformers' numbers, faster
     draft = load_draft(SHIPPED_DFLASH2, torch.float32)
     prompts = eval_prompts(TRAINED_PROMPTS) + split_prompts("heldout-styles")[:TRAINED_PROMPTS]
     ids = chat_ids(tokenizer, prompts[0])
     with tracing(draft, names=["draft.candidate_selector.*"], meta={"prompt": prompts[0]}) as trace:
         out = spec_generate(draft, target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS, on_step=trace.on_step)
-    assert torch.equal(out.output_ids, generate(target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS).output_ids), \
+    assert torch.equal(out.output_ids, generate(target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS).output_ids), (
         "speculative output must equal AR"
+    )
     outputs, records = [], []
-    _, choices = selector_log(draft, lambda: acceptance_by_position(
-        draft, target, tokenizer, prompts, TRAINED_TOKENS, STOP_TOKEN_IDS, outputs=outputs, records=records))
-    return TrainedDFlash2(prompts[0], trace, TokenTexts(tokenizer), path_against_argmax(records, choices, outputs),
-                          len(prompts))
+    _, choices = selector_log(
+        draft,
+        lambda: acceptance_by_position(
+            draft, target, tokenizer, prompts, TRAINED_TOKENS, STOP_TOKEN_IDS, outputs=outputs, records=records
+        ),
+    )
+    return TrainedDFlash2(
+        prompts[0], trace, TokenTexts(tokenizer), path_against_argmax(records, choices, outputs), len(prompts)
+    )
 
 
 def first_moved_step(trace: Trace) -> int:
@@ -77,31 +83,43 @@ def first_moved_step(trace: Trace) -> int:
     somewhere; 0 if none does."""
     name = "draft.candidate_selector."
     for step, acts in enumerate(trace.activations):
-        if not torch.equal(best_candidate(acts[name + "hook_candidates"], acts[name + "hook_unary"]),
-                           acts[name + "hook_path"]):
+        if not torch.equal(
+            best_candidate(acts[name + "hook_candidates"], acts[name + "hook_unary"]), acts[name + "hook_path"]
+        ):
             return step
     return 0
 
 
 def tell_trained_dflash2(ex: TrainedDFlash2, say: Callable[[str], None] = print) -> None:
     t = ex.tally
-    say(f"\n5. A trained DFlash 2 draft (shipped for SmolLM2-135M), greedy, {ex.prompts} held-out prompts, "
-        f"{TRAINED_TOKENS} tokens each, {t['steps']} steps")
-    say(f"   accepted proposals per step: its path {t['accepted/step, path']:.3f}, the argmax of the same "
-        f"logits {t['accepted/step, argmax']:.3f}")
+    say(
+        f"\n5. A trained DFlash 2 draft (shipped for SmolLM2-135M), greedy, {ex.prompts} held-out prompts, "
+        f"{TRAINED_TOKENS} tokens each, {t['steps']} steps"
+    )
+    say(
+        f"   accepted proposals per step: its path {t['accepted/step, path']:.3f}, the argmax of the same "
+        f"logits {t['accepted/step, argmax']:.3f}"
+    )
     n = max(t["decisive"], 1)
-    say(f"   at the {t['decisive']} decisive positions (the path right up to there): the target's token among "
+    say(
+        f"   at the {t['decisive']} decisive positions (the path right up to there): the target's token among "
         f"the candidates {t['in candidates'] / n:.0%}, the argmax right {t['argmax right'] / n:.0%}, "
-        f"the path right {t['path right'] / n:.0%}")
-    say(f"   the path left the argmax at {t['moved']} of them: right {t['moved, path right']} times, "
-        f"where the argmax was right {t['moved, argmax right']} times")
+        f"the path right {t['path right'] / n:.0%}"
+    )
+    say(
+        f"   the path left the argmax at {t['moved']} of them: right {t['moved, path right']} times, "
+        f"where the argmax was right {t['moved, argmax right']} times"
+    )
     step = first_moved_step(ex.trace)
     acts, record = ex.trace.activations[step], ex.trace.records[step]
-    say(f"   step {step} of {ex.prompt!r}, accepted {record.acceptance_length}: the best 4 of the "
+    say(
+        f"   step {step} of {ex.prompt!r}, accepted {record.acceptance_length}: the best 4 of the "
         f"{acts['draft.candidate_selector.hook_candidates'].shape[-1]} candidates by z + pair (the path takes the "
-        f"first), the argmax (best z) after the bar")
-    candidates, unary, pair = (acts["draft.candidate_selector." + h] for h in ("hook_candidates", "hook_unary",
-                                                                              "hook_pair"))
+        f"first), the argmax (best z) after the bar"
+    )
+    candidates, unary, pair = (
+        acts["draft.candidate_selector." + h] for h in ("hook_candidates", "hook_unary", "hook_pair")
+    )
     for t, argmax in enumerate(best_candidate(candidates, unary).tolist()):
         ranked = sorted(zip(candidates[t].tolist(), unary[t].tolist(), pair[t].tolist()), key=lambda c: -(c[1] + c[2]))
         cells = ", ".join(f"{ex.tokens[c]!r} {u:.1f}{p:+.1f}" for c, u, p in ranked[:4])
@@ -109,5 +127,7 @@ def tell_trained_dflash2(ex: TrainedDFlash2, say: Callable[[str], None] = print)
 
 
 def write_figure(ex: TrainedDFlash2, out: str | Path) -> Path:
-    return plots.save_figure(plots.plot_candidate_lattice(ex.trace, first_moved_step(ex.trace), tokens=ex.tokens),
-                             Path(out) / "04_candidate_lattice_smollm2.png")
+    return plots.save_figure(
+        plots.plot_candidate_lattice(ex.trace, first_moved_step(ex.trace), tokens=ex.tokens),
+        Path(out) / "04_candidate_lattice_smollm2.png",
+    )
