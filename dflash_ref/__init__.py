@@ -31,8 +31,11 @@ _EXPORTS = {
     "draft_model": ["DFlashDraftModel"],
     "drafts.checkpoint": ["load_draft", "save_draft"],
     "layer_sampling": ["build_target_layer_ids", "extract_context_feature"],
-    "target": ["Qwen3Target"],
-    "target.checkpoint": ["load_target", "save_target"],
+    "extensions": ["DraftVocab", "PromptLookup", "VerifyGate"],
+    "extensions.fast_cpu": ["use_fast_cpu"],
+    "target": ["HFTarget", "Qwen3Target"],
+    "target.checkpoint": ["save_target"],
+    "target.folder": ["load_target"],
     "target.llama": ["LlamaTarget", "load_llama_target"],
     "trace": ["StepRecord"],
 }
@@ -46,9 +49,12 @@ if TYPE_CHECKING:
     from .decoding import GenerationOutput, generate, spec_generate
     from .draft_model import DFlashDraftModel
     from .drafts.checkpoint import load_draft, save_draft
+    from .extensions import DraftVocab, PromptLookup, VerifyGate
+    from .extensions.fast_cpu import use_fast_cpu
     from .layer_sampling import build_target_layer_ids, extract_context_feature
-    from .target import Qwen3Target
-    from .target.checkpoint import load_target, save_target
+    from .target import HFTarget, Qwen3Target
+    from .target.checkpoint import save_target
+    from .target.folder import load_target
     from .target.llama import LlamaTarget, load_llama_target
     from .trace import StepRecord
 

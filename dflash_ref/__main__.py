@@ -42,6 +42,12 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
         help="where the last N or more committed tokens occurred before, propose what followed them "
         "instead of drafting (extensions/prompt_lookup.py; 2 measured best; default: off, always draft)",
     )
+    p.add_argument(
+        "--fast-cpu",
+        action="store_true",
+        help="an opt-in speed path: linear layers take the product measured fastest on this machine "
+        "(extensions/fast_cpu/; exact up to float rounding; default: plain nn.Linear)",
+    )
     p.add_argument("--draft-layers", type=int, default=3, help="layers of a random draft")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", help="save the trace (draft attention of every step) to this folder")

@@ -10,34 +10,36 @@ Speculative (`spec_generate`), the seed's five stages:
     2. draft     block = [x_0, mask, …, mask], L_q = min(block_size, max_length − start);
                  draft(embed(block), target_hidden, positions start − L_c … start + L_q − 1)[:, 1:]
                  → γ = L_q − 1 proposals d_1..d_γ; the draft cache is cropped back to `start`
-                 (context K/V stay, the block's go)
+                 (context K/V stay, the block's go)                               (`draft_block`)
     3. verify    target([x_0, d_1, …, d_γ]) → the posterior at every block position, new hidden states
     4. accept    τ by cumprod and the bonus token (acceptance.py); commit x_0, d_1..d_τ, bonus
     5. crop      the target cache to the new start = start + τ + 1; target_hidden = new features[:, :τ + 1]
-    (extension: `lookup`, extensions/prompt_lookup.py, may propose instead of stage 2: no draft pass, and
-     the step's features wait in target_hidden for the next draft pass)
 
 Why `[:, 1:]`: block position 0 holds the known token x_0; positions 1..γ are the predictions.
 Output buffer and position rules follow `dflash` 0.1.0 exactly, so both give the same tokens, and
 random numbers are drawn in the same order in both functions here, so `spec_generate(...,
 block_size=1)` gives exactly `generate`'s output, sampled or greedy.
+
+The seam for extensions (none is on unless passed): stage 2 is a function `propose(Block) → Proposal`,
+the paper's `draft_block` by default. Each extension in `extensions` wraps it, `propose =
+extension.wrap(propose)`, and may change what the draft pass is asked (the output head: a draft
+vocabulary), answer without a draft pass (prompt lookup), or cut the block before the verify (the
+verify gate). Stages 1 and 3–5 never change, so an extension is lossless exactly when the Proposal it
+returns is one the verifier may take: the tokens it proposes, and for the rejection verifier the q
+they were drawn from (extensions/: each proves it in its own tests).
 # diff with official: tokens equal to mask_token_id are kept (never stripped), batch size > 1 is
-# refused with a clear error, no CUDA synchronisation is needed (it runs on the CPU), and a draft
-# with a draft vocabulary proposes among it only (official: always all V; equally lossless).
+# refused with a clear error, and no CUDA synchronisation is needed (it runs on the CPU).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 
 from .acceptance import check_sampling, sample, sample_probs, sampling_probs, verify_block
 from .compat import check_pair, check_request
-from .extensions.draft_vocab import DraftVocabHead
-from .extensions.prompt_lookup import check_lookup, lookup_distribution, lookup_proposals
-from .extensions.verify_gate import check_gate, gate_block
 from .layer_sampling import extract_context_feature
 from .trace import StepRecord
 
@@ -103,6 +105,40 @@ def generate(
     return result
 
 
+@dataclass
+class Block:
+    """What stage 2 is asked at one step: d_1..d_γ after x_0 = output_ids[0, start]."""
+
+    output_ids: torch.Tensor  # (1, max_length + 1): prompt, committed tokens, then mask_token_id
+    start: int  # position of x_0, the last committed token
+    size: int  # L_q = γ + 1, the block's length
+    target_hidden: torch.Tensor | None  # (1, L_c, k·d) context features the draft cache lacks (None: b = 1)
+    head: Callable[[torch.Tensor], torch.Tensor]  # hidden (…, d) → logits (…, V): the target's output head
+
+    def ids(self) -> torch.Tensor:
+        """[x_0, mask, …, mask] (1, L_q), a copy to fill with proposals."""
+        return self.output_ids[:, self.start : self.start + self.size].clone()
+
+
+@dataclass
+class Proposal:
+    """Stage 2's answer: the block the target verifies, and what the verifier and the trace read."""
+
+    block_ids: torch.Tensor  # (1, L) [x_0, d_1, …, d_{L−1}], L ≤ L_q
+    proposals: list[int]  # d_1..d_γ, every token proposed (a verify gate may verify fewer)
+    draft_probs: torch.Tensor | None = None  # (1, L − 1, V or K) q the d_i were drawn from (rejection, T > 0)
+    candidates: torch.Tensor | None = None  # (1, L − 1, K) the tokens q is over (DFlash 2, prompt lookup)
+    drafted: int = 0  # L_q of the draft pass (0: no draft pass, e.g. a prompt lookup)
+    ctx_len: int = 0  # L_c context features the draft pass took into its cache
+    draft_cache_after_draft: int | None = None  # the draft cache's length before its crop (the trace)
+    hidden: torch.Tensor | None = None  # (1, γ, d) the draft's final hidden states at positions 1..γ
+    draft_logits: torch.Tensor | None = None  # (1, γ, V) their logits
+    selector: torch.nn.Module | None = None  # DFlash 2: the candidate selector that chose the path
+
+
+Proposer = Callable[[Block], Proposal]
+
+
 @torch.inference_mode()
 def spec_generate(
     draft,
@@ -115,31 +151,17 @@ def spec_generate(
     top_k: int = 0,
     block_size: int | None = None,
     verifier: str = "rejection",
-    verify_gate: float | None = None,
-    lookup: int | None = None,
+    extensions: Sequence = (),
     on_step: Callable[[StepRecord], None] | None = None,
 ) -> GenerationOutput:
     """Up to `max_new_tokens` tokens after `input_ids` (1, L) from draft + target: the five stages above.
 
     Lossless: greedy output equals `generate(target, …)`; sampled output has the target's distribution
-    with either verifier ("rejection" or "match", acceptance.py). `verify_gate` θ, an extension
-    (extensions/verify_gate.py): verify the whole block only when the draft's c_1·c_2 ≥ θ, else d_1
-    alone; None (official) verifies every block whole. `lookup` N, an extension (extensions/prompt_lookup.py):
-    a step whose last N or more tokens occurred before proposes what followed them, without a draft pass;
-    None (official) always drafts. `on_step` gets a StepRecord after every step."""
+    with either verifier ("rejection" or "match", acceptance.py). `extensions`: objects with
+    `wrap(propose) → propose` (extensions/: DraftVocab, VerifyGate, PromptLookup), applied in order
+    around stage 2; none (the official loop) by default. `on_step` gets a StepRecord after every step."""
     block_size = _check_arguments(
-        draft,
-        target,
-        input_ids,
-        max_new_tokens,
-        stop_token_ids,
-        temperature,
-        top_p,
-        top_k,
-        block_size,
-        verifier,
-        verify_gate,
-        lookup,
+        draft, target, input_ids, max_new_tokens, stop_token_ids, temperature, top_p, top_k, block_size, verifier
     )
     device, prompt_len = target.device, input_ids.shape[1]
     input_ids, max_length = input_ids.to(device), prompt_len + max_new_tokens
@@ -150,7 +172,9 @@ def spec_generate(
     position_ids = torch.arange(max_length + 1, device=device)[None]  # (1, max_length + 1)
     target_cache, draft_cache = target.make_cache(), draft.make_cache()
     stop_tokens = torch.tensor(sorted({int(t) for t in stop_token_ids or ()}), dtype=torch.long, device=device)
-    head = _proposal_head(draft, target, block_size)
+    propose = _draft_proposer(draft, target, draft_cache, temperature, top_p, top_k, verifier)
+    for extension in extensions:
+        propose = extension.wrap(propose)
 
     # 1. prefill: the prompt's next token x_0, and its features as the first context
     out = target(
@@ -160,64 +184,37 @@ def spec_generate(
     output_ids[:, :prompt_len] = input_ids
     output_ids[:, prompt_len] = sample(out.logits[:, -1], temperature, top_p, top_k)
     target_hidden = (
-        extract_context_feature(out.hidden_states, draft.target_layer_ids)  # (1, L, k·d)
-        if block_size > 1
-        else None
-    )
+        extract_context_feature(out.hidden_states, draft.target_layer_ids) if block_size > 1 else None
+    )  # (1, L, k·d)
     start = prompt_len
     stopped = bool(torch.isin(output_ids[0, start], stop_tokens))
     while start + 1 < max_length and not stopped:
         caches = {
-            "draft_cache_before": draft_cache.get_seq_length(),  # for the step's record
+            "draft_cache_before": draft_cache.get_seq_length(),
             "target_cache_before": target_cache.get_seq_length(),
         }
-        # 2. draft: [x_0, mask, …] → d_1..d_γ in one parallel pass; then the block's K/V go
-        draft_size = min(block_size, max_length - start)  # L_q
-        block_ids = output_ids[:, start : start + draft_size].clone()  # (1, L_q)
-        copied = lookup_proposals(output_ids, start, draft_size - 1, lookup)  # (1, γ) or None
-        ctx_len = target_hidden.shape[1] if draft_size > 1 and copied is None else 0  # L_c, new context features
-        draft_logits = draft_probs = candidates = hidden = None
-        if copied is not None:  # no draft pass: its context waits
-            block_ids[:, 1:] = copied
-            draft_probs, candidates = lookup_distribution(copied)
-        elif draft_size > 1:
-            noise = target.embed(block_ids) * draft.config.input_embedding_scale  # (1, L_q, d)
-            hidden = draft(
-                position_ids[:, start - ctx_len : start + draft_size],
-                noise_embedding=noise,
-                target_hidden=target_hidden,
-                past_key_values=draft_cache,
-            )[:, 1:]  # (1, γ, d)
+        # 2. draft: [x_0, mask, …] → d_1..d_γ in one parallel pass (draft_block), or what an extension proposes
+        block = Block(output_ids, start, min(block_size, max_length - start), target_hidden, target.output_head)
+        proposal = propose(block)
+        if proposal.drafted > 1:  # a draft pass: its cache holds the context features' K/V now
             result.num_draft_passes += 1
-            caches["draft_cache_after_draft"] = draft_cache.get_seq_length()
-            draft_cache.crop(start)
-            draft_logits = draft.compute_logits(hidden, head)  # (1, γ, V)
-            block_ids[:, 1:], draft_probs, candidates = _propose(
-                draft, hidden, draft_logits, block_ids[:, 0], temperature, top_p, top_k, verifier
-            )
-            target_hidden = target_hidden[:, :0]  # consumed: in the draft cache now
-        proposals = block_ids[0, 1:].tolist()  # d_1..d_γ, every one proposed
-        block_ids, draft_probs, candidates = gate_block(
-            verify_gate if copied is None else None,  # (1, L)
-            block_ids,
-            draft_logits,
-            draft_probs,
-            candidates,
-            getattr(draft, "candidate_selector", None),
-            hidden,
-        )
+            caches["draft_cache_after_draft"] = proposal.draft_cache_after_draft
+            target_hidden = target_hidden[:, proposal.ctx_len :]
+        block_ids = proposal.block_ids  # (1, L)
 
         # 3. verify: one target pass over [x_0, d_1, …]
-        verify_size = block_ids.shape[1]  # L
         out = target(
-            block_ids, position_ids[:, start : start + verify_size], target_cache, output_hidden_states=verify_size > 1
+            block_ids,
+            position_ids[:, start : start + block_ids.shape[1]],
+            target_cache,
+            output_hidden_states=block_size > 1,
         )
         result.num_target_passes += 1
         caches["target_cache_after_verify"] = target_cache.get_seq_length()
 
         # 4. accept: τ by cumprod, the bonus, and what is committed (a stop token ends the step)
         tau, bonus, posterior = verify_block(
-            block_ids[:, 1:], out.logits, draft_probs, temperature, top_p, top_k, verifier, candidates
+            block_ids[:, 1:], out.logits, proposal.draft_probs, temperature, top_p, top_k, verifier, proposal.candidates
         )
         output_ids[:, start : start + tau + 1] = block_ids[:, : tau + 1]
         output_ids[:, start + tau + 1] = bonus
@@ -225,68 +222,73 @@ def spec_generate(
 
         # 5. crop the target cache to the committed tokens; their features are the next context
         target_cache.crop(start + produced)  # rejected K/V go
-        if draft_size > 1:
+        if block_size > 1:
             new = extract_context_feature(out.hidden_states, draft.target_layer_ids)[:, :produced]  # (1, produced, k·d)
-            target_hidden = torch.cat([target_hidden, new], dim=1)  # after what a lookup step left
+            target_hidden = torch.cat([target_hidden, new], dim=1)  # after any features no draft pass took yet
         result.add_step(tau, produced)
         if on_step is not None:
             on_step(
                 StepRecord.of_step(
-                    len(result.acceptance_lengths) - 1,
-                    start,
-                    block_ids,
-                    0 if copied is not None else draft_size,
-                    proposals,
-                    posterior,
-                    tau,
-                    bonus,
-                    produced,
-                    ctx_len,
-                    caches,
-                    draft_cache,
-                    target_cache,
+                    len(result.acceptance_lengths) - 1, start, block_ids, proposal.drafted, proposal.proposals,
+                    posterior, tau, bonus, produced, proposal.ctx_len, caches, draft_cache, target_cache,
                 )
-            )
+            )  # fmt: skip
         start += produced
 
     result.output_ids = output_ids[:, : min(start + 1, max_length)]
     return result
 
 
+def draft_block(
+    draft, target, draft_cache, temperature: float, top_p: float, top_k: int, verifier: str, block: Block
+) -> Proposal:
+    """Stage 2, the paper's: one parallel pass of the draft over [x_0, mask, …, mask], the new context
+    features injected as K/V, then its cache cropped back to `start`; d_1..d_γ from the pass's
+    positions 1..γ (`_propose`). A block of 1 (b = 1, or the last position) proposes nothing."""
+    block_ids = block.ids()  # (1, L_q)
+    if block.size == 1:
+        return Proposal(block_ids, [], drafted=1)
+    start, ctx_len = block.start, block.target_hidden.shape[1]  # L_c new context positions
+    noise = target.embed(block_ids) * draft.config.input_embedding_scale  # (1, L_q, d)
+    positions = torch.arange(start - ctx_len, start + block.size, device=block_ids.device)[None]  # (1, L_c + L_q)
+    hidden = draft(positions, noise_embedding=noise, target_hidden=block.target_hidden, past_key_values=draft_cache)
+    hidden = hidden[:, 1:]  # (1, γ, d): position 0 is x_0, known
+    after = draft_cache.get_seq_length()
+    draft_cache.crop(start)  # the block's K/V go; the context's stay
+    draft_logits = draft.compute_logits(hidden, block.head)  # (1, γ, V)
+    block_ids[:, 1:], draft_probs, candidates = _propose(
+        draft, hidden, draft_logits, block_ids[:, 0], temperature, top_p, top_k, verifier
+    )
+    selector = getattr(draft, "candidate_selector", None)
+    return Proposal(
+        block_ids, block_ids[0, 1:].tolist(), draft_probs, candidates, block.size, ctx_len, after, hidden,
+        draft_logits, selector,
+    )  # fmt: skip
+
+
+def _draft_proposer(draft, target, draft_cache, temperature, top_p, top_k, verifier) -> Proposer:
+    """`draft_block` with this run's draft, cache and sampling settings: the `propose` extensions wrap."""
+
+    def propose(block: Block) -> Proposal:
+        return draft_block(draft, target, draft_cache, temperature, top_p, top_k, verifier, block)
+
+    return propose
+
+
 def _check_arguments(
-    draft,
-    target,
-    input_ids,
-    max_new_tokens,
-    stop_token_ids,
-    temperature,
-    top_p,
-    top_k,
-    block_size,
-    verifier,
-    verify_gate,
-    lookup,
+    draft, target, input_ids, max_new_tokens, stop_token_ids, temperature, top_p, top_k, block_size, verifier
 ) -> int:
     """Refuse what cannot be decoded, before any compute (compat.py); → the block size to use."""
     check_pair(draft, target)
     check_sampling(temperature, top_p, top_k)
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {VERIFIERS}")
-    check_gate(verify_gate)
-    check_lookup(lookup)
     block_size = draft.block_size if block_size is None else block_size
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be an integer ≥ 1, got {block_size!r}")
     max_positions = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
     check_request(input_ids, max_new_tokens, max_positions, target.config.vocab_size, stop_token_ids)
     return block_size
-
-
-def _proposal_head(draft, target, block_size: int):
-    """The output head the proposals come from: the target's, over all V, or over the draft's own
-    vocabulary if it has one (an extension, extensions/draft_vocab.py)."""
-    vocab = getattr(draft, "draft_vocab", None)
-    return target.output_head if vocab is None or block_size == 1 else DraftVocabHead(target, vocab)
 
 
 def _propose(

@@ -205,20 +205,20 @@ def tiny_llama():
 
 
 def test_the_transformers_twin_is_the_model_as_made_on_the_same_tensors():
-    """The baseline: plain nn.Linear layers and sdpa (HFTarget switched the original's) on the original's very
+    """The baseline: plain nn.Linear layers and sdpa (HFTarget switched the original's attention) on the original's very
     weights (tying kept, nothing copied), the same logits; transformers' generate on it gives the
     tokens dflash_ref's AR gives, stopping after a stop token as AR does."""
     from dflash_ref import generate
     from dflash_ref.bench.baselines import transformers_twin
     from dflash_ref.bench.steps import weight_bytes
-    from dflash_ref.extensions.linear import RowsFirstLinear
+    from dflash_ref.extensions.fast_cpu import PlannedLinear
     from dflash_ref.target import HFTarget
     from dflash_ref.target.grouped_attention import SDPA_GROUPED
 
     model = tiny_llama()
     target = HFTarget(model)
     twin = transformers_twin(model)
-    assert not any(type(m) is RowsFirstLinear for m in twin.modules())
+    assert not any(type(m) is PlannedLinear for m in twin.modules())
     # transformers' own sdpa attention, and the original keeps the one HFTarget gave it (target/grouped_attention.py)
     assert twin.config._attn_implementation == "sdpa" and model.config._attn_implementation == SDPA_GROUPED
     assert all(a.data_ptr() == b.data_ptr() for a, b in zip(model.parameters(), twin.parameters()))

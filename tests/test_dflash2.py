@@ -20,6 +20,7 @@ from dflash_ref.candidate_selector import CandidateSelector
 from dflash_ref.config import ConfigError, DraftConfig
 from dflash_ref.drafts.checkpoint import load_draft, save_draft
 from dflash_ref.dynamic_conv import GroupedDynamicCausalConv, convolve
+from dflash_ref.extensions import chosen_extensions
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
@@ -311,7 +312,7 @@ def test_sampled_dflash2_has_the_targets_distribution(top_k, gate):
                 torch.tensor([prompt]),
                 4,
                 temperature=t,
-                verify_gate=gate,
+                extensions=chosen_extensions(draft, target, verify_gate=gate),
                 on_step=lambda r: (
                     cut.append(r.verify_size < len(r.q_position_ids)) if len(r.q_position_ids) > 2 else None
                 ),
@@ -338,7 +339,9 @@ def test_the_gate_reads_c1_c2_from_the_selectors_own_scores_and_stays_lossless(s
 
     def run(gate):
         with tracing(draft, names=names) as trace:
-            out = spec_generate(draft, target, prompt, n, verify_gate=gate, on_step=trace.on_step)
+            out = spec_generate(
+                draft, target, prompt, n, extensions=chosen_extensions(draft, target, gate), on_step=trace.on_step
+            )
         assert torch.equal(out.output_ids, ar)
         scores = [
             a["draft.candidate_selector.hook_unary"] + a["draft.candidate_selector.hook_pair"]

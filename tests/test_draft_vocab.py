@@ -10,7 +10,7 @@ from conftest import make_pair
 
 from dflash_ref import generate, spec_generate
 from dflash_ref.drafts.checkpoint import load_draft, save_draft
-from dflash_ref.extensions.draft_vocab import FILE, DraftVocabHead, check_draft_vocab
+from dflash_ref.extensions.draft_vocab import FILE, DraftVocab, check_draft_vocab, draft_vocab_of
 from dflash_ref.target.checkpoint import CheckpointError
 
 
@@ -36,7 +36,7 @@ def test_the_head_gives_the_lm_heads_logits_on_the_draft_vocabulary_and_minus_in
     target, _ = make_pair(0)
     ids = torch.tensor([0, 3, 4, 9])
     hidden = torch.randn(1, 5, target.config.hidden_size, generator=torch.Generator().manual_seed(0))
-    full, restricted = target.output_head(hidden), DraftVocabHead(target, ids)(hidden)
+    full, restricted = target.output_head(hidden), DraftVocab(target, ids)(hidden)
     assert restricted.shape == full.shape
     torch.testing.assert_close(restricted[..., ids], full[..., ids], rtol=1e-5, atol=1e-5)
     outside = torch.ones(full.shape[-1], dtype=torch.bool)
@@ -55,13 +55,17 @@ def test_speculative_output_with_a_draft_vocabulary_proposes_only_from_it(seed, 
     draft.draft_vocab = torch.arange(0, vocab, 2)  # the even ids only
     records = []
     torch.manual_seed(seed)
-    out = spec_generate(draft, target, ids, 20, temperature=temperature, on_step=records.append)
+    extensions = draft_vocab_of(draft, target)
+    out = spec_generate(draft, target, ids, 20, temperature=temperature, extensions=extensions, on_step=records.append)
     assert records and all(t % 2 == 0 for r in records for t in r.draft_tokens)
     if temperature == 0:
         assert torch.equal(out.output_ids, generate(target, ids, 20).output_ids)
+    records.clear()
+    spec_generate(draft, target, ids, 20, on_step=records.append)  # the plain loop: over all V, as the official
+    assert any(t % 2 for r in records for t in r.draft_tokens)
     draft.draft_vocab = torch.tensor([vocab])  # not a token of this target
     with pytest.raises(ValueError, match="draft vocabulary ids must lie in"):
-        spec_generate(draft, target, ids, 4)
+        draft_vocab_of(draft, target)
 
 
 def test_a_draft_vocabulary_is_saved_beside_the_checkpoint_and_checked_on_load(tmp_path):

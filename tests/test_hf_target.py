@@ -21,8 +21,8 @@ def test_adapter_and_own_target_give_identical_speculative_output(seed, temperat
     target, draft = make_pair(
         seed, target_overrides={"tie_word_embeddings": seed % 2 == 0}, draft_overrides={"block_size": 3 + seed % 4}
     )
-    # F.linear as the own target computes it, so that logits are bitwise equal (rows_first: up to rounding)
-    hf_target = HFTarget(official_twins(target, draft)[0], rows_first=False)
+    # plain F.linear in both, as the own target computes it, so that logits are bitwise equal
+    hf_target = HFTarget(official_twins(target, draft)[0])
     ids = torch.randint(0, 12, (1, 3 + seed), generator=torch.Generator().manual_seed(seed))
     torch.manual_seed(seed)
     own = spec_generate(draft, target, ids, 25, [5], temperature=temperature, verifier=verifier)
@@ -110,11 +110,12 @@ def test_a_device_or_dtype_that_cannot_run_is_refused():
 # the CPU linear's own tests (kernels, plans, copies): tests/test_linear.py
 
 
-def test_an_hf_target_switches_its_plain_linear_layers_to_the_rows_first_product():
-    """HFTarget switches every plain nn.Linear of its model (lm_head included) to RowsFirstLinear in
-    place: same parameters (tying kept), same state dict, logits equal to the unswitched model's up
-    to rounding at 1, 8 and 70 rows; rows_first=False leaves the model as it was."""
-    from dflash_ref.extensions.linear import RowsFirstLinear
+def test_an_hf_target_stays_plain_and_use_fast_cpu_switches_its_linear_layers():
+    """HFTarget leaves the model's nn.Linear layers as they are; use_fast_cpu switches every plain
+    nn.Linear (lm_head included) to PlannedLinear in place: same parameters (tying kept), same state
+    dict, logits equal to the plain model's up to rounding at 1, 8 and 70 rows; use_fast_cpu(·, False)
+    switches them back."""
+    from dflash_ref.extensions.fast_cpu import PlannedLinear, use_fast_cpu
 
     config = transformers.LlamaConfig(
         vocab_size=300,
@@ -130,14 +131,19 @@ def test_an_hf_target_switches_its_plain_linear_layers_to_the_rows_first_product
     switched.load_state_dict(plain.state_dict())
     weight, keys = switched.lm_head.weight, set(switched.state_dict())
     target = HFTarget(switched)
+    assert all(type(m) is not PlannedLinear for m in target.modules())
+    assert use_fast_cpu(target) is target
     linears = [m for m in switched.modules() if isinstance(m, torch.nn.Linear)]
-    assert len(linears) == 2 * 7 + 1 and all(type(m) is RowsFirstLinear for m in linears)  # q k v o gate up down, head
+    assert len(linears) == 2 * 7 + 1 and all(type(m) is PlannedLinear for m in linears)  # q k v o gate up down, head
     assert switched.lm_head.weight is weight is switched.model.embed_tokens.weight
     assert set(switched.state_dict()) == keys
-    assert all(type(m) is not RowsFirstLinear for m in HFTarget(plain, rows_first=False).model.modules())
+    with pytest.raises(TypeError, match="use_fast_cpu takes a torch module"):
+        use_fast_cpu("a target")
     for n in (1, 8, 70):
         ids = torch.randint(0, 300, (1, n), generator=torch.Generator().manual_seed(n))
         with torch.no_grad():
             torch.testing.assert_close(
                 target(ids, output_hidden_states=False).logits, plain(ids).logits, rtol=1e-5, atol=1e-5
             )
+    use_fast_cpu(target, False)
+    assert all(type(m) is torch.nn.Linear for m in switched.modules() if isinstance(m, torch.nn.Linear))

@@ -275,7 +275,7 @@ def test_a_crop_only_rollback_is_wrong_where_the_hybrid_cache_is_exact():
     ours(ids[:, 6:10], past_key_values=exact)
     exact.crop(7)
     assert_close(ours(ids[:, 7:8], past_key_values=exact).logits[:, -1], plain)
-    via_hf = HFTarget(hf, rows_first=False)  # transformers' model, snapshot + replay
+    via_hf = HFTarget(hf)  # transformers' model, snapshot + replay
     replayed = via_hf.make_cache()
     via_hf(ids[:, :6], past_key_values=replayed)
     via_hf(ids[:, 6:10], past_key_values=replayed)
@@ -427,7 +427,7 @@ def test_sampled_speculative_output_has_the_targets_distribution(through):
 # transformers' own hybrid through HFTarget: snapshot + replay
 # ---------------------------------------------------------------------------------------------
 
-HF_HYBRID = HFTarget(hf_hybrid([L, F, L], seed=7), rows_first=False)
+HF_HYBRID = HFTarget(hf_hybrid([L, F, L], seed=7))
 
 
 @settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
@@ -491,7 +491,7 @@ def test_qwen3_next_crop_only_is_wrong_and_replay_is_exact():
     model(ids[:, 6:10], past_key_values=cache, use_cache=True)
     cache.crop(-3)
     assert (model(ids[:, 7:8], past_key_values=cache, use_cache=True).logits[:, -1] - plain).abs().max() > 0.05
-    target = HFTarget(model, rows_first=False)
+    target = HFTarget(model)
     replayed = target.make_cache()
     target(ids[:, :6], past_key_values=replayed)
     target(ids[:, 6:10], past_key_values=replayed)

@@ -61,7 +61,7 @@ def same_outputs(ours, theirs) -> None:
 @pytest.mark.parametrize("seed,tie,heads,kv_heads,rope", LLAMAS)
 def test_the_own_llama_is_transformers_bit_for_bit_with_a_cache_and_crops(seed, tie, heads, kv_heads, rope):
     model = hf_llama(seed, tie, heads, kv_heads, rope)
-    ours = from_transformers(model, rows_first=False)  # both sides F.linear: the same products
+    ours = from_transformers(model)  # both sides F.linear: the same products
     assert ours.model.embed_tokens.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # not copied
     assert set(ours.state_dict()) == set(model.state_dict())  # no q_norm / k_norm
     g = torch.Generator().manual_seed(seed)
@@ -82,14 +82,14 @@ def test_the_own_llama_is_transformers_bit_for_bit_with_a_cache_and_crops(seed, 
             theirs.crop(-1)
 
 
-def test_a_saved_llama_folder_loads_as_the_own_target_with_the_plans_products(tmp_path):
+def test_a_saved_llama_folder_loads_as_the_own_target_plain(tmp_path):
     model = hf_llama(*LLAMAS[0])
     model.save_pretrained(tmp_path)
     ours = load_llama_target(tmp_path, torch.float32)
-    assert isinstance(ours, LlamaTarget) and type(ours.model.layers[0].mlp.up_proj).__name__ == "RowsFirstLinear"
+    assert isinstance(ours, LlamaTarget) and type(ours.model.layers[0].mlp.up_proj) is torch.nn.Linear
     ids = torch.randint(0, 96, (1, 9), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
-        assert_close(ours(ids).logits, model(ids).logits)  # other products: the same sums up to rounding
+        assert torch.equal(ours(ids).logits, model(ids).logits)  # the same products: bit for bit
 
 
 def test_open_target_runs_a_llama_folder_on_the_own_target_and_training_in_transformers(tmp_path, capsys):
@@ -170,7 +170,7 @@ def test_from_transformers_refuses_another_architecture():
 
 def test_its_hook_points_give_the_attention_pattern_on_the_explicit_path():
     model = hf_llama(*LLAMAS[0])
-    ours = from_transformers(model, rows_first=False)
+    ours = from_transformers(model)
     ids = torch.randint(0, 96, (1, 7), generator=torch.Generator().manual_seed(5))
     seen = {}
     with torch.inference_mode():

@@ -25,6 +25,7 @@ from scipy.stats import chisquare
 
 from dflash_ref import extract_context_feature, generate, sampling_probs, spec_generate
 from dflash_ref.drafts.oracle import OracleDraft
+from dflash_ref.extensions import chosen_extensions
 
 P_MIN = 1e-3  # chi-square threshold: fixed seeds make every p-value deterministic
 
@@ -401,7 +402,7 @@ def test_sampled_distribution_equals_target(name, verifier):
             stop_token_ids=stops,
             verifier=verifier,
             block_size=case["block"],
-            verify_gate=case.get("gate"),
+            extensions=chosen_extensions(draft, target, verify_gate=case.get("gate")),
             on_step=lambda r: verified.update(
                 [r.verify_size < len(r.q_position_ids)] if len(r.q_position_ids) > 2 else []
             ),

@@ -14,6 +14,7 @@ from test_dflash2 import dflash2
 from test_lossless import random_case
 
 from dflash_ref import generate, spec_generate
+from dflash_ref.extensions import PromptLookup, chosen_extensions
 from dflash_ref.extensions.prompt_lookup import check_lookup, lookup_proposals
 from dflash_ref.trace import Trace, tracing
 
@@ -46,15 +47,15 @@ def test_proposals_by_hand():
 def test_bad_lookup_is_refused_by_name(bad):
     with pytest.raises(ValueError, match="lookup must be None"):
         check_lookup(bad)
-    target, draft = make_pair(0)
     with pytest.raises(ValueError, match="lookup must be None"):
-        spec_generate(draft, target, torch.tensor([[1, 2]]), 4, lookup=bad)
+        PromptLookup(bad)
 
 
-def lookup_run(draft, target, prompt, n: int, lookup: int, **kw):
-    """spec_generate with `lookup`, and its step records."""
+def lookup_run(draft, target, prompt, n: int, lookup: int, verify_gate: float | None = None, **kw):
+    """spec_generate with prompt lookup N = `lookup` (and the verify gate θ where given), and its step records."""
     records = []
-    out = spec_generate(draft, target, prompt, n, lookup=lookup, on_step=records.append, **kw)
+    extensions = chosen_extensions(draft, target, verify_gate, lookup)
+    out = spec_generate(draft, target, prompt, n, extensions=extensions, on_step=records.append, **kw)
     return out, records
 
 
@@ -153,7 +154,7 @@ def test_lookup_steps_in_a_trace_have_no_draft_activations_and_round_trip(tmp_pa
     target, draft = make_pair(2, target_overrides=dict(vocab_size=8))
     prompt = torch.tensor([[1, 2, 3, 1, 2]])
     with tracing(draft, names=["*hook_pattern"]) as trace:
-        out = spec_generate(draft, target, prompt, 30, lookup=1, on_step=trace.on_step)
+        out = spec_generate(draft, target, prompt, 30, extensions=[PromptLookup(1)], on_step=trace.on_step)
     assert torch.equal(out.output_ids, generate(target, prompt, 30).output_ids)
     name = "draft.layers.0.self_attn.hook_pattern"
     assert any(r.lookup for r in trace.records) and any(not r.lookup for r in trace.records)
@@ -199,7 +200,8 @@ def test_generate_figures_start_at_the_first_drafted_step(tmp_path):
 
     target, draft = make_pair(2, target_overrides=dict(vocab_size=8))
     with tracing(draft, names=["*hook_pattern"]) as trace:
-        spec_generate(draft, target, torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2, 3]]), 30, lookup=1, on_step=trace.on_step)
+        prompt = torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2, 3]])
+        spec_generate(draft, target, prompt, 30, extensions=[PromptLookup(1)], on_step=trace.on_step)
     first = next(r.step for r in trace.records if not r.lookup)
     assert trace.records[0].lookup and first > 0
     write_figures(trace, tmp_path)

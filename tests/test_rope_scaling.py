@@ -17,8 +17,8 @@ from conftest import assert_close, draft_config, official_twins, randomize_, tar
 from dflash_ref import DFlashDraftModel, Qwen3Target
 from dflash_ref.config import ConfigError, DraftConfig, TargetConfig
 from dflash_ref.config_fields import normalise_scaling
-from dflash_ref.extensions.linear import use_rows_first
-from dflash_ref.rope import RotaryEmbedding, linear_inv_freq, plain_inv_freq, yarn_attention_factor, yarn_inv_freq
+from dflash_ref.rope import RotaryEmbedding
+from dflash_ref.rope_scaling import linear_inv_freq, plain_inv_freq, yarn_attention_factor, yarn_inv_freq
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
@@ -521,7 +521,6 @@ def test_scaled_draft_matches_official(seed):
     )
     assert dc.rope_scaling == target.config.rope_scaling
     draft = randomize_(DFlashDraftModel(dc), seed + 10_000)
-    use_rows_first(draft)
     _, off_draft = official_twins(target, draft)
     g = torch.Generator().manual_seed(seed)
     batch, ctx_len = 2, 5

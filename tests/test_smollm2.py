@@ -22,6 +22,7 @@ from dflash_ref import generate, spec_generate  # noqa: E402
 from dflash_ref.drafts.checkpoint import save_draft  # noqa: E402
 from dflash_ref.drafts.oracle import OracleDraft  # noqa: E402
 from dflash_ref.drafts.random_draft import random_smollm2_draft  # noqa: E402
+from dflash_ref.extensions import chosen_extensions
 from dflash_ref.target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
 
 PROMPTS = ["What is the capital of France?", "Name three colours.", "Write a haiku about the sea."]
@@ -85,7 +86,7 @@ def test_speculative_output_equals_greedy_on_chat_prompts(smollm2, prompt):
     ar = generate(target, ids, 24, STOP_TOKEN_IDS)
     spec = spec_generate(draft, target, ids, 24, STOP_TOKEN_IDS)
     assert torch.equal(spec.output_ids, ar.output_ids)
-    gated = spec_generate(draft, target, ids, 24, STOP_TOKEN_IDS, verify_gate=0.5)
+    gated = spec_generate(draft, target, ids, 24, STOP_TOKEN_IDS, extensions=chosen_extensions(draft, target, 0.5))
     assert torch.equal(gated.output_ids, ar.output_ids)
     full = spec_generate(OracleDraft(draft, ar.output_ids), target, ids, 24, STOP_TOKEN_IDS)
     assert torch.equal(full.output_ids, ar.output_ids)
@@ -592,7 +593,13 @@ def test_evaluate_and_generate_with_lookup_count_what_spec_generate_does(smollm2
     draft = open_draft(SHIPPED_DRAFT, proposing=True)[0]
     records = []
     spec_generate(
-        draft, target, chat_ids(tokenizer, prompts("heldout")[0]), 64, STOP_TOKEN_IDS, lookup=2, on_step=records.append
+        draft,
+        target,
+        chat_ids(tokenizer, prompts("heldout")[0]),
+        64,
+        STOP_TOKEN_IDS,
+        extensions=chosen_extensions(draft, target, lookup=2),  # as evaluate decodes: the draft's vocabulary too
+        on_step=records.append,
     )
     assert any(r.lookup for r in records) and any(not r.lookup for r in records)
     assert got["sets"]["heldout:0:1"]["tokens_per_step"] == pytest.approx(

@@ -11,6 +11,7 @@ from conftest import hand_selector, make_pair
 
 from dflash_ref import generate, spec_generate
 from dflash_ref.drafts.oracle import OracleDraft
+from dflash_ref.extensions import VerifyGate
 from dflash_ref.extensions.verify_gate import check_gate, draft_confidence, gated_verify_size, selector_confidence
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
@@ -57,9 +58,8 @@ def test_gated_size_by_hand():
 def test_bad_threshold_is_refused(bad):
     with pytest.raises(ValueError, match="verify_gate"):
         check_gate(bad)
-    target, draft = make_pair(0, dict(vocab_size=12), dict(block_size=4))
     with pytest.raises(ValueError, match="verify_gate"):
-        spec_generate(draft, target, torch.tensor([[1, 2]]), 4, verify_gate=bad)
+        VerifyGate(bad)
 
 
 class SteppedConfidenceOracle(OracleDraft):
@@ -79,7 +79,7 @@ def test_gate_is_lossless_and_cuts_where_unsure(block_size, accept):
     ar = generate(target, prompt, n)
     records = []
     oracle = SteppedConfidenceOracle(draft, ar.output_ids[0], accept)
-    out = spec_generate(oracle, target, prompt, n, verify_gate=0.5, on_step=records.append)
+    out = spec_generate(oracle, target, prompt, n, extensions=[VerifyGate(0.5)], on_step=records.append)
     assert torch.equal(out.output_ids, ar.output_ids)
     for r in records:
         drafted = len(r.q_position_ids)
@@ -100,7 +100,7 @@ def test_gate_zero_verifies_every_block_whole():
     prompt, n = torch.tensor([[1, 2, 3]]), 20
     records = []
     plain = spec_generate(draft, target, prompt, n)
-    gated = spec_generate(draft, target, prompt, n, verify_gate=0.0, on_step=records.append)
+    gated = spec_generate(draft, target, prompt, n, extensions=[VerifyGate(0.0)], on_step=records.append)
     assert torch.equal(plain.output_ids, gated.output_ids)
     assert plain.acceptance_lengths == gated.acceptance_lengths
     assert all(r.verify_size == len(r.block_ids) == len(r.q_position_ids) for r in records)

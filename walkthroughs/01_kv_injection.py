@@ -20,7 +20,7 @@
 # recomputes DFlash by hand.
 #
 # Target: 6 layers, hidden 8, 2 query heads sharing 1 KV head (GQA), head_dim 4, a 16-word vocabulary.
-# Draft: 2 layers, block size 4. Both have random weights (`dflash_ref.demo`).
+# Draft: 2 layers, block size 4. Both have random weights (`dflash_ref.walkthrough.demo`).
 
 # %%
 # %matplotlib inline

@@ -39,9 +39,10 @@ print("torch imported so far:", "torch" in sys.modules)
 # %% [markdown]
 # ## 1. A bundle, read with numpy alone
 # The package ships one bundle, the walkthrough's scenario (3-token prompt, block size 4); run
-# `python -m dflash_ref golden --out golden/` for all ten (multi-round acceptance, stop tokens inside a
-# step, as its bonus and as the first token, GQA with a sliding window, block 16 with 5 layers, a
-# context past 4096 positions, bf16). Nothing above imported torch: a JAX, MLX or
+# `python -m dflash_ref golden --out golden/` for all sixteen greedy scenarios and the two sampling
+# bundles (multi-round acceptance, stop tokens inside a step, as its bonus and as the first token, GQA
+# with a causal, a symmetric and a rotating window, block 16 with 5 layers, a context past 4096
+# positions, bf16, YaRN and linear RoPE, DFlash 2, a hybrid Qwen3.5 target). Nothing above imported torch: a JAX, MLX or
 # C++ port reads the same files with its own safetensors reader.
 
 # %%

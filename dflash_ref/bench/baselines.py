@@ -2,13 +2,14 @@
 
 baselines: SmolLM2-135M-Instruct (fp32, greedy) decoded by transformers' own `model.generate`, the
 honest baseline, on a twin of the model as transformers makes it (plain nn.Linear, the same weight
-tensors); by dflash_ref's AR
-`generate` (F.linear, then the measured linear plan); by the official `dflash_generate` (`dflash`
-0.1.0, `from dflash import model`, its own draft class loaded from the shipped DFlash 1 draft's folder, the
-target as transformers made it); and by dflash_ref's `spec_generate` with the same draft (also with
-its lossless verify gate, extensions/verify_gate.py, at bench trained's θ). All on
-the same weights, interleaved over the repeats, every output checked token-identical to dflash_ref's
-AR before anything is timed; the ratios are over transformers' generate.
+tensors); by dflash_ref's AR `generate` on its own Llama target (plain, then with the opt-in fast CPU
+path, extensions/fast_cpu/); by the official `dflash_generate` (`dflash` 0.1.0, `from dflash import
+model`, its own draft class loaded from the shipped DFlash 1 draft's folder, the target as transformers
+made it); and by dflash_ref's `spec_generate` with the same draft: over all V as the official loop,
+in the draft's own vocabulary (extensions/draft_vocab.py), plain and fast, and with the verify gate
+(extensions/verify_gate.py) at bench trained's θ. All on the same weights, interleaved over the repeats,
+every output checked token-identical to dflash_ref's AR before anything is timed; the ratios are over
+transformers' generate.
 
 dflash2: one DFlash 2 draft pass (the convolution around every sublayer, then the candidate
 selector) against one DFlash 1 pass of the same size, at blocks 4 and 16, and the selector's
@@ -28,7 +29,9 @@ import torch
 from ..decoding import generate, spec_generate
 from ..drafts.folder import SHIPPED_DFLASH1, open_draft
 from ..drafts.random_draft import random_smollm2_draft
-from ..extensions.linear_plan import linear_mode_as, plans
+from ..extensions import DraftVocab, VerifyGate
+from ..extensions.fast_cpu import fast_cpu_on
+from ..extensions.fast_cpu.plan import plans
 from ..target.grouped_attention import SDPA_GROUPED
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2, load_smollm2_own
 from ..training.prompt_sets import split_prompts
@@ -52,8 +55,8 @@ def official_timer():
 
 
 def transformers_twin(model):
-    """The same transformers model as transformers makes it (plain nn.Linear layers and sdpa attention:
-    HFTarget switched the original's), on the original's very weight tensors and buffers: no copy of the
+    """The same transformers model as transformers makes it (sdpa attention: HFTarget switched the
+    original's to its grouped form), on the original's very weight tensors and buffers: no copy of the
     weights. Its config is a copy, so that the original keeps its own attention."""
     config = copy.deepcopy(model.config)
     if config._attn_implementation == SDPA_GROUPED:
@@ -92,7 +95,8 @@ def bench_baselines(repeats: int, out: Path, progress) -> dict:
     draft, _ = open_draft(SHIPPED_DFLASH1, proposing=True)  # the official DFlashDraftModel's kind
     with official_timer() as official:
         zlab = official.DFlashDraftModel.from_pretrained(SHIPPED_DFLASH1, dtype=torch.float32).eval()
-    all_v = _without_draft_vocab(draft)
+    vocabulary = DraftVocab(target, draft.draft_vocab)  # the shipped draft's own (draft_vocab.json)
+    gate = VerifyGate(VERIFY_GATE)
     inputs = [chat_ids(tokenizer, p) for p in split_prompts("heldout-styles")[:PROMPTS]]
     b, n = draft.block_size, NEW_TOKENS
 
@@ -100,29 +104,30 @@ def bench_baselines(repeats: int, out: Path, progress) -> dict:
         with torch.inference_mode():
             return hf_generate(model, ids, n), None
 
-    def dflash_ref_linear(ids):
-        with linear_mode_as("linear"):
-            return _ours(generate(target, ids, n, STOP_TOKEN_IDS))
-
     def official_generate(ids):
         with official_timer() as official:
             stats = official.dflash_generate(zlab, model, ids, n, STOP_TOKEN_IDS, return_stats=True)
         return stats.output_ids, sum(stats.acceptance_lengths) / len(stats.acceptance_lengths)
 
+    def ours(extensions=(), fast=False):
+        def decode(ids):
+            with fast_cpu_on(target, draft, vocabulary, on=fast):
+                if extensions is None:
+                    return _ours(generate(target, ids, n, STOP_TOKEN_IDS))
+                return _ours(spec_generate(draft, target, ids, n, STOP_TOKEN_IDS, extensions=extensions))
+
+        return decode
+
+    spec = f"dflash_ref spec_generate, shipped draft b={b}"
     decoders = {
         "transformers generate (nn.Linear)": transformers_generate,
-        "dflash_ref generate (AR), F.linear": dflash_ref_linear,
-        "dflash_ref generate (AR), measured linear plan": lambda ids: _ours(generate(target, ids, n, STOP_TOKEN_IDS)),
+        "dflash_ref generate (AR)": ours(None),
+        "dflash_ref generate (AR), --fast-cpu": ours(None, fast=True),
         f"official dflash_generate, shipped draft b={b} (all V)": official_generate,
-        f"dflash_ref spec_generate, shipped draft b={b} (all V)": lambda ids: _ours(
-            spec_generate(all_v, target, ids, n, STOP_TOKEN_IDS)
-        ),
-        f"dflash_ref spec_generate, shipped draft b={b} (its vocabulary)": lambda ids: _ours(
-            spec_generate(draft, target, ids, n, STOP_TOKEN_IDS)
-        ),
-        f"dflash_ref spec_generate, shipped draft b={b} (its vocabulary, verify gate θ={VERIFY_GATE})": lambda ids: (
-            _ours(spec_generate(draft, target, ids, n, STOP_TOKEN_IDS, verify_gate=VERIFY_GATE))
-        ),
+        f"{spec} (all V)": ours(),
+        f"{spec} (its vocabulary)": ours([vocabulary]),
+        f"{spec} (its vocabulary), --fast-cpu": ours([vocabulary], fast=True),
+        f"{spec} (its vocabulary, verify gate θ={VERIFY_GATE}), --fast-cpu": ours([vocabulary, gate], fast=True),
     }
     expected = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in inputs]
     taus = {}
@@ -143,27 +148,19 @@ def bench_baselines(repeats: int, out: Path, progress) -> dict:
         )
     return {
         f"baselines · SmolLM2-135M fp32, {PROMPTS} hand-written held-out prompts, {n} tokens, greedy": rows,
-        "the linear plan measured meanwhile (µs per product, weights cold)": plans(),
+        "--fast-cpu: the linear plan measured meanwhile (µs per product, weights cold)": plans(),
     }
 
 
 def over_inputs(decoders: dict[str, Callable], inputs: list[torch.Tensor]) -> dict[str, Callable[[], list]]:
-    """name → a call running that decoder over every input: what `measure` times, one variant per decoder.
-    (Until 2026-12-04 the calls were made by a comprehension whose lambdas took the last decoder of an
-    earlier loop as their default, so every row of `bench baselines` timed that last decoder.)"""
+    """name → a call running that decoder over every input: what `measure` times, one variant per decoder
+    (each lambda binds its own decoder: one that took the loop's variable would time the last one)."""
     return {name: (lambda decode=decode: [decode(ids) for ids in inputs]) for name, decode in decoders.items()}
 
 
 def _ours(result) -> tuple[torch.Tensor, float | None]:
     """(output ids, tokens per target pass or None for AR) of a dflash_ref GenerationOutput."""
     return result.output_ids, (result.mean_tokens_per_step if result.num_draft_passes else None)
-
-
-def _without_draft_vocab(draft):
-    """A copy of the draft proposing over all V, as the official loader does (extensions/draft_vocab.py)."""
-    all_v = copy.deepcopy(draft)
-    all_v.draft_vocab = None
-    return all_v
 
 
 def bench_dflash2(repeats: int, out: Path, progress) -> dict:

@@ -46,7 +46,6 @@ from ..decoding import generate, spec_generate
 from ..draft_model import DFlashDraftModel
 from ..drafts.oracle import OracleDraft
 from ..drafts.random_draft import random_draft
-from ..extensions.linear import use_rows_first
 from ..layer_sampling import extract_context_feature
 from ..target import Qwen3Target
 from .smoke_hybrid import HYBRID_SIZES, hybrid_models
@@ -195,7 +194,6 @@ def random_sized_draft(target, fields: dict, seed: int = 1, std: float = 0.02) -
     with torch.device("meta"):
         draft = DFlashDraftModel(config)
     draft = _fill_(draft.to_empty(device=target.device), target.device, seed, std)
-    use_rows_first(draft)  # as random_draft does (extensions/linear.py)
     return draft.to(target.dtype).eval()
 
 

@@ -1,18 +1,17 @@
 """`python -m dflash_ref bench steps` (harness and reporting: cli/bench.py): what one decoding step
-costs on this machine, by linear plan (extensions/linear_plan.py), SmolLM2-135M fp32, 128 positions
-cached:
+costs on this machine, SmolLM2-135M fp32, 128 positions cached:
 
     t_q       one target forward of q new tokens: q = 1 is an AR step, q = b a verify of a block of b
     bound     the bytes of the weights one forward reads / the stream bandwidth (the probe's):
               no forward of few tokens can take less; t_1 / bound says how near an AR step is
     t_draft   one draft pass of a block of b and its b − 1 proposals through the lm_head
 
-The plans' columns run the project's own Llama target (target/llama.py), what decoding runs on; the
-transformers column is the model as transformers makes it (nn.Linear) on the same weights, and the
-HFTarget column transformers' forward with the measured plan's products (target/hf.py), so that own /
-HFTarget is what the own forward saves, the products being the same;
-`verify / AR step` is t_b / t_1 under the measured plan, the number that decides what a block costs; its
-paired form is the median of each repeat's t_b / t_1 (timing.paired_ratio), which a noisy machine sways less.
+Four forwards on the same weight tensors: the model as transformers makes it (nn.Linear), HFTarget
+(transformers' forward behind the target protocol, target/hf.py), the project's own Llama target
+(target/llama.py, what decoding runs on), and that target with the opt-in fast CPU path
+(extensions/fast_cpu/). `own / HFTarget` is what the own forward saves; `verify / AR step` is t_b / t_1,
+the number that decides what a block costs; its paired form is the median of each repeat's t_b / t_1
+(timing.paired_ratio), which a noisy machine sways less.
 """
 
 from __future__ import annotations
@@ -24,14 +23,17 @@ import torch
 
 from ..drafts.folder import SHIPPED_DFLASH1, open_draft
 from ..drafts.random_draft import random_smollm2_draft
-from ..extensions.draft_vocab import DraftVocabHead
-from ..extensions.linear_plan import linear_mode_as, plans
+from ..extensions.draft_vocab import DraftVocab
+from ..extensions.fast_cpu import use_fast_cpu
+from ..extensions.fast_cpu.plan import plans
+from ..target.llama import from_transformers
 from ..target.smollm2 import load_smollm2, load_smollm2_own
 from .baselines import transformers_twin
 from .suite import _draft_pass
 from .timing import measure, paired_ratio
 
-QS, CACHED, PLANS = (1, 2, 3, 4, 8, 16), 128, ("linear", "rows-first", "measured")
+QS, CACHED = (1, 2, 3, 4, 8, 16), 128
+FORWARDS = ("transformers", "HFTarget", "own", "own --fast-cpu")
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -50,58 +52,57 @@ def stream_bandwidth(repeats: int = 9) -> float:
 
 
 def bench_steps(repeats: int, out: Path, progress) -> dict:
-    """t_q by plan and transformers' own forward; t_draft of a random 3-layer draft (proposals over
-    all V) and of the shipped 2-layer DFlash 1 one (over its vocabulary); the plans measured meanwhile."""
-    adapter, _ = load_smollm2()  # HFTarget: transformers' forward, on the measured plan
+    """t_q by forward (FORWARDS); t_draft of a random 3-layer draft (proposals over all V) and of the
+    shipped 2-layer DFlash 1 one (over its vocabulary); the fast path's plans measured meanwhile."""
+    adapter, _ = load_smollm2()  # HFTarget: transformers' forward
     target, _ = load_smollm2_own()  # the own Llama target (target/llama.py), the same weights
     twin = transformers_twin(adapter.model)
+    fast = use_fast_cpu(from_transformers(twin))  # the own target again, on the fast path, the same weights
     g = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
     prompt = torch.randint(0, vocab, (1, CACHED), generator=g)
-    caches = {"own": target.make_cache(), "HFTarget": adapter.make_cache()}
+    own = {"own": target, "own --fast-cpu": fast}
+    caches = {"HFTarget": adapter.make_cache(), **{name: model.make_cache() for name, model in own.items()}}
     with torch.inference_mode():
-        target(prompt, past_key_values=caches["own"], output_hidden_states=False)
         adapter(prompt, past_key_values=caches["HFTarget"], output_hidden_states=False)
+        for name, model in own.items():
+            model(prompt, past_key_values=caches[name], output_hidden_states=False)
     blocks = {q: torch.randint(0, vocab, (1, q), generator=g) for q in QS}
 
-    def forward(q, plan):
+    def forward(q, name):
         with torch.inference_mode():
-            if plan == "transformers":  # the twin on the adapter's transformers cache
+            if name == "transformers":  # the twin on the adapter's transformers cache
                 twin(blocks[q], past_key_values=caches["HFTarget"].cache, use_cache=True)
                 caches["HFTarget"].crop(CACHED)
-            elif plan == "HFTarget":
+            elif name == "HFTarget":
                 adapter(blocks[q], past_key_values=caches["HFTarget"], output_hidden_states=q > 1)
                 caches["HFTarget"].crop(CACHED)
             else:
-                with linear_mode_as(plan):
-                    target(blocks[q], past_key_values=caches["own"], output_hidden_states=q > 1)
-                caches["own"].crop(CACHED)
+                own[name](blocks[q], past_key_values=caches[name], output_hidden_states=q > 1)
+                caches[name].crop(CACHED)
 
-    variants = {
-        (q, plan): (lambda q=q, plan=plan: forward(q, plan))
-        for q in QS
-        for plan in ("transformers", "HFTarget", *PLANS)
-    }
+    variants = {(q, name): (lambda q=q, name=name: forward(q, name)) for q in QS for name in FORWARDS}
     raw = measure(variants, repeats, progress=progress)
     t = {k: statistics.median(v) for k, v in raw.items()}
     bound = weight_bytes(adapter.model) / stream_bandwidth()
     steps = [
         {
             "tokens q": q,
-            **{f"{plan} (ms)": 1e3 * t[q, plan] for plan in ("transformers", "HFTarget", *PLANS)},
-            "own target / HFTarget (measured, paired)": paired_ratio(raw[q, "measured"], raw[q, "HFTarget"]),
-            "measured / transformers' AR step": t[q, "measured"] / t[1, "transformers"],
-            "verify / AR step (measured)": t[q, "measured"] / t[1, "measured"],
-            "verify / AR step (measured, paired)": paired_ratio(raw[q, "measured"], raw[1, "measured"]),
-            "measured / bandwidth bound": t[q, "measured"] / bound,
+            **{f"{name} (ms)": 1e3 * t[q, name] for name in FORWARDS},
+            "own / HFTarget (paired)": paired_ratio(raw[q, "own"], raw[q, "HFTarget"]),
+            "own / transformers' AR step": t[q, "own"] / t[1, "transformers"],
+            "verify / AR step (own, paired)": paired_ratio(raw[q, "own"], raw[1, "own"]),
+            "--fast-cpu / own (paired)": paired_ratio(raw[q, "own --fast-cpu"], raw[q, "own"]),
+            "verify / AR step (--fast-cpu, paired)": paired_ratio(raw[q, "own --fast-cpu"], raw[1, "own --fast-cpu"]),
+            "own / bandwidth bound": t[q, "own"] / bound,
             "bound (ms)": 1e3 * bound,
         }
         for q in QS
     ]
     return {
-        f"steps · SmolLM2-135M fp32, one forward of q tokens after {CACHED} cached, by linear plan": steps,
-        "draft passes with their proposals (measured plan)": _draft_rows(target, t[1, "measured"], repeats, progress),
-        "the linear plan measured (µs per product, weights cold)": plans(),
+        f"steps · SmolLM2-135M fp32, one forward of q tokens after {CACHED} cached": steps,
+        "draft passes with their proposals (plain nn.Linear)": _draft_rows(target, t[1, "own"], repeats, progress),
+        "--fast-cpu: the linear plan measured (µs per product, weights cold)": plans(),
     }
 
 
@@ -111,7 +112,7 @@ def _draft_rows(target, t_step: float, repeats: int, progress) -> list[dict]:
     shipped, _ = open_draft(SHIPPED_DFLASH1)
     drafts = {
         "random 3-layer, all V": (random_smollm2_draft(target, 3, 16), target.output_head),
-        "shipped 2-layer, its vocabulary": (shipped, DraftVocabHead(target, shipped.draft_vocab)),
+        "shipped 2-layer, its vocabulary": (shipped, DraftVocab(target, shipped.draft_vocab)),
     }
     d, context = target.config.hidden_size, 256
     caches = {name: dr.make_cache() for name, (dr, _) in drafts.items()}

@@ -11,6 +11,7 @@ from matplotlib.figure import Figure
 
 from ..decoding import generate, spec_generate
 from ..drafts.folder import SHIPPED_DRAFTS, check_fits, draft_folder, open_draft
+from ..extensions import chosen_extensions
 from ..extensions.verify_gate import draft_confidence
 from ..hooks import hooks
 from ..plots import save_figure
@@ -109,9 +110,9 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
         "dflash_ref AR (target alone)": lambda: [generate(target, ids, n, STOP_TOKEN_IDS) for ids in every],
     }
     for name, (d, b, gate, lookup) in spec.items():
-        variants[name] = lambda d=d, b=b, gate=gate, lookup=lookup: [
-            spec_generate(d, target, ids, n, STOP_TOKEN_IDS, block_size=b, verify_gate=gate, lookup=lookup)
-            for ids in every
+        extensions = chosen_extensions(d, target, gate, lookup)
+        variants[name] = lambda d=d, b=b, extensions=extensions: [
+            spec_generate(d, target, ids, n, STOP_TOKEN_IDS, block_size=b, extensions=extensions) for ids in every
         ]
     with torch.inference_mode():
         rows = _measure(variants, repeats, progress)

@@ -40,8 +40,8 @@ import torch
 from ..bench import baselines, hybrid_rollback, steps, suite, trained
 from ..bench.timing import measure, summarise  # noqa: F401  (the harness, re-exported)
 from ..drafts.shipped import draft_folder
-from ..extensions import streamed
-from ..extensions.linear_plan import linear_mode
+from ..extensions.fast_cpu import streamed
+from ..extensions.fast_cpu.plan import linear_mode
 from .folders import make_folder
 
 BENCHES: dict[str, Callable] = {
@@ -80,7 +80,7 @@ def machine_speed(repeats: int = 15) -> str:
     """One fixed product timed on this machine, so that tables run on different machines can be told
     apart: the ratios depend on it (a machine that streams weights slower makes the target's step
     dearer and a verify of a few tokens relatively cheaper). SmolLM2's lm_head shape, fp32, two
-    columns (extensions/linear_plan.py's duplicated-row kernel): (49152, 576) · (576, 2), 113 MB of weights read."""
+    columns: (49152, 576) · (576, 2), 113 MB of weights read."""
     weight, x = torch.randn(49152, 576), torch.randn(576, 2)
     median = statistics.median(measure({"probe": lambda: weight @ x}, repeats)["probe"])  # (49152, 2)
     return f"probe {median * 1e3:.1f} ms ({weight.numel() * 4 / median / 1e9:.0f} GB/s: 49152×576 fp32 by 2 columns)"
@@ -98,12 +98,12 @@ def cpu_model() -> str:
 
 
 def machine() -> str:
-    """What a table's footer says of the machine: CPU, threads, torch, Python, date, the linear plan's
-    mode (extensions/linear_plan.py) and whether its C product was built here, and the probe's speed."""
+    """What a table's footer says of the machine: CPU, threads, torch, Python, date, the fast CPU path's
+    plan mode and whether its C product was built here (extensions/fast_cpu/), and the probe's speed."""
     return (
         f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, "
-        f"linear plan {linear_mode()} ({streamed.status()}), {machine_speed()}"
+        f"--fast-cpu plan {linear_mode()} ({streamed.status()}), {machine_speed()}"
     )
 
 

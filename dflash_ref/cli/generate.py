@@ -23,7 +23,8 @@ from ..config import ConfigError
 from ..decoding import spec_generate
 from ..drafts.folder import SHIPPED_DRAFT, check_fits, draft_folder, open_draft
 from ..drafts.random_draft import random_draft
-from ..extensions.linear_plan import measuring_seconds
+from ..extensions import DraftVocab, chosen_extensions
+from ..extensions.fast_cpu import measuring_seconds, use_fast_cpu
 from ..target.checkpoint import DTYPES, CheckpointError, check_device
 from ..target.folder import folder_stop_ids, open_target
 from ..target.smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, chat_ids, load_smollm2_own
@@ -126,6 +127,22 @@ def load_models(args):
 def run(args) -> int:
     torch.manual_seed(args.seed)
     target, draft, tokenizer, stop = load_models(args)
+    extensions = chosen_extensions(draft, target, args.verify_gate, args.lookup)
+    vocab = [e for e in extensions if isinstance(e, DraftVocab)]
+    if vocab:
+        print(
+            f"[the draft proposes among its own vocabulary: {len(vocab[0].ids)} of {vocab[0].vocab_size} tokens "
+            "(its draft_vocab.json, extensions/draft_vocab.py)]",
+            file=sys.stderr,
+        )
+    if args.fast_cpu:
+        for model in (target, draft, *vocab):
+            use_fast_cpu(model)
+        print(
+            "[--fast-cpu: linear layers take the product measured fastest on this machine (extensions/fast_cpu/), "
+            "exact up to float rounding]",
+            file=sys.stderr,
+        )
     ids = prompt_ids(tokenizer, args)
     prompt_len, shown, new, cut, looked = ids.shape[1], [""], [], [], []
 
@@ -156,8 +173,7 @@ def run(args) -> int:
                 temperature=args.temperature,
                 block_size=args.block_size,
                 verifier=args.verifier,
-                verify_gate=args.verify_gate,
-                lookup=args.lookup,
+                extensions=extensions,
                 on_step=on_step,
             )
         except ValueError as e:  # the request, refused before any compute (e.g. past the position limit)

@@ -22,9 +22,8 @@ import torch
 from ..bench.timing import one_thread
 from ..decoding import spec_generate
 from ..drafts.checkpoint import load_draft
-from ..target.checkpoint import load_target
+from ..target.folder import load_target
 from ..target.hybrid_cache import HybridCache
-from ..target.qwen3_5_checkpoint import is_hybrid_folder, load_hybrid_target
 from ..trace import tracing
 from .bundle import LAYER_STAGES, MODEL_STAGES, Bundle, key_for
 
@@ -98,9 +97,7 @@ class ReferenceAdapter:
 
     def load(self, bundle: Bundle):
         draft = load_draft(bundle.draft_dir, self.dtype)
-        draft.draft_vocab = None  # bundles compare proposals over all V, as the official package makes them
-        load = load_hybrid_target if is_hybrid_folder(bundle.target_dir) else load_target
-        return load(bundle.target_dir, self.dtype), draft
+        return load_target(bundle.target_dir, self.dtype), draft
 
     def generate(self, draft, target, input_ids: torch.Tensor, inputs: dict, on_step):
         return spec_generate(

@@ -25,7 +25,8 @@ import torch
 from ..decoding import spec_generate
 from ..drafts.checkpoint import load_draft, save_draft
 from ..layer_sampling import extract_context_feature
-from ..target.checkpoint import load_target, save_target
+from ..target.checkpoint import save_target
+from ..target.folder import load_target
 from .bundle import FORMAT, Bundle, find_bundles, write_bundle_files
 from .official import ZLabAdapter
 from .ports import resolve

@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from ..drafts.checkpoint import save_draft
-from ..extensions.linear_plan import linear_mode_as
 from ..target import Qwen3_5Target
 from ..target.checkpoint import save_target
 from ..target.qwen3_5_checkpoint import save_hybrid_target
@@ -248,17 +247,14 @@ def generate_golden(out: str | Path, names: list[str] | None = None) -> list[Pat
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one reduction order whatever the machine's cores: the same bytes on a rerun
     try:
-        # and one fixed kernel per product, not the one this machine measured: the rule used before the
-        # plan was measured, so the bundles already published stay the same byte for byte
-        with linear_mode_as("rows-first"):
-            written = [
-                write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i)
-                for i, s in enumerate(SCENARIOS, 1)
-                if not names or s.name in names
-            ]
-            for i, name in enumerate(DRAFTS, len(SCENARIOS) + 1):  # the sampling bundles last
-                if not names or name in names:
-                    written.append(write_sampling(Path(out) / f"{i:02d}_{name}", i, name))
+        written = [
+            write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i)
+            for i, s in enumerate(SCENARIOS, 1)
+            if not names or s.name in names
+        ]
+        for i, name in enumerate(DRAFTS, len(SCENARIOS) + 1):  # the sampling bundles last
+            if not names or name in names:
+                written.append(write_sampling(Path(out) / f"{i:02d}_{name}", i, name))
         return written
     finally:
         torch.set_num_threads(threads)

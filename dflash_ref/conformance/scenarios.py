@@ -37,7 +37,6 @@ import numpy as np
 from ..config import DraftConfig, TargetConfig
 from ..draft_model import DFlashDraftModel
 from ..drafts.random_draft import randomize_
-from ..extensions.linear import use_rows_first
 from ..target import HybridConfig, Qwen3_5Target, Qwen3Target
 from ..walkthrough.demo import PROMPT, VOCAB, demo_models, encode
 from .bundle import walk_order
@@ -87,7 +86,6 @@ def tiny_pair(
             **draft_fields,
         )
     )
-    use_rows_first(draft)  # as every draft that decodes here (extensions/linear.py)
     return randomize_(target, seed), randomize_(draft, seed + 1000)
 
 
@@ -122,7 +120,6 @@ def hybrid_pair(seed: int) -> tuple[Qwen3_5Target, DFlashDraftModel]:
             **shared,
         )
     )
-    use_rows_first(draft)
     return randomize_(target, seed), randomize_(draft, seed + 1000)
 
 

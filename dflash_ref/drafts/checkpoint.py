@@ -16,7 +16,6 @@ from ..config import DraftConfig
 from ..draft_model import DFlashDraftModel
 from ..extensions.draft_vocab import FILE as DRAFT_VOCAB_FILE
 from ..extensions.draft_vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
-from ..extensions.linear import use_rows_first
 from ..target.checkpoint import CheckpointError, load_folder, save_folder
 
 
@@ -35,7 +34,6 @@ def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu
         model.draft_vocab = load_draft_vocab(folder, model.config.vocab_size)  # draft_vocab.json, if any
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    use_rows_first(model)  # the CPU's faster product for decoding's few rows (extensions/linear.py)
     return model
 
 

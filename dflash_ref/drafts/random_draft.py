@@ -14,7 +14,6 @@ import torch
 
 from ..config import DraftConfig, Qwen3Config
 from ..draft_model import DFlashDraftModel
-from ..extensions.linear import use_rows_first
 from ..target.smollm2 import MASK_TOKEN_ID as SMOLLM2_MASK_TOKEN_ID
 
 
@@ -96,7 +95,6 @@ def random_draft(
     with torch.device("meta"):
         draft = DFlashDraftModel(config)
     randomize_(draft.to_empty(device=target.device), seed, std, norm_jitter=None)
-    use_rows_first(draft)  # the CPU's faster product for decoding's few rows (extensions/linear.py)
     return draft.to(target.dtype).eval()
 
 

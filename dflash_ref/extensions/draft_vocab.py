@@ -17,12 +17,14 @@ do not know it (the official one) ignore it and propose over all V, which is equ
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import torch
+from torch import nn
 
-from .linear import linear_product
+from ..decoding import Block, Proposal, Proposer
 
 FILE = "draft_vocab.json"
 
@@ -51,24 +53,41 @@ def check_draft_vocab(token_ids, vocab_size: int) -> torch.Tensor:
     return ids
 
 
-class DraftVocabHead:
-    """The target's lm_head restricted to V_d, for `draft.compute_logits`: (…, d) → (…, V) logits,
-    −∞ outside V_d. The rows W[V_d] are gathered once (per generate call), not per step."""
+class DraftVocab(nn.Module):
+    """`spec_generate(..., extensions=[DraftVocab(target, token_ids)])`: the draft's proposals come from
+    the target's lm_head restricted to V_d, (…, d) → (…, V) logits, −∞ outside V_d. The rows W[V_d] are
+    gathered once, into a plain nn.Linear (so that `use_fast_cpu` reaches it too)."""
 
     def __init__(self, target, token_ids: torch.Tensor) -> None:
+        super().__init__()
         try:
             weight = target.output_weight()  # (V, d)
         except ValueError as e:
             raise ValueError(f"a draft vocabulary needs the target's lm_head as one matrix: {e}") from None
-        self.ids = check_draft_vocab(token_ids, weight.shape[0]).to(weight.device)
-        self.rows = weight[self.ids]  # (|V_d|, d)
+        ids = check_draft_vocab(token_ids, weight.shape[0]).to(weight.device)
+        self.register_buffer("ids", ids, persistent=False)
+        self.rows = nn.Linear(weight.shape[1], len(ids), bias=False, device="meta")
+        self.rows.weight = nn.Parameter(weight.detach()[ids], requires_grad=False)  # (|V_d|, d)
         self.vocab_size = weight.shape[0]
 
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        sub = linear_product(hidden, self.rows)  # (…, |V_d|)
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        sub = self.rows(hidden)  # (…, |V_d|)
         full = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))  # (…, V)
         full[..., self.ids] = sub
         return full
+
+    def wrap(self, propose: Proposer) -> Proposer:
+        def propose_in_vocabulary(block: Block) -> Proposal:
+            return propose(dataclasses.replace(block, head=self))
+
+        return propose_in_vocabulary
+
+
+def draft_vocab_of(draft, target) -> list[DraftVocab]:
+    """[DraftVocab(target, draft.draft_vocab)] where the draft's folder declared one (load_draft reads
+    draft_vocab.json into `draft.draft_vocab`), else []: what the commands decode a loaded draft with."""
+    vocab = getattr(draft, "draft_vocab", None)
+    return [] if vocab is None else [DraftVocab(target, vocab)]
 
 
 def save_draft_vocab(token_ids: torch.Tensor, folder: str | Path) -> None:

@@ -23,7 +23,31 @@ from __future__ import annotations
 
 import torch
 
+from ..decoding import Block, Proposal, Proposer
+
 MAX_NGRAM = 3  # the longest suffix looked up: measured against 2 and 4 in figures/training/README.md
+
+
+class PromptLookup:
+    """`spec_generate(..., extensions=[PromptLookup(N)])`: a step whose last N or more committed tokens
+    occurred before proposes what followed them (`lookup_proposals`), with no draft pass; any other step
+    drafts as usual. Its Proposal says `drafted=0` and consumes no context (the features wait)."""
+
+    def __init__(self, n: int) -> None:
+        check_lookup(n)
+        self.n = n
+
+    def wrap(self, propose: Proposer) -> Proposer:
+        def propose_with_lookup(block: Block) -> Proposal:
+            copied = lookup_proposals(block.output_ids, block.start, block.size - 1, self.n)  # (1, γ) or None
+            if copied is None:
+                return propose(block)
+            block_ids = block.ids()
+            block_ids[:, 1:] = copied
+            draft_probs, candidates = lookup_distribution(copied)
+            return Proposal(block_ids, copied[0].tolist(), draft_probs, candidates)
+
+        return propose_with_lookup
 
 
 def check_lookup(lookup: int | None) -> None:

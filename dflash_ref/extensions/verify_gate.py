@@ -36,7 +36,41 @@ gate pays depends on the machine, so it is off by default.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
+
+from ..decoding import Block, Proposal, Proposer
+
+
+class VerifyGate:
+    """`spec_generate(..., extensions=[VerifyGate(θ)])`: after a draft pass, verify the whole block only
+    when c_1 · c_2 ≥ θ, else [x_0, d_1] (`gate_block`); a block no draft pass made (a prompt lookup's)
+    is verified whole."""
+
+    def __init__(self, threshold: float) -> None:
+        if threshold is None:
+            raise ValueError("VerifyGate needs a number θ ≥ 0 (leave the extension out to verify every block whole)")
+        check_gate(threshold)
+        self.threshold = threshold
+
+    def wrap(self, propose: Proposer) -> Proposer:
+        def gated(block: Block) -> Proposal:
+            proposal = propose(block)
+            if proposal.hidden is None:  # no draft pass: nothing to gate on
+                return proposal
+            block_ids, draft_probs, candidates = gate_block(
+                self.threshold,
+                proposal.block_ids,
+                proposal.draft_logits,
+                proposal.draft_probs,
+                proposal.candidates,
+                proposal.selector,
+                proposal.hidden,
+            )
+            return dataclasses.replace(proposal, block_ids=block_ids, draft_probs=draft_probs, candidates=candidates)
+
+        return gated
 
 
 def check_gate(threshold: float | None) -> None:

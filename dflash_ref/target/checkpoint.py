@@ -5,7 +5,9 @@ official `dflash` package and in transformers.
 
 Loading builds the model on the `meta` device (no memory), then reads each shard straight onto
 `device` in `dtype`, so no full float32 copy of a large model is ever held in host memory.
-Targets load here (`load_target`); drafts load through the same reader (drafts/checkpoint.py).
+The own Qwen3 loads here (`load_qwen3_target`), the own Llama and Qwen3.5 through the same reader
+(llama.py, qwen3_5_checkpoint.py), drafts too (drafts/checkpoint.py); `load_target` (folder.py) reads a
+folder's architecture and picks among them.
 """
 
 from __future__ import annotations
@@ -211,7 +213,7 @@ def load_folder(cls, config_cls, folder, dtype, device, architectures: set[str],
     return model.eval()
 
 
-def load_target(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> Qwen3Target:
+def load_qwen3_target(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> Qwen3Target:
     """A transformers Qwen3ForCausalLM folder → the project's own Qwen3Target."""
     return load_folder(Qwen3Target, TargetConfig, folder, dtype, device, {"Qwen3ForCausalLM"})
 

@@ -1,39 +1,115 @@
-"""Opening a target folder the commands name (`--target DIR`): a Hugging Face causal-LM folder
-with its tokenizer, run on the project's own Qwen3 or Llama where it is one (qwen3.py, llama.py), on
-the own hybrid target where it is a Qwen3.5 / 3.6, text or multimodal (qwen3_5_checkpoint.py), and in
-transformers otherwise (hf.py), and the token ids its answers end with. A folder that cannot serve ends the
-command with a message naming the folder and the problem, never a traceback.
+"""Loading a target folder: `load_target(folder)` reads a Hugging Face causal-LM folder's architecture
+and returns the target that runs it, and `open_target` does the same for the commands (`--target DIR`),
+with the folder's tokenizer.
+
+    Qwen3ForCausalLM                      the own Qwen3 (qwen3.py, with hook points)
+    LlamaForCausalLM                      the own Llama (llama.py); one it refuses (Llama 3's RoPE, biases)
+                                          runs in transformers, with a warning that says why
+    Qwen3.5 / 3.6, text or multimodal     the own hybrid target (qwen3_5.py, qwen3_5_checkpoint.py)
+    anything else transformers can load   HFTarget (hf.py), which refuses recurrent models it cannot roll back
+    a draft, or what nothing can run      refused by name (CheckpointError)
+
+`open_target` turns every refusal into the command's own message (SystemExit), never a traceback, and
+`folder_stop_ids` gives the token ids the folder's answers end with.
 """
 
 from __future__ import annotations
 
 import json
 import sys
+import warnings
 from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointConfigError, CheckpointError, config_architectures, load_target
+from .checkpoint import (
+    CheckpointConfigError,
+    CheckpointError,
+    check_device,
+    config_architectures,
+    load_qwen3_target,
+    resolve_dtype,
+)
 from .hf import HFTarget
 from .llama import load_llama_target
 from .qwen3_5_checkpoint import is_hybrid_folder, load_hybrid_target
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+DRAFT_ARCHITECTURES = {"DFlashDraftModel", "DFlash2DraftModel"}
+
+
+class TransformersFallback(UserWarning):
+    """A folder of an architecture with an own target ran in transformers instead (its config asks for
+    something the own target does not compute): the same model, without hook points."""
+
+
+def load_target(folder: str | Path, dtype=None, device: str | torch.device = "cpu", via_transformers: bool = False):
+    """A Hugging Face causal-LM folder → the target that runs it (the table above), its weights on `device`
+    in `dtype` (None or "auto": the config's). `via_transformers`: run it in transformers even where an own
+    target exists (training distils through transformers' generate)."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise CheckpointError(f"{folder} has no config.json" if folder.is_dir() else f"no folder {folder}")
+    archs = config_architectures(folder)
+    if set(archs) & DRAFT_ARCHITECTURES:
+        raise CheckpointError(f"{folder}: architectures {archs} is a DFlash draft, not a target (load_draft reads it)")
+    own = (
+        load_qwen3_target
+        if "Qwen3ForCausalLM" in archs
+        else load_llama_target
+        if "LlamaForCausalLM" in archs
+        else load_hybrid_target
+        if is_hybrid_folder(folder)
+        else None
+    )
+    if own is not None and not via_transformers:
+        try:
+            return own(folder, dtype, device)
+        except CheckpointConfigError as e:
+            if own is not load_llama_target:
+                raise
+            warnings.warn(f"not on the own Llama ({e}); running it in transformers", TransformersFallback, 2)
+    return _transformers_target(folder, archs, dtype, device)
+
+
+def _transformers_target(folder: Path, archs: list[str], dtype, device) -> HFTarget:
+    """The folder as transformers loads it, behind HFTarget; what transformers cannot load is refused
+    naming the architecture."""
+    try:
+        from transformers import AutoConfig, AutoModelForCausalLM  # optional: the hf extra
+    except ImportError:
+        raise CheckpointError(
+            f"{folder}: architectures {archs or '(none named)'} has no own target here, and transformers, which "
+            "could run it, is not installed (pip install 'dflash-ref[hf]')"
+        ) from None
+    try:
+        config = AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError) as e:
+        raise CheckpointError(f"{folder}: architectures {archs or '(none named)'}: transformers cannot read its "
+                              f"config: {e}") from None  # fmt: skip
+    dtype = resolve_dtype(dtype, config) if not isinstance(dtype, torch.dtype) else dtype
+    device = check_device(device, dtype)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{folder}: architectures {archs or '(none named)'}: neither dflash_ref nor "
+                              f"transformers can run it as a causal LM: {e}") from None  # fmt: skip
+    try:
+        return HFTarget(model.to(device))
+    except TypeError as e:  # HFTarget's refusals: a model a crop cannot roll back, or no causal-LM head
+        raise CheckpointError(f"{folder}: {e}") from None
 
 
 def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen3: bool = True):
-    """--target FOLDER (a Hugging Face model folder) → (target, tokenizer), or the command ends naming
-    the folder and the problem: a Qwen3ForCausalLM or LlamaForCausalLM runs on the project's own Qwen3 or
-    Llama and a Qwen3.5 / 3.6 on the own hybrid target (unless not `own_qwen3`: training distils through
-    transformers' generate), anything else in transformers, as is a Llama whose config the own Llama
-    refuses. The own Llama's linear layers take the measured plan's products, as HFTarget's do."""
+    """--target FOLDER (a Hugging Face model folder) → (target, tokenizer) by `load_target` (transformers
+    only, unless `own_qwen3`), or the command ends naming the folder and the problem."""
     if not (folder / "config.json").is_file():
         raise SystemExit(f"--target {folder}: no config.json there (a Hugging Face model folder, or 'smollm2')")
     try:
         archs = config_architectures(folder)
     except CheckpointError as e:
         raise SystemExit(f"--target {e}") from None
-    if "DFlashDraftModel" in archs:
+    if set(archs) & DRAFT_ARCHITECTURES:
         raise SystemExit(f"--target {folder}: architectures {archs} is a draft, not a target")
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):  # else transformers makes an empty one
         raise SystemExit(f"--target {folder}: no tokenizer files ({' or '.join(TOKENIZER_FILES)})")
@@ -43,32 +119,18 @@ def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError, KeyError, TypeError) as e:  # transformers' own, for damaged files
         raise SystemExit(f"--target {folder}: its tokenizer does not load: {type(e).__name__}: {e}") from None
-    own = (
-        load_target
-        if "Qwen3ForCausalLM" in archs
-        else load_llama_target
-        if "LlamaForCausalLM" in archs
-        else load_hybrid_target
-        if is_hybrid_folder(folder)
-        else None
-    )
-    if own is not None and own_qwen3:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", TransformersFallback)
         try:
-            return own(folder, dtype, device), tokenizer  # the project's own Qwen3, Llama or Qwen3.5
-        except CheckpointConfigError as e:
-            if own is not load_llama_target:
-                raise SystemExit(f"--target: {e}") from None
-            # a Llama the own target cannot compute (Llama 3's RoPE, biases): transformers runs it, as before
-            print(f"[--target: not on the own Llama ({e}); running it in transformers]", file=sys.stderr)
+            target = load_target(folder, dtype, device, via_transformers=not own_qwen3)
         except CheckpointError as e:
             raise SystemExit(f"--target: {e}") from None
-    from transformers import AutoModelForCausalLM  # optional: the hf extra
-
-    try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
-    except (OSError, ValueError) as e:
-        raise SystemExit(f"--target {folder}: transformers cannot load it: {e}") from None
-    return HFTarget(model.to(device)), tokenizer
+    for warning in caught:
+        if issubclass(warning.category, TransformersFallback):
+            print(f"[--target: {warning.message}]", file=sys.stderr)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return target, tokenizer
 
 
 def folder_stop_ids(folder: Path, tokenizer) -> list[int]:

@@ -15,7 +15,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..extensions.linear import linear_product, use_rows_first
 from .grouped_attention import use_sdpa_grouped
 from .hf_guard import check_rollback
 from .hf_hybrid import ReplayCache, replayable
@@ -44,13 +43,9 @@ class HFCache:
 
 
 class HFTarget(nn.Module):
-    """`rows_first` (default on) switches the model's plain nn.Linear layers, lm_head included, to
-    extensions/linear.py's RowsFirstLinear in place: the same weights, the same product up to float
-    rounding, computed on a CPU for the 1 … 64 rows of decoding (AR's one token and a verify block
-    alike) by the kernel measured fastest on the machine at hand (extensions/linear_plan.py; F.linear
-    unless another is clearly faster). The model's own forward is otherwise untouched."""
+    """A transformers causal LM behind the target protocol; its own forward, untouched."""
 
-    def __init__(self, model: nn.Module, rows_first: bool = True) -> None:
+    def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.replay = replayable(model)  # Qwen3.5 / Qwen3-Next: exact rollback by snapshot + replay (hf_hybrid.py)
         if not self.replay:
@@ -69,8 +64,6 @@ class HFTarget(nn.Module):
             )
         self.model = model.eval()
         self.config = config
-        if rows_first:
-            use_rows_first(model)
         use_sdpa_grouped(model)  # "sdpa" without copying the cache's key/value heads: the same numbers
 
     @property
@@ -85,8 +78,7 @@ class HFTarget(nn.Module):
         return self.model.get_input_embeddings()(input_ids)
 
     def output_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        head = self.model.get_output_embeddings()  # the draft's proposals (extensions/linear.py)
-        return linear_product(hidden, head.weight, getattr(head, "bias", None))
+        return self.model.get_output_embeddings()(hidden)
 
     def output_weight(self) -> torch.Tensor:
         """The lm_head matrix (V, d): logits = hidden @ output_weight().T (training takes rows of it)."""

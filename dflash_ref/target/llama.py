@@ -22,7 +22,6 @@ import torch
 
 from ..config import ConfigError, TargetConfig
 from ..config_fields import bool_field
-from ..extensions.linear import use_rows_first
 from .checkpoint import load_folder
 from .qwen3 import Qwen3Target
 
@@ -48,10 +47,9 @@ class LlamaTarget(Qwen3Target):
     qk_norm = False
 
 
-def from_transformers(model, rows_first: bool = True) -> LlamaTarget:
+def from_transformers(model) -> LlamaTarget:
     """A loaded transformers LlamaForCausalLM → a LlamaTarget on the very same weight tensors (no copy),
-    its config read as a folder's would be (a field this target cannot compute is refused by name).
-    `rows_first`: as HFTarget's (the measured plan's products for decoding's few rows)."""
+    its config read as a folder's would be (a field this target cannot compute is refused by name)."""
     if type(model).__name__ != "LlamaForCausalLM":
         raise TypeError(f"from_transformers takes a transformers LlamaForCausalLM, got {type(model).__name__}")
     config = LlamaTargetConfig.from_dict(model.config.to_dict())
@@ -76,21 +74,9 @@ def from_transformers(model, rows_first: bool = True) -> LlamaTarget:
             f"{theirs.dtype}) are not the fp32 ones its config gives: a model cast by .to(dtype) "
             "rounds them; load it with from_pretrained(..., dtype=...) instead"
         )
-    return _planned(target.eval(), rows_first)
+    return target.eval()
 
 
-def load_llama_target(
-    folder: str | Path, dtype=None, device: str | torch.device = "cpu", rows_first: bool = True
-) -> LlamaTarget:
-    """A transformers LlamaForCausalLM folder → the project's own LlamaTarget (`rows_first`: as above)."""
-    return _planned(
-        load_folder(LlamaTarget, LlamaTargetConfig, folder, dtype, device, {"LlamaForCausalLM"}), rows_first
-    )
-
-
-def _planned(target: LlamaTarget, rows_first: bool) -> LlamaTarget:
-    """Switch its nn.Linear layers to the measured plan's products (extensions/linear.py), as HFTarget
-    does, so that the two run transformers' forward on the same products: the same numbers bit for bit."""
-    if rows_first:
-        use_rows_first(target)
-    return target
+def load_llama_target(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> LlamaTarget:
+    """A transformers LlamaForCausalLM folder → the project's own LlamaTarget."""
+    return load_folder(LlamaTarget, LlamaTargetConfig, folder, dtype, device, {"LlamaForCausalLM"})

@@ -20,7 +20,6 @@ from torch import nn
 from ..attention import attend, visibility_mask
 from ..cache import KVCache
 from ..config import TargetConfig
-from ..extensions.linear import linear_product
 from ..hooks import HookPoint, name_hook_points
 from ..mlp import SwiGLU
 from ..rmsnorm import RMSNorm
@@ -122,7 +121,7 @@ class OwnTarget(nn.Module):
         return self.model.embed_tokens(input_ids)
 
     def output_head(self, hidden: torch.Tensor) -> torch.Tensor:
-        return linear_product(hidden, self.lm_head.weight)  # the draft's proposals (extensions/linear.py)
+        return self.lm_head(hidden)
 
     def output_weight(self) -> torch.Tensor:
         """The lm_head matrix (V, d): logits = hidden @ output_weight().T (training takes rows of it)."""

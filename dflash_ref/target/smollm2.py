@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..extensions.streamed import cache_folder
+from ..extensions import cache_folder
 from .hf import HFTarget
 from .llama import LlamaTarget, from_transformers
 
@@ -101,8 +101,8 @@ def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[HFTarget, object]:
 @functools.lru_cache(maxsize=2)
 def load_smollm2_own(dtype: torch.dtype = torch.float32) -> tuple[LlamaTarget, object]:
     """(target, tokenizer): SmolLM2 on the project's own Llama target (target/llama.py), on the weights of
-    `load_smollm2`'s model (shared, not copied), its linear layers on the measured plan as HFTarget's are.
-    transformers' logits bit for bit, with hook points and a leaner forward: what decoding runs on."""
+    `load_smollm2`'s model (shared, not copied): transformers' logits bit for bit, with hook points and a
+    leaner forward: what decoding runs on."""
     target, tokenizer = load_smollm2(dtype)
     return from_transformers(target.model), tokenizer
 

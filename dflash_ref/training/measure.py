@@ -11,6 +11,7 @@ What `train`'s held-out evaluation, `evaluate` and `bench trained` all report, a
 from __future__ import annotations
 
 from ..decoding import spec_generate
+from ..extensions import chosen_extensions
 from ..hooks import hooks
 from ..target.smollm2 import chat_ids
 
@@ -32,10 +33,12 @@ def acceptance_by_position(
     """Greedy on each prompt: the fraction of full-block decode steps (the whole block drafted and
     verified) in which block position k (1 … b − 1) was accepted, and the mean tokens per step over
     all steps (the paper's τ): `tally` of every step (with `lookup`, extensions/prompt_lookup.py, its
-    steps count too: a_k and τ are then the decoder's, not the draft's alone). Each prompt's GenerationOutput
-    is appended to `outputs` and its list of step records to `records`, if given; `done(i)` is called after the i-th."""
+    steps count too: a_k and τ are then the decoder's, not the draft's alone). The draft proposes in its
+    own vocabulary where it has one, as the commands decode it (extensions.chosen_extensions). Each
+    prompt's GenerationOutput is appended to `outputs` and its list of step records to `records`, if
+    given; `done(i)` is called after the i-th."""
     b = block_size or draft.block_size
-    steps = []
+    steps, extensions = [], chosen_extensions(draft, target, verify_gate, lookup)
     for i, prompt in enumerate(prompt_list, 1):
         mine = []
         out = spec_generate(
@@ -45,8 +48,7 @@ def acceptance_by_position(
             max_new_tokens,
             list(stop),
             block_size=b,
-            verify_gate=verify_gate,
-            lookup=lookup,
+            extensions=extensions,
             on_step=mine.append,
         )
         if outputs is not None:

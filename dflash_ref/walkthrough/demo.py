@@ -15,7 +15,6 @@ import torch
 from ..config import DraftConfig, TargetConfig
 from ..draft_model import DFlashDraftModel
 from ..drafts.random_draft import randomize_
-from ..extensions.linear import use_rows_first
 from ..target import Qwen3Target
 
 VOCAB = ["<s>", "the", "cat", "sat", "on", "a", "mat", ".", "dog", "ran", "to", "park", "and", "then", "</s>", "<mask>"]
@@ -51,5 +50,4 @@ def demo_models(seed: int = 0, block_size: int = 4) -> tuple[Qwen3Target, DFlash
             **shared,
         )
     )
-    use_rows_first(draft)  # as every draft that decodes here (extensions/linear.py)
     return randomize_(target, seed, norm_jitter=None), randomize_(draft, seed + 1, norm_jitter=None)

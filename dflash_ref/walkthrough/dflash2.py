@@ -32,7 +32,6 @@ from ..decoding import GenerationOutput, generate, spec_generate
 from ..draft_model import DFlashDraftModel
 from ..drafts.random_draft import randomize_
 from ..dynamic_conv import convolve
-from ..extensions.linear import use_rows_first
 from ..trace import Trace, tracing
 from .demo import PROMPT, VOCAB, decode, demo_models, encode
 
@@ -63,7 +62,6 @@ def dflash2_models(seed: int = 0, block_size: int = 4):
     draft's config and DFLASH2_FIELDS, its weights N(0, 0.5²) from seed + 1 (norm weights 1)."""
     target, dflash1 = demo_models(seed, block_size)
     draft = DFlashDraftModel(dataclasses.replace(dflash1.config, **DFLASH2_FIELDS))
-    use_rows_first(draft)  # as every draft that decodes here (extensions/linear.py)
     return target, randomize_(draft, seed + 1, norm_jitter=None), dflash1
 
 

@@ -31,6 +31,7 @@ from ..drafts.checkpoint import load_draft
 from ..drafts.folder import SHIPPED_DFLASH1
 from ..drafts.oracle import OracleDraft
 from ..drafts.random_draft import random_smollm2_draft
+from ..extensions.draft_vocab import draft_vocab_of
 from ..layer_sampling import build_target_layer_ids
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2_own
 from ..trace import Trace, tracing
@@ -93,8 +94,11 @@ def trained_vs_random_example(max_new_tokens: int = 64) -> Comparison:
     ids = chat_ids(tokenizer, prompt)
     outputs, traces = {}, {}
     for name, draft in drafts.items():
+        vocabulary = draft_vocab_of(draft, target)  # the trained draft proposes among its own (draft_vocab.json)
         with tracing(draft, names=["*hook_pattern"], meta={"draft": name, "prompt": prompt}) as trace:
-            outputs[name] = spec_generate(draft, target, ids, max_new_tokens, STOP_TOKEN_IDS, on_step=trace.on_step)
+            outputs[name] = spec_generate(
+                draft, target, ids, max_new_tokens, STOP_TOKEN_IDS, extensions=vocabulary, on_step=trace.on_step
+            )
         traces[name] = trace
     reference = generate(target, ids, max_new_tokens, STOP_TOKEN_IDS).output_ids
     assert all(torch.equal(o.output_ids, reference) for o in outputs.values()), "speculative output must equal AR"

@@ -20,6 +20,7 @@ from .. import plots
 from ..decoding import generate, spec_generate
 from ..drafts.checkpoint import load_draft
 from ..drafts.folder import SHIPPED_DFLASH2
+from ..extensions.draft_vocab import draft_vocab_of
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2_own
 from ..trace import Trace, tracing
 from ..training.measure import acceptance_by_position, best_candidate, path_against_argmax, selector_log
@@ -62,7 +63,10 @@ def trained_dflash2_example() -> TrainedDFlash2:
     prompts = eval_prompts(TRAINED_PROMPTS) + split_prompts("heldout-styles")[:TRAINED_PROMPTS]
     ids = chat_ids(tokenizer, prompts[0])
     with tracing(draft, names=["draft.candidate_selector.*"], meta={"prompt": prompts[0]}) as trace:
-        out = spec_generate(draft, target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS, on_step=trace.on_step)
+        out = spec_generate(
+            draft, target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS, extensions=draft_vocab_of(draft, target),
+            on_step=trace.on_step,
+        )  # fmt: skip
     assert torch.equal(out.output_ids, generate(target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS).output_ids), (
         "speculative output must equal AR"
     )

@@ -19,7 +19,7 @@ It is compiled at first use by the machine's C compiler (`$CC`, else `cc`, else 
 `~/.cache/dflash_ref`), and loaded with ctypes into the process that already holds torch's OpenMP
 runtime (libgomp.so.1), so both share one thread pool; it runs on `torch.get_num_threads()` threads.
 Where it cannot be built or loaded (no compiler, a compiler without GCC's vector extensions or
-OpenMP, a second OpenMP runtime) linear_plan measures the other kernels only; `status()` says why.
+OpenMP, a second OpenMP runtime) plan.py measures the other kernels only; `status()` says why.
 """
 
 from __future__ import annotations
@@ -39,20 +39,14 @@ from pathlib import Path
 
 import torch
 
+from .. import cache_folder
+
 SOURCE = Path(__file__).with_name("streamed.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 MAX_SIZE = 2**31 - 64  # the C code's sizes are ints
 CPU_FIELDS = ("model name", "flags", "Features", "CPU implementer", "CPU architecture", "CPU variant", "CPU part")
 _why_not: list[str] = []  # why the library could not be built or loaded, once tried
 _building = threading.Lock()  # one thread compiles; the others wait for its library
-
-
-def cache_folder() -> Path:
-    """Where the compiled library is kept: $DFLASH_REF_CACHE, else $XDG_CACHE_HOME/dflash_ref, else
-    ~/.cache/dflash_ref."""
-    if os.environ.get("DFLASH_REF_CACHE"):
-        return Path(os.environ["DFLASH_REF_CACHE"])
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dflash_ref"
 
 
 def compiler() -> list[str] | None:

@@ -1,25 +1,23 @@
-"""Linear layers on a CPU: y = x · Wᵀ (+ b), (…, d_in) × (d_out, d_in)ᵀ → (…, d_out), computed by the
+"""The planned linear layer: y = x · Wᵀ (+ b), (…, d_in) × (d_out, d_in)ᵀ → (…, d_out), computed by the
 kernel measured fastest on this machine for the number of rows and the layer's shape.
 
 Decoding asks a linear layer for a few rows at a time: one token (AR), a block of b (verification),
 b − 1 proposals (the draft's logits). For those, torch's fp32 CPU `F.linear` is not always the
 fastest exact way: on some machines one row goes to a slower matrix-vector kernel and 2 … 3 rows
 cost about that many single rows, while (W · xᵀ)ᵀ runs on the matrix-matrix kernel; on others
-F.linear is the fastest of all. So the choice is measured, not assumed (extensions/linear_plan.py:
-the kernels, how they are timed, the cache of plans, DFLASH_REF_LINEAR to pin one):
+F.linear is the fastest of all. So the choice is measured, not assumed (plan.py: the kernels, how
+they are timed, the store of plans, DFLASH_REF_LINEAR to pin one):
 
     rows 1 … 64, fp32, CPU, no grad, no autocast    the plan's kernel for (d_out, d_in, rows)
     otherwise (prefill's many rows, bf16, autocast, grad mode, another device)    F.linear
 
 Every kernel gives F.linear's numbers up to float rounding (the order of the d_in-term sums), and
-F.linear is kept unless another is clearly faster. `RowsFirstLinear` is an nn.Linear with this
-forward (the name is the first faster way this project found; its forward now takes whichever the
-plan measured): it can also hold the copies of W that two kernels read (W's d_in columns in
-slices, Wᵀ made contiguous), made once when the plan first asks for them and remade when the weight
-changes (`RowsFirstLinear.copies` says what it notices); weights over 2²⁴ elements or made in
-inference mode are not copied. `use_rows_first` switches a model's plain nn.Linear layers to it where
-models are made or loaded (HFTarget, the own Llama, load_draft, random_draft), and `linear_product` is
-what the draft's proposals go through (target.output_head, extensions/draft_vocab.py).
+F.linear is kept unless another is clearly faster. `PlannedLinear` is an nn.Linear with this
+forward: the same module, parameters and state dict. It can also hold the copies of W that two
+kernels read (W's d_in columns in slices, Wᵀ made contiguous), made once when the plan first asks
+for them and remade when the weight changes (`PlannedLinear.copies` says what it notices); weights
+over 2²⁴ elements or made in inference mode are not copied. `switch_linears` turns a model's plain
+nn.Linear layers into PlannedLinear and back (the switch of __init__.py, `use_fast_cpu`).
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from . import streamed
-from .linear_plan import COPIES, KERNELS, MAX_COPY, MEASURED_ROWS, kernel_for
+from .plan import COPIES, KERNELS, MAX_COPY, MEASURED_ROWS, kernel_for
 
 
 def linear_product(
@@ -42,8 +40,8 @@ def linear_product(
     copies: Callable[[str], list[torch.Tensor] | None] | None = None,
 ) -> torch.Tensor:
     """x (…, d_in), weight (d_out, d_in), bias (d_out,) or None → x · weightᵀ + bias (…, d_out),
-    contiguous, by the plan's kernel. `copies(kernel)` (RowsFirstLinear's) gives the parts of W a
-    kernel of linear_plan.COPIES reads; without it those kernels are not candidates."""
+    contiguous, by the plan's kernel. `copies(kernel)` (PlannedLinear's) gives the parts of W a
+    kernel of plan.COPIES reads; without it those kernels are not candidates."""
     rows = x.numel() // max(x.shape[-1], 1)
     if (
         torch.is_grad_enabled()
@@ -72,19 +70,19 @@ def linear_product(
 
 
 def can_copy(weight: torch.Tensor) -> bool:
-    """Whether a RowsFirstLinear may keep copies of this weight: at most MAX_COPY elements (memory),
+    """Whether a PlannedLinear may keep copies of this weight: at most MAX_COPY elements (memory),
     and not made in inference mode (such a tensor has no version count to notice changes by)."""
     return weight.numel() <= MAX_COPY and not weight.is_inference()
 
 
-class RowsFirstLinear(nn.Linear):
+class PlannedLinear(nn.Linear):
     """An nn.Linear whose forward is `linear_product`: the same module, parameters and state dict."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear_product(x, self.weight, self.bias, self.copies)
 
     def copies(self, kernel: str) -> list[torch.Tensor] | None:
-        """The parts of W that `kernel` (one of linear_plan.COPIES) reads, copied once per weight and
+        """The parts of W that `kernel` (one of plan.COPIES) reads, copied once per weight and
         remade when the weight is replaced, reassigned through `.data`, or changed by an in-place op
         that autograd counts (not by one on `weight.data`, which bypasses the count: call
         `forget_copies`); None for a weight `can_copy` refuses, or in grad mode (a gradient must
@@ -114,12 +112,15 @@ class RowsFirstLinear(nn.Linear):
         return {k: v for k, v in state.items() if k not in ("_copies_key", "_copies_of_weight")}
 
 
-def use_rows_first(model: nn.Module) -> int:
-    """Switch every plain nn.Linear inside `model` to RowsFirstLinear, in place (the class only: the
-    weights, tying and hooks stay); subclasses and other modules are left alone. → how many switched."""
+def switch_linears(model: nn.Module, on: bool = True) -> int:
+    """Switch every plain nn.Linear inside `model` to PlannedLinear (`on`), or every PlannedLinear back
+    to nn.Linear, in place: the class only (the weights, tying and hooks stay); subclasses and other
+    modules are left alone. → how many switched."""
     switched = 0
     for module in model.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = RowsFirstLinear
+        if type(module) is (nn.Linear if on else PlannedLinear):
+            if not on:
+                module.forget_copies()
+            module.__class__ = PlannedLinear if on else nn.Linear
             switched += 1
     return switched

@@ -1,4 +1,4 @@
-"""The CPU linear (extensions/linear.py, extensions/linear_plan.py): every kernel is F.linear up to
+"""The fast CPU path's linear (extensions/fast_cpu/: linear.py, plan.py): every kernel is F.linear up to
 float rounding, the plan is chosen by the clock (a fake one here: no timing is asserted), cached,
 pinned by DFLASH_REF_LINEAR, and anything but an fp32 CPU product without grad goes to F.linear."""
 
@@ -13,9 +13,8 @@ import torch
 from conftest import make_pair
 from torch.nn import functional as F
 
-from dflash_ref.extensions import linear, linear_plan, plan_store
-from dflash_ref.extensions.linear import linear_product, use_rows_first
-from dflash_ref.extensions.linear_plan import (
+from dflash_ref.extensions.fast_cpu import linear, linear_product, plan, plan_store, use_fast_cpu
+from dflash_ref.extensions.fast_cpu.plan import (
     COPIES,
     KERNELS,
     MODES,
@@ -32,20 +31,18 @@ from dflash_ref.extensions.linear_plan import (
 @pytest.fixture(autouse=True)
 def fresh_plans():
     """Each test starts with no measured plan and the environment's mode, and leaves it so."""
-    linear_plan.forget_plans()
+    plan.forget_plans()
     previous = set_linear_mode(None)
     yield
-    linear_plan.forget_plans()
+    plan.forget_plans()
     set_linear_mode(previous)
 
 
-def fake_clock(
-    seconds: dict[str, float], names: tuple[str, ...], weight: torch.Tensor, repeats: int = linear_plan.REPEATS
-):
+def fake_clock(seconds: dict[str, float], names: tuple[str, ...], weight: torch.Tensor, repeats: int = plan.REPEATS):
     """A clock for `measure`: each product of kernel `name` lasts seconds[name] (the kernels take
     turns product by product, `products_per_round` each per round, after a warm-up round)."""
     ticks, now = [], 0.0
-    for _ in range((repeats + 1) * linear_plan.products_per_round(weight)):
+    for _ in range((repeats + 1) * plan.products_per_round(weight)):
         for name in names:
             ticks += [now, now + seconds[name]]
             now += seconds[name]
@@ -55,7 +52,7 @@ def fake_clock(
 @pytest.mark.parametrize("d_out, d_in", [(40, 16), (24, 1537), (7, 769)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 64])
 def test_every_kernel_is_f_linear_to_float_rounding(d_out, d_in, rows):
-    """Each candidate, its parts made from W as a RowsFirstLinear makes them, gives F.linear's
+    """Each candidate, its parts made from W as a PlannedLinear makes them, gives F.linear's
     numbers up to fp32 rounding, contiguous (N, d_out)."""
     g = torch.Generator().manual_seed(rows)
     x, w = torch.randn(rows, d_in, generator=g), torch.randn(d_out, d_in, generator=g)
@@ -65,13 +62,13 @@ def test_every_kernel_is_f_linear_to_float_rounding(d_out, d_in, rows):
         assert y.shape == (rows, d_out) and y.is_contiguous(), name
         torch.testing.assert_close(y, expected, rtol=1e-5, atol=1e-4, msg=name)
     assert candidates(d_in, rows, with_copies=False)[0] == "linear"
-    assert ("sliced" in candidates(d_in, rows, True)) == (rows > 1 and d_in > linear_plan.SPLIT_WIDTH)
+    assert ("sliced" in candidates(d_in, rows, True)) == (rows > 1 and d_in > plan.SPLIT_WIDTH)
 
 
 def test_of_kernels_timed_alike_the_c_product_is_kept_before_torchs_other_products():
     """Within MARGIN of each other, the one first in the candidates' order stays (the order itself:
     tests/test_streamed.py); a kernel clearly faster replaces it."""
-    from dflash_ref.extensions import streamed
+    from dflash_ref.extensions.fast_cpu import streamed
 
     if not streamed.available():
         pytest.skip(f"no C product here: {streamed.status()}")
@@ -80,18 +77,18 @@ def test_of_kernels_timed_alike_the_c_product_is_kept_before_torchs_other_produc
         times = {name: [1.0] * 5 for name in names} | {"streamed": [0.5] * 5, other: [0.49] * 5}
         assert choose(times) == "streamed"  # 2 % faster is not clearly faster
         assert choose(times | {other: [0.45] * 5}) == other  # 10 % is
-    assert "streamed" not in candidates(576, 1, True, d_out=linear_plan.streamed.MAX_SIZE + 1)  # int sizes
+    assert "streamed" not in candidates(576, 1, True, d_out=plan.streamed.MAX_SIZE + 1)  # int sizes
 
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("shape", [(1, 7, 16), (3, 2, 16), (5, 16), (16,), (1, 1, 16), (1, 65, 16)])
 def test_linear_product_is_f_linear_to_float_rounding_under_every_plan(mode, shape):
-    """Any leading shape, with and without a bias, through linear_product and a RowsFirstLinear:
+    """Any leading shape, with and without a bias, through linear_product and a PlannedLinear:
     F.linear's numbers to rounding, contiguous; target.output_head (the proposals) is the lm_head."""
     g = torch.Generator().manual_seed(0)
     x, weight, bias = torch.randn(shape, generator=g), torch.randn(40, 16, generator=g), torch.randn(40, generator=g)
     layer = torch.nn.Linear(16, 40)
-    use_rows_first(layer)
+    use_fast_cpu(layer)
     with linear_mode_as(mode), torch.no_grad():
         out = linear_product(x, weight)
         assert out.shape == (*shape[:-1], 40) and out.is_contiguous()
@@ -146,12 +143,12 @@ def test_a_measured_plan_follows_the_clock_once_per_shape_and_is_cached(d_in):
             kernel_for(weight, 3, True, clock=no_clock)
     finally:
         torch.set_num_threads(threads)
-    report = {(p["rows"], p["chosen"]) for p in linear_plan.plans()}
+    report = {(p["rows"], p["chosen"]) for p in plan.plans()}
     assert report == {(3, names[-1]), (1, "linear")}
     times = measure(weight, 3, names, clock=fake_clock(seconds, names, weight))
-    per_round = linear_plan.products_per_round(weight)
-    assert all(len(t) == linear_plan.REPEATS * per_round for t in times.values())
-    assert times[names[-1]] == [0.5] * linear_plan.REPEATS * per_round
+    per_round = plan.products_per_round(weight)
+    assert all(len(t) == plan.REPEATS * per_round for t in times.values())
+    assert times[names[-1]] == [0.5] * plan.REPEATS * per_round
 
 
 def test_the_mode_pins_the_plan_and_a_bad_one_is_named(monkeypatch):
@@ -190,7 +187,7 @@ def test_the_mode_pins_the_plan_and_a_bad_one_is_named(monkeypatch):
 def test_bf16_autocast_grad_many_rows_and_other_devices_go_to_f_linear(monkeypatch):
     """Nothing is measured, and the result is F.linear's exactly, for a bf16 product, one under
     autocast, in grad mode, for more than 64 rows, and on another device (meta here)."""
-    monkeypatch.setattr(linear_plan, "measure", lambda *a, **k: pytest.fail("measured"))
+    monkeypatch.setattr(plan, "measure", lambda *a, **k: pytest.fail("measured"))
     g = torch.Generator().manual_seed(0)
     w, x = torch.randn(12, 8, generator=g), torch.randn(3, 8, generator=g)
     with torch.no_grad():
@@ -201,13 +198,13 @@ def test_bf16_autocast_grad_many_rows_and_other_devices_go_to_f_linear(monkeypat
         meta = linear_product(x.to("meta"), w.to("meta"))
         assert meta.device.type == "meta" and meta.shape == (3, 12)
     assert torch.equal(linear_product(x, w), F.linear(x, w))  # grad mode
-    assert linear_plan.plans() == []
+    assert plan.plans() == []
 
 
 @pytest.mark.parametrize(
     "kernel, d_in, pieces", [("sliced", 1536, 2), ("sliced", 1537, 3), ("sliced", 769, 2), ("transposed", 40, 1)]
 )
-def test_a_rows_first_linear_keeps_the_copies_its_kernel_reads(monkeypatch, kernel, d_in, pieces):
+def test_a_planned_linear_keeps_the_copies_its_kernel_reads(monkeypatch, kernel, d_in, pieces):
     """When the plan picks a kernel that reads copies of W, the layer makes them once (contiguous, W
     again when put together), reads them (zeroed copies give the bias alone), and remakes them after
     the weight changes in place, is loaded anew or replaced; a deep copy makes its own; grad mode
@@ -215,7 +212,7 @@ def test_a_rows_first_linear_keeps_the_copies_its_kernel_reads(monkeypatch, kern
     monkeypatch.setattr(linear, "kernel_for", lambda weight, rows, with_copies: kernel if with_copies else "linear")
     g, rows = torch.Generator().manual_seed(d_in), 3
     layer = torch.nn.Linear(d_in, 24)
-    use_rows_first(layer)
+    use_fast_cpu(layer)
     x = torch.randn(1, rows, d_in, generator=g)
     with torch.no_grad():
         out = layer(x)
@@ -245,14 +242,14 @@ def test_a_rows_first_linear_keeps_the_copies_its_kernel_reads(monkeypatch, kern
         assert layer.copies(kernel) is None and not linear.can_copy(layer.weight)
     with torch.inference_mode():
         made_there = torch.nn.Linear(d_in, 24)  # no version count: no copies
-        use_rows_first(made_there)
+        use_fast_cpu(made_there)
         assert made_there.copies(kernel) is None and made_there(x).shape == (1, rows, 24)
     assert layer.copies(kernel) is None  # grad mode
 
 
 def test_grad_mode_takes_f_linear_so_gradients_reach_w_and_x():
     layer = torch.nn.Linear(1537, 24)
-    use_rows_first(layer)
+    use_fast_cpu(layer)
     reference = copy.deepcopy(layer)
     reference.__class__ = torch.nn.Linear
     x = torch.randn(1, 3, 1537, requires_grad=True)
@@ -278,6 +275,7 @@ def test_a_real_measurement_picks_a_candidate_and_every_plan_decodes_alike():
     torch.manual_seed(0)
     assert torch.equal(drawn, torch.rand(3))  # measuring draws nothing: sampled decoding is unmoved
     target, draft = make_pair(3)
+    use_fast_cpu(target), use_fast_cpu(draft)
     ids = torch.randint(0, 12, (1, 5), generator=torch.Generator().manual_seed(3))
     outputs = []
     for mode in MODES:
@@ -290,7 +288,7 @@ def test_a_real_measurement_picks_a_candidate_and_every_plan_decodes_alike():
 def store(monkeypatch, tmp_path):
     """The plans' store in an empty cache folder of this test's own → its path."""
     monkeypatch.setenv("DFLASH_REF_CACHE", str(tmp_path / "cache"))
-    linear_plan.forget_plans()
+    plan.forget_plans()
     return plan_store.store_path()
 
 
@@ -304,21 +302,21 @@ def test_a_measured_plan_is_stored_and_a_later_process_reads_it_instead_of_measu
         f"24×16 rows 3 no-copies torch.float32 threads {torch.get_num_threads()}"
     ]
     assert entry["chosen"] == chosen and tuple(entry["times"]) == candidates(16, 3, False)
-    linear_plan.forget_plans()
-    monkeypatch.setattr(linear_plan, "measure", lambda *a, **k: pytest.fail("measured again"))
+    plan.forget_plans()
+    monkeypatch.setattr(plan, "measure", lambda *a, **k: pytest.fail("measured again"))
     assert kernel_for(weight, 3, False) == chosen
-    assert [(p["rows"], p["chosen"], p["measured"]) for p in linear_plan.plans()] == [(3, chosen, "earlier (stored)")]
+    assert [(p["rows"], p["chosen"], p["measured"]) for p in plan.plans()] == [(3, chosen, "earlier (stored)")]
     # a stored choice is re-decided from the stored samples by today's rule (choose)
     data = json.loads(store.read_text())
     entry = next(iter(data["plans"].values()))
     entry["times"] = {n: [1.0, 1.0, 1.0] for n in entry["times"]} | {"rows-first": [0.5, 0.5, 0.5]}
     entry["chosen"] = "linear"
     store.write_text(json.dumps(data))
-    linear_plan.forget_plans()
+    plan.forget_plans()
     assert kernel_for(weight, 3, False) == choose(entry["times"]) == "rows-first"
     with pytest.raises(pytest.fail.Exception, match="measured again"):
         kernel_for(weight, 2, False)  # another row count: not in the store
-    linear_plan.forget_plans(stored=True)
+    plan.forget_plans(stored=True)
     assert not store.exists()
 
 
@@ -353,17 +351,17 @@ def test_a_damaged_or_outdated_store_is_measured_again_and_rewritten(store, dama
     elif damage == "unequal lengths":  # choose() pairs the i-th samples
         entry["times"]["linear"].pop()
     store.write_text(damage if damage.startswith(("not", "{")) else json.dumps(data))
-    linear_plan.forget_plans()
+    plan.forget_plans()
     names = candidates(16, 3, False)
     measured = []
-    real_measure = linear_plan.measure
+    real_measure = plan.measure
 
     def counted(*args, **kwargs):
         measured.append(args[1])
         return real_measure(*args, **kwargs)
 
     with pytest.MonkeyPatch.context() as m:
-        m.setattr(linear_plan, "measure", counted)
+        m.setattr(plan, "measure", counted)
         assert kernel_for(weight, 3, False) in names
     assert measured == [3]
     rewritten = json.loads(store.read_text())["plans"][name]
@@ -381,14 +379,14 @@ def test_a_fake_clock_neither_reads_nor_writes_the_store_and_an_unwritable_cache
     data = json.loads(store.read_text())
     next(iter(data["plans"].values()))["chosen"] = "linear"  # … that says F.linear
     store.write_text(before := json.dumps(data))
-    linear_plan.forget_plans()
+    plan.forget_plans()
     seconds = {name: 1.0 for name in names} | {names[-1]: 0.5}
     assert kernel_for(weight, 3, False, clock=fake_clock(seconds, names, weight)) == names[-1]  # measured, not read
     assert store.read_text() == before  # and not written
     blocked = tmp_path / "a file"
     blocked.write_text("")
     monkeypatch.setenv("DFLASH_REF_CACHE", str(blocked))  # the cache folder cannot be made
-    linear_plan.forget_plans()
+    plan.forget_plans()
     assert kernel_for(weight, 4, False) in candidates(16, 4, False)  # kept for this process only
     assert kernel_for(weight, 4, False, clock=lambda: pytest.fail("measured again")) in candidates(16, 4, False)
 
@@ -404,26 +402,26 @@ def test_a_weight_off_the_cpu_never_reaches_the_c_product(monkeypatch):
 
 def test_a_pass_that_measures_plans_says_so_and_its_time_leaves_them_out(store, monkeypatch):
     """Stopwatch (bench.timing): the seconds that measuring and storing plans took inside a pass
-    (linear_plan.measuring_seconds) go to clock.planning, not to the pass's time; a later pass of the
+    (plan.measuring_seconds) go to clock.planning, not to the pass's time; a later pass of the
     same shapes measures nothing. The planning is faked as 5 s, so that no timing is asserted."""
     from dflash_ref.bench.timing import Stopwatch
 
     layer = torch.nn.Linear(16, 24)
-    use_rows_first(layer)
-    real_measure = linear_plan.measure
+    use_fast_cpu(layer)
+    real_measure = plan.measure
 
     def slow_measure(*args, **kwargs):  # a measurement that took 5 s more
-        linear_plan._spent[0] += 5.0
+        plan._spent[0] += 5.0
         return real_measure(*args, **kwargs)
 
-    monkeypatch.setattr(linear_plan, "measure", slow_measure)
-    spent = linear_plan.measuring_seconds()
+    monkeypatch.setattr(plan, "measure", slow_measure)
+    spent = plan.measuring_seconds()
     clock = Stopwatch(layer)
     with torch.no_grad():
         layer(torch.randn(3, 16))
         planning = clock.planning
         layer(torch.randn(3, 16))
     clock.remove()
-    assert planning == pytest.approx(linear_plan.measuring_seconds() - spent) and planning > 5.0
+    assert planning == pytest.approx(plan.measuring_seconds() - spent) and planning > 5.0
     assert clock.planning == planning  # the second pass read the plan: nothing measured
     assert -5.0 < clock.times[0] < 0.0 <= clock.times[1]

@@ -1,4 +1,4 @@
-"""The store of measured linear plans (extensions/linear_plan.py): one JSON file per machine in the
+"""The store of measured linear plans (extensions/fast_cpu/plan.py): one JSON file per machine in the
 cache folder, so that a process reads the plans an earlier one measured instead of timing its ~50
 products again (11.6 s of a 35 s tiny `train` run on SmolLM2, on a 2-core AMD EPYC).
 
@@ -9,7 +9,7 @@ products again (11.6 s of a 35 s tiny `train` run on SmolLM2, on a 2-core AMD EP
 its last-level cache, the CPUs this process may use, torch's version and the C product (built from
 which source, or why not). An entry is trusted only where its candidates are those measurable now and
 its times are seconds; a file that does not parse is as good as none. Delete the file, or call
-`linear_plan.forget_plans(stored=True)`, to measure afresh.
+`plan.forget_plans(stored=True)`, to measure afresh.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from .. import cache_folder
 from . import streamed
 
 Plan = tuple[str, dict[str, list[float]]]  # (the kernel chosen, each candidate's samples in seconds)
@@ -56,11 +57,11 @@ def machine_digest() -> str:
 
 def store_path() -> Path:
     """This machine's file, in the cache folder ($DFLASH_REF_CACHE, else ~/.cache/dflash_ref)."""
-    return streamed.cache_folder() / f"linear-plans-{machine_digest()}.json"
+    return cache_folder() / f"linear-plans-{machine_digest()}.json"
 
 
 def entry_name(key: tuple) -> str:
-    """A plan's name in the file, from linear_plan's key (d_out, d_in, rows, with_copies, dtype, threads)."""
+    """A plan's name in the file, from plan.py's key (d_out, d_in, rows, with_copies, dtype, threads)."""
     d_out, d_in, rows, with_copies, dtype, threads = key
     return f"{d_out}×{d_in} rows {rows} {'copies' if with_copies else 'no-copies'} {dtype} threads {threads}"
 
@@ -77,7 +78,7 @@ def _file_plans() -> dict[str, dict]:
 def lookup(key: tuple, names: tuple[str, ...]) -> Plan | None:
     """The stored plan for `key` if its candidates are `names` (those measurable now: the C product built
     or not alike) and its times are lists of seconds, as `measure` takes them: one as long as another
-    (linear_plan.choose pairs them) and each finite and > 0; else None (to be measured)."""
+    (plan.choose pairs them) and each finite and > 0; else None (to be measured)."""
     global _read
     if _read is None:
         _read = _file_plans()
