@@ -95,7 +95,7 @@ def summarise(times: dict[str, list[float]], baseline: str) -> list[dict]:
 
 @contextlib.contextmanager
 def one_thread():
-    """Bundles hold tiny models: intra-op threads only add overhead (10× on a busy 2-core machine)."""
+    """Bundles hold tiny models: intra-op threads only add overhead (much of it on a busy machine)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

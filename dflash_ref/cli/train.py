@@ -135,7 +135,7 @@ def run(args, say=print) -> int:
     state = read_state(out) if args.resume else {"step": 0, "losses": [], "seconds": 0.0}
     draft = run_draft(out, args, chat)  # before distilling: a checkpoint or --init that cannot work is
     moments = read_moments(out, draft) if args.resume else None  # refused in seconds, not after the data
-    # the responses come from a bf16 copy of the target by default (1.5× faster here); features and
+    # the responses come from a bf16 copy of the target by default (faster with bf16 instructions); features and
     # evaluation use the fp32 target that inference uses
     generator = chat.copy_in(torch.bfloat16) if args.distill_dtype == "bf16" else target
     try:

@@ -18,8 +18,8 @@ SDPA_GROUPED is transformers' "sdpa" attention with one change: on a CPU, a mask
 of q > 1 tokens after the cache; a padded batch) passes the G key/value heads to torch's SDPA with
 enable_gqa=True instead of repeating them H/G times first, which transformers does whenever there is a
 mask (its reason, a slow math kernel, holds on CUDA). On the CPU the result is bit for bit the same
-(tests/test_grouped_attention.py) and a verify of 4 saves one copy of each layer's cache (about 40 µs of
-100 per layer for SmolLM2 after 128 tokens). HFTarget switches a model on "sdpa" to it (`use_sdpa_grouped`).
+(tests/test_grouped_attention.py) and a verify saves one copy of each layer's cache, a large share of
+a small model's attention time. HFTarget switches a model on "sdpa" to it (`use_sdpa_grouped`).
 What a model passes beyond plain attention (attention sinks, logit soft-capping, a position bias,
 sparse key indices: any keyword outside SAFE_KEYWORDS that is not None) is refused with
 UnsupportedAttention, never ignored; distill.py then falls back to the model's eager attention.

@@ -6,8 +6,8 @@ Speculative decoding verifies L tokens, accepts τ + 1 of them and crops the cac
     recurrent layers: S_n = f(S_{n−1}, x_n)     a state that folds in every token: no slice undoes x_{n+1..}
 
 transformers' DynamicCache.crop trims a linear-attention layer's conv window but leaves its recurrent
-state with the rejected tokens in (measured on Qwen3.5: next logits 10.6 off after a verify of 4 and
-crop(−3)), so HFTarget would decode such a model silently wrong. A model is refused when any of these
+state with the rejected tokens in (on Qwen3.5, after a verify of 4 and crop(−3), the next logits are
+far from a plain forward's), so HFTarget would decode such a model silently wrong. A model is refused when any of these
 says it carries such a state:
 
     model._is_stateful                     transformers' own flag (it refuses assisted generation for them)

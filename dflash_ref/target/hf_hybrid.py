@@ -1,19 +1,18 @@
 """transformers' own Qwen3.5 and Qwen3-Next hybrids through HFTarget, rolled back exactly by snapshot + replay.
 
-A Gated DeltaNet layer's state (conv window W, recurrent S) cannot be cut back by slicing (hf_guard.py).
-For these models HFTarget's cache instead does what the official MLX backend does:
+A Gated DeltaNet layer's state (conv window W, recurrent S) cannot be cut back by slicing (hf_guard.py). For
+these models HFTarget's cache instead does what the official MLX backend does:
 
     before a forward of L tokens at length n:   snapshot (W_n, S_n) of every linear layer, keep the L tokens
     crop(n + m), 0 ≤ m < L:                      restore (W_n, S_n), cut every K/V to n, and run the m
                                                  accepted tokens through the model again → (W_{n+m}, S_{n+m})
                                                  and K/V as a plain forward of them gives (to rounding)
 
-The cost is that second forward of τ + 1 tokens on every step with a rejection (bench/hybrid_rollback.py
-times it on the own target, which keeps per-position states instead: target/hybrid_cache.py). Measured on a
-hidden-256, 8-layer random Qwen3.5, one thread on a busy 2-core CPU: a verify of 4 + crop took 40–52 ms
-with nothing to replay, 71 ms replaying 1 token, 93 ms replaying 2 or 3; the own target 20–26 ms for all. Only
-models whose cache is known (linear-attention layers of one state, plus at least one full-attention
-layer, which transformers needs for the cache length) are taken; every other recurrent model stays refused.
+The cost is that second forward of τ + 1 tokens on every step with a rejection (bench/hybrid_rollback.py times
+it on the own target, which keeps per-position states instead: target/hybrid_cache.py; `bench rollback`
+measures both, figures/bench/README.md). Only models whose cache is known (linear-attention layers of one
+state, plus at least one full-attention layer, which transformers needs for the cache length) are taken; every
+other recurrent model stays refused.
 """
 
 from __future__ import annotations

@@ -45,8 +45,8 @@ def converted_folder() -> Path | None:
     """The GGUF de-quantised once into a Hugging Face folder (fp32 safetensors, config, tokenizer with its chat
     template) in the cache folder ($DFLASH_REF_CACHE, else ~/.cache/dflash_ref), keyed by the GGUF file and the
     transformers version; None where the cache cannot be written. Reading the GGUF parses its 49152-token
-    vocabulary once for the tokenizer and again for the model (tens of seconds on a 2-core machine); the folder
-    loads in about a second, with the same weights bit for bit (tests/test_smollm2.py)."""
+    vocabulary once for the tokenizer and again for the model (slow on a small CPU); the folder loads
+    quickly, with the same weights bit for bit (tests/test_smollm2.py)."""
     import transformers
 
     gguf = smollm2_gguf()

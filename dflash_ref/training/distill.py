@@ -102,12 +102,9 @@ def self_distill(
 
     `attention`: the model's attention implementation while it generates (restored afterwards;
     None keeps its own). Batched decoding sends one query row per sequence, for which this torch's
-    CPU SDPA kernel is slow (SmolLM2 in bf16, 48 prompts × 160 tokens, on an Intel Xeon: 39.7 / 38.2 s
-    with "sdpa", 25.6 s with "eager"), and "eager" copies every key/value head of the cache H/G times at
-    every layer and token, a cost that grows with the response. So the default is eager's arithmetic
-    without the copies (target/grouped_attention.py). SmolLM2 in fp32, training prompts 49–96 × 192 tokens
-    (7157 response tokens), 2 threads, on an AMD EPYC (family 25 model 1), twice in turn: 90.4 / 85.9 s with
-    "eager", 48.8 / 51.6 s grouped (1.8×), the same 48 responses. Each is the target's own
+    CPU SDPA kernel is slow, and "eager" copies every key/value head of the cache H/G times at every
+    layer and token, a cost that grows with the response. So the default is eager's arithmetic without
+    the copies (target/grouped_attention.py), the same responses in less time. Each is the target's own
     greedy decoding; their roundings may differ in the last bits, and so, at a near tie, a text."""
     from transformers import GenerationConfig
 

@@ -1,10 +1,8 @@
 """`train --distill-dtype auto` and `--train-dtype auto` (the defaults): bf16 where this CPU multiplies bf16
 natively, else fp32. The recipe's bf16 (a bf16 copy of the target writes the responses; the draft's forward
-under bf16 autocast) was measured 1.5 to 2.5 times faster than fp32 on the Intel Xeon with AMX where it was
-written (figures/training/README.md). On an AMD EPYC with AVX2 only (no bf16 instructions) torch emulates the
-bf16 products: a (1024 × 576) · (576 × 1536) product took 226 ms in bf16 against 39 ms in fp32, one thread,
-torch 2.13, 2026-12-03. `auto` is resolved when a run starts and saved as what it chose, so that a resumed
-run keeps it (training/options.py). No torch here.
+under bf16 autocast) is faster than fp32 on a CPU with bf16 instructions (AMX, AVX-512 BF16); on one without
+them torch emulates the bf16 products, several times slower than fp32. `auto` is resolved when a run starts
+and saved as what it chose, so that a resumed run keeps it (training/options.py). No torch here.
 """
 
 from __future__ import annotations

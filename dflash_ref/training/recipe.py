@@ -22,7 +22,7 @@ target_hidden (T, k·d) of the sampled layers at every position (computed once, 
               the loss of several sequences (a batch), each with its own m anchors
 
 Departure for CPU budgets (optional, `vocab=`; sampled_softmax.py): the loss's softmax normaliser is estimated instead
-of summed over all V. On a CPU the (m·(b − 1), d) × (d, V) product is ~80 % of a step. The sum runs
+of summed over all V. On a CPU the (m·(b − 1), d) × (d, V) product is most of a step. The sum runs
 over the tokens of the training responses R (all labels are among them) plus K tokens drawn
 uniformly, every step, from the other V − |R|, each counted (V − |R|)/K times:
 
@@ -136,7 +136,7 @@ def training_hidden(
         target_hidden=features,
         blocks=len(anchors),
     )  # (1, m·b, d)
-    # contiguous: a strided input sends F.linear to a broadcast bmm, 3× slower than mm on a CPU
+    # contiguous: a strided input sends F.linear to a broadcast bmm, much slower than mm on a CPU
     hidden = hidden.reshape(len(anchors), b, -1)[:, 1:].contiguous()  # (m, b − 1, d)
     return hidden, token_ids[0, (anchors[:, None] + offsets[None, 1:])]  # labels (m, b − 1)
 
@@ -220,8 +220,8 @@ def train_step(
     """One optimiser step on a batch of (token_ids (1, T), features (1, T, k·d), anchors (m,)[, soft]),
     the loss averaged over its sequences (each backpropagated alone: memory stays one sequence's).
 
-    bf16=True runs the forward under autocast (matrix products in bf16, 2–2.5× faster where the CPU
-    has bf16 instructions; weights, gradients and AdamW stay fp32, the CE is taken in fp32 on the
+    bf16=True runs the forward under autocast (matrix products in bf16, faster where the CPU has bf16
+    instructions; weights, gradients and AdamW stay fp32, the CE is taken in fp32 on the
     bf16 logits): mixed precision. selector_detached=True takes a DFlash 2 selector's loss on the
     draft's detached hidden and logits (`train --modules conv`: dflash2_modules.py). soft_weight α > 0
     mixes in the soft labels each item then carries as SoftTargets (restricted to the loss's R):

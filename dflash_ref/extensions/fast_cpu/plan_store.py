@@ -1,6 +1,6 @@
 """The store of measured linear plans (extensions/fast_cpu/plan.py): one JSON file per machine in the
 cache folder, so that a process reads the plans an earlier one measured instead of timing its ~50
-products again (11.6 s of a 35 s tiny `train` run on SmolLM2, on a 2-core AMD EPYC).
+products again (seconds a short run would otherwise spend before its first token).
 
     linear-plans-<machine>.json   {"plans": {"d_out×d_in rows N copies|no-copies dtype threads T":
                                              {"chosen": kernel, "times": {candidate: [seconds, …]}}}}

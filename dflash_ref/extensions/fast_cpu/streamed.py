@@ -187,8 +187,8 @@ def product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """x (…, d_in) · weightᵀ (d_out, d_in) → (…, d_out) by the compiled product, unchecked: what
     `streamed_product` checks must hold (fp32 CPU tensors, no gradient wanted, sizes up to MAX_SIZE, the
     library available; an empty x or d_in = 0 is fine). The linear plan calls this on each of decoding's
-    products, whose inputs linear_product has checked already: checking them again cost about 2 µs a
-    product, a sixth of a 576 × 576 product's at one row."""
+    products, whose inputs linear_product has checked already: checking them again would cost a
+    noticeable share of a small product at one row."""
     x, weight = x.contiguous(), weight.contiguous()  # row-major, as the C code reads them
     y = torch.empty(*x.shape[:-1], weight.shape[0], dtype=torch.float32)  # (…, d_out)
     library().streamed_product(
