@@ -172,6 +172,7 @@ class TargetConfig(Qwen3Config):
 WINDOW_KINDS = ("causal", "symmetric", "rotating")
 # DFlash 2's fields (a DFlash2DraftModel needs all four), and the scales both versions read (their defaults)
 DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+DRAFT_ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")  # a draft folder's `architectures`: DFlash 1, 2
 SCALES = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_softcapping": None}
 
 

@@ -128,8 +128,7 @@ class Proposal:
     proposals: list[int]  # d_1..d_γ, every token proposed (a verify gate may verify fewer)
     draft_probs: torch.Tensor | None = None  # (1, L − 1, V or K) q the d_i were drawn from (rejection, T > 0)
     candidates: torch.Tensor | None = None  # (1, L − 1, K) the tokens q is over (DFlash 2, prompt lookup)
-    drafted: int = 0  # L_q of the draft pass (0: no draft pass, e.g. a prompt lookup)
-    ctx_len: int = 0  # L_c context features the draft pass took into its cache
+    drafted: int = 0  # L_q of the block drafted (0: none, e.g. a prompt lookup's; 1: nothing to draft)
     draft_cache_after_draft: int | None = None  # the draft cache's length before its crop (the trace)
     hidden: torch.Tensor | None = None  # (1, γ, d) the draft's final hidden states at positions 1..γ
     draft_logits: torch.Tensor | None = None  # (1, γ, V) their logits
@@ -196,10 +195,11 @@ def spec_generate(
         # 2. draft: [x_0, mask, …] → d_1..d_γ in one parallel pass (draft_block), or what an extension proposes
         block = Block(output_ids, start, min(block_size, max_length - start), target_hidden, target.output_head)
         proposal = propose(block)
-        if proposal.drafted > 1:  # a draft pass: its cache holds the context features' K/V now
+        ctx_len = draft_cache.get_seq_length() - caches["draft_cache_before"]  # L_c the draft pass cached
+        if ctx_len:  # a draft pass: its cache holds these context features' K/V now
             result.num_draft_passes += 1
             caches["draft_cache_after_draft"] = proposal.draft_cache_after_draft
-            target_hidden = target_hidden[:, proposal.ctx_len :]
+            target_hidden = target_hidden[:, ctx_len:]
         block_ids = proposal.block_ids  # (1, L)
 
         # 3. verify: one target pass over [x_0, d_1, …]
@@ -230,7 +230,7 @@ def spec_generate(
             on_step(
                 StepRecord.of_step(
                     len(result.acceptance_lengths) - 1, start, block_ids, proposal.drafted, proposal.proposals,
-                    posterior, tau, bonus, produced, proposal.ctx_len, caches, draft_cache, target_cache,
+                    posterior, tau, bonus, produced, ctx_len, caches, draft_cache, target_cache,
                 )
             )  # fmt: skip
         start += produced
@@ -261,8 +261,7 @@ def draft_block(
     )
     selector = getattr(draft, "candidate_selector", None)
     return Proposal(
-        block_ids, block_ids[0, 1:].tolist(), draft_probs, candidates, block.size, ctx_len, after, hidden,
-        draft_logits, selector,
+        block_ids, block_ids[0, 1:].tolist(), draft_probs, candidates, block.size, after, hidden, draft_logits, selector
     )  # fmt: skip
 
 

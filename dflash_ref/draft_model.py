@@ -51,8 +51,8 @@ class DFlashDraftModel(nn.Module):
             else None
         )
         name_hook_points(self, "draft")
-        # the token ids its proposals are restricted to (extensions/draft_vocab.py), None = all V; not a weight
-        # (the state dict stays the official one): stored beside the checkpoint, used by spec_generate
+        # the token ids its folder restricts its proposals to (draft_vocab.json), None = all V; not a weight (the
+        # state dict stays the official one); spec_generate applies it only through extensions/draft_vocab.py
         self.draft_vocab: torch.Tensor | None = None
 
     @property

@@ -67,7 +67,7 @@ def test_every_kernel_is_f_linear_to_float_rounding(d_out, d_in, rows):
 
 def test_of_kernels_timed_alike_the_c_product_is_kept_before_torchs_other_products():
     """Within MARGIN of each other, the one first in the candidates' order stays (the order itself:
-    tests/test_streamed.py); a kernel clearly faster replaces it."""
+    tests/test_fast_cpu_streamed.py); a kernel clearly faster replaces it."""
     from dflash_ref.extensions.fast_cpu import streamed
 
     if not streamed.available():

@@ -107,7 +107,7 @@ def test_a_device_or_dtype_that_cannot_run_is_refused():
     assert load_draft(SHIPPED_DRAFT, device="cpu:0").fc.weight.device == torch.device("cpu")
 
 
-# the CPU linear's own tests (kernels, plans, copies): tests/test_linear.py
+# the fast CPU path's own tests (kernels, plans, copies): tests/test_fast_cpu_linear.py
 
 
 def test_an_hf_target_stays_plain_and_use_fast_cpu_switches_its_linear_layers():

@@ -103,7 +103,7 @@ def test_open_target_runs_a_llama_folder_on_the_own_target_and_training_in_trans
     model.save_pretrained(tmp_path)
     load_smollm2()[1].save_pretrained(tmp_path)
     assert isinstance(open_target(tmp_path, torch.float32, torch.device("cpu"))[0], LlamaTarget)
-    assert isinstance(open_target(tmp_path, torch.float32, torch.device("cpu"), own_qwen3=False)[0], HFTarget)
+    assert isinstance(open_target(tmp_path, torch.float32, torch.device("cpu"), own=False)[0], HFTarget)
     config = json.loads((tmp_path / "config.json").read_text())  # Llama 3's RoPE: the own Llama refuses it
     config["rope_parameters"] = {
         "rope_type": "llama3",

@@ -143,9 +143,22 @@ def test_a_smollm2_sized_dflash2_draft_is_lossless_and_traced(smollm2, tmp_path)
     assert (tmp_path / "figures" / "candidate_lattice_step0.png").is_file()
 
 
+def test_every_model_the_package_loads_or_builds_is_plain(smollm2):
+    """Plain nn.Linear by default: the targets, the shipped drafts and a random draft; only use_fast_cpu
+    switches a model to the planned products."""
+    from dflash_ref.drafts.folder import SHIPPED_DRAFTS, open_draft
+    from dflash_ref.extensions.fast_cpu import PlannedLinear
+    from dflash_ref.target.smollm2 import load_smollm2_own
+
+    target, _, random_draft = smollm2
+    models = [target, load_smollm2_own()[0], random_draft] + [open_draft(f)[0] for f in SHIPPED_DRAFTS.values()]
+    assert all(type(m) is not PlannedLinear for model in models for m in model.modules())
+    assert all(any(type(m) is torch.nn.Linear for m in model.modules()) for model in models)
+
+
 def test_the_own_llama_target_is_smollm2_in_transformers_bit_for_bit(smollm2):
     """What decoding runs SmolLM2 on (target/llama.py, load_smollm2_own) against HFTarget (transformers'
-    forward), both on the measured plan's products: a chat prompt, then AR steps and verifies of 2–8
+    forward), both plain nn.Linear: a chat prompt, then AR steps and verifies of 2–8
     tokens with rejected tails cropped: every logit and hidden state equal, not only close."""
     from dflash_ref.target.smollm2 import load_smollm2_own
 
@@ -317,6 +330,17 @@ def test_generate_uses_the_shipped_dflash2_draft_by_default_and_names_the_dflash
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "trained SmolLM2 DFlash 2 draft" in proc.stderr and "Paris" in proc.stdout
     assert "--draft shipped:dflash1" in proc.stderr
+    assert "proposes among its own vocabulary" in proc.stderr and "--fast-cpu" not in proc.stderr
+    plain = proc.stdout.split("\n--- statistics ---")[0]
+    # the opt-in fast CPU path says so, and gives the same text (its products differ by rounding only)
+    fast = subprocess.run(
+        [sys.executable, "-m", "dflash_ref", "generate", "--target", "smollm2", "--chat", "--prompt",
+         "What is the capital of France?", "--max-new-tokens", "12", "--fast-cpu"],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert fast.returncode == 0, fast.stderr[-2000:]
+    assert "[--fast-cpu: linear layers take the product measured fastest" in fast.stderr
+    assert fast.stdout.split("\n--- statistics ---")[0] == plain
     # the verify gate with the default (DFlash 2) draft: c_1·c_2 from its selector's q over the candidates;
     # θ > 1 cuts every block of 3 or more to [x_0, d_1], and the answer stays the target's
     proc = subprocess.run(
@@ -577,7 +601,7 @@ def test_evaluate_counts_what_spec_generate_does_on_the_named_prompts(smollm2, t
 
 
 def test_evaluate_and_generate_with_lookup_count_what_spec_generate_does(smollm2, tmp_path, capsys):
-    """`evaluate --lookup 2` against spec_generate(lookup=2)'s step records on the same prompt (lookup steps
+    """`evaluate --lookup 2` against spec_generate's step records with PromptLookup(2) on the same prompt (lookup steps
     among them), and `generate --lookup 2` says how many steps the lookup proposed."""
     import json
 

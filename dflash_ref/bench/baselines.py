@@ -30,9 +30,10 @@ from ..decoding import generate, spec_generate
 from ..drafts.folder import SHIPPED_DFLASH1, open_draft
 from ..drafts.random_draft import random_smollm2_draft
 from ..extensions import DraftVocab, VerifyGate
-from ..extensions.fast_cpu import fast_cpu_on
+from ..extensions.fast_cpu import use_fast_cpu
 from ..extensions.fast_cpu.plan import plans
 from ..target.grouped_attention import SDPA_GROUPED
+from ..target.llama import from_transformers
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2, load_smollm2_own
 from ..training.prompt_sets import split_prompts
 from .suite import _draft_pass
@@ -96,6 +97,10 @@ def bench_baselines(repeats: int, out: Path, progress) -> dict:
     with official_timer() as official:
         zlab = official.DFlashDraftModel.from_pretrained(SHIPPED_DFLASH1, dtype=torch.float32).eval()
     vocabulary = DraftVocab(target, draft.draft_vocab)  # the shipped draft's own (draft_vocab.json)
+    # the fast CPU path on models of their own (the target on the same weight tensors), switched once
+    fast = {"target": use_fast_cpu(from_transformers(model)), "draft": use_fast_cpu(copy.deepcopy(draft))}
+    fast["vocabulary"] = use_fast_cpu(DraftVocab(fast["target"], draft.draft_vocab))
+    plain = {"target": target, "draft": draft, "vocabulary": vocabulary}
     gate = VerifyGate(VERIFY_GATE)
     inputs = [chat_ids(tokenizer, p) for p in split_prompts("heldout-styles")[:PROMPTS]]
     b, n = draft.block_size, NEW_TOKENS
@@ -109,25 +114,27 @@ def bench_baselines(repeats: int, out: Path, progress) -> dict:
             stats = official.dflash_generate(zlab, model, ids, n, STOP_TOKEN_IDS, return_stats=True)
         return stats.output_ids, sum(stats.acceptance_lengths) / len(stats.acceptance_lengths)
 
-    def ours(extensions=(), fast=False):
+    def ours(models: dict, extensions=None):
+        """dflash_ref on these models: AR without extensions (None), else speculative with them."""
+
         def decode(ids):
-            with fast_cpu_on(target, draft, vocabulary, on=fast):
-                if extensions is None:
-                    return _ours(generate(target, ids, n, STOP_TOKEN_IDS))
-                return _ours(spec_generate(draft, target, ids, n, STOP_TOKEN_IDS, extensions=extensions))
+            if extensions is None:
+                return _ours(generate(models["target"], ids, n, STOP_TOKEN_IDS))
+            chosen = [models["vocabulary"] if e is vocabulary else e for e in extensions]
+            return _ours(spec_generate(models["draft"], models["target"], ids, n, STOP_TOKEN_IDS, extensions=chosen))
 
         return decode
 
     spec = f"dflash_ref spec_generate, shipped draft b={b}"
     decoders = {
         "transformers generate (nn.Linear)": transformers_generate,
-        "dflash_ref generate (AR)": ours(None),
-        "dflash_ref generate (AR), --fast-cpu": ours(None, fast=True),
+        "dflash_ref generate (AR)": ours(plain),
+        "dflash_ref generate (AR), --fast-cpu": ours(fast),
         f"official dflash_generate, shipped draft b={b} (all V)": official_generate,
-        f"{spec} (all V)": ours(),
-        f"{spec} (its vocabulary)": ours([vocabulary]),
-        f"{spec} (its vocabulary), --fast-cpu": ours([vocabulary], fast=True),
-        f"{spec} (its vocabulary, verify gate θ={VERIFY_GATE}), --fast-cpu": ours([vocabulary, gate], fast=True),
+        f"{spec} (all V)": ours(plain, []),
+        f"{spec} (its vocabulary)": ours(plain, [vocabulary]),
+        f"{spec} (its vocabulary), --fast-cpu": ours(fast, [vocabulary]),
+        f"{spec} (its vocabulary, verify gate θ={VERIFY_GATE}), --fast-cpu": ours(fast, [vocabulary, gate]),
     }
     expected = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in inputs]
     taus = {}

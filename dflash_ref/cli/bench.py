@@ -2,7 +2,7 @@
 
 Every variant runs in the same process, interleaved round-robin over the repeats, and is reported
 as median, spread (min–max) and its ratio to the baseline: the median over the repeats of its time
-over the baseline's in the same repeat (since 2026-12-04; the ratio of the medians before). Absolute
+over the baseline's in the same repeat. Absolute
 times on a shared machine drift, ratios measured together much less, and paired ones least. Nothing
 here is asserted (tests check correctness, benchmarks report). Each benchmark writes a markdown table
 and JSON, some a plot:
@@ -56,6 +56,7 @@ BENCHES: dict[str, Callable] = {
     "memory": suite.bench_memory,
     "trained": trained.bench_trained,
 }
+FAST_CPU_BENCHES = {"baselines", "steps"}  # the benchmarks that time the fast CPU path beside the plain one
 
 
 def markdown(rows: list[dict], title: str) -> str:
@@ -98,13 +99,19 @@ def cpu_model() -> str:
 
 
 def machine() -> str:
-    """What a table's footer says of the machine: CPU, threads, torch, Python, date, the fast CPU path's
-    plan mode and whether its C product was built here (extensions/fast_cpu/), and the probe's speed."""
+    """What a table's footer says of the machine: CPU, threads, torch, Python, date, and the probe's speed."""
     return (
         f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, "
         f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, "
-        f"--fast-cpu plan {linear_mode()} ({streamed.status()}), {machine_speed()}"
+        f"{machine_speed()}"
     )
+
+
+def fast_cpu_footer() -> str:
+    """What the footer adds for a benchmark that timed the opt-in fast CPU path (FAST_CPU_BENCHES): its
+    plan mode and whether its C product was built here (extensions/fast_cpu/). Asked only after such a
+    benchmark ran, so that no other run compiles or loads the C product."""
+    return f", --fast-cpu plan {linear_mode()} ({streamed.status()})"
 
 
 def check_draft_option(names: list[str], draft: str | Path | None) -> None:
@@ -162,7 +169,8 @@ def run(names: list[str], repeats: int, out: str | Path, say=print, draft: str |
         t0 = time.perf_counter()
         options = {"draft": draft} if name == "trained" and draft is not None else {}
         tables = BENCHES[name](repeats, out=out, progress=lambda s, n=name: say(f"   {n}: {s}"), **options)
-        report["results"][name] = {"machine": where, "repeats": repeats, "tables": tables}
+        footer = where + (fast_cpu_footer() if name in FAST_CPU_BENCHES else "")
+        report["results"][name] = {"machine": footer, "repeats": repeats, "tables": tables}
         for title, rows in tables.items():
             say(markdown(rows, title))
         say(f"   ({time.perf_counter() - t0:.0f} s)")

@@ -127,7 +127,10 @@ def load_models(args):
 def run(args) -> int:
     torch.manual_seed(args.seed)
     target, draft, tokenizer, stop = load_models(args)
-    extensions = chosen_extensions(draft, target, args.verify_gate, args.lookup)
+    try:
+        extensions = chosen_extensions(draft, target, args.verify_gate, args.lookup)
+    except ValueError as e:  # e.g. a draft vocabulary with a target whose lm_head is not one matrix
+        raise SystemExit(f"generate: {e}") from None
     vocab = [e for e in extensions if isinstance(e, DraftVocab)]
     if vocab:
         print(

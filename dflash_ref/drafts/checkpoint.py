@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import DraftConfig
+from ..config import DRAFT_ARCHITECTURES, DraftConfig
 from ..draft_model import DFlashDraftModel
 from ..extensions.draft_vocab import FILE as DRAFT_VOCAB_FILE
 from ..extensions.draft_vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
@@ -21,7 +21,7 @@ from ..target.checkpoint import CheckpointError, load_folder, save_folder
 
 def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> DFlashDraftModel:
     """An official-format DFlash draft folder → DFlashDraftModel (dtype: None = the config's)."""
-    model = load_folder(DFlashDraftModel, DraftConfig, folder, dtype, device, {"DFlashDraftModel", "DFlash2DraftModel"})
+    model = load_folder(DFlashDraftModel, DraftConfig, folder, dtype, device, set(DRAFT_ARCHITECTURES))
     state = model.state_dict()
     broken = [name for name, t in state.items() if not bool(torch.isfinite(t).all())]
     if broken:  # a damaged draft: its proposals would be NaN, sampling them fails in torch

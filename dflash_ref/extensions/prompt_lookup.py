@@ -34,6 +34,8 @@ class PromptLookup:
     drafts as usual. Its Proposal says `drafted=0` and consumes no context (the features wait)."""
 
     def __init__(self, n: int) -> None:
+        if n is None:
+            raise ValueError("PromptLookup needs N, 1 ≤ N ≤ 3 (leave the extension out to draft every step)")
         check_lookup(n)
         self.n = n
 

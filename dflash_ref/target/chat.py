@@ -50,7 +50,7 @@ class ChatTarget:
         """Another copy of the model in `dtype` (the bf16 copy that distils)."""
         if self.name == SMOLLM2:
             return load_smollm2(dtype)[0]
-        return open_target(Path(self.name), dtype, torch.device("cpu"), own_qwen3=False)[0]
+        return open_target(Path(self.name), dtype, torch.device("cpu"), own=False)[0]
 
 
 def check_target_name(name: str) -> None:
@@ -66,7 +66,7 @@ def open_chat_target(name: str) -> ChatTarget:
         model, tokenizer = load_smollm2()
         return ChatTarget(name, model, tokenizer, list(STOP_TOKEN_IDS), MASK_TOKEN_ID)
     folder = Path(name)
-    model, tokenizer = open_target(folder, torch.float32, torch.device("cpu"), own_qwen3=False)
+    model, tokenizer = open_target(folder, torch.float32, torch.device("cpu"), own=False)
     if not getattr(tokenizer, "chat_template", None):
         raise SystemExit(
             f"--target {name}: its tokenizer has no chat template (the prompts are put to it as a chat turn)"

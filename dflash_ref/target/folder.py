@@ -22,12 +22,14 @@ from pathlib import Path
 
 import torch
 
+from ..config import DRAFT_ARCHITECTURES
 from .checkpoint import (
     CheckpointConfigError,
     CheckpointError,
     check_device,
     config_architectures,
     load_qwen3_target,
+    read_config,
     resolve_dtype,
 )
 from .hf import HFTarget
@@ -35,7 +37,6 @@ from .llama import load_llama_target
 from .qwen3_5_checkpoint import is_hybrid_folder, load_hybrid_target
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-DRAFT_ARCHITECTURES = {"DFlashDraftModel", "DFlash2DraftModel"}
 
 
 class TransformersFallback(UserWarning):
@@ -51,43 +52,52 @@ def load_target(folder: str | Path, dtype=None, device: str | torch.device = "cp
     if not (folder / "config.json").is_file():
         raise CheckpointError(f"{folder} has no config.json" if folder.is_dir() else f"no folder {folder}")
     archs = config_architectures(folder)
-    if set(archs) & DRAFT_ARCHITECTURES:
+    if set(archs) & set(DRAFT_ARCHITECTURES):
         raise CheckpointError(f"{folder}: architectures {archs} is a DFlash draft, not a target (load_draft reads it)")
-    own = (
-        load_qwen3_target
-        if "Qwen3ForCausalLM" in archs
-        else load_llama_target
-        if "LlamaForCausalLM" in archs
-        else load_hybrid_target
-        if is_hybrid_folder(folder)
-        else None
-    )
+    own = _own_loader(folder, archs)
+    refused = None
     if own is not None and not via_transformers:
         try:
             return own(folder, dtype, device)
         except CheckpointConfigError as e:
             if own is not load_llama_target:
                 raise
-            warnings.warn(f"not on the own Llama ({e}); running it in transformers", TransformersFallback, 2)
-    return _transformers_target(folder, archs, dtype, device)
+            refused = f"not on the own Llama ({e})"
+            warnings.warn(f"{refused}; running it in transformers", TransformersFallback, 2)
+    return _transformers_target(folder, archs, dtype, device, refused)
 
 
-def _transformers_target(folder: Path, archs: list[str], dtype, device) -> HFTarget:
+def _own_loader(folder: Path, archs: list[str]):
+    """The own target's loader for this folder (by `architectures`, else by `model_type` for a config that
+    names no architecture), or None."""
+    if not archs:
+        archs = {"qwen3": ["Qwen3ForCausalLM"], "llama": ["LlamaForCausalLM"]}.get(
+            read_config(folder).get("model_type"), []
+        )
+    if "Qwen3ForCausalLM" in archs:
+        return load_qwen3_target
+    if "LlamaForCausalLM" in archs:
+        return load_llama_target
+    return load_hybrid_target if is_hybrid_folder(folder) else None
+
+
+def _transformers_target(folder: Path, archs: list[str], dtype, device, refused: str | None = None) -> HFTarget:
     """The folder as transformers loads it, behind HFTarget; what transformers cannot load is refused
-    naming the architecture."""
+    naming the architecture (and `refused`, why the own target did not take it)."""
     try:
         from transformers import AutoConfig, AutoModelForCausalLM  # optional: the hf extra
     except ImportError:
+        why = refused or "has no own target here"
         raise CheckpointError(
-            f"{folder}: architectures {archs or '(none named)'} has no own target here, and transformers, which "
-            "could run it, is not installed (pip install 'dflash-ref[hf]')"
+            f"{folder}: architectures {archs or '(none named)'} {why}, and transformers, which could run it, is "
+            "not installed (pip install 'dflash-ref[hf]')"
         ) from None
     try:
         config = AutoConfig.from_pretrained(folder)
     except (OSError, ValueError, KeyError) as e:
         raise CheckpointError(f"{folder}: architectures {archs or '(none named)'}: transformers cannot read its "
                               f"config: {e}") from None  # fmt: skip
-    dtype = resolve_dtype(dtype, config) if not isinstance(dtype, torch.dtype) else dtype
+    dtype = resolve_dtype(dtype, config)
     device = check_device(device, dtype)
     try:
         model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
@@ -100,16 +110,16 @@ def _transformers_target(folder: Path, archs: list[str], dtype, device) -> HFTar
         raise CheckpointError(f"{folder}: {e}") from None
 
 
-def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen3: bool = True):
-    """--target FOLDER (a Hugging Face model folder) → (target, tokenizer) by `load_target` (transformers
-    only, unless `own_qwen3`), or the command ends naming the folder and the problem."""
+def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own: bool = True):
+    """--target FOLDER (a Hugging Face model folder) → (target, tokenizer) by `load_target` (in transformers
+    only, unless `own`), or the command ends naming the folder and the problem."""
     if not (folder / "config.json").is_file():
         raise SystemExit(f"--target {folder}: no config.json there (a Hugging Face model folder, or 'smollm2')")
     try:
         archs = config_architectures(folder)
     except CheckpointError as e:
         raise SystemExit(f"--target {e}") from None
-    if set(archs) & DRAFT_ARCHITECTURES:
+    if set(archs) & set(DRAFT_ARCHITECTURES):
         raise SystemExit(f"--target {folder}: architectures {archs} is a draft, not a target")
     if not any((folder / name).is_file() for name in TOKENIZER_FILES):  # else transformers makes an empty one
         raise SystemExit(f"--target {folder}: no tokenizer files ({' or '.join(TOKENIZER_FILES)})")
@@ -122,7 +132,7 @@ def open_target(folder: Path, dtype: torch.dtype, device: torch.device, own_qwen
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TransformersFallback)
         try:
-            target = load_target(folder, dtype, device, via_transformers=not own_qwen3)
+            target = load_target(folder, dtype, device, via_transformers=not own)
         except CheckpointError as e:
             raise SystemExit(f"--target: {e}") from None
     for warning in caught:

@@ -1,5 +1,5 @@
-"""The fast CPU path: an opt-in extension, off unless asked for (`use_fast_cpu(model)`, or `--fast-cpu`
-on `generate` and `bench`).
+"""The fast CPU path: an opt-in extension, off unless asked for (`use_fast_cpu(model)`, or
+`generate --fast-cpu`).
 
 The reference computes every linear layer with plain `nn.Linear` (`F.linear`). Decoding on a CPU asks
 each layer for a few rows at a time (1 token in AR, a block of b in a verify, b − 1 proposals), and for
@@ -18,20 +18,18 @@ What it is, exactly:
                                  `DFLASH_REF_LINEAR=linear` pins F.linear (`plan.set_linear_mode`)
     where it acts                fp32, CPU, 1 … 64 rows, no grad; everything else is F.linear
 
-`python -m dflash_ref bench baselines steps --fast-cpu` measures it beside the plain path. Nothing in
-the equations, the walkthrough, the conformance kit or training uses it.
+`python -m dflash_ref bench baselines steps` measures it beside the plain path. Nothing in the
+equations, the walkthrough, the conformance kit or training uses it.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 from torch import nn
 
 from .linear import PlannedLinear, linear_product, switch_linears
 from .plan import measuring_seconds
 
-__all__ = ["PlannedLinear", "fast_cpu_on", "linear_product", "measuring_seconds", "use_fast_cpu"]
+__all__ = ["PlannedLinear", "linear_product", "measuring_seconds", "use_fast_cpu"]
 
 
 def use_fast_cpu(model: nn.Module, on: bool = True) -> nn.Module:
@@ -41,16 +39,3 @@ def use_fast_cpu(model: nn.Module, on: bool = True) -> nn.Module:
         raise TypeError(f"use_fast_cpu takes a torch module (a target, a draft), got {type(model).__name__}")
     switch_linears(model, on)
     return model
-
-
-@contextlib.contextmanager
-def fast_cpu_on(*models: nn.Module, on: bool = True):
-    """Inside this block the models take the fast CPU path (`on`), or the plain one; afterwards each
-    is plain again (benchmarks run both paths on one model, side by side)."""
-    for model in models:
-        use_fast_cpu(model, on)
-    try:
-        yield
-    finally:
-        for model in models:
-            use_fast_cpu(model, False)
