@@ -111,8 +111,7 @@ plot_attention_compare(pair.traces, step=0, layers=[0, 1], head=0, tokens=pair.t
 # head 0, "The" and the first two masks read the newline that closes the `<|im_start|>assistant`
 # header (the first mask also the prompt's "?"), while the last mask reads the prompt's topic words
 # ("heart", then "human"): what the answer is to be about.
-# This draft is weak (block position 1 is accepted in about 48 % of steps on held-out prompts), so it
-# saves target passes but is only about 1.3–1.5 times as fast as the target alone on the 2-core
-# machines of 2026-11-30 and 2026-12-01, and 1.2–1.3 times on machines of an earlier kind: the ratio
-# follows the machine's memory bandwidth and its matrix kernels (figures/bench/README.md;
-# `python -m dflash_ref bench trained`).
+# This draft is weak (block position 1 is accepted in about half of the steps on held-out prompts), so
+# it saves target passes but is only modestly faster than the target alone on a small CPU: the ratio
+# follows the machine's memory bandwidth and its matrix kernels (`python -m dflash_ref bench trained`
+# measures it; figures/bench/README.md says how to read it).

@@ -176,7 +176,7 @@ print(
 # Everything above ran on random weights. The draft shipped for SmolLM2-135M
 # (`dflash_ref/drafts/smollm2_dflash2`, trained on a CPU: `figures/training/README.md`) has the same
 # parts at working sizes: K = 3 taps, channels in groups of 16, selector rank 32, the top 8
-# candidates, proposals among its 13083-token draft vocabulary. `trained_dflash2_example` decodes
+# candidates, proposals among its 11625-token draft vocabulary. `trained_dflash2_example` decodes
 # three held-out prompts of the training templates and three written in other styles, greedily;
 # it traces the selector on the first and, at every step of all six, sets the path beside the
 # argmax of the same draft logits (what a DFlash 1 head on this draft would propose). The draft
