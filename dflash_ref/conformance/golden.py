@@ -33,6 +33,7 @@ from .bundle import (
     walk_order,
     write_bundle_files,
 )
+from .engine_scenarios import ENGINE_NAMES, engine_scenarios
 from .exact import DRAFTS, write_sampling
 from .scenarios import SCENARIOS, Scenario
 from .variants import VARIANTS
@@ -146,7 +147,13 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
     target, draft = scenario.build()
     dtype = getattr(torch, scenario.dtype)
     hybrid = isinstance(target, Qwen3_5Target)
-    (save_hybrid_target if hybrid else save_target)(target, folder / "target", dtype)
+    if scenario.target_folder is not None:  # a real model's folder, as it is (engine_scenarios.py)
+        folder.mkdir(parents=True)
+        (folder / "target").symlink_to(scenario.target_folder().resolve(), target_is_directory=True)
+    else:
+        (save_hybrid_target if hybrid else save_target)(target, folder / "target", dtype)
+        if scenario.tokenizer is not None:  # what an engine reads beside the weights
+            scenario.tokenizer().save_pretrained(folder / "target")
     save_draft(draft, folder / "draft", dtype)
     if scenario.rope_spelling:
         _keep_one_spelling(folder, scenario.rope_spelling)
@@ -167,7 +174,12 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
             "temperature": 0.0,
         },
         "tokenizer": {
-            "tokens": scenario.tokens or [f"<t{i}>" for i in range(draft.config.vocab_size)],
+            "tokens": scenario.tokens
+            or (
+                scenario.tokenizer().convert_ids_to_tokens(list(range(draft.config.vocab_size)))
+                if scenario.tokenizer
+                else [f"<t{i}>" for i in range(draft.config.vocab_size)]
+            ),
             "mask_token_id": draft.mask_token_id,
             "eos_token_ids": scenario.stop_token_ids or [],
             "meaning": "a stub for loaders that insist on a tokenizer: token i's text; ids are the "
@@ -236,12 +248,14 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
     return folder
 
 
-def generate_golden(out: str | Path, names: list[str] | None = None) -> list[Path]:
-    """Write the bundles of the given scenarios (default: all, and the sampling bundles last) to out/NN_name."""
-    known = [s.name for s in SCENARIOS] + list(DRAFTS)
+def generate_golden(out: str | Path, names: list[str] | None = None, engines: bool = False) -> list[Path]:
+    """Write the bundles of the given scenarios (default: the tiny ones, then the sampling bundles, then with
+    `engines` the engine-shaped ones, engine_scenarios.py) to out/NN_name."""
+    known = [s.name for s in SCENARIOS] + list(DRAFTS) + list(ENGINE_NAMES)
     unknown = set(names or ()) - set(known)
     if unknown:
         raise ValueError(f"unknown scenario(s) {sorted(unknown)}; choose from {known}")
+    engine = [n for n in ENGINE_NAMES if (engines and not names) or n in (names or ())]
     if Path(out).exists() and not Path(out).is_dir():
         raise ValueError(f"{out} is a file, not a folder for the bundles")
     threads = torch.get_num_threads()
@@ -252,9 +266,14 @@ def generate_golden(out: str | Path, names: list[str] | None = None) -> list[Pat
             for i, s in enumerate(SCENARIOS, 1)
             if not names or s.name in names
         ]
-        for i, name in enumerate(DRAFTS, len(SCENARIOS) + 1):  # the sampling bundles last
+        for i, name in enumerate(DRAFTS, len(SCENARIOS) + 1):  # the sampling bundles after the tiny ones
             if not names or name in names:
                 written.append(write_sampling(Path(out) / f"{i:02d}_{name}", i, name))
+        first = len(SCENARIOS) + len(DRAFTS) + 1
+        for s in engine_scenarios() if engine else []:  # built only when asked for (they need SmolLM2)
+            if s.name in engine:
+                i = first + ENGINE_NAMES.index(s.name)
+                written.append(write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i))
         return written
     finally:
         torch.set_num_threads(threads)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -135,15 +136,22 @@ class Scenario:
     tokens: list[str] | None = None  # the tokenizer stub's token texts (default <t0>, <t1>, …)
     rope_spelling: str | None = None  # "rope_scaling" | "rope_parameters": the configs keep only that one
     check: Callable[[dict], None] = lambda produced: None
+    tokenizer: Callable[[], object] | None = None  # a real tokenizer, saved beside the target (engine_scenarios.py)
+    target_folder: Callable[[], Path] | None = None  # an existing target folder, linked instead of written
 
 
 def _steps(p: dict, what: str) -> list:
     return [p[k].tolist() for k in sorted((k for k in p if k.endswith("/" + what)), key=walk_order)]
 
 
-def _check_multiround(p: dict) -> None:
+def check_rounds(p: dict) -> None:
+    """τ = 0, partial and full acceptance among the steps (blocks of 4)."""
     taus, gammas = _steps(p, "acceptance_length"), [len(d) for d in _steps(p, "draft_tokens")]
     assert 0 in taus and any(0 < t < 3 for t in taus) and 3 in taus and max(gammas) == 3, taus
+
+
+def _check_multiround(p: dict) -> None:
+    check_rounds(p)
     hops = [
         (d, q)
         for d, q in zip(_steps(p, "draft_tokens"), _steps(p, "posterior"))
@@ -164,15 +172,27 @@ def _last_step(p: dict) -> tuple[list[int], int, int]:
     return _steps(p, "draft_tokens")[-1], _steps(p, "acceptance_length")[-1], _steps(p, "bonus")[-1]
 
 
-def _check_stop_inside(p: dict) -> None:
-    out, (drafted, tau, _) = p["output_ids"].tolist(), _last_step(p)
-    assert out[-1] == 4 and 4 not in out[4:-1], out
-    assert 4 in drafted[:tau] and drafted[:tau].index(4) < tau - 1, (drafted, tau)  # accepted ones follow it
+def check_stop_inside(stop: int, prompt_len: int) -> Callable[[dict], None]:
+    """The output ends at `stop`, which the last step drafted and accepted with more accepted tokens after it."""
+
+    def check(p: dict) -> None:
+        out, (drafted, tau, _) = p["output_ids"].tolist(), _last_step(p)
+        assert out[-1] == stop and stop not in out[prompt_len:-1], out
+        assert stop in drafted[:tau] and drafted[:tau].index(stop) < tau - 1, (drafted, tau)  # accepted ones follow
+
+    return check
 
 
-def _check_stop_bonus(p: dict) -> None:
-    out, (_, tau, bonus) = p["output_ids"].tolist(), _last_step(p)
-    assert out[-1] == bonus == 5 and tau >= 1 and 5 not in out[4:-1], (out, tau, bonus)
+def check_stop_bonus(stop: int, prompt_len: int) -> Callable[[dict], None]:
+    """The output ends at `stop`, the last step's bonus (none of its accepted proposals), after at least one
+    accepted proposal."""
+
+    def check(p: dict) -> None:
+        out, (drafted, tau, bonus) = p["output_ids"].tolist(), _last_step(p)
+        assert out[-1] == bonus == stop and tau >= 1 and stop not in out[prompt_len:-1], (out, tau, bonus)
+        assert stop not in drafted[:tau], (drafted, tau)
+
+    return check
 
 
 def _check_stop_first(p: dict) -> None:
@@ -294,7 +314,7 @@ SCENARIOS = [
         [0, 1, 2, 3],
         20,
         stop_token_ids=[4],
-        check=_check_stop_inside,
+        check=check_stop_inside(4, 4),
     ),
     Scenario(
         "stop_bonus",
@@ -303,7 +323,7 @@ SCENARIOS = [
         [0, 1, 2, 3],
         20,
         stop_token_ids=[5],
-        check=_check_stop_bonus,
+        check=check_stop_bonus(5, 4),
     ),
     Scenario(
         "stop_first",

