@@ -365,7 +365,7 @@ def test_no_import_cycle():
 # (the hf, notebooks and mlx extras, the official package), __main__'s dispatch (each command's modules
 # import torch: `--help` and usage errors need not wait), and conformance/verify.py's adapters (a dump
 # is compared with numpy alone; torch comes only when an implementation is run)
-LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient", "mlx", "mlx_lm"}
+LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient", "mlx", "mlx_lm", "vllm"}
 # None: any. training/init_draft.py reads a draft's config.json through config.py only for `train --init DRAFT`:
 # config.py brings torch, which training's options otherwise never import (`train --help` stays cheap)
 LOCAL_IMPORT_OF = {
@@ -401,8 +401,8 @@ def test_tooling_lives_in_the_named_subpackages():
     # the top holds the equations of DFlash 1 and 2 in the order of the walk, the loop, and what every
     # stage shares; everything else is in one of these (dflash_ref/README.md maps them)
     subpackages = sorted(p.parent.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("**/__init__.py"))
-    assert subpackages == [".", "bench", "cli", "conformance", "drafts", "extensions", "extensions/fast_cpu",
-                           "target", "training", "walkthrough"]  # fmt: skip
+    assert subpackages == [".", "bench", "cli", "conformance", "conformance/engines", "drafts", "extensions",
+                           "extensions/fast_cpu", "target", "training", "walkthrough"]  # fmt: skip
 
 
 def test_readme_links_resolve():

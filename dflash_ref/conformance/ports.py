@@ -5,14 +5,23 @@ from __future__ import annotations
 import importlib
 
 from .adapters import ReferenceAdapter
+from .engines.llamacpp import LlamaCppPort
+from .engines.vllm import VLLMPort
 from .official import ZLabAdapter
 from .official_mlx import MLXAdapter
 
-ADAPTERS = {"reference": ReferenceAdapter, "zlab": ZLabAdapter, "mlx": MLXAdapter}
+ADAPTERS = {
+    "reference": ReferenceAdapter,
+    "zlab": ZLabAdapter,
+    "mlx": MLXAdapter,
+    "vllm": VLLMPort,
+    "llamacpp": LlamaCppPort,
+}
 
 
 def resolve(spec: str):
-    """ "reference" | "zlab" | "mlx" | "package.module:factory" (factory() returns an adapter or a run function)."""
+    """ "reference" | "zlab" | "mlx" | "vllm" | "llamacpp" | "package.module:factory" (factory() returns an
+    adapter or a run function)."""
     if spec in ADAPTERS:
         return ADAPTERS[spec]()
     if ":" not in spec:

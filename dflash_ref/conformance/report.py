@@ -13,6 +13,12 @@ from dataclasses import dataclass, field
 from .bundle import KINDS, TITLES
 
 
+class NotApplicable(Exception):
+    """Raised by an adapter whose port cannot take a bundle (an engine refuses its shapes or a feature, or
+    is not installed): its message says why, e.g. "vLLM refuses this bundle: <vLLM's own message>"; the
+    report says "not applicable" and why, neither a pass nor a failure."""
+
+
 @dataclass
 class Check:
     bundle: str

@@ -23,7 +23,7 @@ import numpy as np
 
 from .bundle import KINDS, STAGES, Bundle, candidates_in_id_order, find_bundles
 from .hints import hint
-from .report import Check, Report
+from .report import Check, NotApplicable, Report
 from .tensorfile import array_or_none, as_array, read_arrays
 from .variants import check_variants, expected_lengths, read_profile, resolve_variants, shrunk_steps, window_mismatch
 
@@ -199,10 +199,12 @@ def verify(
     skip: list[str] = (),
 ) -> Report:
     """Run a candidate on the bundles at `bundle` (default: the shipped one) and compare. `variants`
-    (or the adapter's own `variants` attribute) declares its design variants; `skip` waives stages.
+    (or the adapter's own `variants` attribute) declares its design variants; `skip` (and the adapter's
+    own `skip`: stages its port computes inside fused kernels, never as a tensor) waives stages.
     What cannot be read (the bundles, the implementation, the declaration) is an InputError before
     anything runs."""
     adapter, bundles = _read_inputs(lambda: resolve(impl), bundle)
+    skip = [*getattr(adapter, "skip", ()), *skip]
     declared = _declaration({**getattr(adapter, "variants", {}), **(variants or {})}, skip)
     report = Report(getattr(adapter, "name", str(impl)), allow_missing=allow_missing, skip=list(skip))
     for b in bundles:
@@ -211,6 +213,9 @@ def verify(
             continue
         try:
             produced = adapter.run(b)
+        except NotApplicable as e:  # the port (an engine) refuses this bundle: said, neither a pass nor a failure
+            report.checks.append(Check(b.name, "bundle", "adapter", None, None, "skipped", detail=str(e)))
+            continue
         except Exception as e:  # noqa: BLE001 - a crashing port is a result to report, not to hide
             where = traceback.extract_tb(e.__traceback__)[-1]
             report.checks.append(

@@ -1,0 +1,259 @@
+"""One golden bundle through vLLM's own engine, its tensors read where vLLM computes them: the program
+`verify --impl vllm` runs inside vLLM's Python (vllm.py), never imported by dflash_ref itself.
+
+    python -m dflash_ref.conformance.engines.vllm_run BUNDLE --out DUMP.npz [--batch N]
+
+vLLM runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) on the CPU, eager, greedy, the bundle's
+target and draft folders as they are (`speculative_config={"method": "dflash", …}`). Forward hooks on
+vLLM's own modules, and wrappers that record what a method of its DFlash drafter returned and then hand
+it back unchanged, read (they never change what vLLM computes):
+
+    drafter.model.model.fc                     its input: the target's aux hidden states (target_hidden); output: fc
+    _project_context_kv / _normalize_context_k the context V, and K after KNorm (k_ctx), then after RoPE,
+                                               which vLLM applies in place before writing its paged cache
+    embed_input_ids                            the block's embedding (noise_embedding)
+    layers.{i}.self_attn: q_norm, k_norm, attn (its inputs), o_proj    q, k_noise, q_rot, k_rot and v, attn_out
+    layers.{i} (its (out, residual))           the layer output, out + residual as vLLM's next norm adds them
+    model.norm, compute_logits, propose        final hidden, draft logits, the proposals
+    the rejection sampler                      the target's verify logits (posterior) and what it accepted
+
+vLLM's step structure differs from the reference's: a draft pass runs at the end of an engine step,
+its verify in the next one, and the context states it gets are every verified position's, of which the
+accepted ones (τ + 1, from the rejection sampler) count. The dump keys are the reference's.
+What vLLM does not compute as a tensor of its own is left out (C after hidden_norm and the attention
+weights are fused into its kernels; the draft cache is paged): verify reports those as missing.
+Exit code 3: vLLM refused the bundle (its message on the last line of stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import traceback
+
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process, where hooks see it
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default grows the worker past 20 GB
+
+import numpy as np  # noqa: E402
+
+from dflash_ref.conformance.bundle import load_bundle  # noqa: E402 (numpy only)
+from dflash_ref.conformance.record import Recorder  # noqa: E402
+
+REFUSED = 3
+
+
+def cpu(t):
+    """A copy, as numpy (vLLM rotates Q and K in place after its norms: a view would change under us)."""
+    return (t.detach().float() if t.is_floating_point() else t.detach()).to("cpu", copy=True).numpy()
+
+
+class Reader:
+    """What vLLM's modules computed, pass by pass: `passes` (one dict per draft pass) and `verifies` (one
+    per call of the rejection sampler)."""
+
+    def __init__(self) -> None:
+        self.passes: list[dict] = []
+        self.verifies: list[dict] = []
+        self.current: dict = {}
+
+    def attach(self, runner) -> None:
+        drafter, target = runner.drafter, runner.model
+        model = drafter.model  # DFlashQwen3ForCausalLM
+        inner = model.model
+        self._around(drafter, "propose", self._propose)
+        self._around(model, "compute_logits", lambda out, *a, **k: self._put("logits", out))
+        self._around(inner, "_project_context_kv", self._context_kv)
+        self._around(inner, "_normalize_context_k", self._context_k)
+        self._around(inner, "embed_input_ids", lambda out, *a, **k: self._put("noise_embedding", out))
+        inner.fc.register_forward_hook(self._fc)
+        for i, layer in enumerate(inner.layers):
+            attn = layer.self_attn
+            attn.q_norm.register_forward_hook(self._layer(i, "q"))
+            attn.k_norm.register_forward_hook(self._layer(i, "k_noise"))
+            attn.attn.register_forward_pre_hook(self._attention_inputs(i))  # its own q, k after RoPE, v
+            attn.o_proj.register_forward_hook(self._layer(i, "attn_out"))
+            layer.register_forward_hook(self._layer(i, "layer_out"))
+        inner.norm.register_forward_hook(lambda m, a, out: self._put("final_hidden", out))
+        runner.rejection_sampler.register_forward_hook(self._verify)
+        self.layers = len(inner.layers)
+        # the target's hidden states vLLM hands the draft: index a is layer a − 1's output, as hidden_states[a]
+        aux = next(m.aux_hidden_state_layers for m in target.modules() if hasattr(m, "aux_hidden_state_layers"))
+        self.layer_ids = np.array(sorted(aux), dtype=np.int64) - 1
+
+    # -- wrappers: call vLLM's own method, record what it returned, return it unchanged ------------------
+    @staticmethod
+    def _around(obj, name: str, record) -> None:
+        original = getattr(obj, name)
+
+        def wrapped(*args, **kwargs):
+            out = original(*args, **kwargs)
+            record(out, *args, **kwargs)
+            return out
+
+        setattr(obj, name, wrapped)
+
+    def _put(self, key: str, out) -> None:
+        tensor = out[0] if isinstance(out, tuple) else out
+        self.current[key] = cpu(tensor)
+
+    def _propose(self, out, *args, **kwargs) -> None:
+        self.current["draft_tokens"] = cpu(out)
+        # the context K, rotated in place by vLLM after KNorm and before its cache write: read now
+        self.current["k_ctx_rot"] = cpu(self.current.pop("k_ctx_tensor"))
+        self.passes.append(self.current)
+        self.current = {}
+
+    def _fc(self, module, inputs, out) -> None:
+        self.current["target_hidden"] = cpu(inputs[0])
+        self.current["fc"] = cpu(out[0] if isinstance(out, tuple) else out)
+
+    def _context_kv(self, out, *args, **kwargs) -> None:
+        _, all_v = out  # (L, num_ctx, H_kv, d_h)
+        self.current["v_ctx"] = cpu(all_v)
+
+    def _context_k(self, out, *args, **kwargs) -> None:
+        self.current["k_ctx"] = cpu(out)  # (L, num_ctx, H_kv, d_h), KNorm applied, RoPE not yet
+        self.current["k_ctx_tensor"] = out  # rotated in place next, before the cache write: read after the pass
+
+    def _layer(self, i: int, key: str):
+        def hook(module, inputs, out):
+            if key == "layer_out":
+                hidden, residual = out
+                self.current[f"{key}.{i}"] = cpu(hidden + residual)
+            else:
+                self.current[f"{key}.{i}"] = cpu(out[0] if isinstance(out, tuple) else out)
+
+        return hook
+
+    def _attention_inputs(self, i: int):
+        def hook(module, args):  # vLLM's rotary module is one for every layer: read each layer's attention instead
+            q, k, v = args[:3]
+            self.current[f"q_rot.{i}"], self.current[f"k_rot_noise.{i}"], self.current[f"v_noise.{i}"] = (
+                cpu(q),
+                cpu(k),
+                cpu(v),
+            )
+
+        return hook
+
+    def _verify(self, module, inputs, out) -> None:
+        metadata, _, logits = inputs[0], inputs[1], inputs[2]
+        self.verifies.append(
+            {
+                "draft": cpu(metadata.draft_token_ids),
+                "logits_argmax": cpu(logits.argmax(dim=-1)),
+                "sampled": cpu(out.sampled_token_ids),
+            }
+        )
+
+
+def refusal(error: Exception) -> str:
+    """vLLM's own words for why it will not take the bundle: a config validation's message, else the first line."""
+    if hasattr(error, "errors"):  # pydantic's ValidationError: vLLM's config checks
+        return "; ".join(str(e.get("msg", "")).removeprefix("Value error, ") for e in error.errors())
+    return (str(error).splitlines() or [type(error).__name__])[0]
+
+
+def run(bundle_path: str, out: str, batch: int = 1) -> int:
+    bundle = load_bundle(bundle_path)
+    inputs = bundle.inputs
+    block = bundle.config("draft")["block_size"]
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    try:
+        llm = LLM(
+            model=str(bundle.target_dir),
+            tokenizer=str(bundle.target_dir),
+            dtype="float32",
+            enforce_eager=True,
+            max_model_len=len(inputs["input_ids"]) + inputs["max_new_tokens"] + 2 * block,
+            max_num_batched_tokens=4096,
+            max_num_seqs=max(batch, 1),
+            seed=0,
+            speculative_config={
+                "method": "dflash",
+                "model": str(bundle.draft_dir),
+                "num_speculative_tokens": block - 1,
+            },
+        )
+    except Exception as e:  # noqa: BLE001 - vLLM's refusal, said as it said it
+        print(traceback.format_exc(), file=sys.stderr)
+        print(refusal(e), file=sys.stderr)
+        return REFUSED
+    reader = Reader()
+    llm.collective_rpc(lambda worker: reader.attach(worker.model_runner))
+    params = SamplingParams(
+        temperature=0.0, max_tokens=inputs["max_new_tokens"], stop_token_ids=inputs["stop_token_ids"] or None,
+        ignore_eos=True, detokenize=False,
+    )  # fmt: skip
+    outputs = llm.generate([TokensPrompt(prompt_token_ids=inputs["input_ids"])] * batch, params, use_tqdm=False)
+    recorder = Recorder()
+    with recorder.bundle(bundle.name):
+        write_dump(recorder, bundle, reader, [o.outputs[0].token_ids for o in outputs], block)
+    recorder.save(out)
+    return 0
+
+
+def write_dump(recorder: Recorder, bundle, reader: Reader, outputs: list, block: int) -> None:
+    """The reference's keys from what vLLM computed, for the first sequence of the batch (its rows of every
+    pass): step s is vLLM's draft pass s (after the prefill's sample, or after verify s) and its verify, the
+    rejection sampler's call s + 1. A pass's context rows are the verified positions of the step before;
+    the τ + 1 accepted ones are DFlash's new context."""
+    prompt = bundle.inputs["input_ids"]
+    recorder.record("layer_ids", reader.layer_ids)
+    recorder.record("output_ids", np.array(prompt + list(outputs[0]), dtype=np.int64))
+    heads = {}
+    cached_k: list[list[np.ndarray]] = []  # per layer: the context K after RoPE, every valid row so far
+    for step, draft_pass in enumerate(reader.passes):
+        if step + 1 >= len(reader.verifies):
+            break  # a pass whose proposals were never verified (the run ended first)
+        sampled = reader.verifies[step + 1]["sampled"][0]
+        tau = int((sampled >= 0).sum()) - 1
+        valid = len(prompt) if step == 0 else int((reader.verifies[step]["sampled"][0] >= 0).sum())
+        put = functools.partial(recorder.record, step=step)
+        put("target_hidden", draft_pass["target_hidden"][:valid])
+        put("fc", draft_pass["fc"][:valid])
+        put("noise_embedding", draft_pass["noise_embedding"])
+        for i in range(reader.layers):
+            q = draft_pass[f"q.{i}"]  # (L_q, H_q, d_h)
+            n_q, h_q, d_h = q.shape
+            h_kv = draft_pass[f"k_noise.{i}"].shape[1]
+            heads[i] = (h_q, h_kv, d_h)
+            k_ctx = draft_pass["k_ctx"][i, :valid]  # (L_c, H_kv, d_h)
+            k_ctx_rot = draft_pass["k_ctx_rot"][i, :valid]
+            v_block = draft_pass[f"v_noise.{i}"].reshape(n_q, h_kv, d_h)
+            k_block_rot = draft_pass[f"k_rot_noise.{i}"].reshape(n_q, h_kv, d_h)
+            if len(cached_k) <= i:
+                cached_k.append([])
+            cached_k[i].append(k_ctx_rot)
+            heads_first = lambda x: np.ascontiguousarray(x.transpose(1, 0, 2))  # noqa: E731 (L, H, d_h) → (H, L, d_h)
+            put("q", heads_first(q), layer=i)
+            put("k_ctx", heads_first(k_ctx), layer=i)
+            put("k_noise", heads_first(draft_pass[f"k_noise.{i}"]), layer=i)
+            put("v", heads_first(np.concatenate([draft_pass["v_ctx"][i, :valid], v_block])), layer=i)
+            put("q_rot", heads_first(draft_pass[f"q_rot.{i}"].reshape(n_q, h_q, d_h)), layer=i)
+            put("k_rot", heads_first(np.concatenate([*cached_k[i], k_block_rot])), layer=i)
+            put("attn_out", draft_pass[f"attn_out.{i}"], layer=i)
+            put("layer_out", draft_pass[f"layer_out.{i}"], layer=i)
+        put("final_hidden", draft_pass["final_hidden"])
+        put("logits", draft_pass["logits"])
+        put("draft_tokens", draft_pass["draft_tokens"][0].astype(np.int64))
+        put("posterior", reader.verifies[step + 1]["logits_argmax"][:block].astype(np.int64))
+        put("acceptance_length", np.array(tau, dtype=np.int64))
+        put("bonus", np.array(int(sampled[tau]), dtype=np.int64))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dflash_ref.conformance.engines.vllm_run")
+    p.add_argument("bundle")
+    p.add_argument("--out", required=True)
+    p.add_argument("--batch", type=int, default=1)
+    args = p.parse_args(argv)
+    return run(args.bundle, args.out, args.batch)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
