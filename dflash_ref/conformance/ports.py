@@ -6,7 +6,7 @@ import importlib
 
 from .adapters import ReferenceAdapter
 from .engines.llamacpp import LlamaCppPort
-from .engines.vllm import VLLMPort
+from .engines.vllm import VLLMBatchPort, VLLMPort
 from .official import ZLabAdapter
 from .official_mlx import MLXAdapter
 
@@ -15,13 +15,14 @@ ADAPTERS = {
     "zlab": ZLabAdapter,
     "mlx": MLXAdapter,
     "vllm": VLLMPort,
+    "vllm-batch": VLLMBatchPort,
     "llamacpp": LlamaCppPort,
 }
 
 
 def resolve(spec: str):
-    """ "reference" | "zlab" | "mlx" | "vllm" | "llamacpp" | "package.module:factory" (factory() returns an
-    adapter or a run function)."""
+    """A name of ADAPTERS ("reference", "zlab", "mlx", "vllm", "vllm-batch", "llamacpp") or
+    "package.module:factory" (factory() returns an adapter or a run function)."""
     if spec in ADAPTERS:
         return ADAPTERS[spec]()
     if ":" not in spec:

@@ -9,9 +9,12 @@ needs Triton: on a CPU vLLM refuses them, and the report says so in vLLM's words
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import tempfile
 from pathlib import Path
 
+from ..bundle import STAGES, find_bundles
 from ..report import NotApplicable
 from ..tensorfile import read_arrays
 from . import engine_python, run_program
@@ -28,26 +31,64 @@ class VLLMPort:
     name = "vllm"
     skip = ("context", "pattern", "cache_lengths")
 
-    def __init__(self, batch: int = 1) -> None:
-        self.batch = batch
+    def run(self, bundle) -> dict:
+        return run_bundles([bundle])[bundle.name]
+
+
+class VLLMBatchPort:
+    """`verify --impl vllm-batch`: the bundles of a folder that share their target and draft run through
+    vLLM together, their prompts one batch; each sequence's output ids and, step by step, its proposals,
+    posterior, τ and bonus must be what the reference decodes for it alone. Only those are compared."""
+
+    name = "vllm-batch"
+    skip = tuple(
+        s[0] for s in STAGES if s[0] not in ("draft_tokens", "posterior", "acceptance_length", "bonus", "output_ids")
+    )
+
+    def __init__(self) -> None:
+        self._done: dict[tuple, dict] = {}
 
     def run(self, bundle) -> dict:
-        python = engine_python(VARIABLE, "vllm", "vLLM")
-        with tempfile.TemporaryDirectory() as scratch:
-            dump = Path(scratch) / "vllm.npz"
-            args = ["-m", "dflash_ref.conformance.engines.vllm_run", str(bundle.path), "--out", str(dump)]
-            args += ["--batch", str(self.batch)]
-            proc = run_program(python, args, TIMEOUT)
-            said = [_said(proc)]
-            if proc.returncode == 3 and "Model Runner V1 does not support" in said[0]:  # the other runner, then
-                proc = run_program(python, args, TIMEOUT, {"VLLM_USE_V2_MODEL_RUNNER": "1"})
-                said.append(_said(proc))
-            if proc.returncode == 3:  # vllm_run.REFUSED
-                raise NotApplicable(f"vLLM refuses this bundle: {'; '.join(said)}")
-            if proc.returncode != 0:
-                raise RuntimeError(f"vLLM failed on {bundle.name} (exit {proc.returncode}): {proc.stderr[-2000:]}")
-            prefix = bundle.name + "/"
-            return {k[len(prefix) :]: v for k, v in read_arrays(dump).items() if k.startswith(prefix)}
+        group = [b for b in find_bundles(bundle.path.parent) if _models(b) == _models(bundle)]
+        key = tuple(sorted(str(b.path) for b in group))
+        if key not in self._done:
+            self._done[key] = run_bundles(group)
+        return self._done[key][bundle.name]
+
+
+def run_bundles(bundles: list) -> dict[str, dict]:
+    """vllm_run.py on these bundles (one: its tensors; several: one batch) → bundle name → {key: array}."""
+    python = engine_python(VARIABLE, "vllm", "vLLM")
+    with tempfile.TemporaryDirectory() as scratch:
+        dump = Path(scratch) / "vllm.npz"
+        args = ["-m", "dflash_ref.conformance.engines.vllm_run", *(str(b.path) for b in bundles), "--out", str(dump)]
+        proc = run_program(python, args, TIMEOUT)
+        said = [_said(proc)]
+        if proc.returncode == 3 and "Model Runner V1 does not support" in said[0]:  # the other runner, then
+            proc = run_program(python, args, TIMEOUT, {"VLLM_USE_V2_MODEL_RUNNER": "1"})
+            said.append(_said(proc))
+        if proc.returncode == 3:  # vllm_run.REFUSED
+            raise NotApplicable(f"vLLM refuses this bundle: {'; '.join(said)}")
+        if proc.returncode != 0:
+            names = ", ".join(b.name for b in bundles)
+            raise RuntimeError(f"vLLM failed on {names} (exit {proc.returncode}): {proc.stderr[-2000:]}")
+        arrays = read_arrays(dump)
+    out: dict[str, dict] = {b.name: {} for b in bundles}
+    for name, value in arrays.items():
+        bundle, _, key = name.partition("/")
+        out[bundle][key] = value
+    return out
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _models(bundle) -> tuple[str, ...]:
+    """What identifies a bundle's target and draft: their configs' and weights' digests."""
+    files = [d / f for d in (bundle.target_dir, bundle.draft_dir) for f in ("config.json", "model.safetensors")]
+    return tuple(_digest(f.resolve()) for f in files if f.exists())
 
 
 def _said(proc) -> str:

@@ -1,7 +1,7 @@
 """One golden bundle through vLLM's own engine, its tensors read where vLLM computes them: the program
 `verify --impl vllm` runs inside vLLM's Python (vllm.py), never imported by dflash_ref itself.
 
-    python -m dflash_ref.conformance.engines.vllm_run BUNDLE --out DUMP.npz [--batch N]
+    python -m dflash_ref.conformance.engines.vllm_run BUNDLE [BUNDLE …] --out DUMP.npz
 
 vLLM runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) on the CPU, eager, greedy, the bundle's
 target and draft folders as they are (`speculative_config={"method": "dflash", …}`). Forward hooks on
@@ -50,15 +50,16 @@ def cpu(t):
 
 
 class Reader:
-    """What vLLM's modules computed, pass by pass: `passes` (one dict per draft pass) and `verifies` (one
-    per call of the rejection sampler)."""
+    """What vLLM's modules computed: `passes` (one dict per draft pass: one sequence's tensors) and
+    `verifies` (per request, one entry per verify of its proposals: what the rejection sampler saw and kept)."""
 
     def __init__(self) -> None:
         self.passes: list[dict] = []
-        self.verifies: list[dict] = []
+        self.verifies: dict[str, list[dict]] = {}
         self.current: dict = {}
 
     def attach(self, runner) -> None:
+        self.runner = runner
         drafter, target = runner.drafter, runner.model
         model = drafter.model  # DFlashQwen3ForCausalLM
         inner = model.model
@@ -139,14 +140,28 @@ class Reader:
         return hook
 
     def _verify(self, module, inputs, out) -> None:
-        metadata, _, logits = inputs[0], inputs[1], inputs[2]
-        self.verifies.append(
-            {
-                "draft": cpu(metadata.draft_token_ids),
-                "logits_argmax": cpu(logits.argmax(dim=-1)),
-                "sampled": cpu(out.sampled_token_ids),
-            }
-        )
+        """Each request's row of the rejection sampler's call: its proposals, the argmax of the target's logits
+        at them and at the bonus position (the posterior), and what it kept (τ accepted, then the bonus)."""
+        metadata, logits = inputs[0], inputs[2]
+        ends = metadata.cu_num_draft_tokens.tolist()
+        for row, (request, n) in enumerate(zip(self.runner.input_batch.req_ids, metadata.num_draft_tokens)):
+            if n == 0:  # the prefill's sample: no proposal to verify
+                continue
+            begin = ends[row] - n
+            rows = [
+                *metadata.target_logits_indices[begin : begin + n].tolist(),
+                int(metadata.bonus_logits_indices[row]),
+            ]
+            kept = cpu(out.sampled_token_ids[row])
+            tau = int((kept >= 0).sum()) - 1
+            self.verifies.setdefault(request, []).append(
+                {
+                    "draft": cpu(metadata.draft_token_ids[begin : begin + n]).astype(np.int64),
+                    "posterior": cpu(logits[rows].argmax(dim=-1)).astype(np.int64),
+                    "tau": tau,
+                    "bonus": int(kept[tau]),
+                }
+            )
 
 
 def refusal(error: Exception) -> str:
@@ -156,28 +171,26 @@ def refusal(error: Exception) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0]
 
 
-def run(bundle_path: str, out: str, batch: int = 1) -> int:
-    bundle = load_bundle(bundle_path)
-    inputs = bundle.inputs
-    block = bundle.config("draft")["block_size"]
+def run(paths: list[str], out: str) -> int:
+    """One bundle: its tensors. Several (sharing their target and draft): their prompts as one batch, and
+    each sequence's observables (output ids; per step proposals, posterior, τ, bonus)."""
+    bundles = [load_bundle(p) for p in paths]
+    first = bundles[0]
+    block = first.config("draft")["block_size"]
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     try:
         llm = LLM(
-            model=str(bundle.target_dir),
-            tokenizer=str(bundle.target_dir),
+            model=str(first.target_dir),
+            tokenizer=str(first.target_dir),
             dtype="float32",
             enforce_eager=True,
-            max_model_len=len(inputs["input_ids"]) + inputs["max_new_tokens"] + 2 * block,
-            max_num_batched_tokens=4096,
-            max_num_seqs=max(batch, 1),
+            max_model_len=max(len(b.inputs["input_ids"]) + b.inputs["max_new_tokens"] for b in bundles) + 2 * block,
+            max_num_batched_tokens=8192,
+            max_num_seqs=len(bundles),
             seed=0,
-            speculative_config={
-                "method": "dflash",
-                "model": str(bundle.draft_dir),
-                "num_speculative_tokens": block - 1,
-            },
+            speculative_config={"method": "dflash", "model": str(first.draft_dir), "num_speculative_tokens": block - 1},
         )
     except Exception as e:  # noqa: BLE001 - vLLM's refusal, said as it said it
         print(traceback.format_exc(), file=sys.stderr)
@@ -185,74 +198,84 @@ def run(bundle_path: str, out: str, batch: int = 1) -> int:
         return REFUSED
     reader = Reader()
     llm.collective_rpc(lambda worker: reader.attach(worker.model_runner))
-    params = SamplingParams(
-        temperature=0.0, max_tokens=inputs["max_new_tokens"], stop_token_ids=inputs["stop_token_ids"] or None,
-        ignore_eos=True, detokenize=False,
-    )  # fmt: skip
-    outputs = llm.generate([TokensPrompt(prompt_token_ids=inputs["input_ids"])] * batch, params, use_tqdm=False)
+    prompts = [TokensPrompt(prompt_token_ids=b.inputs["input_ids"]) for b in bundles]
+    params = [
+        SamplingParams(
+            temperature=0.0,
+            max_tokens=b.inputs["max_new_tokens"],
+            stop_token_ids=b.inputs["stop_token_ids"] or None,
+            ignore_eos=True,
+            detokenize=False,
+        )  # fmt: skip
+        for b in bundles
+    ]
+    outputs = llm.generate(prompts, params, use_tqdm=False)
     recorder = Recorder()
-    with recorder.bundle(bundle.name):
-        write_dump(recorder, bundle, reader, [o.outputs[0].token_ids for o in outputs], block)
+    for bundle, output in zip(bundles, outputs):
+        with recorder.bundle(bundle.name):
+            # the engine's own id of a request is the one generate gave it, a suffix added ("0-890a2a26")
+            internal = [r for r in reader.verifies if r == output.request_id or r.startswith(output.request_id + "-")]
+            steps = reader.verifies[internal[0]] if internal else []
+            record_loop(recorder, bundle, list(output.outputs[0].token_ids), steps)
+            if len(bundles) == 1:
+                record_tensors(recorder, bundle, reader, steps)
     recorder.save(out)
     return 0
 
 
-def write_dump(recorder: Recorder, bundle, reader: Reader, outputs: list, block: int) -> None:
-    """The reference's keys from what vLLM computed, for the first sequence of the batch (its rows of every
-    pass): step s is vLLM's draft pass s (after the prefill's sample, or after verify s) and its verify, the
-    rejection sampler's call s + 1. A pass's context rows are the verified positions of the step before;
-    the τ + 1 accepted ones are DFlash's new context."""
+def record_loop(recorder: Recorder, bundle, output: list[int], steps: list[dict]) -> None:
+    """The loop's observables of one sequence: output ids; per step proposals, posterior, τ and bonus."""
+    recorder.record("output_ids", np.array(bundle.inputs["input_ids"] + output, dtype=np.int64))
+    for step, verify in enumerate(steps):
+        recorder.record("draft_tokens", verify["draft"], step=step)
+        recorder.record("posterior", verify["posterior"], step=step)
+        recorder.record("acceptance_length", np.array(verify["tau"], dtype=np.int64), step=step)
+        recorder.record("bonus", np.array(verify["bonus"], dtype=np.int64), step=step)
+
+
+def record_tensors(recorder: Recorder, bundle, reader: Reader, steps: list[dict]) -> None:
+    """The draft's tensors of a single sequence, keyed as the reference's: step s is vLLM's draft pass s
+    (after the prefill's sample, or after the verify of step s − 1), whose context rows are the positions
+    that verify checked, of which the τ + 1 accepted ones are DFlash's new context."""
     prompt = bundle.inputs["input_ids"]
     recorder.record("layer_ids", reader.layer_ids)
-    recorder.record("output_ids", np.array(prompt + list(outputs[0]), dtype=np.int64))
-    heads = {}
-    cached_k: list[list[np.ndarray]] = []  # per layer: the context K after RoPE, every valid row so far
-    for step, draft_pass in enumerate(reader.passes):
-        if step + 1 >= len(reader.verifies):
-            break  # a pass whose proposals were never verified (the run ended first)
-        sampled = reader.verifies[step + 1]["sampled"][0]
-        tau = int((sampled >= 0).sum()) - 1
-        valid = len(prompt) if step == 0 else int((reader.verifies[step]["sampled"][0] >= 0).sum())
+    cached_k: list[list[np.ndarray]] = [[] for _ in range(reader.layers)]  # per layer: context K after RoPE
+    for step, draft_pass in enumerate(reader.passes[: len(steps)]):  # a pass never verified is left out
         put = functools.partial(recorder.record, step=step)
+        valid = len(prompt) if step == 0 else steps[step - 1]["tau"] + 1
         put("target_hidden", draft_pass["target_hidden"][:valid])
         put("fc", draft_pass["fc"][:valid])
         put("noise_embedding", draft_pass["noise_embedding"])
-        for i in range(reader.layers):
+        for i, cached in enumerate(cached_k):
             q = draft_pass[f"q.{i}"]  # (L_q, H_q, d_h)
             n_q, h_q, d_h = q.shape
             h_kv = draft_pass[f"k_noise.{i}"].shape[1]
-            heads[i] = (h_q, h_kv, d_h)
-            k_ctx = draft_pass["k_ctx"][i, :valid]  # (L_c, H_kv, d_h)
-            k_ctx_rot = draft_pass["k_ctx_rot"][i, :valid]
-            v_block = draft_pass[f"v_noise.{i}"].reshape(n_q, h_kv, d_h)
-            k_block_rot = draft_pass[f"k_rot_noise.{i}"].reshape(n_q, h_kv, d_h)
-            if len(cached_k) <= i:
-                cached_k.append([])
-            cached_k[i].append(k_ctx_rot)
-            heads_first = lambda x: np.ascontiguousarray(x.transpose(1, 0, 2))  # noqa: E731 (L, H, d_h) → (H, L, d_h)
-            put("q", heads_first(q), layer=i)
-            put("k_ctx", heads_first(k_ctx), layer=i)
-            put("k_noise", heads_first(draft_pass[f"k_noise.{i}"]), layer=i)
-            put("v", heads_first(np.concatenate([draft_pass["v_ctx"][i, :valid], v_block])), layer=i)
-            put("q_rot", heads_first(draft_pass[f"q_rot.{i}"].reshape(n_q, h_q, d_h)), layer=i)
-            put("k_rot", heads_first(np.concatenate([*cached_k[i], k_block_rot])), layer=i)
+            cached.append(draft_pass["k_ctx_rot"][i, :valid])  # (L_c, H_kv, d_h)
+            block_v = draft_pass[f"v_noise.{i}"].reshape(n_q, h_kv, d_h)
+            block_k = draft_pass[f"k_rot_noise.{i}"].reshape(n_q, h_kv, d_h)
+            put("q", _heads_first(q), layer=i)
+            put("k_ctx", _heads_first(draft_pass["k_ctx"][i, :valid]), layer=i)
+            put("k_noise", _heads_first(draft_pass[f"k_noise.{i}"]), layer=i)
+            put("v", _heads_first(np.concatenate([draft_pass["v_ctx"][i, :valid], block_v])), layer=i)
+            put("q_rot", _heads_first(draft_pass[f"q_rot.{i}"].reshape(n_q, h_q, d_h)), layer=i)
+            put("k_rot", _heads_first(np.concatenate([*cached, block_k])), layer=i)
             put("attn_out", draft_pass[f"attn_out.{i}"], layer=i)
             put("layer_out", draft_pass[f"layer_out.{i}"], layer=i)
         put("final_hidden", draft_pass["final_hidden"])
         put("logits", draft_pass["logits"])
-        put("draft_tokens", draft_pass["draft_tokens"][0].astype(np.int64))
-        put("posterior", reader.verifies[step + 1]["logits_argmax"][:block].astype(np.int64))
-        put("acceptance_length", np.array(tau, dtype=np.int64))
-        put("bonus", np.array(int(sampled[tau]), dtype=np.int64))
+
+
+def _heads_first(x: np.ndarray) -> np.ndarray:
+    """(L, H, d_h) → (H, L, d_h)."""
+    return np.ascontiguousarray(x.transpose(1, 0, 2))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dflash_ref.conformance.engines.vllm_run")
-    p.add_argument("bundle")
+    p.add_argument("bundles", nargs="+", help="one bundle (its tensors), or several sharing their models (a batch)")
     p.add_argument("--out", required=True)
-    p.add_argument("--batch", type=int, default=1)
     args = p.parse_args(argv)
-    return run(args.bundle, args.out, args.batch)
+    return run(args.bundles, args.out)
 
 
 if __name__ == "__main__":
