@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     bench.add_argument(
         "names",
         nargs="*",
-        help="baselines steps dflash2 rollback official tracing blocks ceiling memory trained (default: all)",
+        help="baselines steps dflash2 rollback official tracing blocks ceiling memory trained engines (default: all)",
     )
     bench.add_argument("--repeats", type=int, default=7)
     bench.add_argument("--out", default="figures/bench")

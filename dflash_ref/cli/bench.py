@@ -24,6 +24,8 @@ and JSON, some a plot:
     trained    --draft DIR and the shipped SmolLM2 drafts (DFlash 2 and DFlash 1) on held-out prompts of both
                kinds (template topics, hand-written other styles): τ and speed vs transformers' generate and
                AR, per block size
+    engines    vLLM and llama.cpp beside dflash_ref on SmolLM2 and the shipped drafts: tokens/s, τ by each
+               one's own count, peak memory, output equal to AR (each in its own process and environment)
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from ..bench import baselines, hybrid_rollback, steps, suite, trained
+from ..bench import baselines, engines, hybrid_rollback, steps, suite, trained
 from ..bench.timing import measure, summarise  # noqa: F401  (the harness, re-exported)
 from ..drafts.shipped import draft_folder
 from ..extensions.fast_cpu import streamed
@@ -55,6 +57,7 @@ BENCHES: dict[str, Callable] = {
     "ceiling": suite.bench_ceiling,
     "memory": suite.bench_memory,
     "trained": trained.bench_trained,
+    "engines": engines.bench_engines,
 }
 FAST_CPU_BENCHES = {"baselines", "steps"}  # the benchmarks that time the fast CPU path beside the plain one
 

@@ -40,6 +40,8 @@ from ..stages import key_for
 VARIABLE = "LLAMA_CPP_DIR"
 SOURCE = Path(__file__).with_name("llamacpp_run.cpp")
 TIMEOUT = 3600  # seconds: a first build of llama.cpp on 2 cores is most of it
+# llama.cpp keeps its KV caches in f16 unless told: the bundles are f32, as are what bench engines measures
+F32_CACHES = ("-ctk", "f32", "-ctv", "f32", "-ctkd", "f32", "-ctvd", "f32")
 # the stages llama.cpp does not name (see the module's docstring)
 SKIP = ("fc", "attn_conv_taps", "q", "k_ctx", "k_noise", "attn_out", "mlp_conv_taps", "cache_lengths")
 
@@ -153,8 +155,7 @@ class LlamaCppPort:
                     "--stop-ids", ",".join(map(str, inputs["stop_token_ids"] or [])) or "-1",
                     "-m", target, "-md", draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", block - 1,
                     "--temp", "0", "-c", context, "-b", max(context, 512), "-ub", max(context, 512),
-                    "-fa", "off", "-t", os.cpu_count() or 1,
-                    "-ctk", "f32", "-ctv", "f32", "-ctkd", "f32", "-ctvd", "f32"]  # fmt: skip
+                    "-fa", "off", "-t", os.cpu_count() or 1, *F32_CACHES]  # fmt: skip
             proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=TIMEOUT)
             if proc.returncode == 3:
                 said = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]

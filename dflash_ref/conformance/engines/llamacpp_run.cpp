@@ -22,6 +22,7 @@
 #include "speculative.h"
 
 #include <cctype>
+#include <sys/resource.h>
 #include <clocale>
 #include <cstdint>
 #include <cstdio>
@@ -33,6 +34,9 @@ struct dump_file {
     FILE * f = nullptr;
 
     void put(const std::string & name, const int64_t ne[4], const std::vector<float> & values) {
+        if (!f) {
+            return;
+        }
         const uint32_t len = (uint32_t) name.size();
         const uint32_t n_dims = 4;
         const uint64_t n = values.size();
@@ -49,7 +53,9 @@ struct dump_file {
     void mark(const std::string & name) {
         const int64_t ne[4] = {0, 0, 0, 0};
         put(name, ne, {});
-        fflush(f);
+        if (f) {
+            fflush(f);
+        }
     }
 
     void tokens(const std::string & name, const std::vector<llama_token> & ids) {
@@ -175,8 +181,8 @@ int main(int argc, char ** argv) {
             rest.push_back(argv[i]);
         }
     }
-    if (prompt.empty() || max_new <= 0 || dump_path.empty()) {
-        fprintf(stderr, "usage: %s --prompt-ids IDS --max-new N --dump FILE [--stop-ids IDS] [llama.cpp options]\n", argv[0]);
+    if (prompt.empty() || max_new <= 0) {
+        fprintf(stderr, "usage: %s --prompt-ids IDS --max-new N [--dump FILE] [--stop-ids IDS] [llama.cpp options]\n", argv[0]);
         return 2;
     }
 
@@ -191,17 +197,19 @@ int main(int argc, char ** argv) {
     params.n_outputs_max_per_seq = limits.per_seq;
     params.warmup = false;
 
-    dump_file dump;
-    dump.f = fopen(dump_path.c_str(), "wb");
-    if (!dump.f) {
-        fprintf(stderr, "cannot write %s\n", dump_path.c_str());
-        return 2;
+    dump_file dump;  // without --dump: no tensor is read, and the run is timed alone (bench engines)
+    if (!dump_path.empty()) {
+        dump.f = fopen(dump_path.c_str(), "wb");
+        if (!dump.f) {
+            fprintf(stderr, "cannot write %s\n", dump_path.c_str());
+            return 2;
+        }
     }
     context_reader tgt_reader{&dump, "tgt/", TARGET_NAMES, {}};
     context_reader dft_reader{&dump, "dft/", DRAFT_NAMES, {}};
 
     llama_backend_init();
-    params.cb_eval = read_tensor;
+    params.cb_eval = dump.f ? read_tensor : nullptr;
     params.cb_eval_user_data = &tgt_reader;
     auto init_tgt = common_init_from_params(params);
     llama_model * model_tgt = init_tgt->model();
@@ -233,6 +241,7 @@ int main(int argc, char ** argv) {
         return 3;
     }
 
+    const int64_t t_start = ggml_time_us();
     dump.tokens("=prompt", prompt);
     {
         const int32_t * ids = llama_model_target_layer_ids(llama_get_model(ctx_dft));
@@ -269,6 +278,8 @@ int main(int argc, char ** argv) {
 
     common_batch batch_tgt(ctx_tgt);
     llama_tokens draft;
+    const int64_t t_decode = ggml_time_us();
+    int n_steps = 0, n_accepted = 0;
     while (!stopped && (int) output.size() < max_new) {
         // γ = the tokens still to generate, at most: the last block shrinks as the reference's does
         int n_draft_max = std::min((int) llama_n_ctx(ctx_tgt) - n_past - 2, max_new - (int) output.size());
@@ -295,6 +306,8 @@ int main(int argc, char ** argv) {
         }
         auto ids = common_sampler_sample_and_accept_n(smpl.get(), ctx_tgt, draft);
         dump.tokens("=accepted", ids);
+        n_steps += 1;
+        n_accepted += (int) ids.size() - 1;
         common_speculative_accept(spec, seq_id, (uint16_t) (ids.size() - 1));
         n_past += (int) ids.size() - 1;
         for (size_t i = 0; i < ids.size() && !stopped && (int) output.size() < max_new; ++i) {
@@ -308,8 +321,21 @@ int main(int argc, char ** argv) {
         llama_memory_seq_rm(llama_get_memory(ctx_tgt), seq_id, n_past, -1);
         llama_memory_seq_rm(llama_get_memory(ctx_dft), seq_id, n_past, -1);
     }
+    const int64_t t_end = ggml_time_us();
     dump.tokens("=output", output);
-    fclose(dump.f);
+    if (dump.f) {
+        fclose(dump.f);
+    }
+    // one line of JSON for bench engines: the output, the seconds of prefill and decoding, steps, accepted
+    // proposals and this process's peak resident memory
+    struct rusage usage;
+    getrusage(RUSAGE_SELF, &usage);
+    printf("{\"output\": [");
+    for (size_t i = 0; i < output.size(); ++i) {
+        printf("%s%d", i ? ", " : "", output[i]);
+    }
+    printf("], \"prefill_s\": %.6f, \"decode_s\": %.6f, \"steps\": %d, \"accepted\": %d, \"peak_rss_mb\": %.1f}\n",
+           (t_decode - t_start) / 1e6, (t_end - t_decode) / 1e6, n_steps, n_accepted, usage.ru_maxrss / 1024.0);
     common_speculative_free(spec);
     llama_backend_free();
     return 0;

@@ -32,6 +32,7 @@ import functools
 import os
 import sys
 import traceback
+from pathlib import Path
 
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process, where hooks see it
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default grows the worker past 20 GB
@@ -270,11 +271,67 @@ def _heads_first(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(1, 0, 2))
 
 
+def bench(target: str, draft: str, prompts: list[list[int]], max_new: int, stops: list[int], out: str) -> int:
+    """`bench engines`: the prompts one at a time through vLLM (no hook: nothing read but its own counters), each
+    generate timed after a warm-up; → JSON: outputs, seconds, vLLM's own drafts and accepted tokens, peak RSS."""
+    import json
+    import resource
+    import time
+
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    block = json.loads((Path(draft) / "config.json").read_text())["block_size"]
+    try:
+        llm = LLM(
+            model=target, tokenizer=target, dtype="float32", enforce_eager=True, seed=0, disable_log_stats=False,
+            max_model_len=max(map(len, prompts)) + max_new + 2 * block, max_num_seqs=1,
+            speculative_config={"method": "dflash", "model": draft, "num_speculative_tokens": block - 1},
+        )  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - vLLM's refusal, said as it said it
+        print(refusal(e), file=sys.stderr)
+        return REFUSED
+    params = SamplingParams(temperature=0.0, max_tokens=max_new, stop_token_ids=stops or None, ignore_eos=True)
+    llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], params, use_tqdm=False)  # warm-up
+    before = _spec_counters(llm)
+    outputs, seconds = [], []
+    for prompt in prompts:
+        t0 = time.perf_counter()
+        result = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+        seconds.append(time.perf_counter() - t0)
+        outputs.append(list(result[0].outputs[0].token_ids))
+    after = _spec_counters(llm)
+    drafts, accepted = (after[k] - before[k] for k in ("drafts", "accepted"))
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    Path(out).write_text(json.dumps({"outputs": outputs, "seconds": seconds, "drafts": drafts, "accepted": accepted,
+                                     "peak_rss_mb": peak}))  # fmt: skip
+    return 0
+
+
+def _spec_counters(llm) -> dict:
+    """vLLM's own spec-decode counters: drafts made and draft tokens accepted, so far."""
+    counts = {"drafts": 0, "accepted": 0}
+    for metric in llm.get_metrics():
+        if metric.name == "vllm:spec_decode_num_drafts":
+            counts["drafts"] += metric.value
+        elif metric.name == "vllm:spec_decode_num_accepted_tokens":
+            counts["accepted"] += metric.value
+    return counts
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dflash_ref.conformance.engines.vllm_run")
-    p.add_argument("bundles", nargs="+", help="one bundle (its tensors), or several sharing their models (a batch)")
+    p.add_argument("bundles", nargs="*", help="one bundle (its tensors), or several sharing their models (a batch)")
     p.add_argument("--out", required=True)
+    p.add_argument("--bench", nargs=2, metavar=("TARGET", "DRAFT"), help="time these folders' decoding instead")
+    p.add_argument("--prompts", help="with --bench: a JSON list of prompts (token ids)")
+    p.add_argument("--max-new", type=int, default=64)
+    p.add_argument("--stop", type=int, nargs="*", default=[])
     args = p.parse_args(argv)
+    if args.bench:
+        import json
+
+        return bench(*args.bench, json.loads(Path(args.prompts).read_text()), args.max_new, args.stop, args.out)
     return run(args.bundles, args.out)
 
 
