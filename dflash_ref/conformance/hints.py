@@ -143,9 +143,31 @@ def _told_dflash2(stage: str, expected: np.ndarray, got: np.ndarray) -> str | No
     return None
 
 
+def _scaled_per_dimension(expected: np.ndarray, got: np.ndarray) -> bool:
+    """got = expected × c_j, one factor per last-axis element, the same in every row (and not all 1): what
+    a norm weight other than its own gives (a norm is x / rms(x) ⊙ w)."""
+    if got.shape != expected.shape or got.ndim < 2:
+        return False
+    rows_e, rows_g = expected.reshape(-1, expected.shape[-1]), got.reshape(-1, got.shape[-1])
+    usable = np.abs(rows_e) > 1e-3 * np.abs(rows_e).max()
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(usable, rows_g / rows_e, np.nan)
+    factor = np.nanmedian(ratio, axis=0)  # (d_h,)
+    return bool(
+        np.isfinite(factor).all()
+        and not np.allclose(factor, 1, atol=1e-3)
+        and np.allclose(rows_g, rows_e * factor, rtol=1e-3, atol=1e-4 * np.abs(rows_e).max())
+    )
+
+
 def _told(stage: str, expected: np.ndarray, got: np.ndarray, manifest: dict) -> str | None:
     if stage in ("attn_conv_in", "mlp_conv_in", "pair"):
         return _told_dflash2(stage, expected, got)
+    if stage in ("q", "k_ctx", "k_noise") and _scaled_per_dimension(expected, got):
+        return (
+            "off by one constant factor per head dimension, the same at every position: normalised with another "
+            "norm weight than this layer's own (another layer's, or a weight shared or stacked wrongly)"
+        )
     if stage == "k_rot" and got.ndim == 3 == expected.ndim and _keys_out_of_order(expected, got):
         return (
             "the right keys in the wrong order: a rotating (ring-buffer) cache read as stored, not in "
