@@ -229,8 +229,8 @@ def linear_states(cache, step: int) -> dict[str, np.ndarray]:
 
 
 class ZLabAdapter:
-    """The official PyTorch code (either layout): DFlashDraftModel + dflash_generate, a transformers Qwen3
-    target (Qwen3.5 for a hybrid bundle: linear_states after each crop). `layout`: which it found, after a run."""
+    """The official PyTorch code (either layout): DFlashDraftModel + dflash_generate, a transformers target
+    as its folder says (Qwen3.5 for a hybrid bundle: linear_states after each crop). `layout`: which it found, after a run."""
 
     name, layout = "zlab", None
     variants = {"sliding_window": "causal,symmetric"}  # it reads is_causal, not sliding_window_kind
@@ -247,10 +247,10 @@ class ZLabAdapter:
         log.set_verbosity_error()
         log.disable_progress_bar()
         try:
-            kind = (
+            kind = (  # the target as its folder says (Qwen3, or a Llama: the engine-shaped bundles)
                 transformers.Qwen3_5ForCausalLM
                 if is_hybrid_folder(bundle.target_dir)
-                else transformers.Qwen3ForCausalLM
+                else transformers.AutoModelForCausalLM
             )
             target = kind.from_pretrained(bundle.target_dir, dtype=dtype).eval()
             architecture = (bundle.config("draft").get("architectures") or ["DFlashDraftModel"])[0]

@@ -1,0 +1,211 @@
+"""The engine ports (conformance/engines/) without the engines: an engine that is not installed is "not
+applicable" with a line that says what to set; what the readers make of an engine's records is checked by
+writing a bundle's own expected tensors in each engine's layout (llama.cpp's dump file, vLLM's per-pass
+tensors) and reading them back: every stage must then agree. The engines themselves run in `.ci/engines`."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dflash_ref.conformance.bundle import SHIPPED, find_bundles
+from dflash_ref.conformance.engines import llamacpp, vllm_run
+from dflash_ref.conformance.golden import generate_golden
+from dflash_ref.conformance.hints import hint
+from dflash_ref.conformance.record import Recorder
+from dflash_ref.conformance.verify import compare, verify
+
+pytestmark = pytest.mark.usefixtures("one_thread_module")
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory) -> dict:
+    """A multi-round DFlash 1 bundle and a DFlash 2 one (the tiny scenarios: the readers are shape-blind)."""
+    out = tmp_path_factory.mktemp("golden")
+    generate_golden(out, ["multiround", "dflash2"])
+    return {b.name: b for b in find_bundles(out)}
+
+
+def test_an_engine_not_installed_is_not_applicable_and_says_what_to_set(monkeypatch):
+    import sys
+
+    monkeypatch.setenv("DFLASH_REF_VLLM_PYTHON", sys.executable)  # this Python: no vllm here
+    monkeypatch.delenv("LLAMA_CPP_DIR", raising=False)
+    for impl, said in (
+        ("vllm", "vLLM is not installed"),
+        ("llamacpp", "llama.cpp is not installed: set LLAMA_CPP_DIR"),
+    ):
+        report = verify(impl, SHIPPED)
+        assert not report.passed and f"not applicable: {said}" in report.text(), report.text()
+        assert "NOTHING COMPARED" in report.text()
+    monkeypatch.setenv("LLAMA_CPP_DIR", "/nonexistent")
+    assert "is not a llama.cpp source tree" in verify("llamacpp", SHIPPED).text()
+
+
+def test_vllms_refusal_is_said_in_its_own_words():
+    class Refused(Exception):  # pydantic's ValidationError, as vLLM's config check raises it
+        def errors(self):
+            return [{"msg": "Value error, Model Runner V1 does not support: DFlash candidate-head drafts"}]
+
+    assert vllm_run.refusal(Refused()) == "Model Runner V1 does not support: DFlash candidate-head drafts"
+    assert vllm_run.refusal(ValueError("no tokenizer\nmore")) == "no tokenizer"
+
+
+def _steps(expected: dict) -> int:
+    return sum(k.endswith("/acceptance_length") for k in expected)
+
+
+def _llamacpp_dump(bundle, path: Path, junk: np.random.Generator) -> None:
+    """The bundle's expected tensors as llamacpp_run.cpp writes llama.cpp's: every verified row injected
+    (rejected rows junk), blocks whole, KV cells padded, DFlash 2's lattice packed."""
+    e, records = bundle.expected, []
+
+    def put(name, values):
+        values = np.asarray(values, dtype=np.float32)
+        ne = list(reversed(values.shape)) + [1] * (4 - values.ndim)
+        records.append((name, ne, values.reshape(-1)))
+
+    prompt, n_steps, draft = bundle.inputs["input_ids"], _steps(e), bundle.config("draft")
+    layers, top_k = draft["num_hidden_layers"], draft.get("dflash_config", {}).get("selector_top_k")
+    put("=prompt", prompt), put("=layer_ids", e["prefill/layer_ids"] + 1)
+
+    def context(step, rows):
+        """Step `step`'s new context (target features, C, K after RoPE, V) padded with junk to `rows`."""
+        th, c = e[f"step{step}/draft.hook_target_hidden"], e[f"step{step}/draft.context.hook_context"]
+        pad = lambda x: np.concatenate([x, junk.normal(size=(rows - len(x), *x.shape[1:]))])  # noqa: E731
+        out = {"=target_features": pad(th), "dft/inp_g_embeddings": pad(c)}
+        for i in range(layers):
+            k_rot, v = (
+                e[f"step{step}/draft.layers.{i}.self_attn.hook_k_rot"],
+                e[f"step{step}/draft.layers.{i}.self_attn.hook_v"],
+            )
+            n_q = e[f"step{step}/draft.hook_noise_embedding"].shape[0]
+            new = k_rot[:, k_rot.shape[1] - n_q - len(c) : k_rot.shape[1] - n_q]  # (H, L_c, d)
+            out[f"dft/Kcur_injected-{i}"] = pad(new.transpose(1, 0, 2))
+            out[f"dft/Vcur_injected-{i}"] = pad(v[:, : len(c)].transpose(1, 0, 2))
+        return out
+
+    first = context(0, len(prompt))
+    records.append(("#prefill", [0] * 4, np.zeros(0, np.float32)))
+    put("=target_features", first.pop("=target_features"))
+    records.append(("#process", [0] * 4, np.zeros(0, np.float32)))
+    [put(k, v) for k, v in first.items()]
+    for s in range(n_steps):
+        p = f"step{s}/"
+        records.append(("#draft", [0] * 4, np.zeros(0, np.float32)))
+        n_q = e[p + "draft.hook_noise_embedding"].shape[0]
+        put("dft/inp_noise_embd", e[p + "draft.hook_noise_embedding"])
+        for i in range(layers):
+            a = f"{p}draft.layers.{i}."
+            put(f"dft/Qcur-{i}", e[a + "self_attn.hook_q_rot"].transpose(1, 0, 2))
+            put(f"dft/Kcur-{i}", e[a + "self_attn.hook_k_rot"][:, -n_q:].transpose(1, 0, 2))
+            put(f"dft/Vcur-{i}", e[a + "self_attn.hook_v"][:, -n_q:].transpose(1, 0, 2))
+            pattern = e[a + "self_attn.hook_pattern"]
+            put(f"dft/kq_soft_max-{i}", np.concatenate([pattern, np.zeros((*pattern.shape[:2], 16))], axis=2))
+            for ours, theirs in (("attention_conv.hook_prepared", "attn_conv_in"), ("attention_conv.hook_finished",
+                                 "attn_conv_out"), ("mlp_conv.hook_prepared", "ffn_conv_in"),
+                                 ("mlp_conv.hook_finished", "ffn_conv_out")):  # fmt: skip
+                if a + ours in e:
+                    put(f"dft/{theirs}-{i}", e[a + ours])
+            put(f"dft/l_out-{i}", e[a + "hook_resid_post"])
+        logits = e[p + "draft.hook_logits"]
+        put("dft/result_norm", e[p + "draft.hook_out"])
+        put("dft/result_output", np.concatenate([junk.normal(size=(1, logits.shape[1])), logits]))
+        proposals = e[p + "draft_tokens"]
+        if top_k:  # the lattice: per position, candidate ids then score[predecessor][candidate]
+            lattice = junk.normal(size=(n_q, top_k + top_k * top_k))
+            chosen = 0
+            for t in range(1, n_q):
+                cand = e[p + "draft.candidate_selector.hook_candidates"][t - 1]
+                score = (
+                    e[p + "draft.candidate_selector.hook_unary"][t - 1]
+                    + e[p + "draft.candidate_selector.hook_pair"][t - 1]
+                )
+                lattice[t, :top_k] = cand
+                lattice[t, top_k + chosen * top_k : top_k + (chosen + 1) * top_k] = score
+                chosen = int(np.flatnonzero(cand == proposals[t - 1])[0])
+            put("dft/dflash2_lattice", lattice)
+        put("=draft", proposals)
+        records.append(("#verify", [0] * 4, np.zeros(0, np.float32)))
+        posterior, tau = e[p + "posterior"], int(e[p + "acceptance_length"])
+        put("tgt/result_output", np.eye(logits.shape[1])[posterior])  # the target's logits: their argmax
+        rows = len(posterior)
+        following = context(s + 1, rows) if s + 1 < n_steps else None
+        put("=target_features", following.pop("=target_features") if following else junk.normal(size=(rows, 4)))
+        records.append(("#process", [0] * 4, np.zeros(0, np.float32)))
+        [put(k, v) for k, v in (following or {}).items()]
+        put("=accepted", [*proposals[:tau], int(e[p + "bonus"])])
+    put("=output", e["output_ids"][len(prompt) :])
+    with open(path, "wb") as f:
+        for name, ne, values in records:
+            f.write(struct.pack("<I", len(name)) + name.encode() + struct.pack("<I", 4))
+            f.write(struct.pack("<4q", *ne) + struct.pack("<Q", values.size) + values.tobytes())
+
+
+@pytest.mark.parametrize("name", ["multiround", "dflash2"])
+def test_the_llamacpp_reader_keys_llamacpps_records_as_the_reference(bundles, tmp_path, name):
+    bundle = bundles[name]
+    _llamacpp_dump(bundle, tmp_path / "dump.bin", np.random.default_rng(0))
+    produced = llamacpp.keyed(llamacpp.read_dump(tmp_path / "dump.bin"), bundle.config("draft"))
+    checks = compare(bundle, produced, skip=list(llamacpp.SKIP))
+    assert not [c for c in checks if c.status in ("FAIL", "missing")], [c.line() for c in checks if c.status != "pass"][
+        :5
+    ]
+    assert sum(c.status == "pass" for c in checks) > 50
+
+
+def test_the_vllm_reader_keys_vllms_tensors_as_the_reference(bundles):
+    """vLLM's layouts: (L, H, d_h) per head, Q/K/V after RoPE flat (L, H·d_h), the context of every verified
+    position (the rejected rows junk), the layers' context K stacked (layers, L_c, H_kv, d_h)."""
+    bundle, junk = bundles["multiround"], np.random.default_rng(1)
+    e, draft = bundle.expected, bundle.config("draft")
+    layers, prompt = draft["num_hidden_layers"], bundle.inputs["input_ids"]
+    reader = vllm_run.Reader()
+    reader.layers, reader.layer_ids = layers, e["prefill/layer_ids"]
+    steps, rows = [], len(prompt)
+    for s in range(_steps(e)):
+        p = f"step{s}/"
+        c = e[p + "draft.context.hook_context"]
+        pad = lambda x, n=rows: np.concatenate([x, junk.normal(size=(n - len(x), *x.shape[1:]))])  # noqa: E731
+        n_q = e[p + "draft.hook_noise_embedding"].shape[0]
+        draft_pass = {"target_hidden": pad(e[p + "draft.hook_target_hidden"]),
+                      "fc": pad(e[p + "draft.context.hook_fc"]), "noise_embedding": e[p + "draft.hook_noise_embedding"],
+                      "final_hidden": e[p + "draft.hook_out"], "logits": e[p + "draft.hook_logits"]}  # fmt: skip
+        k_ctx, k_ctx_rot, v_ctx = [], [], []
+        for i in range(layers):
+            a = f"{p}draft.layers.{i}."
+            flat = lambda x: x.transpose(1, 0, 2).reshape(x.shape[1], -1)  # noqa: E731 (H, L, d) → (L, H·d)
+            k_rot, v = e[a + "self_attn.hook_k_rot"], e[a + "self_attn.hook_v"]
+            k_ctx.append(pad(e[a + "self_attn.hook_k_ctx"].transpose(1, 0, 2)))
+            k_ctx_rot.append(pad(k_rot[:, k_rot.shape[1] - n_q - len(c) : k_rot.shape[1] - n_q].transpose(1, 0, 2)))
+            v_ctx.append(pad(v[:, : len(c)].transpose(1, 0, 2)))
+            draft_pass |= {f"q.{i}": e[a + "self_attn.hook_q"].transpose(1, 0, 2),
+                           f"k_noise.{i}": e[a + "self_attn.hook_k_noise"].transpose(1, 0, 2),
+                           f"q_rot.{i}": flat(e[a + "self_attn.hook_q_rot"]), f"k_rot_noise.{i}": flat(k_rot[:, -n_q:]),
+                           f"v_noise.{i}": flat(v[:, -n_q:]), f"attn_out.{i}": e[a + "self_attn.hook_out"],
+                           f"layer_out.{i}": e[a + "hook_resid_post"]}  # fmt: skip
+        draft_pass |= {"k_ctx": np.stack(k_ctx), "k_ctx_rot": np.stack(k_ctx_rot), "v_ctx": np.stack(v_ctx)}
+        reader.passes.append(draft_pass)
+        steps.append({"draft": e[p + "draft_tokens"], "posterior": e[p + "posterior"],
+                      "tau": int(e[p + "acceptance_length"]), "bonus": int(e[p + "bonus"])})  # fmt: skip
+        rows = len(e[p + "posterior"])
+    recorder = Recorder()
+    with recorder.bundle(bundle.name):
+        vllm_run.record_loop(recorder, bundle, e["output_ids"][len(prompt) :].tolist(), steps)
+        vllm_run.record_tensors(recorder, bundle, reader, steps)
+    produced = {k.split("/", 1)[1]: v for k, v in recorder.arrays.items()}
+    checks = compare(bundle, produced, skip=["context", "pattern", "cache_lengths"])
+    assert not [c for c in checks if c.status in ("FAIL", "missing")], [c.line() for c in checks if c.status != "pass"][
+        :5
+    ]
+
+
+def test_a_norm_weight_off_by_a_factor_per_dimension_is_named_by_the_hint():
+    rng = np.random.default_rng(0)
+    expected = rng.normal(size=(2, 5, 8)).astype(np.float32)  # (H_kv, L_c, d_h)
+    other = expected * rng.uniform(0.5, 1.5, size=8).astype(np.float32)  # another layer's weight over this one's
+    assert hint("k_ctx", expected, other, {}).startswith("off by one constant factor per head dimension")
+    assert not hint("k_ctx", expected, expected + 0.5, {}).startswith("off by one constant factor")
