@@ -209,3 +209,18 @@ def test_a_norm_weight_off_by_a_factor_per_dimension_is_named_by_the_hint():
     other = expected * rng.uniform(0.5, 1.5, size=8).astype(np.float32)  # another layer's weight over this one's
     assert hint("k_ctx", expected, other, {}).startswith("off by one constant factor per head dimension")
     assert not hint("k_ctx", expected, expected + 0.5, {}).startswith("off by one constant factor")
+
+
+def test_the_engine_shaped_bundles_hold_what_they_are_for_and_the_official_code_passes_them(tmp_path):
+    """golden --engines: SmolLM2's tokenizer beside the target, head_dim 64; each scenario's property checked
+    as it is written (scenarios.py), the reference and the official dflash 0.1.0 agree on every tensor."""
+    from dflash_ref.conformance.engine_scenarios import ENGINE_NAMES
+
+    written = generate_golden(tmp_path, list(ENGINE_NAMES))
+    assert [p.name.split("_", 1)[1] for p in written] == list(ENGINE_NAMES)
+    engine = find_bundles(tmp_path / written[0].name)[0]
+    assert (engine.target_dir / "tokenizer.json").is_file() and engine.config("draft")["head_dim"] == 64
+    assert (tmp_path / written[-1].name / "target").is_symlink()  # the real SmolLM2: its folder, linked
+    for impl in ("reference", "zlab"):
+        report = verify(impl, tmp_path)
+        assert report.passed, report.text()
