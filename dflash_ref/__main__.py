@@ -194,6 +194,14 @@ def main(argv: list[str] | None = None) -> int:
     table = sub.add_parser("matrix", help="the conformance matrix: every shipped port on every greedy bundle")
     table.add_argument("--bundle", help="a folder of bundles (default: all scenarios, written to a temporary folder)")
     table.add_argument("--out", help="write the Markdown here (default: print it)")
+    table.add_argument(
+        "--engines",
+        action="store_true",
+        help="with the engine-shaped bundles too (golden --engines), on which vLLM and llama.cpp can run",
+    )
+    table.add_argument(
+        "--ports", nargs="+", metavar="PORT", help="these ports only (default: every shipped port and engine)"
+    )
     args = parser.parse_args(argv)
     # each command's modules are imported when it runs: they import torch, which `--help` and a usage
     # error need not wait for (the parser above is built from torch-free modules)
@@ -305,12 +313,14 @@ def main(argv: list[str] | None = None) -> int:
         from pathlib import Path
 
         from .conformance.golden import generate_golden
-        from .conformance.matrix import matrix
+        from .conformance.matrix import PORTS, matrix
 
         with tempfile.TemporaryDirectory() as scratch:
             if args.bundle is None:
-                generate_golden(scratch)
-            text = matrix(args.bundle or scratch)
+                generate_golden(scratch, engines=args.engines)
+            command = "python -m dflash_ref matrix" + " --engines" * args.engines
+            command += f" --ports {' '.join(args.ports)}" if args.ports else ""
+            text = matrix(args.bundle or scratch, args.ports or PORTS, command)
         print(text) if args.out is None else Path(args.out).write_text(text + "\n")
     elif args.command == "notebooks":
         from .walkthrough.notebooks import build

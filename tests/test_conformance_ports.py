@@ -38,6 +38,7 @@ def test_official_mlx_backend(golden):
     rotating = rows["window_rotating"]
     assert rotating["verdict"] == "FAIL" and rotating["first"].startswith("step 1 · layer 0 · K after RoPE")
     assert "the right keys in the wrong order" in rotating["first"]
+    assert rotating["cause"].startswith("a bug of the official MLX backend")
 
 
 def test_official_pytorch_release_layout(golden):
@@ -58,6 +59,7 @@ def test_official_pytorch_code_rolls_a_hybrid_target_back_by_crop_only(golden):
     status = {c.key: c.status for c in report.checks}
     assert status["step0/target.layers.0.linear_attn.conv_state"] == "pass"
     assert status["step0/posterior"] == "pass" and status["output_ids"] != "pass"
+    assert "rolls a hybrid target back by `DynamicCache.crop` alone" in verdicts(report)["hybrid_target"]["cause"]
 
 
 @pytest.fixture
@@ -85,18 +87,32 @@ def test_official_pytorch_github_layout(golden, github_code):
     # its bug: the sliding window goes to the attention kernel as a keyword that SDPA ignores
     for name in ("gqa_sliding", "window_symmetric"):
         assert rows[name]["verdict"] == "FAIL" and "is not applied" in rows[name]["first"], rows[name]
+        assert rows[name]["cause"].startswith("a bug of the official GitHub code"), rows[name]
     assert rows["window_rotating"]["verdict"] == "n/a"
 
 
-def test_the_matrix_command_writes_every_port(golden, tmp_path):
+def test_the_matrix_command_writes_every_port(golden, tmp_path, monkeypatch):
     pytest.importorskip("dflash.model")
     for name in ("01_walkthrough", "12_window_rotating"):
         shutil.copytree(golden / name, tmp_path / "bundles" / name)
+    monkeypatch.setenv("DFLASH_REF_VLLM_PYTHON", sys.executable)  # the engines as on a machine without them
+    monkeypatch.delenv("LLAMA_CPP_DIR", raising=False)
     out = tmp_path / "MATRIX.md"
     done = run_cli("matrix", "--bundle", str(tmp_path / "bundles"), "--out", str(out))
     assert done.returncode == 0, done.stderr
     text = out.read_text()
-    for port in ("## reference", "## zlab", "## mlx"):
+    for port in ("## reference", "## zlab", "## mlx", "## vllm", "## vllm-batch", "## llamacpp"):
         assert port in text
     assert "| walkthrough | pass |" in text and "| window_rotating | n/a |" in text
-    assert "zlab [0.1.0 code]" in text
+    assert "zlab [0.1.0 code]" in text and "`python -m dflash_ref matrix` on" in text
+    assert "| walkthrough | n/a | llama.cpp is not installed: set LLAMA_CPP_DIR" in text
+
+
+def test_every_fail_of_the_matrix_names_its_cause_or_says_it_is_unexplained():
+    from dflash_ref.conformance.report import Check, Report
+
+    def report(impl, stage):
+        return cells(Report(impl, [Check("b", f"step0/{stage}", stage, 0, 0, "FAIL", 1.0, 1.0, 1e-4)]))[0]["cause"]
+
+    assert "reports/vllm-cpu-context-k-norm.md" in report("vllm", "k_ctx")
+    assert report("vllm", "q") == "unexplained: a new finding, to follow to its cause"

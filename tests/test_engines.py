@@ -54,6 +54,35 @@ def test_vllms_refusal_is_said_in_its_own_words():
     assert vllm_run.refusal(ValueError("no tokenizer\nmore")) == "no tokenizer"
 
 
+def test_a_refusal_by_model_runner_v1_is_retried_on_v2_and_both_are_said(monkeypatch):
+    import subprocess
+
+    from dflash_ref.conformance.engines import REFUSAL_MARK, REFUSED, vllm
+    from dflash_ref.conformance.report import NotApplicable
+
+    calls = []
+
+    def runner(python, args, timeout, env=None):  # vllm_run.py as it exits when vLLM refuses, logging after
+        calls.append(env or {})
+        said = (
+            "Model Runner V2 requires Triton."
+            if "VLLM_USE_V2_MODEL_RUNNER" in (env or {})
+            else ("Model Runner V1 does not support: DFlash candidate-head drafts")
+        )
+        stderr = f"Traceback …\n{REFUSAL_MARK}{said}\nINFO engine shut down\n    For further information visit …\n"
+        return subprocess.CompletedProcess(args, REFUSED, "", stderr)
+
+    monkeypatch.setattr(vllm, "run_program", runner)
+    with pytest.raises(NotApplicable) as refused:
+        vllm.run_runner("python", [], "draft", {"OMP_NUM_THREADS": "2"})
+    assert str(refused.value) == (
+        "vLLM refuses this draft: Model Runner V1 does not support: DFlash candidate-head drafts; "
+        "Model Runner V2 requires Triton."
+    )
+    assert [c.get("VLLM_USE_V2_MODEL_RUNNER") for c in calls] == [None, "1"]
+    assert all(c["OMP_NUM_THREADS"] == "2" for c in calls)
+
+
 def _steps(expected: dict) -> int:
     return sum(k.endswith("/acceptance_length") for k in expected)
 

@@ -29,8 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..conformance.engines import engine_python, llamacpp, run_program
-from ..conformance.engines.vllm import VARIABLE as VLLM_VARIABLE
+from ..conformance.engines import engine_python, llamacpp, vllm
 from ..conformance.report import NotApplicable
 from ..decoding import generate, spec_generate
 from ..drafts.checkpoint import load_draft
@@ -103,17 +102,16 @@ def _ours(prompts: list[list[int]], threads: str) -> dict:
 
 
 def _vllm(prompts: list[list[int]], draft: Path, threads: str) -> dict:
-    python = engine_python(VLLM_VARIABLE, "vllm", "vLLM")
+    python = engine_python(vllm.VARIABLE, "vllm", "vLLM")
     with tempfile.TemporaryDirectory() as scratch:
         (Path(scratch) / "prompts.json").write_text(json.dumps(prompts))
         out = Path(scratch) / "vllm.json"
         args = ["-m", "dflash_ref.conformance.engines.vllm_run", "--bench", str(converted_folder()), str(draft),
                 "--prompts", str(Path(scratch) / "prompts.json"), "--max-new", str(NEW_TOKENS), "--out", str(out),
                 "--stop", *map(str, STOP_TOKEN_IDS)]  # fmt: skip
-        proc = run_program(python, args, llamacpp.TIMEOUT, {"OMP_NUM_THREADS": threads})
+        proc = vllm.run_runner(python, args, "draft", {"OMP_NUM_THREADS": threads})
         if proc.returncode != 0:
-            said = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
-            raise NotApplicable(f"vLLM refuses this draft: {said}")
+            raise RuntimeError(f"vLLM failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
         result = json.loads(out.read_text())
     # vLLM's own count: drafts made, draft tokens accepted; a target pass per draft, plus each prefill's
     return {**result, "steps": result["drafts"] + len(prompts)} if result["drafts"] else result
@@ -129,11 +127,12 @@ def _llamacpp(prompts: list[list[int]], draft: Path, threads: str) -> dict:
 
     with tempfile.TemporaryDirectory() as scratch:
         target, draft_gguf = llamacpp.convert(root, Folders, Path(scratch))
+        block = json.loads((Path(draft) / "config.json").read_text())["block_size"]
         outputs, seconds, steps, peak = [], [], 0, 0.0
         for prompt in prompts:
             args = [binary, "--prompt-ids", ",".join(map(str, prompt)), "--max-new", NEW_TOKENS,
                     "--stop-ids", ",".join(map(str, STOP_TOKEN_IDS)), "-m", target, "-md", draft_gguf,
-                    "--spec-type", "draft-dflash", "--spec-draft-n-max", 3, "--temp", "0",
+                    "--spec-type", "draft-dflash", "--spec-draft-n-max", block - 1, "--temp", "0",
                     "-c", len(prompt) + NEW_TOKENS + 16, "-t", threads, *llamacpp.F32_CACHES]  # fmt: skip
             proc = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=llamacpp.TIMEOUT)
             if proc.returncode != 0:

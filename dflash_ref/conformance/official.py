@@ -230,7 +230,8 @@ def linear_states(cache, step: int) -> dict[str, np.ndarray]:
 
 class ZLabAdapter:
     """The official PyTorch code (either layout): DFlashDraftModel + dflash_generate, a transformers target
-    as its folder says (Qwen3.5 for a hybrid bundle: linear_states after each crop). `layout`: which it found, after a run."""
+    as its folder says (Qwen3.5 for a hybrid bundle: linear_states after each crop). `layout`: which it
+    found, after a run."""
 
     name, layout = "zlab", None
     variants = {"sliding_window": "causal,symmetric"}  # it reads is_causal, not sliding_window_kind

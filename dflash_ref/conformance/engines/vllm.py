@@ -17,7 +17,7 @@ from pathlib import Path
 from ..bundle import STAGES, find_bundles
 from ..report import NotApplicable
 from ..tensorfile import read_arrays
-from . import engine_python, run_program
+from . import REFUSAL_MARK, REFUSED, engine_python, run_program
 
 VARIABLE = "DFLASH_REF_VLLM_PYTHON"
 TIMEOUT = 1800  # seconds for one bundle: vLLM's start-up on a small CPU is most of it
@@ -62,13 +62,7 @@ def run_bundles(bundles: list) -> dict[str, dict]:
     with tempfile.TemporaryDirectory() as scratch:
         dump = Path(scratch) / "vllm.npz"
         args = ["-m", "dflash_ref.conformance.engines.vllm_run", *(str(b.path) for b in bundles), "--out", str(dump)]
-        proc = run_program(python, args, TIMEOUT)
-        said = [_said(proc)]
-        if proc.returncode == 3 and "Model Runner V1 does not support" in said[0]:  # the other runner, then
-            proc = run_program(python, args, TIMEOUT, {"VLLM_USE_V2_MODEL_RUNNER": "1"})
-            said.append(_said(proc))
-        if proc.returncode == 3:  # vllm_run.REFUSED
-            raise NotApplicable(f"vLLM refuses this bundle: {'; '.join(said)}")
+        proc = run_runner(python, args, "bundle")
         if proc.returncode != 0:
             names = ", ".join(b.name for b in bundles)
             raise RuntimeError(f"vLLM failed on {names} (exit {proc.returncode}): {proc.stderr[-2000:]}")
@@ -91,6 +85,21 @@ def _models(bundle) -> tuple[str, ...]:
     return tuple(_digest(f.resolve()) for f in files if f.exists())
 
 
+def run_runner(python: str, args: list[str], what: str, env: dict | None = None):
+    """vllm_run.py with these arguments; if Model Runner V1 refuses the draft, once more on V2. A refusal by
+    both is NotApplicable in vLLM's words; any other exit is the caller's to judge."""
+    proc = run_program(python, args, TIMEOUT, env)
+    said = [_said(proc)]
+    if proc.returncode == REFUSED and "Model Runner V1 does not support" in said[0]:  # the other runner, then
+        proc = run_program(python, args, TIMEOUT, {**(env or {}), "VLLM_USE_V2_MODEL_RUNNER": "1"})
+        said.append(_said(proc))
+    if proc.returncode == REFUSED:
+        raise NotApplicable(f"vLLM refuses this {what}: {'; '.join(said)}")
+    return proc
+
+
 def _said(proc) -> str:
-    """The last line the runner wrote to stderr: vLLM's refusal, when it refused."""
-    return (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+    """The runner's marked line of stderr: vLLM's refusal (else stderr's last line)."""
+    lines = proc.stderr.strip().splitlines() or ["(no message)"]
+    marked = [line.removeprefix(REFUSAL_MARK) for line in lines if line.startswith(REFUSAL_MARK)]
+    return (marked or lines)[-1]

@@ -22,15 +22,18 @@ its verify in the next one, and the context states it gets are every verified po
 accepted ones (τ + 1, from the rejection sampler) count. The dump keys are the reference's.
 What vLLM does not compute as a tensor of its own is left out (C after hidden_norm and the attention
 weights are fused into its kernels; the draft cache is paged): verify reports those as missing.
-Exit code 3: vLLM refused the bundle (its message on the last line of stderr).
+Exit code 3 (REFUSED): vLLM refused the bundle, its message on the line of stderr marked REFUSAL_MARK.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
+import resource
 import sys
+import time
 import traceback
 from pathlib import Path
 
@@ -40,9 +43,8 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default grows t
 import numpy as np  # noqa: E402
 
 from dflash_ref.conformance.bundle import load_bundle  # noqa: E402 (numpy only)
+from dflash_ref.conformance.engines import REFUSAL_MARK, REFUSED  # noqa: E402
 from dflash_ref.conformance.record import Recorder  # noqa: E402
-
-REFUSED = 3
 
 
 def cpu(t):
@@ -172,6 +174,12 @@ def refusal(error: Exception) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0]
 
 
+def refuse(error: Exception) -> int:
+    """Say the refusal on one marked line of stderr (vLLM may log more after it) and exit REFUSED."""
+    print(REFUSAL_MARK + " ".join(refusal(error).split()), file=sys.stderr)
+    return REFUSED
+
+
 def run(paths: list[str], out: str) -> int:
     """One bundle: its tensors. Several (sharing their target and draft): their prompts as one batch, and
     each sequence's observables (output ids; per step proposals, posterior, τ, bonus)."""
@@ -195,8 +203,7 @@ def run(paths: list[str], out: str) -> int:
         )
     except Exception as e:  # noqa: BLE001 - vLLM's refusal, said as it said it
         print(traceback.format_exc(), file=sys.stderr)
-        print(refusal(e), file=sys.stderr)
-        return REFUSED
+        return refuse(e)
     reader = Reader()
     llm.collective_rpc(lambda worker: reader.attach(worker.model_runner))
     prompts = [TokensPrompt(prompt_token_ids=b.inputs["input_ids"]) for b in bundles]
@@ -274,10 +281,6 @@ def _heads_first(x: np.ndarray) -> np.ndarray:
 def bench(target: str, draft: str, prompts: list[list[int]], max_new: int, stops: list[int], out: str) -> int:
     """`bench engines`: the prompts one at a time through vLLM (no hook: nothing read but its own counters), each
     generate timed after a warm-up; → JSON: outputs, seconds, vLLM's own drafts and accepted tokens, peak RSS."""
-    import json
-    import resource
-    import time
-
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -289,8 +292,7 @@ def bench(target: str, draft: str, prompts: list[list[int]], max_new: int, stops
             speculative_config={"method": "dflash", "model": draft, "num_speculative_tokens": block - 1},
         )  # fmt: skip
     except Exception as e:  # noqa: BLE001 - vLLM's refusal, said as it said it
-        print(refusal(e), file=sys.stderr)
-        return REFUSED
+        return refuse(e)
     params = SamplingParams(temperature=0.0, max_tokens=max_new, stop_token_ids=stops or None, ignore_eos=True)
     llm.generate([TokensPrompt(prompt_token_ids=prompts[0])], params, use_tqdm=False)  # warm-up
     before = _spec_counters(llm)
@@ -329,8 +331,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stop", type=int, nargs="*", default=[])
     args = p.parse_args(argv)
     if args.bench:
-        import json
-
         return bench(*args.bench, json.loads(Path(args.prompts).read_text()), args.max_new, args.stop, args.out)
     return run(args.bundles, args.out)
 
