@@ -54,6 +54,15 @@ def test_vllms_refusal_is_said_in_its_own_words():
     assert vllm_run.refusal(ValueError("no tokenizer\nmore")) == "no tokenizer"
 
 
+def test_a_shape_vllms_kernels_do_not_take_is_a_refusal_and_a_failure_says_its_last_error():
+    from dflash_ref.conformance.engines import vllm
+
+    assert vllm_run.unsupported(RuntimeError("Unsupported CPU attention configuration: head_dim=4 isa=1"))
+    assert not vllm_run.unsupported(RuntimeError("index out of range"))  # a failure, not a refusal
+    stderr = "Traceback …\n[rank0]:   File x.py, line 3\n[rank0]: RuntimeError: index out of range\nINFO bye\n"
+    assert vllm.last_error(stderr) == "RuntimeError: index out of range"
+
+
 def test_a_refusal_by_model_runner_v1_is_retried_on_v2_and_both_are_said(monkeypatch):
     import subprocess
 
@@ -253,3 +262,24 @@ def test_the_engine_shaped_bundles_hold_what_they_are_for_and_the_official_code_
     for impl in ("reference", "zlab"):
         report = verify(impl, tmp_path)
         assert report.passed, report.text()
+
+
+def test_a_target_whose_rope_differs_is_named_at_its_features_by_the_hint():
+    """Another θ changes every prefill position's features but the first (rotated by nothing): the hint says
+    RoPE. A layer read one off (hidden_states[l] for [l + 1]) differs at the first position too: it does not."""
+    import dataclasses
+
+    import torch
+
+    from dflash_ref import Qwen3Target
+    from dflash_ref.walkthrough.demo import demo_models
+
+    target = demo_models()[0]
+    other = Qwen3Target(dataclasses.replace(target.config, rope_theta=target.config.rope_theta * 10))
+    other.load_state_dict(target.state_dict())
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    with torch.no_grad():
+        right, wrong = target(ids).hidden_states, other(ids).hidden_states
+    said = hint("target_hidden", right[2][0].numpy(), wrong[2][0].numpy(), {})
+    assert said.startswith("the first position's features agree and the later ones' do not"), said
+    assert not hint("target_hidden", right[2][0].numpy(), right[1][0].numpy(), {}).startswith("the first position")

@@ -111,7 +111,7 @@ def _vllm(prompts: list[list[int]], draft: Path, threads: str) -> dict:
                 "--stop", *map(str, STOP_TOKEN_IDS)]  # fmt: skip
         proc = vllm.run_runner(python, args, "draft", {"OMP_NUM_THREADS": threads})
         if proc.returncode != 0:
-            raise RuntimeError(f"vLLM failed (exit {proc.returncode}): {proc.stderr[-2000:]}")
+            raise RuntimeError(f"vLLM failed (exit {proc.returncode}): {vllm.last_error(proc.stderr)}")
         result = json.loads(out.read_text())
     # vLLM's own count: drafts made, draft tokens accepted; a target pass per draft, plus each prefill's
     return {**result, "steps": result["drafts"] + len(prompts)} if result["drafts"] else result

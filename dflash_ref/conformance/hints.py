@@ -160,7 +160,22 @@ def _scaled_per_dimension(expected: np.ndarray, got: np.ndarray) -> bool:
     )
 
 
+def _only_first_row_agrees(expected: np.ndarray, got: np.ndarray) -> bool:
+    """Row 0 equal up to float rounding, the later rows off by far more: what another RoPE gives the target's
+    features at the prefill, since position 0 is rotated by nothing whatever θ or scaling."""
+    if got.shape != expected.shape or got.ndim != 2 or got.shape[0] < 2:
+        return False
+    rows = np.abs(got - expected).max(-1) / max(1.0, float(np.abs(expected).max()))
+    return bool(rows[0] <= 1e-5 and np.median(rows[1:]) > 100 * max(float(rows[0]), 1e-7))
+
+
 def _told(stage: str, expected: np.ndarray, got: np.ndarray, manifest: dict) -> str | None:
+    if stage == "target_hidden" and _only_first_row_agrees(expected, got):
+        return (
+            "the first position's features agree and the later ones' do not: the target encodes positions "
+            "otherwise, its RoPE θ or scaling (position 0 is not rotated); e.g. a config that spells θ as "
+            "transformers 5 writes it (`rope_parameters`) read for `rope_theta` alone, which falls back to 10⁴"
+        )
     if stage in ("attn_conv_in", "mlp_conv_in", "pair"):
         return _told_dflash2(stage, expected, got)
     if stage in ("q", "k_ctx", "k_noise") and _scaled_per_dimension(expected, got):

@@ -30,8 +30,14 @@ CAUSES = {
     "attention kernel as a keyword SDPA ignores",
     ("mlx", "k_rot"): "a bug of the official MLX backend: after a one-position update it reads its rotating cache "
     "in ring order while its mask counts in temporal order",
+    ("mlx", "target_hidden"): "a bug of mlx-lm 0.32.2's Llama, the MLX backend's target: it reads `rope_theta` "
+    "alone, so a config in transformers 5's spelling runs at θ = 10⁴ (reports/mlx-lm-llama-rope-parameters.md)",
     ("vllm", "k_ctx"): "a bug of vLLM on a CPU: every draft layer's context K normalised with layer 0's k_norm "
     "(reports/vllm-cpu-context-k-norm.md)",
+    # the batch compares the loop's observables only: the proposals of a multi-layer draft are off by the bug
+    # `verify vllm` names at its stage (this bundle's batch is one sequence: the same run as vllm's)
+    ("vllm-batch", "draft_tokens"): "the proposals of vLLM's context-K bug, which `verify vllm` names at K "
+    "context after KNorm (reports/vllm-cpu-context-k-norm.md)",
 }
 
 

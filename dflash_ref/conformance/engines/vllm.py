@@ -65,7 +65,7 @@ def run_bundles(bundles: list) -> dict[str, dict]:
         proc = run_runner(python, args, "bundle")
         if proc.returncode != 0:
             names = ", ".join(b.name for b in bundles)
-            raise RuntimeError(f"vLLM failed on {names} (exit {proc.returncode}): {proc.stderr[-2000:]}")
+            raise RuntimeError(f"vLLM failed on {names} (exit {proc.returncode}): {last_error(proc.stderr)}")
         arrays = read_arrays(dump)
     out: dict[str, dict] = {b.name: {} for b in bundles}
     for name, value in arrays.items():
@@ -96,6 +96,13 @@ def run_runner(python: str, args: list[str], what: str, env: dict | None = None)
     if proc.returncode == REFUSED:
         raise NotApplicable(f"vLLM refuses this {what}: {'; '.join(said)}")
     return proc
+
+
+def last_error(stderr: str) -> str:
+    """The line of a failed run's stderr that says what went wrong: its last exception, else its last line."""
+    lines = [line.removeprefix("[rank0]: ").strip() for line in stderr.strip().splitlines()]
+    raised = [line for line in lines if line.split(":", 1)[0].endswith(("Error", "Exception"))]
+    return (raised or lines or ["(no message)"])[-1]
 
 
 def _said(proc) -> str:

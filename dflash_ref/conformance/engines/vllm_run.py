@@ -174,6 +174,12 @@ def refusal(error: Exception) -> str:
     return (str(error).splitlines() or [type(error).__name__])[0]
 
 
+def unsupported(error: Exception) -> bool:
+    """vLLM's kernels saying they do not take this configuration (on a CPU, e.g. "Unsupported CPU attention
+    configuration: head_dim=4"): a refusal in its words, raised only once it runs."""
+    return isinstance(error, NotImplementedError) or str(error).startswith("Unsupported")
+
+
 def refuse(error: Exception) -> int:
     """Say the refusal on one marked line of stderr (vLLM may log more after it) and exit REFUSED."""
     print(REFUSAL_MARK + " ".join(refusal(error).split()), file=sys.stderr)
@@ -217,7 +223,13 @@ def run(paths: list[str], out: str) -> int:
         )  # fmt: skip
         for b in bundles
     ]
-    outputs = llm.generate(prompts, params, use_tqdm=False)
+    try:
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+    except Exception as e:  # noqa: BLE001 - a shape its kernels do not take is a refusal; anything else, a failure
+        if not unsupported(e):
+            raise
+        print(traceback.format_exc(), file=sys.stderr)
+        return refuse(e)
     recorder = Recorder()
     for bundle, output in zip(bundles, outputs):
         with recorder.bundle(bundle.name):
