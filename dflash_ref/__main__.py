@@ -52,6 +52,12 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", help="save the trace (draft attention of every step) to this folder")
     p.add_argument("--figures", help="write the trace's plots to this folder")
+    p.add_argument(
+        "--trace-target",
+        action="store_true",
+        help="with --trace: the target's attention weights at every verify too (this project's own "
+        "Qwen3 / Llama targets; large). `view DIR` shows them",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,6 +208,22 @@ def main(argv: list[str] | None = None) -> int:
     table.add_argument(
         "--ports", nargs="+", metavar="PORT", help="these ports only (default: every shipped port and engine)"
     )
+    view = sub.add_parser("view", help="a saved trace as one HTML file to step through in a browser (offline)")
+    view.add_argument("trace", help="a trace folder (generate --trace DIR, Trace.save)")
+    view.add_argument("--out", help="the HTML file to write (default: TRACE/trace.html)")
+    view.add_argument("--steps", type=int, nargs="+", metavar="STEP", help="only these steps (default: all)")
+    view.add_argument("--layers", type=int, nargs="+", metavar="L", help="only these draft layers (default: all)")
+    view.add_argument(
+        "--target-layers", type=int, nargs="+", metavar="L", help="only these target layers (default: all traced)"
+    )
+    view.add_argument(
+        "--precision",
+        choices=["float16", "float32"],
+        default="float16",
+        help="how the attention weights are stored in the file (float16: half the size, about 3 digits)",
+    )
+    view.add_argument("--title", help="the page's title")
+    view.add_argument("--screenshot", metavar="PNG", help="also write how headless Chromium draws the page")
     args = parser.parse_args(argv)
     # each command's modules are imported when it runs: they import torch, which `--help` and a usage
     # error need not wait for (the parser above is built from torch-free modules)
@@ -322,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
             command += f" --ports {' '.join(args.ports)}" if args.ports else ""
             text = matrix(args.bundle or scratch, args.ports or PORTS, command)
         print(text) if args.out is None else Path(args.out).write_text(text + "\n")
+    elif args.command == "view":
+        from .cli.view import run as run_view
+
+        return run_view(args)
     elif args.command == "notebooks":
         from .walkthrough.notebooks import build
 

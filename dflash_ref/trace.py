@@ -26,6 +26,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from .hooks import HookPoint, hook_points, hooks
+from .viewer import write_html
 
 FORMAT = "dflash_ref.trace/3"  # /3: StepRecord.lookup (prompt lookup); /2: verify_size
 READABLE = ("dflash_ref.trace/1", "dflash_ref.trace/2", FORMAT)  # older ones load with lookup False, verify_size 0
@@ -180,6 +181,11 @@ class Trace:
             f"tensors={size / 1024:.1f} KiB)"
         )
 
+    def to_html(self, path: str | Path, **options) -> Path:
+        """One self-contained HTML file to step through this trace in a browser (viewer/; `options`: steps,
+        layers, target_layers, precision, title, as viewer.write_html)."""
+        return write_html(self, path, **options)
+
     # -- save / load -------------------------------------------------------------------------
     def save(self, folder: str | Path) -> None:
         """folder/trace.json (records, meta) + folder/activations.safetensors."""
@@ -198,17 +204,38 @@ class Trace:
         for f in ("trace.json", "activations.safetensors"):
             if not (folder / f).is_file():
                 raise FileNotFoundError(f"{folder} is not a saved trace: {f} is missing")
-        doc = json.loads((folder / "trace.json").read_text())
-        if doc.get("format") not in READABLE:
+        try:
+            doc = json.loads((folder / "trace.json").read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"{folder}/trace.json is damaged: it is not JSON ({e})") from None
+        written = doc.get("format") if isinstance(doc, dict) else None
+        if written not in READABLE:
+            version = written.removeprefix("dflash_ref.trace/") if isinstance(written, str) else ""
+            newer = version.isdigit() and int(version) > int(FORMAT.rsplit("/", 1)[1])
             raise ValueError(
-                f"{folder}/trace.json has unknown format {doc.get('format')!r}; this version reads {READABLE}"
+                f"{folder}/trace.json has format {written!r}"
+                + (", written by a newer dflash_ref: upgrade to read it" if newer else "")
+                + f"; this version reads {', '.join(READABLE)}"
             )
-        trace = cls(doc["meta"])
-        trace.records = [StepRecord(**r) for r in doc["records"]]
+        trace = cls(doc.get("meta") or {})
+        try:
+            trace.records = [StepRecord(**r) for r in doc["records"]]
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"{folder}/trace.json is damaged: its step records do not read ({e})") from None
         trace.activations = [{} for _ in trace.records]
-        for key, value in load_file(str(folder / "activations.safetensors")).items():
-            where, name = key.split("/", 1)
-            target = trace.prefill if where == "prefill" else trace.activations[int(where[4:])]
+        try:
+            tensors = load_file(str(folder / "activations.safetensors"))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types for a damaged file
+            raise ValueError(f"{folder}/activations.safetensors is damaged: {e}") from None
+        for key, value in tensors.items():
+            where, _, name = key.partition("/")
+            step = int(where[4:]) if where.startswith("step") and where[4:].isdigit() else None
+            if where != "prefill" and (step is None or step >= len(trace.records)):
+                raise ValueError(
+                    f"{folder}/activations.safetensors is damaged: {key!r} belongs to no step of the "
+                    f"{len(trace.records)} in trace.json"
+                )
+            target = trace.prefill if where == "prefill" else trace.activations[step]
             target[name] = value
         return trace
 

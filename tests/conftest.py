@@ -57,7 +57,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 # -- in CI (DFLASH_REF_CI, set by .ci/run), a peer the comparisons need must be there ----------------------
 # Parity tests skip where the official `dflash`, transformers or MLX is not installed (a partial set-up);
 # in CI such a skip would hide a comparison that never ran, so it fails instead, naming the peer.
-PEERS = ("dflash", "transformers", "mlx", "gguf", "scipy", "jupytext", "nbformat")
+PEERS = ("dflash", "transformers", "mlx", "gguf", "scipy", "jupytext", "nbformat", "selenium")
 
 
 def _missing_peer(report) -> str | None:

@@ -402,7 +402,7 @@ def test_tooling_lives_in_the_named_subpackages():
     # stage shares; everything else is in one of these (dflash_ref/README.md maps them)
     subpackages = sorted(p.parent.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("**/__init__.py"))
     assert subpackages == [".", "bench", "cli", "conformance", "conformance/engines", "drafts", "extensions",
-                           "extensions/fast_cpu", "target", "training", "walkthrough"]  # fmt: skip
+                           "extensions/fast_cpu", "target", "training", "viewer", "walkthrough"]  # fmt: skip
 
 
 def test_readme_links_resolve():

@@ -84,6 +84,20 @@ plot_attention_steps(trace, layer=0, head=0, tokens=decode(ex.output.output_ids)
 plot_attention_grid(trace, step=1)
 
 # %% [markdown]
+# ## Step through it
+# The same trace as one HTML file to step through in a browser, offline: a step slider (or ← →),
+# layer and head pickers, each weight and its key's position on hover, the proposals against the
+# target's posterior, both caches, and the target's own attention at each verify. The walkthrough
+# writes it beside its figures; any saved trace gives one (`python -m dflash_ref view TRACE`, or
+# `trace.to_html(path)`).
+
+# %%
+from dflash_ref.viewer import show
+from dflash_ref.walkthrough.story import write_viewer
+
+show(write_viewer(trace, "../figures", "02_decode_loop"))
+
+# %% [markdown]
 # ## A trained draft next to a random one (SmolLM2-135M)
 # Everything above used an oracle to force acceptance. Here the real thing: SmolLM2-135M-Instruct as
 # the target, and two drafts of the same shape — the one trained by `python -m dflash_ref train`

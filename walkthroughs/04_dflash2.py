@@ -197,6 +197,16 @@ tell_trained_dflash2(trained)
 plot_candidate_lattice(trained.trace, step=first_moved_step(trained.trace), tokens=trained.tokens)
 
 # %% [markdown]
+# Every step of that run, to step through: the lattice with the path taken and the argmax, the
+# proposals against the posterior, and the draft's attention over the real tokens.
+
+# %%
+from dflash_ref.viewer import show
+from dflash_ref.walkthrough.story import write_viewer
+
+show(write_viewer(trained.trace, "../figures", "04_dflash2_smollm2"))
+
+# %% [markdown]
 # Reading it: in the printed step, after the accepted " human" the pair term lifts " body" (+4.9)
 # over the argmax " is" (−4.1), a pairing the selector learned ("human body"); the target wanted
 # " heart", the second by score, so this step ends there either way. Over the six prompts the

@@ -25,11 +25,13 @@ from ..drafts.folder import SHIPPED_DRAFT, check_fits, draft_folder, open_draft
 from ..drafts.random_draft import random_draft
 from ..extensions import DraftVocab, chosen_extensions
 from ..extensions.fast_cpu import measuring_seconds, use_fast_cpu
+from ..hooks import hook_points
 from ..target.checkpoint import DTYPES, CheckpointError, check_device
 from ..target.folder import folder_stop_ids, open_target
 from ..target.smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, chat_ids, load_smollm2_own
 from ..trace import tracing
 from ..training.options import check_seed
+from ..viewer import name_tokens
 from .folders import check_output_folder
 
 
@@ -79,6 +81,8 @@ def check_arguments(args) -> None:
     for flag, folder in (("--trace", args.trace), ("--figures", args.figures)):
         if folder:
             check_output_folder(flag, folder)
+    if args.trace_target and not args.trace:
+        raise ValueError("--trace-target adds the target's attention to the trace: give --trace DIR too")
 
 
 def load_models(args):
@@ -163,7 +167,13 @@ def run(args) -> int:
     t0, planned = time.perf_counter(), measuring_seconds()
     # the attention weights, and a DFlash 2 draft's candidate lattice (plots.plot_candidate_lattice)
     names = ["*hook_pattern", "draft.candidate_selector.hook_*"]
-    recording = tracing(draft, names=names) if args.trace or args.figures else nullcontext()
+    traced_target = target if args.trace_target else None  # its attention at every verify: large, on request
+    if traced_target is not None and not hook_points(target):
+        raise SystemExit(
+            f"--trace-target: {type(target).__name__} has no hook points (transformers' attention gives no "
+            "weights on its SDPA path); this project's own Qwen3 and Llama targets have them"
+        )
+    recording = tracing(draft, traced_target, names) if args.trace or args.figures else nullcontext()
     with recording as trace:
         on_step = (lambda r: (trace.on_step(r), stream(r))) if trace is not None else stream
         try:
@@ -197,6 +207,7 @@ def run(args) -> int:
         )
     if trace is not None:
         trace.meta.update(prompt=args.prompt, tokens=tokenizer.convert_ids_to_tokens(out.output_ids[0].tolist()))
+        name_tokens(trace, lambda i: tokenizer.decode([i]), out.output_ids[0].tolist(), stop)  # the viewer's labels
         if args.trace:
             trace.save(args.trace)
             print(f"trace saved to {args.trace}: {trace!r}")

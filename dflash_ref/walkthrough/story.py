@@ -66,9 +66,11 @@ def decode_loop_example(max_new_tokens: int = 16) -> Example:
     ids = encode(PROMPT)
     reference = generate(target, ids, max_new_tokens)  # the target's own output
     oracle = OracleDraft(draft, reference.output_ids, accept=ORACLE_ACCEPT)
-    with tracing(draft, names=["*hook_pattern", "draft.hook_target_hidden"], meta={"vocab": VOCAB}) as trace:
+    # the draft's attention and, for the viewer, the target's at every verify
+    with tracing(draft, target, ["*hook_pattern", "draft.hook_target_hidden"], meta={"vocab": VOCAB}) as trace:
         out = spec_generate(oracle, target, ids, max_new_tokens, on_step=trace.on_step)
     assert torch.equal(out.output_ids, reference.output_ids), "speculative output must equal AR"
+    trace.meta["output_ids"] = out.output_ids[0].tolist()  # the prompt's tokens too, for the viewer's labels
     return Example(target, draft, ids, out, trace)
 
 
@@ -246,6 +248,27 @@ def write_figures(one: Example, two: Example, out: str | Path, three: Comparison
     )
 
 
+VIEWERS = {  # the viewers the walkthrough writes beside its figures (viewer/), by file name: their titles
+    "02_decode_loop": "walkthrough 02 · the decode loop (tiny models)",
+    "04_dflash2_smollm2": "walkthrough 04 · SmolLM2-135M with the shipped DFlash 2 draft",
+}
+
+
+def write_viewer(trace: Trace, out: str | Path, name: str) -> Path:
+    """One of VIEWERS: out/name.html, to step through in a browser (the notebooks show the same file)."""
+    return trace.to_html(Path(out) / f"{name}.html", title=VIEWERS[name])
+
+
+def write_viewers(two: Example, out: str | Path, five: trained_dflash2.TrainedDFlash2 | None = None) -> list[Path]:
+    """The decode loop of part 2 (and part 5's SmolLM2 DFlash 2 run) as viewers; none without plotly (the
+    viewer extra), which the viewer inlines."""
+    if importlib.util.find_spec("plotly") is None:
+        return []
+    return [write_viewer(two.trace, out, "02_decode_loop")] + (
+        [] if five is None else [write_viewer(five.trace, out, "04_dflash2_smollm2")]
+    )
+
+
 def run(out: str | Path = "figures", say: Callable[[str], None] = print) -> list[Path]:
     torch.manual_seed(0)
     one, two = kv_injection_example(), decode_loop_example()
@@ -265,6 +288,9 @@ def run(out: str | Path = "figures", say: Callable[[str], None] = print) -> list
         write_figures(one, two, out, three)
         + dflash2.write_figures(four, out)
         + ([] if five is None else [trained_dflash2.write_figure(five, out)])
+        + write_viewers(two, out, five)
     )
+    if importlib.util.find_spec("plotly") is None:
+        say("\n(the viewers skipped: they need plotly: pip install 'dflash-ref[viewer]')")
     say("\nfigures: " + ", ".join(str(p) for p in paths))
     return paths

@@ -26,6 +26,7 @@ from ..trace import Trace, tracing
 from ..training.measure import acceptance_by_position, best_candidate, path_against_argmax, selector_log
 from ..training.prompt_sets import split_prompts
 from ..training.prompts import eval_prompts
+from ..viewer import name_tokens
 
 
 class TokenTexts(Sequence):
@@ -62,7 +63,8 @@ def trained_dflash2_example() -> TrainedDFlash2:
     draft = load_draft(SHIPPED_DFLASH2, torch.float32)
     prompts = eval_prompts(TRAINED_PROMPTS) + split_prompts("heldout-styles")[:TRAINED_PROMPTS]
     ids = chat_ids(tokenizer, prompts[0])
-    with tracing(draft, names=["draft.candidate_selector.*"], meta={"prompt": prompts[0]}) as trace:
+    names = ["draft.candidate_selector.*", "draft.layers.*.self_attn.hook_pattern"]  # the lattice; the viewer's
+    with tracing(draft, names=names, meta={"prompt": prompts[0]}) as trace:
         out = spec_generate(
             draft, target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS, extensions=draft_vocab_of(draft, target),
             on_step=trace.on_step,
@@ -70,6 +72,8 @@ def trained_dflash2_example() -> TrainedDFlash2:
     assert torch.equal(out.output_ids, generate(target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS).output_ids), (
         "speculative output must equal AR"
     )
+    texts = TokenTexts(tokenizer)
+    name_tokens(trace, lambda i: tokenizer.decode([i]), out.output_ids[0].tolist(), STOP_TOKEN_IDS)  # the viewer
     outputs, records = [], []
     _, choices = selector_log(
         draft,
@@ -77,9 +81,7 @@ def trained_dflash2_example() -> TrainedDFlash2:
             draft, target, tokenizer, prompts, TRAINED_TOKENS, STOP_TOKEN_IDS, outputs=outputs, records=records
         ),
     )
-    return TrainedDFlash2(
-        prompts[0], trace, TokenTexts(tokenizer), path_against_argmax(records, choices, outputs), len(prompts)
-    )
+    return TrainedDFlash2(prompts[0], trace, texts, path_against_argmax(records, choices, outputs), len(prompts))
 
 
 def first_moved_step(trace: Trace) -> int:

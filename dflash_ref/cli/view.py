@@ -1,0 +1,28 @@
+"""`python -m dflash_ref view TRACE [--out FILE.html]`: one self-contained HTML file to step through a saved
+trace (viewer/), and with `--screenshot PNG` how headless Chromium draws it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..trace import Trace
+from ..viewer import browser, write_html
+
+
+def run(args) -> int:
+    """Write the viewer; a trace that cannot be read or shown ends the command with the reason."""
+    try:
+        trace = Trace.load(args.trace)
+        out = Path(args.out) if args.out else Path(args.trace) / "trace.html"
+        title = args.title or f"dflash_ref trace · {Path(args.trace).name}"
+        path = write_html(trace, out, steps=args.steps, layers=args.layers, target_layers=args.target_layers,
+                          precision=args.precision, title=title)  # fmt: skip
+    except (FileNotFoundError, ValueError, RuntimeError) as e:
+        raise SystemExit(f"view: {e}") from None
+    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB): open it in any browser, offline")
+    if args.screenshot:
+        try:
+            print(f"wrote {browser.screenshot(path, args.screenshot)}")
+        except RuntimeError as e:
+            raise SystemExit(f"view --screenshot: {e}") from None
+    return 0

@@ -1,0 +1,75 @@
+"""Step through a decode: one self-contained HTML file for a saved trace (`python -m dflash_ref view TRACE`,
+`trace.to_html(path)`), opened offline in any browser.
+
+    payload.py   what is shown: the steps, the attention weights at reduced precision, the lattice; and the
+                 checks that name what is wrong with a trace it cannot show
+    page.py      the file: plotly.js inlined, the payload as JSON, viewer.js
+    viewer.js    the page: a step slider, layer and head pickers, the panels
+    browser.py   headless Chromium: a screenshot of a viewer (`view --screenshot`), and for the tests
+
+In a notebook, `show(path)` displays a written file inline (an iframe: the notebook keeps a line, not the
+file's megabytes).
+"""
+
+from __future__ import annotations
+
+import html
+from pathlib import Path
+
+from . import page, payload
+
+
+def write_html(
+    trace,
+    path: str | Path,
+    steps=None,
+    layers=None,
+    target_layers=None,
+    precision: str = "float16",
+    title: str | None = None,
+) -> Path:
+    """Write the viewer of `trace` (a dflash_ref.trace.Trace) to `path`: the given steps and recorded layers
+    (default: all), attention weights stored as `precision` (float16 or float32). Returns the path."""
+    data = payload.build(trace, steps, layers, target_layers, precision)
+    path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"{path} is a folder; give the HTML file to write, e.g. {path / 'trace.html'}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(page.render(data, title or trace.meta.get("title") or "dflash_ref trace"), encoding="utf-8")
+    return path
+
+
+def name_tokens(trace, decode, output_ids=None, stop_token_ids=None) -> None:
+    """Put into `trace.meta` what the viewer labels tokens with: the text of every token id the trace shows
+    (`decode(id) → str`, e.g. `lambda i: tokenizer.decode([i])`), the decoded sequence's ids and the stop
+    tokens (a step that committed one says so)."""
+    ids = set(output_ids or [])
+    for r in trace.records:
+        ids.update(r.block_ids, r.draft_tokens, r.posterior, [r.bonus])
+    for acts in trace.activations:
+        if payload.SELECTOR.format("candidates") in acts:
+            ids.update(acts[payload.SELECTOR.format("candidates")].flatten().tolist())
+    trace.meta["token_text"] = {str(i): decode(i) for i in sorted(ids)}
+    if output_ids is not None:
+        trace.meta["output_ids"] = list(output_ids)
+    if stop_token_ids is not None:
+        trace.meta["stop_token_ids"] = list(stop_token_ids)
+
+
+class Shown:
+    """A written viewer in a notebook: an iframe of the file, relative to the notebook (`show(path)`)."""
+
+    def __init__(self, path: str | Path, height: int = 900) -> None:
+        self.path, self.height = Path(path), height
+
+    def _repr_html_(self) -> str:
+        source = html.escape(self.path.as_posix(), quote=True)
+        return f'<iframe src="{source}" width="100%" height="{self.height}" style="border: 1px solid #ddd"></iframe>'
+
+    def __repr__(self) -> str:  # what a notebook keeps as text: the same on every run
+        return f"viewer: {self.path.as_posix()} (open it in a browser)"
+
+
+def show(path: str | Path, height: int = 900) -> Shown:
+    """A written viewer, displayed inline in a notebook."""
+    return Shown(path, height)
