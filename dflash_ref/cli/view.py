@@ -8,6 +8,8 @@ from pathlib import Path
 from ..trace import Trace
 from ..viewer import browser, write_html
 
+LARGE_MIB = 100  # a file above this opens slowly: the command says how to make it smaller
+
 
 def run(args) -> int:
     """Write the viewer; a trace that cannot be read or shown ends the command with the reason."""
@@ -19,7 +21,10 @@ def run(args) -> int:
                           precision=args.precision, title=title)  # fmt: skip
     except (FileNotFoundError, ValueError, RuntimeError) as e:
         raise SystemExit(f"view: {e}") from None
-    print(f"wrote {path} ({path.stat().st_size / 2**20:.1f} MiB): open it in any browser, offline")
+    size = path.stat().st_size / 2**20
+    print(f"wrote {path} ({size:.1f} MiB): open it in any browser, offline")
+    if size > LARGE_MIB:
+        print(f"  a browser opens {size:.0f} MiB slowly: --steps, --layers or --target-layers keep the file smaller")
     if args.screenshot:
         try:
             print(f"wrote {browser.screenshot(path, args.screenshot)}")

@@ -117,22 +117,12 @@
     if (e.key === "ArrowLeft") setStep(state.step - 1);
     if (e.key === "ArrowRight") setStep(state.step + 1);
   });
-  $("layer").addEventListener("change", (e) => {
-    state.layer = Number(e.target.value);
-    render();
-  });
-  $("head").addEventListener("change", (e) => {
-    state.head = Number(e.target.value);
-    render();
-  });
-  $("target-layer").addEventListener("change", (e) => {
-    state.targetLayer = Number(e.target.value);
-    render();
-  });
-  $("target-head").addEventListener("change", (e) => {
-    state.targetHead = Number(e.target.value);
-    render();
-  });
+  for (const [id, key] of [["layer", "layer"], ["head", "head"], ["target-layer", "targetLayer"], ["target-head", "targetHead"]]) {
+    $(id).addEventListener("change", (e) => {
+      state[key] = Number(e.target.value);
+      render();
+    });
+  }
 
   // -- the step: the block, the proposals against the posterior, τ, the bonus, a stop -------------------------
   function chip(text, kind, title) {
