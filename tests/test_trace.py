@@ -137,7 +137,7 @@ def test_save_load_round_trip_is_bit_identical(tmp_path):
 
 def test_a_trace_saved_before_the_verify_gate_or_lookup_still_loads(tmp_path):
     """Format /1 had no StepRecord.verify_size, /2 no StepRecord.lookup: they load as 0 ("not recorded") and
-    False (no lookup existed); an unknown format is refused."""
+    False (no lookup existed); a newer format is refused by name."""
     import json
 
     _, _, _, _, trace = traced_run(1, {"block_size": 4}, [3, 0, 1])
@@ -160,7 +160,7 @@ def test_a_trace_saved_before_the_verify_gate_or_lookup_still_loads(tmp_path):
         assert not any(r.lookup for r in back.records)
     doc["format"] = "dflash_ref.trace/9"
     (tmp_path / "t" / "trace.json").write_text(json.dumps(doc))
-    with pytest.raises(ValueError, match="unknown format"):
+    with pytest.raises(ValueError, match="written by a newer dflash_ref"):
         Trace.load(tmp_path / "t")
 
 
