@@ -86,16 +86,17 @@ def _decisions_agree(name: str, golden: dict, other: dict, how: str) -> None:
         raise AssertionError(f"scenario {name}: {how} decides otherwise at {differ[:3]}: choose another seed")
 
 
-def _margin(golden: list[np.ndarray], exact: list[np.ndarray]) -> float:
-    """min over the decisions (rows) of gap / δ: gap the golden row's top-1 − top-2 logit, δ its
-    largest distance from the float64 row. A port within δ of float64 is within 2δ of the golden, so its
-    own gap is at least gap − 4δ: above SLACK it makes the golden's decision."""
+def _margin(golden: list[np.ndarray], exact: list[np.ndarray], rank: int = 1) -> float:
+    """min over the decisions (rows) of gap / δ: gap the golden row's rank-th − (rank+1)-th largest logit
+    (rank 1: the argmax; rank K: DFlash 2's set of K candidates), δ its largest distance from the float64
+    row. A port within δ of float64 is within 2δ of the golden, so its own gap is at least gap − 4δ: above
+    SLACK it makes the golden's decision. A tie (gap 0) is a decision each implementation breaks its own way."""
     ratios = []
     for g, e in zip(golden, exact):
-        g, e = g.astype(np.float64).reshape(-1, g.shape[-1]), e.astype(np.float64).reshape(-1, e.shape[-1])
+        g, e = g.astype(np.float64).reshape(-1, g.shape[-1]), e.astype(np.float64).reshape(-1, e.shape[-1])  # (rows, V)
         top = np.sort(g, axis=-1)
         delta = np.abs(g - e).max(axis=-1)
-        ratios += list((top[:, -1] - top[:, -2]) / np.maximum(delta, 1e-300))
+        ratios += list((top[:, -rank] - top[:, -rank - 1]) / np.maximum(delta, 1e-300))
     return float(min(ratios)) if ratios else float("inf")
 
 
@@ -217,19 +218,22 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
         "target": _margin(golden.target_logits, exact.target_logits),
     }
     unary = sorted((k for k in produced if parse_key(k)[0] == "unary"), key=walk_order)
-    if unary:  # DFlash 2: the path's decisions are argmax_k (unary + pair)
+    if unary:  # DFlash 2: the candidates are the K largest logits, the path's decisions argmax_k (unary + pair)
+        top_k = produced[unary[0]].shape[-1]
+        margins["candidates"] = _margin([produced[k] for k in logits], [twin[k] for k in logits], rank=top_k)
         scores = [{k: d[k] + d[k.replace("hook_unary", "hook_pair")] for k in unary} for d in (produced, twin)]
         margins["selector"] = _margin(list(scores[0].values()), list(scores[1].values()))
-    if min(margins.values()) <= SLACK:
+    narrowest = min(margins, key=margins.get)
+    if margins[narrowest] <= SLACK:
         raise AssertionError(
-            f"scenario {scenario.name}: a decision's margin is only {min(margins.values()):.3g}× "
+            f"scenario {scenario.name}: a decision's margin ({narrowest}) is only {margins[narrowest]:.3g}× "
             "its rounding: choose another seed"
         )
     manifest["tolerance_rule"] = TOLERANCE_RULE
     manifest["margins"] = {
         **{k: round(v, 1) if np.isfinite(v) else None for k, v in margins.items()},
         "meaning": f"min over the draft's (target's, the selector's) decisions of (top-1 − top-2 logit "
-        "or score) / (the logits' "
+        "or score; for DFlash 2's candidates top-K − top-(K+1)) / (the logits' "
         f"distance from float64): above {SLACK}, a port as near float64 as the golden "
         "decides alike",
     }
