@@ -1,6 +1,6 @@
 """Command line: `python -m dflash_ref COMMAND`, with COMMAND one of
-walkthrough (the main job), generate, smoke, bench, train, evaluate, notebooks, golden, verify (see
-README.md)."""
+walkthrough (the main job), generate, view, smoke, bench, train, evaluate, notebooks, golden, verify,
+matrix (see README.md)."""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         default=["heldout:0:12"],
         metavar="SPLIT:START:COUNT",
-        help="prompt sets, split train, heldout, varied or heldout-styles, or a prompts file "
+        help="prompt sets, split train, heldout, varied, mixed or heldout-styles, or a prompts file "
         "(default: heldout:0:12, the training run's held-out evaluation)",
     )
     evaluate.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt")
@@ -161,7 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     verify = sub.add_parser("verify", help="check an implementation against golden bundles, stage by stage")
     candidate = verify.add_mutually_exclusive_group(required=True)
-    candidate.add_argument("--impl", help="reference | zlab | mlx | package.module:factory (an adapter)")
+    candidate.add_argument(
+        "--impl",
+        help="reference | zlab | mlx | vllm | vllm-batch | llamacpp | package.module:factory (an adapter)",
+    )
     candidate.add_argument("--dump", help="a port's tensors: .npz or .safetensors keyed {bundle}/{key}")
     verify.add_argument("--bundle", help="a bundle or a folder of bundles (default: the one in the package)")
     verify.add_argument("--allow-missing", action="store_true", help="tensors a candidate lacks do not fail")
