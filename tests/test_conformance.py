@@ -202,11 +202,12 @@ def test_a_scenario_whose_decisions_hang_on_rounding_is_refused(tmp_path):
 def test_a_margin_by_hand_at_the_argmax_and_at_the_candidates_boundary():
     """One row of logits 3, 1, 1, 0, each 1e-3 from its float64 twin: the argmax is 2 / 1e-3 = 2000 roundings
     clear, a set of the 2 largest is a tie (1 = 1, margin 0: torch.topk and MLX's argpartition broke such a tie
-    apart), a set of the 3 largest 1 / 1e-3 = 1000 clear."""
+    apart), a set of the 3 largest 1 / 1e-3 = 1000 clear, and a set of all 4 decides nothing."""
     from dflash_ref.conformance.golden import _margin
 
     golden, exact = [np.array([[3.0, 1.0, 1.0, 0.0]])], [np.array([[3.001, 1.0, 1.0, 0.0]])]
     assert [_margin(golden, exact, rank=r) for r in (1, 2, 3)] == pytest.approx([2000, 0, 1000])
+    assert _margin(golden, exact, rank=4) == float("inf")  # every token a candidate: nothing decided
 
 
 def test_scenarios_have_their_properties(golden):

@@ -93,6 +93,8 @@ def _margin(golden: list[np.ndarray], exact: list[np.ndarray], rank: int = 1) ->
     SLACK it makes the golden's decision. A tie (gap 0) is a decision each implementation breaks its own way."""
     ratios = []
     for g, e in zip(golden, exact):
+        if rank >= g.shape[-1]:
+            continue  # all V are candidates: no decision
         g, e = g.astype(np.float64).reshape(-1, g.shape[-1]), e.astype(np.float64).reshape(-1, e.shape[-1])  # (rows, V)
         top = np.sort(g, axis=-1)
         delta = np.abs(g - e).max(axis=-1)
