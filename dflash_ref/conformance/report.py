@@ -33,6 +33,10 @@ class Check:
     detail: str = ""  # why it failed (shape, integers, missing), or why it was skipped
     note: str = ""  # what was allowed (keys evicted by a sliding window, a variant)
     hint: str = ""  # for a failure: what to look at first (hints.py)
+    # a failure's own tensors (the reference's, the port's), kept for the first divergence of each bundle only
+    # (verify drops the others), for `verify --html`: numpy arrays as compared, or None
+    expected: object = field(default=None, repr=False, compare=False)
+    got: object = field(default=None, repr=False, compare=False)
 
     @property
     def kind(self) -> str:

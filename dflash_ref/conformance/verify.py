@@ -165,8 +165,19 @@ def compare(
             check.status = "note"  # an undeclared implementation choice: reported, not a failure
         if check.status == "FAIL":
             check.hint = hint(e["stage"], expected, array_or_none(got), context, e.get("layer"))
+            check.expected, check.got = expected, array_or_none(got)
         checks.append(check)
+    _keep_first_tensors(checks)
     return checks
+
+
+def _keep_first_tensors(checks: list[Check]) -> None:
+    """Only the bundle's first divergence keeps its two tensors (for `verify --html`): the others are let go."""
+    failing = [c for c in checks if c.status == "FAIL"]
+    first = next((c for c in failing if c.kind == "semantic"), failing[0] if failing else None)
+    for c in failing:
+        if c is not first:
+            c.expected = c.got = None
 
 
 def _final_crop_free(expected: np.ndarray, got, last: bool) -> np.ndarray:
