@@ -99,6 +99,19 @@ class ReferenceAdapter:
         draft = load_draft(bundle.draft_dir, self.dtype)
         return load_target(bundle.target_dir, self.dtype), draft
 
+    def keep_target_logits(self, target) -> list[torch.Tensor]:
+        """The logits of every target pass, in order (the prefill's last position, then each verify's block),
+        read off the target's own forward: the target's stages."""
+        kept, forward = [], target.forward
+
+        def kept_forward(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            kept.append(out.logits[0].detach())  # (L, V): L = 1 at the prefill (logits_to_keep=1), L_q at a verify
+            return out
+
+        target.forward = kept_forward
+        return kept
+
     def generate(self, draft, target, input_ids: torch.Tensor, inputs: dict, on_step):
         return spec_generate(
             draft,
@@ -113,6 +126,7 @@ class ReferenceAdapter:
     def run(self, bundle: Bundle) -> dict[str, np.ndarray]:
         target, draft = self.load(bundle)
         input_ids, states = torch.tensor([bundle.inputs["input_ids"]]), TargetStates(target)
+        self.target_logits = self.keep_target_logits(target)
         with one_thread(), tracing(draft, names=TRACED) as trace:
             output = self.generate(
                 draft,
@@ -124,7 +138,14 @@ class ReferenceAdapter:
         return {**self.collect(draft, trace, output), **states.out}
 
     def collect(self, draft, trace, output) -> dict[str, np.ndarray]:
-        out = {key_for("layer_ids"): np.asarray(draft.target_layer_ids, np.int64)}
+        prefill, *verifies = self.target_logits  # one target pass per step after the prefill
+        out = {
+            key_for("prefill_logits"): to_numpy(prefill[-1]),  # (V,)
+            key_for("first_token"): to_numpy(prefill[-1].argmax()),
+            key_for("layer_ids"): np.asarray(draft.target_layer_ids, np.int64),
+        }
+        for step, logits in enumerate(verifies):
+            out[key_for("verify_logits", step)] = to_numpy(logits)  # (L_q, V)
         for step, (r, acts) in enumerate(zip(trace.records, trace.activations)):
             out.update({f"step{step}/{name}": to_numpy(t) for name, t in acts.items()})
             loop_values(

@@ -52,7 +52,9 @@ def cells(report: Report) -> list[dict]:
         if any(c.key == "bundle" for c in checks):
             verdict, where = "n/a", next(c.detail for c in checks if c.key == "bundle")
         elif first is None:
-            verdict, where = "pass", f"{sum(c.status == 'pass' for c in checks)} tensors agree"
+            cov = report.coverage(bundle)
+            apart = cov.apart(report.allow_missing)
+            verdict, where = "pass", f"{cov.passed} of {cov.total} tensors agree" + (f" ({'; '.join(apart)})" if apart else "")
         elif first.status == "error":
             verdict, where = "raised", first.detail
         else:
@@ -73,8 +75,18 @@ def cells(report: Report) -> list[dict]:
     return rows
 
 
-def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dflash_ref matrix") -> str:
-    """The matrix as Markdown: one table per port; `command` is what its header says made it."""
+def check_ports(ports) -> None:
+    """Every name a shipped port's, else a ValueError naming the unknown ones (before anything runs)."""
+    unknown = [p for p in ports if p not in PORTS]
+    if unknown:
+        raise ValueError(f"unknown port(s) {unknown}; the shipped ports: {list(PORTS)}")
+
+
+def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dflash_ref matrix") -> tuple[str, bool]:
+    """The matrix as Markdown: one table per port; `command` is what its header says made it. → (the text,
+    whether every row passed or is n/a: no FAIL, no port that raised)."""
+    check_ports(ports)
+    clean = True
     lines = [
         "# Conformance matrix",
         "",
@@ -87,8 +99,9 @@ def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dfl
         lines += [f"## {port}", ""]
         try:
             report = verify(port, bundle)
-        except Exception as e:  # noqa: BLE001 - an uninstalled port is a row of the matrix, not a crash
+        except Exception as e:  # noqa: BLE001 - a port that cannot start is a row of the matrix, not a crash
             lines += [f"not run: {type(e).__name__}: {e}", ""]
+            clean = False
             continue
         lines += [
             f"`verify {report.impl}`",
@@ -96,9 +109,11 @@ def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dfl
             "| bundle | verdict | first divergence | cause | variants (declared or detected) |",
             "|---|---|---|---|---|",
         ]
+        rows = cells(report)
+        clean = clean and all(r["verdict"] in ("pass", "n/a") for r in rows)
         lines += [
             f"| {r['bundle']} | {r['verdict']} | {r['first'].replace('|', '/')} | {r['cause']} | {r['variants']} |"
-            for r in cells(report)
+            for r in rows
         ]
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines), clean

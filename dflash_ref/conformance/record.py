@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import LAYER_STAGES, STAGE_INDEX, TARGET_LAYER_STAGES, key_for
+from .bundle import LAYER_STAGES, PREFILL_STAGES, STAGE_INDEX, TARGET_LAYER_STAGES, key_for
 from .tensorfile import as_array, write_safetensors
 
 
@@ -50,7 +50,7 @@ class Recorder:
             raise ValueError("record(...) outside `with recorder.bundle(name):`: which bundle is it for?")
         if stage not in STAGE_INDEX:
             raise ValueError(f"unknown stage {stage!r}; stages: {list(STAGE_INDEX)}")
-        if (step is None) != (stage in ("layer_ids", "output_ids")):
+        if (step is None) != (stage in PREFILL_STAGES or stage == "output_ids"):
             raise ValueError(f"stage {stage!r} " + ("is per step: give step=" if step is None else "has no step"))
         per_layer = "draft" if stage in LAYER_STAGES else "target" if stage in TARGET_LAYER_STAGES else None
         if (layer is None) == (per_layer is not None):

@@ -19,6 +19,14 @@ class NotApplicable(Exception):
     report says "not applicable" and why, neither a pass nor a failure."""
 
 
+# what a check that is no manifest tensor is about (verify.py): a step the port ran and DFlash does not
+TITLES_BEYOND = {"extra_step": "a step DFlash does not run"}
+
+
+def title(stage: str) -> str:
+    return TITLES.get(stage) or TITLES_BEYOND.get(stage, stage)
+
+
 @dataclass
 class Check:
     bundle: str
@@ -37,6 +45,8 @@ class Check:
     # (verify drops the others), for `verify --html`: numpy arrays as compared, or None
     expected: object = field(default=None, repr=False, compare=False)
     got: object = field(default=None, repr=False, compare=False)
+    skipped_by: str = ""  # a skipped check: "waived" (--skip), the variant it is not compared under, or "n/a"
+    manifest: bool = True  # False: a check of the port's own steps (one DFlash does not run, or an invariant)
 
     @property
     def kind(self) -> str:
@@ -51,10 +61,76 @@ class Check:
         )
         return " · ".join(parts)
 
-    def line(self) -> str:
+    @property
+    def differs(self) -> str:
+        """What a failed check found different, always something: its detail (a shape, the integers, …) or
+        its numbers."""
         numbers = f"max abs {self.max_abs:.2e}  rel {self.rel:.2e}  tol {self.tolerance:.0e}"
-        text = self.detail or (numbers if self.tolerance else "exact") + (f" ({self.note})" if self.note else "")
-        return f"{self.status:<7} {self.where:<36} {TITLES.get(self.stage, self.stage):<22} {text}   [{self.key}]"
+        return self.detail or (numbers if self.tolerance else "exact") + (f" ({self.note})" if self.note else "")
+
+    def line(self) -> str:
+        return f"{self.status:<7} {self.where:<36} {title(self.stage):<26} {self.differs}   [{self.key}]"
+
+
+@dataclass
+class Coverage:
+    """What was done with a bundle's manifest tensors (or every bundle's): each is counted once."""
+
+    total: int = 0  # the tensors the manifests list
+    passed: int = 0
+    failed: int = 0
+    noted: int = 0  # observables that differ from the reference's choice, the port having declared none
+    missing: int = 0
+    waived: int = 0  # --skip
+    not_compared: dict[str, int] = field(default_factory=dict)  # variant → tensors not compared under it
+    not_applicable: int = 0  # tensors of bundles the port does not take (n/a), or never ran (adapter raised)
+    own_steps: int = 0  # checks of the port's own steps: invariants under a departing variant, steps past DFlash's
+    own_failed: int = 0
+
+    @property
+    def compared(self) -> int:
+        return self.passed + self.failed + self.noted
+
+    def add(self, other: Coverage) -> None:
+        for name in (
+            "total",
+            "passed",
+            "failed",
+            "noted",
+            "missing",
+            "waived",
+            "not_applicable",
+            "own_steps",
+            "own_failed",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for k, v in other.not_compared.items():
+            self.not_compared[k] = self.not_compared.get(k, 0) + v
+
+    def apart(self, allow_missing: bool) -> list[str]:
+        """What of the total was not compared and agreed, each part with its reason."""
+        parts = [f"{n:,} not compared under {v}" for v, n in self.not_compared.items()]
+        parts += [f"{self.waived:,} waived by the port (--skip)"] if self.waived else []
+        parts += [f"{self.missing:,} missing" + (" (--allow-missing)" if allow_missing else "")] if self.missing else []
+        parts += (
+            [f"{self.noted:,} observables unlike the reference's (notes: no variant declared)"] if self.noted else []
+        )
+        parts += (
+            [f"{self.not_applicable:,} in bundles not run (n/a or the adapter raised)"] if self.not_applicable else []
+        )
+        return parts
+
+    def line(self, allow_missing: bool) -> str:
+        """compared …, failed …, and everything else with its reason."""
+        own = (
+            f"; {self.own_failed:,} of {self.own_steps:,} checks of the port's own steps failed"
+            if self.own_steps
+            else ""
+        )
+        apart = self.apart(allow_missing)
+        return f"compared {self.compared:,} of {self.total:,} tensors, {self.failed:,} failed{own}" + (
+            "; " + "; ".join(apart) if apart else ""
+        )
 
 
 @dataclass
@@ -62,9 +138,10 @@ class Report:
     impl: str
     checks: list[Check] = field(default_factory=list)
     allow_missing: bool = False
-    ignored: dict[str, list[str]] = field(default_factory=dict)  # bundle → keys the manifest lacks
+    ignored: dict[str, list[str]] = field(default_factory=dict)  # bundle → keys that name no stage of it
     variants: dict[str, dict] = field(default_factory=dict)  # bundle → {variant: (choice, how)}
     skip: list[str] = field(default_factory=list)  # stages the port waived
+    totals: dict[str, int] = field(default_factory=dict)  # bundle → the tensors its manifest lists
 
     def failed(self, check: Check) -> bool:
         return check.status in ("FAIL", "error") or (check.status == "missing" and not self.allow_missing)
@@ -84,68 +161,121 @@ class Report:
         failing = [c for c in checks if self.failed(c)]
         return next((c for c in failing if c.kind == "semantic"), failing[0] if failing else None)
 
+    def bundles(self) -> list[str]:
+        return list(dict.fromkeys([*self.totals, *(c.bundle for c in self.checks)]))
+
+    def coverage(self, bundle: str | None = None) -> Coverage:
+        """What was compared, skipped, waived and missing, of one bundle (None: of every bundle)."""
+        if bundle is None:
+            whole = Coverage()
+            for b in self.bundles():
+                whole.add(self.coverage(b))
+            return whole
+        checks = [c for c in self.checks if c.bundle == bundle]
+        cov = Coverage(total=self.totals.get(bundle, sum(c.manifest and c.key != "bundle" for c in checks)))
+        if any(c.key in ("bundle", "adapter") for c in checks):  # not applicable, or the adapter raised
+            cov.not_applicable = cov.total
+            return cov
+        for c in checks:
+            if not c.manifest:
+                cov.own_steps += 1
+                cov.own_failed += c.status == "FAIL"
+                continue
+            if c.status == "skipped":
+                if c.skipped_by == "waived":
+                    cov.waived += 1
+                else:
+                    cov.not_compared[c.skipped_by] = cov.not_compared.get(c.skipped_by, 0) + 1
+            else:
+                name = {"pass": "passed", "FAIL": "failed", "note": "noted", "missing": "missing"}[c.status]
+                setattr(cov, name, getattr(cov, name) + 1)
+        return cov
+
     def stages(self, bundle: str) -> list[tuple[str, int, int, float | None, int]]:
         """Per stage of one bundle: (stage, checks, failures, worst rel error or None if exact, notes),
         in walk order; skipped checks are not counted."""
-        rows: dict[str, list] = {}
+        return [(r["stage"], r["compared"], r["failed"], r["worst"], r["noted"]) for r in self.stage_rows(bundle)]
+
+    def stage_rows(self, bundle: str) -> list[dict]:
+        """Per stage of one bundle, in walk order: the checks compared, passed, failed, noted, missing and not
+        compared (skipped), the worst rel error (None: exact or none) and the first failure (what differs)."""
+        rows: dict[str, dict] = {}
         for c in self.checks:
-            if c.bundle == bundle and c.status != "skipped":
-                row = rows.setdefault(c.stage, [c.stage, 0, 0, None, 0])
-                row[1] += 1
-                row[2] += self.failed(c)
-                row[4] += c.status == "note"
-                if c.tolerance:
-                    row[3] = max(row[3] or 0.0, c.rel)
-        return [tuple(r) for r in rows.values()]
+            if c.bundle != bundle or c.key in ("bundle", "adapter"):
+                continue
+            row = rows.setdefault(
+                c.stage,
+                {"stage": c.stage, "compared": 0, "passed": 0, "failed": 0, "noted": 0, "missing": 0, "skipped": 0,
+                 "worst": None, "first": None},
+            )  # fmt: skip
+            if c.status == "skipped":
+                row["skipped"] += 1
+                continue
+            if c.status == "missing":
+                row["missing"] += 1
+                if not self.allow_missing:
+                    row["first"] = row["first"] or c
+                continue
+            row["compared"] += 1
+            row["passed"] += c.status == "pass"
+            row["noted"] += c.status == "note"
+            if c.status == "FAIL":
+                row["failed"] += 1
+                row["first"] = row["first"] or c
+            if c.tolerance:
+                row["worst"] = max(row["worst"] or 0.0, c.rel)
+        return list(rows.values())
+
+    def verdict(self) -> str:
+        """The last line: PASS with what it covers, or that nothing was compared (FIRST DIVERGENCE: text())."""
+        cov = self.coverage()
+        if not self.passed:
+            return "NOTHING COMPARED: every tensor was skipped, waived, missing or a note."
+        own = f" (and {cov.own_steps:,} checks of the port's own steps)" if cov.own_steps else ""
+        apart = cov.apart(self.allow_missing)
+        if not apart:
+            return f"PASS: {cov.passed:,} of {cov.total:,} tensors compared, all agree with DFlash{own}."
+        return f"PASS on {cov.passed:,} of {cov.total:,} tensors{own}: " + "; ".join(apart) + "."
 
     def text(self, verbose: bool = False) -> str:
-        bundles = list(dict.fromkeys(c.bundle for c in self.checks))
-        lines = [f"verify {self.impl} on {len(bundles)} bundle(s), {len(self.checks)} tensors"]
+        bundles = self.bundles()
+        cov = self.coverage()
+        lines = [f"verify {self.impl} on {len(bundles)} bundle(s), {cov.total:,} tensors"]
         if self.skip:
-            lines.append(f"waived by the port (--skip): {', '.join(TITLES.get(s, s) for s in self.skip)}")
+            lines.append(f"waived by the port (--skip): {', '.join(title(s) for s in self.skip)}")
         for b in bundles:
             lines.append(f"\n{b}:")
-            variants = self.variants.get(b, {})
-            if variants:
+            variants = {k: (v, how) for k, (v, how) in self.variants.get(b, {}).items() if how != "reference"}
+            if variants:  # the ones the port declared or showed (the others: the reference's)
                 lines.append("  variants: " + ", ".join(f"{k} = {v} ({how})" for k, (v, how) in variants.items()))
             for c in self.checks:
                 if c.bundle == b and c.status == "error":
                     lines.append(f"  adapter raised: {c.detail}")
-            for stage, n, bad, worst, notes in self.stages(b):
-                if stage == "adapter":
-                    continue
-                state = "FAIL" if bad else "note" if notes else "pass"
-                lines.append(
-                    f"  {state:<5} {TITLES.get(stage, stage):<22} {n - bad - notes:>3}/{n:<3} "
-                    + ("exact" if worst is None else f"worst rel {worst:.1e}")
-                    + (f"  ({notes} differ: {KINDS.get(stage)}, not declared)" if notes else "")
-                )
+            for row in self.stage_rows(b):
+                lines.append("  " + _stage_line(row, self.allow_missing))
             lines += [f"  not applicable: {c.detail}" for c in self.checks if c.bundle == b and c.key == "bundle"]
-            skipped = sum(c.bundle == b and c.status == "skipped" and c.key != "bundle" for c in self.checks)
-            if skipped:
-                lines.append(f"  skipped {skipped} tensor(s): waived, or not compared under a declared variant")
+            lines.append("  " + self.coverage(b).line(self.allow_missing))
             if self.ignored.get(b):  # most often a misspelt key, whose tensor then shows as missing
                 keys = self.ignored[b]
                 lines.append(
-                    f"  ignored {len(keys)} key(s) the manifest does not list: {', '.join(keys[:4])}"
+                    f"  ignored {len(keys)} key(s) that name no tensor of this bundle: {', '.join(keys[:4])}"
                     + (" …" if len(keys) > 4 else "")
                 )
         if verbose:
             lines += ["", "every tensor:"] + ["  " + c.line() for c in self.checks]
         first = self.first_failure
-        if first is None and not self.passed:
-            lines.append("\nNOTHING COMPARED: every tensor was skipped, waived or a note.")
-        elif first is None:
-            compared = sum(c.status not in ("skipped", "note") for c in self.checks)
-            lines.append(f"\nPASS: all {compared} tensors compared agree with DFlash.")
-        elif first.status == "error":
-            lines.append(f"\nFIRST DIVERGENCE: {first.bundle} · adapter raised\n  {first.detail}")
+        if first is None:
+            lines.append("\n" + self.verdict())
         else:
-            lines.append(
-                f"\nFIRST DIVERGENCE: {first.where} · {TITLES.get(first.stage, first.stage)}\n  "
-                + first.line()
-                + (f"\n  hint: {first.hint}" if first.hint else "")
-            )
+            lines.append("\n" + cov.line(self.allow_missing))
+            if first.status == "error":
+                lines.append(f"FIRST DIVERGENCE: {first.bundle} · adapter raised\n  {first.detail}")
+            else:
+                lines.append(
+                    f"FIRST DIVERGENCE: {first.where} · {title(first.stage)}\n  "
+                    + first.line()
+                    + (f"\n  hint: {first.hint}" if first.hint else "")
+                )
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -154,3 +284,30 @@ class Report:
             f"Report({self.impl!r}, {len(self.checks)} checks, "
             f"{'PASS' if first is None else 'first divergence: ' + first.where + ' · ' + first.stage})"
         )
+
+
+def _stage_line(row: dict, allow_missing: bool) -> str:
+    """One stage of one bundle: its state, passed / compared, the worst error or, failing, what differs."""
+    first = row["first"]
+    state = (
+        "FAIL"
+        if row["failed"] or (row["missing"] and not allow_missing)
+        else "note"
+        if row["noted"]
+        else "pass"
+        if row["compared"]
+        else "skip"
+        if row["skipped"]
+        else "miss"
+    )
+    shown = (
+        first.differs
+        if first is not None and (first.detail or not first.tolerance)
+        else ("exact" if row["worst"] is None else f"worst rel {row['worst']:.1e}")
+    )
+    extra = [f"{row['missing']} missing"] if row["missing"] else []
+    extra += [f"{row['skipped']} not compared"] if row["skipped"] else []
+    extra += [f"{row['noted']} differ: {KINDS.get(row['stage'])}, not declared"] if row["noted"] else []
+    return f"{state:<5} {title(row['stage']):<26} {row['passed']:>4}/{row['compared']:<4} {shown}" + (
+        f"  ({'; '.join(extra)})" if extra else ""
+    )

@@ -1,9 +1,10 @@
 """The stages of the conformance kit and their keys: what each tensor of a bundle is, in the order of the
 data's walk (`STAGES`), its kind, and `key_for` / `parse_key` / `walk_order` between a stage and a key.
 
-Keys: `prefill/layer_ids`, `step{s}/{name}` (name: a hook point of the reference, e.g.
-`draft.layers.0.self_attn.hook_q`, a loop value: `draft_tokens`, `posterior`, ..., or a hybrid target's
-state after the step's crop: `target.layers.{l}.linear_attn.recurrent_state`), `output_ids`.
+Keys: `prefill/{target_logits, first_token, layer_ids}` (the prefill's), `step{s}/{name}` (name: a hook point
+of the reference, e.g. `draft.layers.0.self_attn.hook_q`, a loop value: `draft_tokens`, `posterior`, ..., the
+target's verify logits `target_logits`, or a hybrid target's state after the step's crop:
+`target.layers.{l}.linear_attn.recurrent_state`), `output_ids`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,19 @@ import re
 
 # (stage id, title, meaning, layout), in the order of the data's walk. Per-layer stages are q..layer_out.
 STAGES = [
+    (
+        "prefill_logits",
+        "target logits (prefill)",
+        "the target's own logits at the prompt's last position, after its final norm and lm_head (tied or not, as "
+        "its config says): what x_0 is taken from",
+        "(V,)",
+    ),
+    (
+        "first_token",
+        "first token x_0",
+        "argmax of the prefill's logits: the first committed token, block 0's anchor",
+        "() int64",
+    ),
     (
         "layer_ids",
         "layer ids",
@@ -106,6 +120,13 @@ STAGES = [
         "selector's path argmax_k (unary + pair) from the anchor (DFlash 2)",
         "(γ,) int64",
     ),
+    (
+        "verify_logits",
+        "target logits (verify)",
+        "the target's own logits at each verified block position [x_0, d_1, …, d_γ], from its cache cropped "
+        "to `start`: the posterior is their argmax",
+        "(L_q, V)",
+    ),
     ("posterior", "posterior", "argmax of the target's logits at each verified block position", "(L_q,) int64"),
     ("acceptance_length", "acceptance length τ", "Σ_i Π_{j≤i} 1[d_j = posterior_{j−1}]", "() int64"),
     ("bonus", "bonus token", "posterior[τ], the target's token after the accepted run", "() int64"),
@@ -168,6 +189,16 @@ MODEL_STAGES = {
 }
 TARGET_LAYER_STAGES = {"conv_state": "linear_attn.conv_state", "recurrent_state": "linear_attn.recurrent_state"}
 LOOP_STAGES = ("draft_tokens", "posterior", "acceptance_length", "bonus", "cache_lengths")
+# the target's own stages, keyed apart from the draft's hook points: the prefill's (before any draft stage) and
+# the verify's logits of each step
+PREFILL_STAGES = {
+    "prefill_logits": "prefill/target_logits",
+    "first_token": "prefill/first_token",
+    "layer_ids": "prefill/layer_ids",
+}
+TARGET_STAGES = {"verify_logits": "target_logits"}
+_PREFILL_KEYS = {v: k for k, v in PREFILL_STAGES.items()}
+_BY_TARGET_NAME = {v: k for k, v in TARGET_STAGES.items()}
 _BY_NAME = {v: k for k, v in MODEL_STAGES.items()}
 _LAYER_NAME = re.compile(r"draft\.layers\.(\d+)\.(.+)")
 _BY_SUFFIX = {v: k for k, v in LAYER_STAGES.items()}
@@ -177,12 +208,14 @@ _BY_TARGET_SUFFIX = {v: k for k, v in TARGET_LAYER_STAGES.items()}
 
 def key_for(stage: str, step: int | None = None, layer: int | None = None) -> str:
     """The dump/manifest key of one tensor, e.g. key_for("q", 0, 1) = "step0/draft.layers.1.self_attn.hook_q"."""
-    if stage == "layer_ids":
-        return "prefill/layer_ids"
+    if stage in PREFILL_STAGES:
+        return PREFILL_STAGES[stage]
     if stage == "output_ids":
         return "output_ids"
     name = (
-        f"draft.layers.{layer}.{LAYER_STAGES[stage]}"
+        TARGET_STAGES[stage]
+        if stage in TARGET_STAGES
+        else f"draft.layers.{layer}.{LAYER_STAGES[stage]}"
         if stage in LAYER_STAGES
         else f"target.layers.{layer}.{TARGET_LAYER_STAGES[stage]}"
         if stage in TARGET_LAYER_STAGES
@@ -193,13 +226,17 @@ def key_for(stage: str, step: int | None = None, layer: int | None = None) -> st
 
 def parse_key(key: str) -> tuple[str, int | None, int | None]:
     """key → (stage, step, layer); ValueError for a key that names no stage."""
-    if key in ("prefill/layer_ids", "output_ids"):
-        return key.rsplit("/", 1)[-1], None, None
+    if key in _PREFILL_KEYS:
+        return _PREFILL_KEYS[key], None, None
+    if key == "output_ids":
+        return "output_ids", None, None
     match = re.fullmatch(r"step(\d+)/(.+)", key)
     if match:
         step, name = int(match.group(1)), match.group(2)
         if name in LOOP_STAGES:
             return name, step, None
+        if name in _BY_TARGET_NAME:
+            return _BY_TARGET_NAME[name], step, None
         if name in _BY_NAME:
             return _BY_NAME[name], step, None
         layer = _LAYER_NAME.fullmatch(name)
@@ -216,8 +253,8 @@ def walk_order(key: str) -> tuple:
     target's states after the crop, layer by layer), then output."""
     stage, step, layer = parse_key(key)
     index = STAGE_INDEX[stage]
-    if stage == "layer_ids":
-        return (0,)
+    if stage in PREFILL_STAGES:
+        return (0, index)
     if stage == "output_ids":
         return (2,)
     group = 1 if stage in LAYER_STAGES else (0 if index < STAGE_INDEX["q"] else 2)

@@ -14,9 +14,26 @@ checked by its own invariant instead of by the reference's numbers.
                                     reference shrank its block are not compared, the output ids are
     sliding_window  as-configured   the reference: each bundle's config says which of the three meanings
                                     its window has (attention.py), and the port follows it
-                  causal | symmetric | rotating   a port that knows only these readings (comma-separated,
-                                    e.g. causal,symmetric): the bundles whose config means another are
-                                    not compared (not applicable)
+                  causal | symmetric | rotating | block-start   a port that knows only these readings
+                                    (comma-separated, e.g. causal,symmetric; block-start: the window
+                                    measured from the block's first position for every query, a reading no
+                                    bundle's config means): the bundles whose config means another are not
+                                    compared (not applicable)
+    block_length  fixed             the reference: every block has the draft's block size (the last shrunk)
+                  adaptive          a port whose blocks change length from step to step
+    draft_context_window  unbounded  the reference: the draft attends every context position
+                  N                 a port whose draft cache keeps the last N context positions only
+    proposals     draft             the reference: every step's proposals come from a draft pass
+                  draft-or-lookup   a port that proposes by copy or lookup (no draft pass) at some steps
+
+The last three part a port's run from the reference's at some step (a block of another length, a context
+cut short, proposals from a lookup): up to that step everything is compared; at it, for the first two,
+what comes before the block (features, fc, C, context K); from it on, the port's own steps are held to
+what stays true of every DFlash step (verify.py, the loop's invariants: τ the leading run of matches, the
+bonus posterior[τ], the committed tokens the target's own, no step after the output; a windowed cache
+attends exactly min(start, N) context keys and the block). Its output ids are always compared. A windowed
+draft cache is detected where its K after RoPE shows it (DFlash's last N context keys, value for value);
+the other two are declared (the hints offer them).
 
 A port declares a variant (an adapter's `variants` attribute, `verify --variant KEY=VALUE`, or a
 profile `{"variants": {...}, "skip": [...]}` beside a dump); what it leaves undeclared is detected
@@ -36,22 +53,36 @@ from .tensorfile import array_or_none, as_array
 VARIANTS = {
     "draft_cache": ("crop-after-pass", "context-only"),
     "last_block": ("shrink", "full-then-truncate"),
-    "sliding_window": ("as-configured", "causal", "symmetric", "rotating"),
+    "sliding_window": ("as-configured", "causal", "symmetric", "rotating", "block-start"),
+    "block_length": ("fixed", "adaptive"),
+    "draft_context_window": ("unbounded", "N"),  # N: a number of context positions
+    "proposals": ("draft", "draft-or-lookup"),
 }
 REFERENCE = {key: choices[0] for key, choices in VARIANTS.items()}
+# the variants after which a port's run legitimately parts from the reference's: from that step on, its own
+# steps are held to what stays true of every DFlash step (verify.py: the loop's invariants)
+DEPARTING = ("block_length", "draft_context_window", "proposals")
 
 
 def check_variants(variants: dict) -> dict[str, str]:
     """A port's declaration, every key and value known (ValueError naming the choices)."""
     if not isinstance(variants, dict):
         raise ValueError(f"variants must be a mapping of {sorted(VARIANTS)} to a choice, got {variants!r}")
+    checked = {}
     for key, value in variants.items():
         if key not in VARIANTS:
             raise ValueError(f"unknown design variant {key!r}; known: {sorted(VARIANTS)}")
+        if key == "draft_context_window" and value != "unbounded":
+            if not str(value).isdigit() or int(value) < 1:
+                raise ValueError(f"draft_context_window = {value!r}: give the number of context positions the "
+                                 "port's draft cache keeps (a whole number ≥ 1), or 'unbounded'")  # fmt: skip
+            checked[key] = str(int(value))
+            continue
         parts = value.split(",") if key == "sliding_window" and isinstance(value, str) else [value]
         if not all(part in VARIANTS[key] for part in parts) or (len(parts) > 1 and "as-configured" in parts):
             raise ValueError(f"{key} = {value!r} is no variant; choose one of {list(VARIANTS[key])}")
-    return dict(variants)
+        checked[key] = value
+    return checked
 
 
 def parse_variant(text: str) -> tuple[str, str]:
@@ -124,6 +155,9 @@ def detect(bundle, produced: dict) -> dict[str, str]:
         for variant in VARIANTS["draft_cache"]:  # the last step's final crop is never used again: not telling
             if all(np.array_equal(g[:5], expected_lengths(variant, e)[:5]) for e, g in telling):
                 found["draft_cache"] = variant
+    window = _windowed(bundle, produced) if any(e["stage"] == "k_rot" for e in bundle.entries) else None
+    if window:
+        found["draft_context_window"] = window
     shrunk, block = sorted(shrunk_steps(bundle)), block_size(bundle)
     if shrunk:
         shapes = [
@@ -134,6 +168,69 @@ def detect(bundle, produced: dict) -> dict[str, str]:
         elif all(p == bundle.expected[f"step{s}/posterior"].shape for s, (p, _) in zip(shrunk, shapes)):
             found["last_block"] = "shrink"
     return found
+
+
+def context_keys(bundle, step: int) -> int:
+    """How many context keys DFlash's draft attends at `step`: K after RoPE's rows before the block's."""
+    k_rot = bundle.expected[f"step{step}/draft.layers.0.self_attn.hook_k_rot"]  # (H_kv, L_c + L_q, d_h)
+    return k_rot.shape[1] - bundle.expected[f"step{step}/posterior"].shape[0]
+
+
+def reference_steps(bundle) -> list[int]:
+    return sorted({e["step"] for e in bundle.entries if e["stage"] == "posterior"})
+
+
+def _windowed(bundle, produced: dict) -> str | None:
+    """The number of context keys a port's draft cache keeps, where its K after RoPE shows it unambiguously:
+    at the first step whose context outgrows it, every layer not on a sliding window attends W < L_c context
+    keys and the block, and those W keys are DFlash's last W, value for value."""
+    evictable = {e["layer"] for e in bundle.entries if e["stage"] == "k_rot" and "evictable_axis" in e}
+    for step in reference_steps(bundle):
+        ahead = [
+            (e, array_or_none(produced.get(e["key"])))
+            for e in bundle.entries
+            if e["stage"] == "k_rot" and e["step"] == step and e["layer"] not in evictable
+        ]
+        q_len = bundle.expected[f"step{step}/posterior"].shape[0]
+        if not ahead or any(got is None or got.ndim != 3 for _, got in ahead):
+            return None
+        kept = {got.shape[1] - q_len for _, got in ahead}
+        if kept == {context_keys(bundle, step)}:
+            continue  # not outgrown yet
+        if len(kept) != 1 or not 0 < (window := kept.pop()) < context_keys(bundle, step):
+            return None
+        for e, got in ahead:
+            expected = bundle.expected[e["key"]]
+            tail = expected[:, context_keys(bundle, step) - window : context_keys(bundle, step)]  # (H_kv, W, d_h)
+            scale = max(1.0, float(np.abs(expected).max()))
+            if got.shape[0] != tail.shape[0] or np.abs(got[:, :window] - tail).max() / scale > e["tolerance"]:
+                return None
+        return str(window)
+    return None
+
+
+def departure(bundle, produced: dict, variants: dict) -> tuple[int | None, str]:
+    """The first step from which a port following a departing variant runs otherwise than the reference
+    (None: it never does on this bundle), and which variant it follows there."""
+    found = []
+    steps = reference_steps(bundle)
+    if variants["block_length"][0] == "adaptive":
+        found += [
+            (s, "block_length=adaptive")
+            for s in steps
+            if _shape(produced.get(f"step{s}/posterior")) not in (bundle.expected[f"step{s}/posterior"].shape, None)
+        ][:1]
+    if variants["proposals"][0] == "draft-or-lookup":
+        drafted = {k.split("/")[0] for k in produced if k.startswith("step") and ".hook_" in k}
+        found += [
+            (s, "proposals=draft-or-lookup")
+            for s in steps
+            if f"step{s}/posterior" in produced and f"step{s}" not in drafted
+        ][:1]
+    window = variants["draft_context_window"][0]
+    if window != "unbounded":
+        found += [(s, f"draft_context_window={window}") for s in steps if context_keys(bundle, s) > int(window)][:1]
+    return min(found) if found else (None, "")
 
 
 def window_mismatch(bundle, declared: dict) -> str | None:

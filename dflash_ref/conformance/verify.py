@@ -21,11 +21,21 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import KINDS, STAGES, Bundle, candidates_in_id_order, find_bundles
+from .bundle import KINDS, STAGES, Bundle, candidates_in_id_order, find_bundles, parse_key
 from .hints import hint
 from .report import Check, NotApplicable, Report
 from .tensorfile import array_or_none, as_array, read_arrays
-from .variants import check_variants, expected_lengths, read_profile, resolve_variants, shrunk_steps, window_mismatch
+from .variants import (
+    block_size,
+    check_variants,
+    departure,
+    expected_lengths,
+    read_profile,
+    reference_steps,
+    resolve_variants,
+    shrunk_steps,
+    window_mismatch,
+)
 
 
 def _evicted(entry: dict, expected: np.ndarray, got: np.ndarray) -> int:
@@ -98,22 +108,27 @@ def compare_one(bundle: str, entry: dict, expected: np.ndarray, got) -> Check:
 # what the first shrunk step of a full-then-truncate port still computes as the reference did: its
 # context, before any row of the block (later shrunk steps may follow other proposals, so other contexts)
 BLOCK_FREE = {"target_hidden", "fc", "context", "k_ctx"}
+# a draft pass's own stages: a step where a port produced none of them ran no draft pass
+DRAFT_PASS = {"noise_embedding", "logits", "final_hidden", "q", "k_rot", "pattern"}
 
 
 def compare(
     bundle: Bundle, produced: dict, report: Report | None = None, declared: dict | None = None, skip: list[str] = ()
 ) -> list[Check]:
     """Every manifest entry of `bundle` against `produced` (key → array), in walk order, under the
-    port's design variants (`declared`, the rest detected); `skip` names stages the port waives. Keys
-    the manifest does not list, and the variants used, go to `report`."""
+    port's design variants (`declared`, the rest detected); `skip` names stages the port waives. The
+    port's steps past the reference's are failures; keys that name no stage, and the variants used, go to
+    `report`. Under a variant after which the port's run parts from the reference's (block_length,
+    draft_context_window, proposals), its own steps from there on are held to the loop's invariants."""
     unread = window_mismatch(bundle, declared or {})
     if unread:
-        return [Check(bundle.name, "bundle", "sliding_window", None, None, "skipped", detail=unread)]
+        return [Check(bundle.name, "bundle", "sliding_window", None, None, "skipped", detail=unread, skipped_by="n/a")]
     produced = candidates_in_id_order(produced)
     variants = resolve_variants(bundle, produced, declared or {})
+    departed, departing = departure(bundle, produced, variants)
+    extra, misspelt = _unlisted(bundle, produced)
     if report is not None:
-        listed = {e["key"] for e in bundle.entries}
-        report.ignored[bundle.name] = sorted(k for k in produced if k not in listed)
+        report.ignored[bundle.name] = misspelt
         report.variants[bundle.name] = variants
     truncated = shrunk_steps(bundle) if variants["last_block"][0] == "full-then-truncate" else set()
     draft = bundle.config("draft")
@@ -121,10 +136,18 @@ def compare(
         "inputs": bundle.inputs,
         "mask_token_id": draft.get("dflash_config", draft).get("mask_token_id"),
         "sliding_window": bundle.manifest.get("sliding_window"),
+        "block_size": block_size(bundle),
     }
     checks, last = [], max((e["step"] for e in bundle.entries if e["stage"] == "cache_lengths"), default=None)
     for e in bundle.entries:
-        expected, got = bundle.expected[e["key"]], produced.get(e["key"])
+        expected, got, step = bundle.expected[e["key"]], produced.get(e["key"]), e.get("step")
+        if e["stage"] == "output_ids":  # after every step: the port's own steps past DFlash's, or under a
+            # departing variant all of its steps from the departure on, come first
+            checks += (
+                _loop_invariants(bundle, produced, departed, departing)
+                if departed is not None
+                else _extra_steps(bundle, extra)
+            )
         if truncated and e["stage"] == "output_ids" and (got is None or "output_ids" in skip):
             checks.append(
                 Check(
@@ -138,26 +161,42 @@ def compare(
                 )
             )
             continue
-        if e["stage"] in skip or (
-            e.get("step") in truncated and not (e["stage"] in BLOCK_FREE and e.get("step") == min(truncated))
-        ):
+        not_compared = (
+            "waived"
+            if e["stage"] in skip
+            else "last_block=full-then-truncate"
+            if step in truncated and not (e["stage"] in BLOCK_FREE and step == min(truncated))
+            else departing
+            if departed is not None
+            and step is not None
+            and step >= departed
+            and not (step == departed and e["stage"] in BLOCK_FREE and "proposals" not in departing)
+            else None
+        )
+        if not_compared:
             checks.append(
                 Check(
                     bundle.name,
                     e["key"],
                     e["stage"],
-                    e.get("step"),
+                    step,
                     e.get("layer"),
                     "skipped",
                     detail="waived by the port"
-                    if e["stage"] in skip
-                    else "the reference shrank this last block; full-then-truncate compares the output",
+                    if not_compared == "waived"
+                    else f"not compared under {not_compared}"
+                    + (
+                        ""
+                        if "full-then-truncate" in not_compared
+                        else ": the port's own steps held to the loop's invariants"
+                    ),
+                    skipped_by=not_compared,
                 )
             )
             continue
         choice, how = variants["draft_cache"] if e["stage"] == "cache_lengths" else (None, None)
         if choice:
-            expected = _final_crop_free(expected_lengths(choice, expected), got, e.get("step") == last)
+            expected = _final_crop_free(expected_lengths(choice, expected), got, step == last)
         check = compare_one(bundle.name, e, expected, got)
         if choice and choice != "crop-after-pass":
             check.note = f"the {choice} variant's lengths"
@@ -166,8 +205,135 @@ def compare(
         if check.status == "FAIL":
             check.hint = hint(e["stage"], expected, array_or_none(got), context, e.get("layer"))
             check.expected, check.got = expected, array_or_none(got)
+        if check.status == "missing" and step is not None and f"step{step}/posterior" in produced:
+            if not any(k.startswith(f"step{step}/") and _stage(k) in DRAFT_PASS for k in produced):
+                check.hint = (
+                    f"the port gave step {step}'s loop values but none of its draft pass: if it proposes by copy "
+                    "or lookup at some steps by design, declare `--variant proposals=draft-or-lookup`"
+                )
         checks.append(check)
     _keep_first_tensors(checks)
+    return checks
+
+
+def _stage(key: str) -> str | None:
+    try:
+        return parse_key(key)[0]
+    except ValueError:
+        return None
+
+
+def _unlisted(bundle: Bundle, produced: dict) -> tuple[dict[int, list[str]], list[str]]:
+    """The keys a port gave that the manifest does not list: {step: keys} of the steps the reference did not
+    run, and the rest (most often a misspelt key, whose tensor then shows as missing; or a stage this
+    bundle has no tensor of)."""
+    listed = {e["key"] for e in bundle.entries}
+    steps = set(reference_steps(bundle))
+    extra, misspelt = {}, []
+    for key in sorted(k for k in produced if k not in listed):
+        try:
+            _, step, _ = parse_key(key)
+        except ValueError:
+            step = None
+        if step is not None and step not in steps:
+            extra.setdefault(step, []).append(key)
+        else:
+            misspelt.append(key)
+    return extra, misspelt
+
+
+def _why_the_reference_ended(bundle: Bundle) -> str:
+    output, inputs = bundle.expected["output_ids"], bundle.inputs
+    steps = reference_steps(bundle)
+    if int(output[-1]) in set(inputs.get("stop_token_ids") or ()):
+        if not steps:
+            return f"after the stop at the first token (x_0 = {int(output[-1])} is a stop token: DFlash runs no step)"
+        return f"after the stop token {int(output[-1])} at step {steps[-1]}: a stop token ends the decode"
+    return f"past max_new_tokens ({inputs['max_new_tokens']}): DFlash's last step is step {steps[-1]}"
+
+
+def _extra_steps(bundle: Bundle, extra: dict[int, list[str]]) -> list[Check]:
+    """A FAIL per step the port ran that DFlash does not (after a stop, past max_new_tokens)."""
+    why = _why_the_reference_ended(bundle) if extra else ""
+    return [
+        Check(
+            bundle.name,
+            f"step{step}",
+            "extra_step",
+            step,
+            None,
+            "FAIL",
+            detail=f"the port ran step {step} {why} ({len(keys)} tensors of it, e.g. {keys[0]})",
+            manifest=False,
+        )
+        for step, keys in sorted(extra.items())
+    ]
+
+
+def _loop_invariants(bundle: Bundle, produced: dict, departed: int, departing: str) -> list[Check]:
+    """The port's own steps from `departed` on, where a declared variant parts its run from the reference's,
+    held to what stays true of every DFlash step: τ is the leading run of proposals equal to the posterior,
+    the bonus is posterior[τ], the tokens a step commits (posterior[:τ + 1], cut at a stop token or at
+    max_new_tokens) are the target's own (the reference's output there), and no step runs after the output
+    is complete. A windowed draft cache also attends exactly min(start, W) context keys and the block."""
+    output, inputs = bundle.expected["output_ids"], bundle.inputs
+    stops = set(inputs.get("stop_token_ids") or ())
+    at = (
+        len(inputs["input_ids"])
+        + 1
+        + sum(  # where step `departed`'s first committed token goes
+            int(bundle.expected[f"step{s}/acceptance_length"]) + 1 for s in reference_steps(bundle) if s < departed
+        )
+    )
+    window = int(departing.split("=")[1]) if departing.startswith("draft_context_window") else None
+    checks, step = [], departed
+
+    def check(stage: str, ok: bool, detail: str, layer: int | None = None) -> None:
+        key = f"step{step}/{stage}" if layer is None else f"step{step}/draft.layers.{layer}.self_attn.hook_k_rot"
+        checks.append(
+            Check(bundle.name, key, stage, step, layer, "pass" if ok else "FAIL", detail="" if ok else detail,
+                  note=f"invariant under {departing}", manifest=False)
+        )  # fmt: skip
+
+    while f"step{step}/posterior" in produced:
+        values = {name: array_or_none(produced.get(f"step{step}/{name}")) for name in ("draft_tokens", "posterior")}
+        tau, bonus = (array_or_none(produced.get(f"step{step}/{n}")) for n in ("acceptance_length", "bonus"))
+        if any(v is None for v in (*values.values(), tau, bonus)):
+            check("posterior", False, "a step's draft tokens, posterior, τ and bonus are all needed to check it")
+            break
+        drafted, posterior, tau, bonus = (
+            values["draft_tokens"].reshape(-1),
+            values["posterior"].reshape(-1),
+            int(tau),
+            int(bonus),
+        )
+        if at >= len(output):
+            check("posterior", False, f"the port ran step {step} after its output was complete ({len(output)} ids)")
+            break
+        run = next((i for i, (d, p) in enumerate(zip(drafted, posterior)) if d != p), min(len(drafted), len(posterior)))
+        check("acceptance_length", tau == run, f"τ = {tau}, but its proposals {drafted.tolist()} match the posterior "
+              f"{posterior.tolist()} for {run}: τ is the leading run of matches")  # fmt: skip
+        check("bonus", tau < len(posterior) and bonus == posterior[tau],
+              f"bonus {bonus} is not posterior[τ] of {posterior.tolist()}, τ = {tau}")  # fmt: skip
+        committed = posterior[: tau + 1].tolist()[: len(output) - at]
+        if stops & set(committed):
+            committed = committed[: next(i for i, t in enumerate(committed) if t in stops) + 1]
+        check("posterior", committed == output[at : at + len(committed)].tolist(),
+              f"it commits {committed} at positions {at}…, where the target's own decoding has "
+              f"{output[at : at + len(committed)].tolist()}")  # fmt: skip
+        if window is not None:
+            for layer, k_rot in sorted(
+                (int(k.split(".")[2]), array_or_none(v)) for k, v in produced.items()
+                if k.startswith(f"step{step}/draft.layers.") and k.endswith("self_attn.hook_k_rot")
+            ):  # fmt: skip
+                keys = min(at - 1, window) + len(posterior)  # x_0 sits at position at − 1: the block's start
+                check("k_rot", k_rot is not None and k_rot.ndim == 3 and k_rot.shape[1] == keys,
+                      f"{None if k_rot is None else k_rot.shape[1]} keys attended, where a cache of the last "
+                      f"{window} context positions and a block of {len(posterior)} give {keys}", layer)  # fmt: skip
+        at += len(committed)
+        step += 1
+    if at < len(output):
+        check("posterior", False, f"the port's steps commit up to position {at}, its output runs to {len(output)}")
     return checks
 
 
@@ -218,6 +384,7 @@ def verify(
     skip = [*getattr(adapter, "skip", ()), *skip]
     declared = _declaration({**getattr(adapter, "variants", {}), **(variants or {})}, skip)
     report = Report(getattr(adapter, "name", str(impl)), allow_missing=allow_missing, skip=list(skip))
+    report.totals = {b.name: len(b.entries) for b in bundles}
     for b in bundles:
         if window_mismatch(b, declared):  # not applicable: not even run
             report.checks += compare(b, {}, report, declared, skip)
@@ -225,7 +392,9 @@ def verify(
         try:
             produced = adapter.run(b)
         except NotApplicable as e:  # the port (an engine) refuses this bundle: said, neither a pass nor a failure
-            report.checks.append(Check(b.name, "bundle", "adapter", None, None, "skipped", detail=str(e)))
+            report.checks.append(
+                Check(b.name, "bundle", "adapter", None, None, "skipped", detail=str(e), skipped_by="n/a")
+            )
             continue
         except Exception as e:  # noqa: BLE001 - a crashing port is a result to report, not to hide
             where = traceback.extract_tb(e.__traceback__)[-1]
@@ -267,6 +436,7 @@ def verify_dump(
     skip = [*found["skip"], *skip]
     declared = _declaration({**found["variants"], **(variants or {})}, skip)
     report = Report(f"dump {Path(path).name}", allow_missing=allow_missing, skip=skip)
+    report.totals = {b.name: len(b.entries) for b in bundles}
     for b in bundles:
         prefix = b.name + "/"
         report.checks += compare(
