@@ -44,7 +44,8 @@ def test_a_missing_tensor_is_never_a_pass(golden):
     cov = report.coverage()
     assert cov.total == total and cov.missing > 0 and cov.passed + cov.missing + cov.noted == total
     verdict = report.text().splitlines()[-1]
-    assert verdict.startswith(f"PASS on {cov.passed:,} of {total:,} tensors: ") and "missing (--allow-missing)" in verdict
+    assert verdict.startswith(f"PASS on {cov.passed:,} of {total:,} tensors: ")
+    assert "missing (--allow-missing)" in verdict
     assert "all agree" not in report.text()
     assert "(8 missing)" in report.text()  # per stage: the posterior of steps 1..8
     strict = verify(only(lambda stage, step, layer: step in (None, 0)), multiround)
@@ -222,9 +223,8 @@ class ShorterBlocks(ReferenceAdapter):
     """Blocks of 3 where the draft's are 4 (a port whose block length is its own choice)."""
 
     def generate(self, draft, target, input_ids, inputs, on_step):
-        return spec_generate(
-            draft, target, input_ids, inputs["max_new_tokens"], inputs.get("stop_token_ids"), block_size=3, on_step=on_step
-        )
+        stops = inputs.get("stop_token_ids")
+        return spec_generate(draft, target, input_ids, inputs["max_new_tokens"], stops, block_size=3, on_step=on_step)
 
 
 def test_adaptive_blocks_declared_pass_on_their_invariants(golden):

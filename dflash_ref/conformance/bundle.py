@@ -19,6 +19,7 @@ exactly representable bf16 values (the manifest says `"source_dtype": "bfloat16"
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,8 +42,8 @@ from .stages import (
 )
 from .tensorfile import array_or_none, read_safetensors, write_safetensors
 
-FORMAT = "dflash_ref.golden/2"  # /2: stage kinds and design variants in the manifest
-READABLE = ("dflash_ref.golden/1", FORMAT)  # a /1 bundle reads the same (kinds from the stage)
+FORMAT = "dflash_ref.golden/3"  # /2: stage kinds and design variants in the manifest; /3: checksums, target stages
+READABLE = ("dflash_ref.golden/1", "dflash_ref.golden/2", FORMAT)  # older bundles read the same, unchecked
 SHIPPED = Path(__file__).resolve().parent / "bundles"  # the bundle(s) inside the package
 __all__ = [
     "FORMAT",
@@ -52,7 +53,9 @@ __all__ = [
     "candidates_in_id_order",
     "find_bundles",
     "load_bundle",
-    "write_bundle_files",  # and the stages' names, read from here as before (stages.py)
+    "write_bundle_files",
+    "check_files",
+    "checksums",  # and the stages' names, read from here as before (stages.py)
     "KINDS",
     "LAYER_STAGES",
     "LOOP_STAGES",
@@ -131,6 +134,36 @@ class Bundle:
         return json.loads((self.path / which / "config.json").read_text())
 
 
+def checksums(path: Path) -> dict[str, str]:
+    """sha256 of every file a bundle's manifest vouches for: expected.safetensors and the files of target/ and
+    draft/ (a linked target folder's too), by their path in the bundle."""
+    files = [path / "expected.safetensors"]
+    files += sorted(p for which in ("target", "draft") for p in (path / which).iterdir() if p.is_file())
+    return {p.relative_to(path).as_posix(): _sha256(p) for p in files}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def check_files(path: Path, manifest: dict) -> None:
+    """Every file the manifest lists is there with its checksum, else a ValueError beginning "bundle damaged":
+    a damaged bundle must never read as a port's bug."""
+    for name, expected in manifest.get("checksums", {}).get("files", {}).items():
+        file = path / name
+        if not file.is_file():
+            raise ValueError(f"bundle damaged: {file} is missing (the manifest lists it)")
+        if _sha256(file) != expected:
+            raise ValueError(
+                f"bundle damaged: {file} is not the file golden wrote (its sha256 differs from the manifest's); "
+                "write the bundle anew: python -m dflash_ref golden --out DIR"
+            )
+
+
 def load_bundle(path: str | Path) -> Bundle:
     path = Path(path)
     manifest_path = path / "manifest.json"
@@ -147,6 +180,7 @@ def load_bundle(path: str | Path) -> Bundle:
     missing = [k for k in ("name", "inputs", "tensors") if k not in manifest]  # what Bundle reads
     if missing:
         raise ValueError(f"{manifest_path} lacks {missing}")
+    check_files(path, manifest)  # first: before any of its tensors is read
     return Bundle(path, manifest)
 
 
@@ -163,6 +197,12 @@ def find_bundles(path: str | Path | None = None) -> list[Bundle]:
 
 
 def write_bundle_files(path: Path, manifest: dict, expected: dict[str, np.ndarray]) -> None:
-    """manifest.json and expected.safetensors (the weights are written by the caller)."""
+    """expected.safetensors, then manifest.json with every file's checksum (the weights, and a target's
+    tokenizer, are written by the caller before)."""
     write_safetensors(path / "expected.safetensors", expected)
+    manifest["checksums"] = {
+        "algorithm": "sha256",
+        "files": checksums(path),
+        "meaning": "each file as golden wrote it; verify refuses a bundle whose files differ (bundle damaged)",
+    }
     (path / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")

@@ -36,6 +36,7 @@ from .bundle import (
 from .engine_scenarios import ENGINE_NAMES, engine_scenarios
 from .exact import DRAFTS, write_sampling
 from .scenarios import SCENARIOS, Scenario
+from .tokenizer_folder import write_tokenizer_folder
 from .variants import VARIANTS
 
 # the floors: max|Δ| / max(1, max|expected|); integers exact. fp32: the official MLX backend on the CPU, a correct
@@ -131,6 +132,15 @@ def _keep_one_spelling(folder: Path, spelling: str) -> None:
         path.write_text(json.dumps(config, indent=2) + "\n")
 
 
+def _stub_tokens(scenario: Scenario, draft) -> list[str]:
+    """Token i's text: the scenario's, its real tokenizer's, else <t0>, <t1>, …"""
+    if scenario.tokens:
+        return list(scenario.tokens)
+    if scenario.tokenizer:
+        return scenario.tokenizer().convert_ids_to_tokens(list(range(draft.config.vocab_size)))
+    return [f"<t{i}>" for i in range(draft.config.vocab_size)]
+
+
 def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Path:
     folder = Path(folder)
     if folder.exists():
@@ -145,6 +155,10 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
         (save_hybrid_target if hybrid else save_target)(target, folder / "target", dtype)
         if scenario.tokenizer is not None:  # what an engine reads beside the weights
             scenario.tokenizer().save_pretrained(folder / "target")
+        else:  # a real minimal one, for loaders that insist on a tokenizer folder
+            write_tokenizer_folder(
+                folder / "target", _stub_tokens(scenario, draft), draft.mask_token_id, scenario.stop_token_ids or []
+            )
     save_draft(draft, folder / "draft", dtype)
     if scenario.rope_spelling:
         _keep_one_spelling(folder, scenario.rope_spelling)
@@ -165,16 +179,12 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
             "temperature": 0.0,
         },
         "tokenizer": {
-            "tokens": scenario.tokens
-            or (
-                scenario.tokenizer().convert_ids_to_tokens(list(range(draft.config.vocab_size)))
-                if scenario.tokenizer
-                else [f"<t{i}>" for i in range(draft.config.vocab_size)]
-            ),
+            "tokens": _stub_tokens(scenario, draft),
             "mask_token_id": draft.mask_token_id,
             "eos_token_ids": scenario.stop_token_ids or [],
-            "meaning": "a stub for loaders that insist on a tokenizer: token i's text; ids are the "
-            "models' own, prompts are given as ids, nothing is ever decoded from text",
+            "meaning": "token i's text (for labels); target/ holds a real tokenizer folder of the same vocabulary "
+            "(AutoTokenizer loads it); ids are the models' own, prompts are given as ids, nothing is ever decoded "
+            "from text",
         },
         "comparison": "floats: max|got − expected| / max(1, max|expected|) ≤ tolerance; integers: equal; "
         "shapes: equal, except that on a sliding-window layer leading keys no query can see (attention "

@@ -54,7 +54,8 @@ def cells(report: Report) -> list[dict]:
         elif first is None:
             cov = report.coverage(bundle)
             apart = cov.apart(report.allow_missing)
-            verdict, where = "pass", f"{cov.passed} of {cov.total} tensors agree" + (f" ({'; '.join(apart)})" if apart else "")
+            verdict, where = "pass", f"{cov.passed} of {cov.total} tensors agree"
+            where += f" ({'; '.join(apart)})" if apart else ""
         elif first.status == "error":
             verdict, where = "raised", first.detail
         else:

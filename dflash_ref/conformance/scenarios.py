@@ -56,8 +56,14 @@ def tiny_pair(
     positions: int = 128,
     rope_theta: float = 10000.0,
     rope_scaling: dict | None = None,
+    target_layer_ids: list[int] | None = None,
     **draft_fields,
 ) -> tuple[Qwen3Target, DFlashDraftModel]:
+    """A tiny target and draft. The draft reads target layers `target_layer_ids`; by default [1, 2] of the 4
+    (the official formula gives [1, 1] there, a repeated layer a port that de-duplicates ids would read once:
+    one bundle keeps it on purpose, `multiround`), else the formula's."""
+    if target_layer_ids is None and (target_layers, draft_layers) == (4, 2):
+        target_layer_ids = [1, 2]
     shared = dict(
         vocab_size=vocab,
         hidden_size=16,
@@ -83,6 +89,7 @@ def tiny_pair(
             num_target_layers=target_layers,
             block_size=block_size,
             mask_token_id=vocab - 1,
+            target_layer_ids=target_layer_ids or [],
             **shared,
             **draft_fields,
         )
@@ -265,8 +272,9 @@ SCENARIOS = [
     Scenario(
         "multiround",
         "greedy, 9 rounds: τ = 0, partial and full; a rejected draft token followed by a "
-        "matching one (cumprod matters); the mask token (5) among the outputs",
-        lambda: tiny_pair(8),
+        "matching one (cumprod matters); the mask token (5) among the outputs; target_layer_ids [1, 1] on "
+        "purpose (the official formula's for 4 target layers and 2 draft layers): a repeated layer is read twice",
+        lambda: tiny_pair(8, target_layer_ids=[1, 1]),
         [0, 1, 2, 3],
         20,
         check=_check_multiround,
@@ -308,13 +316,13 @@ SCENARIOS = [
     ),
     Scenario(
         "stop_inside",
-        "stop token 4 drafted and accepted as d_1 of a step whose τ is 3: nothing after it is "
-        "committed (neither d_2, d_3 nor the bonus)",
-        lambda: tiny_pair(54, vocab=8),
+        "stop token 3 drafted and accepted inside a step's run, more accepted proposals after it: nothing after "
+        "it is committed (neither they nor the bonus)",
+        lambda: tiny_pair(2, vocab=8),
         [0, 1, 2, 3],
         20,
-        stop_token_ids=[4],
-        check=check_stop_inside(4, 4),
+        stop_token_ids=[3],
+        check=check_stop_inside(3, 4),
     ),
     Scenario(
         "stop_bonus",
@@ -347,7 +355,7 @@ SCENARIOS = [
         "the multiround shapes in bfloat16 (weights and compute), with a seed whose every decision keeps "
         "a margin over bf16 rounding (golden.py: the manifest's margins), so a correct bf16 port that rounds "
         "otherwise cannot flip a token",
-        lambda: tiny_pair(113),
+        lambda: tiny_pair(170),
         [0, 1, 2, 3],
         12,
         dtype="bfloat16",
