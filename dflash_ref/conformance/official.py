@@ -10,6 +10,7 @@ with `DynamicCache.crop`, every block drafted whole and the output truncated).
 
 from __future__ import annotations
 
+import importlib
 import sys
 import time
 import warnings
@@ -21,6 +22,20 @@ from ..bench.timing import one_thread
 from ..target.qwen3_5_checkpoint import is_hybrid_folder
 from .adapters import check_path, loop_values, pair_scores, to_numpy
 from .bundle import Bundle, key_for
+from .report import NotApplicable
+
+DFLASH_HINT = "the official dflash is not installed: pip install --no-deps dflash==0.1.0"
+
+
+def official_module(name: str = "model"):
+    """`dflash.{name}` (model: the PyTorch code, model_mlx: the MLX backend); where `dflash` itself is not
+    installed, NotApplicable saying how to install it (a module missing inside it is raised as it is)."""
+    try:
+        return importlib.import_module(f"dflash.{name}")
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] != "dflash":
+            raise
+        raise NotApplicable(DFLASH_HINT) from None
 
 
 class _OfficialRecorder:
@@ -32,7 +47,7 @@ class _OfficialRecorder:
         self.layout = "0.1.0" if hasattr(official, "_crop_to") else "github"
         # 0.1.0 crops the target once after its prefill; the GitHub code first crops after a verify
         self.step, self.prefilled, self.ctx_len, self.draft_lengths = 0, self.layout == "github", 0, None
-        self.target_before, self.in_target = 0, False
+        self.target_before, self.in_target, self.target_passes = 0, False, 0
         self._undo: list = []
 
     def put(self, name: str, tensor: torch.Tensor) -> None:
@@ -62,7 +77,7 @@ class _OfficialRecorder:
             self.target_before, self.in_target = kwargs["past_key_values"].get_seq_length(), True
 
         self.hook(self.target, target_inputs, pre=True)
-        self.hook(self.target, lambda m, a, o: setattr(self, "in_target", False))
+        self.hook(self.target, lambda m, a, o: self.target_output(o))
         self.hook(d.fc, lambda m, a, o: self.put("draft.context.hook_fc", o[0]))
         self.hook(d.hidden_norm, lambda m, a, o: self.put("draft.context.hook_context", o[0]))
         self.hook(d.norm, lambda m, a, o: self.put("draft.hook_out", o[0]))
@@ -155,6 +170,16 @@ class _OfficialRecorder:
         self.put(prefix + "self_attn.hook_k_ctx", k[:, : self.ctx_len])
         self.put(prefix + "self_attn.hook_k_noise", k[:, self.ctx_len :])
 
+    def target_output(self, output) -> None:
+        """The target's own logits, as its forward returns them to the loop: its first pass is the prefill
+        (the last position's row), each later one the verify of the step under way (every row it verified)."""
+        self.in_target, logits = False, output.logits[0]  # (L, V)
+        if self.target_passes == 0:
+            self.out[key_for("prefill_logits")] = to_numpy(logits[-1])
+        else:
+            self.out[key_for("verify_logits", self.step)] = to_numpy(logits)  # (L_q, V): its rows as verified
+        self.target_passes += 1
+
     def put_logits(self, logits: torch.Tensor) -> torch.Tensor:
         self.put("draft.hook_logits", logits[0])
         return logits
@@ -240,7 +265,8 @@ class ZLabAdapter:
         with warnings.catch_warnings():  # tqdm's notebook warning when transformers is first imported
             warnings.simplefilter("ignore")
             import transformers
-            from dflash import model as official
+
+            official = official_module()
 
         dtype = torch.bfloat16 if bundle.config("draft").get("dtype") == "bfloat16" else torch.float32
         log = transformers.utils.logging
@@ -265,8 +291,7 @@ class ZLabAdapter:
         return target, draft
 
     def run(self, bundle: Bundle) -> dict[str, np.ndarray]:
-        from dflash import model as official
-
+        official = official_module()
         target, draft = self.load(bundle)
         inputs = bundle.inputs
         with one_thread(), _OfficialRecorder(official, draft, target) as recorder:
@@ -283,4 +308,6 @@ class ZLabAdapter:
         self.layout, out = recorder.layout, recorder.out
         out[key_for("layer_ids")] = np.asarray(draft.target_layer_ids, np.int64)
         out[key_for("output_ids")] = to_numpy(stats.output_ids[0])
+        if stats.output_ids.shape[1] > len(inputs["input_ids"]):  # x_0: the token its loop sampled off the prefill
+            out[key_for("first_token")] = to_numpy(stats.output_ids[0, len(inputs["input_ids"])])
         return out

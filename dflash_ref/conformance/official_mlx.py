@@ -20,6 +20,24 @@ import numpy as np
 from .adapters import check_path, loop_values, pair_scores
 from .bundle import Bundle, key_for
 from .mlx_states import cache_length, linear_states
+from .official import official_module
+from .report import NotApplicable
+
+MLX_HINT = "the official MLX backend needs MLX: pip install 'dflash-ref[mlx]'"
+
+
+def _official():
+    """dflash.model_mlx, MLX and mlx-lm imported; NotApplicable saying how to install what is missing (MLX, or
+    `dflash` itself: official_module's hint)."""
+    try:
+        import mlx.core  # noqa: F401
+        import mlx_lm.utils  # noqa: F401
+
+        return official_module("model_mlx")
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in ("mlx", "mlx_lm"):
+            raise
+        raise NotApplicable(MLX_HINT) from None
 
 
 def _np(x) -> np.ndarray:
@@ -152,13 +170,17 @@ class _MLXRecorder:
             self.out.update(linear_states(cache, self.step - 1, _np))
 
     def verified(self, logits, inputs, cache=None, *args) -> None:
-        """After each target pass: the cache lengths around a decode step's verify."""
+        """After each target pass: its own logits (the prefill's last position, or every row a decode step
+        verified) and the cache lengths around a decode step's verify."""
         self.target_cache, length = cache, cache_length(cache)
         if self.steps and self.steps[-1][-1][5] is None:  # the previous step's crop, seen now
             self.steps[-1][-1][5] = length - inputs.shape[1]
         if self.draft_lengths:  # a decode step's verify, not the prefill
+            self.out[key_for("verify_logits", self.step)] = _np(logits[0])  # (L_q, V): its rows as verified
             self.draft_lengths.append(cache_length(self.draft_cache))
             self.target_lengths = [length - inputs.shape[1], length]
+        else:  # a prefill chunk (it prefills in chunks, the last one position): the last chunk's is x_0's
+            self.out[key_for("prefill_logits")] = _np(logits[0, -1])
 
     def pair(self, name: str, o) -> None:
         """k_norm and v_proj run twice per layer, on the context first, then on the block."""
@@ -227,7 +249,7 @@ class MLXAdapter:
     variants = {"sliding_window": "rotating"}
 
     def load(self, bundle: Bundle):
-        from dflash import model_mlx as official
+        official = _official()
         from mlx_lm.utils import load_model
 
         target, _ = load_model(Path(bundle.target_dir))
@@ -238,8 +260,7 @@ class MLXAdapter:
             official.snapshot_download = download
 
     def run(self, bundle: Bundle) -> dict[str, np.ndarray]:
-        from dflash import model_mlx as official
-
+        official = _official()
         target, draft = self.load(bundle)
         inputs, stops = bundle.inputs, set(bundle.inputs.get("stop_token_ids") or ())
         tokens = []
@@ -265,4 +286,6 @@ class MLXAdapter:
             loop_values(out, step, drafted, posterior, tau, bonus, lengths)
         out[key_for("layer_ids")] = np.asarray(draft.config.target_layer_ids, np.int64)
         out[key_for("output_ids")] = np.asarray(list(inputs["input_ids"]) + tokens, np.int64)
+        if tokens:  # x_0: the token its first response hands back, sampled off the prefill's logits
+            out[key_for("first_token")] = np.asarray(tokens[0], np.int64)
         return out

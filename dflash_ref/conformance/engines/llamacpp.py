@@ -14,7 +14,9 @@ What llama.cpp names, and the kit's stages it gives:
     kq_soft_max-{l}                         the attention weights (flash attention off: `-fa off`)
     l_out-{l}, result_norm, result_output   layer output, final hidden, draft logits
     attn_conv_in/out-{l}, ffn_conv_in/out-{l}, dflash2_lattice    DFlash 2's convolutions and selector
-    tgt/result_output                       the target's verify logits (their argmax: the posterior)
+    tgt/result_output                       the target's logits: at the prefill, the prompt's last row (x_0 is
+                                            the first output id); at each verify, every verified row (their
+                                            argmax: the posterior)
 
 Not named in its graphs (computed inside other nodes), so skipped: fc alone, Q and K before RoPE, K of the
 context before RoPE, the attention output before its residual, DFlash 2's dynamic taps; and the draft cache
@@ -187,15 +189,20 @@ def keyed(records: list, draft_config: dict) -> dict:
     def ids(segment: dict, name: str) -> list[int]:
         return [int(t) for t in one(segment, name).reshape(-1)]
 
-    prompt = ids(segments[0], "=prompt")
+    prompt, output = ids(segments[0], "=prompt"), ids(segments[-1], "=output")
     out = {
         key_for("layer_ids"): np.array(ids(segments[0], "=layer_ids"), dtype=np.int64) - 1,  # inputs of layer l + 1
-        key_for("output_ids"): np.array(prompt + ids(segments[-1], "=output"), dtype=np.int64),
+        key_for("output_ids"): np.array(prompt + output, dtype=np.int64),
     }
     injections = [s for s in segments if s["#"] == "#process"]
     drafts = [s for s in segments if s["#"] == "#draft"]
     verifies = [s for s in segments if s["#"] == "#verify"]
-    features = [next(s for s in segments if s["#"] == "#prefill"), *verifies]  # the target pass feeding step s
+    prefill = next(s for s in segments if s["#"] == "#prefill")
+    features = [prefill, *verifies]  # the target pass feeding step s
+    if "tgt/result_output" in prefill:  # the prompt's pass: its last row (the only one it outputs) is x_0's
+        out[key_for("prefill_logits")] = one(prefill, "tgt/result_output")[-1]
+    if output:  # x_0: the first token it sampled, off the prefill's logits
+        out[key_for("first_token")] = np.array(output[0], dtype=np.int64)
     top_k = draft_config.get("dflash_config", {}).get("selector_top_k") or draft_config.get("selector_top_k")
     cached_k: list[list[np.ndarray]] = [[] for _ in range(draft_config["num_hidden_layers"])]
     for step, (drafted, verified) in enumerate(zip(drafts, verifies)):
@@ -227,7 +234,9 @@ def keyed(records: list, draft_config: dict) -> dict:
         if top_k:
             _selector(put, one(drafted, "dft/dflash2_lattice"), logits, proposals, top_k)
         put("draft_tokens", np.array(proposals, dtype=np.int64))
-        put("posterior", one(verified, "tgt/result_output").argmax(-1).astype(np.int64))
+        target_logits = one(verified, "tgt/result_output")  # (L_q, V): every verified row
+        put("verify_logits", target_logits)
+        put("posterior", target_logits.argmax(-1).astype(np.int64))
         put("acceptance_length", np.array(len(accepted) - 1, dtype=np.int64))
         put("bonus", np.array(accepted[-1], dtype=np.int64))
     return out

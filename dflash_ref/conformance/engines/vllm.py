@@ -26,10 +26,13 @@ TIMEOUT = 1800  # seconds for one bundle: vLLM's start-up on a small CPU is most
 class VLLMPort:
     """run(bundle) → the tensors vLLM computed, keyed as the bundle's. `skip`: what vLLM computes only
     inside fused kernels (C after hidden_norm, inside its context projection; the attention weights,
-    inside its attention backend) or lays out otherwise (its draft cache is paged: no lengths to compare)."""
+    inside its attention backend) or lays out otherwise (its draft cache is paged: no lengths to compare),
+    and the prefill's logits, not read yet."""
 
     name = "vllm"
-    skip = ("context", "pattern", "cache_lengths")
+    # prefill_logits: not read yet (the prefill's sample is not the rejection sampler's, which vllm_run.py reads;
+    # x_0 is: its first output id)
+    skip = ("context", "pattern", "cache_lengths", "prefill_logits")
 
     def run(self, bundle) -> dict:
         return run_bundles([bundle])[bundle.name]

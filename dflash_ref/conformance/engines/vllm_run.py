@@ -15,13 +15,15 @@ it back unchanged, read (they never change what vLLM computes):
     layers.{i}.self_attn: q_norm, k_norm, attn (its inputs), o_proj    q, k_noise, q_rot, k_rot and v, attn_out
     layers.{i} (its (out, residual))           the layer output, out + residual as vLLM's next norm adds them
     model.norm, compute_logits, propose        final hidden, draft logits, the proposals
-    the rejection sampler                      the target's verify logits (posterior) and what it accepted
+    the rejection sampler                      the target's verify logits (their rows of each request, and
+                                               their argmax: the posterior) and what it accepted
 
 vLLM's step structure differs from the reference's: a draft pass runs at the end of an engine step,
 its verify in the next one, and the context states it gets are every verified position's, of which the
 accepted ones (τ + 1, from the rejection sampler) count. The dump keys are the reference's.
 What vLLM does not compute as a tensor of its own is left out (C after hidden_norm and the attention
-weights are fused into its kernels; the draft cache is paged): verify reports those as missing.
+weights are fused into its kernels; the draft cache is paged), and so are the prefill's logits, not read yet
+(x_0 is: its first output id): VLLMPort.skip waives them.
 Exit code 3 (REFUSED): vLLM refused the bundle, its message on the line of stderr marked REFUSAL_MARK.
 """
 
@@ -143,8 +145,9 @@ class Reader:
         return hook
 
     def _verify(self, module, inputs, out) -> None:
-        """Each request's row of the rejection sampler's call: its proposals, the argmax of the target's logits
-        at them and at the bonus position (the posterior), and what it kept (τ accepted, then the bonus)."""
+        """Each request's row of the rejection sampler's call: its proposals, the target's logits at them and at
+        the bonus position (L_q rows: the verify logits) and their argmax (the posterior), and what it kept (τ
+        accepted, then the bonus)."""
         metadata, logits = inputs[0], inputs[2]
         ends = metadata.cu_num_draft_tokens.tolist()
         for row, (request, n) in enumerate(zip(self.runner.input_batch.req_ids, metadata.num_draft_tokens)):
@@ -160,6 +163,7 @@ class Reader:
             self.verifies.setdefault(request, []).append(
                 {
                     "draft": cpu(metadata.draft_token_ids[begin : begin + n]).astype(np.int64),
+                    "target_logits": cpu(logits[rows]),  # (L_q, V)
                     "posterior": cpu(logits[rows].argmax(dim=-1)).astype(np.int64),
                     "tau": tau,
                     "bonus": int(kept[tau]),
@@ -244,9 +248,14 @@ def run(paths: list[str], out: str) -> int:
 
 
 def record_loop(recorder: Recorder, bundle, output: list[int], steps: list[dict]) -> None:
-    """The loop's observables of one sequence: output ids; per step proposals, posterior, τ and bonus."""
+    """The loop's observables of one sequence: output ids; per step proposals, posterior, τ and bonus. With
+    them what the same reads give of the target's: x_0 (its first output id) and each step's verify logits."""
     recorder.record("output_ids", np.array(bundle.inputs["input_ids"] + output, dtype=np.int64))
+    if output:
+        recorder.record("first_token", np.array(output[0], dtype=np.int64))
     for step, verify in enumerate(steps):
+        if "target_logits" in verify:
+            recorder.record("verify_logits", verify["target_logits"], step=step)
         recorder.record("draft_tokens", verify["draft"], step=step)
         recorder.record("posterior", verify["posterior"], step=step)
         recorder.record("acceptance_length", np.array(verify["tau"], dtype=np.int64), step=step)
