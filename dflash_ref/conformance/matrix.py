@@ -14,8 +14,7 @@ import datetime
 import platform
 from pathlib import Path
 
-from .bundle import TITLES
-from .report import Report
+from .report import Report, title
 from .verify import verify
 
 PORTS = ("reference", "zlab", "mlx", "vllm", "vllm-batch", "llamacpp")
@@ -28,6 +27,8 @@ CAUSES = {
     "hybrid target back by `DynamicCache.crop` alone, which cannot cut back a recurrent state",
     ("zlab [github code]", "pattern"): "a bug of the official GitHub code: its draft's sliding window goes to the "
     "attention kernel as a keyword SDPA ignores",
+    ("zlab [github code]", "extra_step"): "a bug of the official GitHub code: it looks for stop tokens only after "
+    "a decode step, so a stop token as x_0 still costs a whole draft and verify step (its tokens then cut away)",
     ("mlx", "k_rot"): "a bug of the official MLX backend: after a one-position update it reads its rotating cache "
     "in ring order while its mask counts in temporal order",
     ("mlx", "target_hidden"): "a bug of mlx-lm 0.32.2's Llama, the MLX backend's target: it reads `rope_theta` "
@@ -60,9 +61,8 @@ def cells(report: Report) -> list[dict]:
             verdict, where = "raised", first.detail
         else:
             verdict = "FAIL"
-            where = f"{first.where.split(' · ', 1)[-1]} · {TITLES.get(first.stage, first.stage)}" + (
-                f" (hint: {first.hint})" if first.hint else ""
-            )
+            said = f"hint: {first.hint}" if first.hint else first.detail
+            where = f"{first.where.split(' · ', 1)[-1]} · {title(first.stage)}" + (f" ({said})" if said else "")
             cause = CAUSES.get((report.impl, first.stage), "unexplained: a new finding, to follow to its cause")
         rows.append(
             {
