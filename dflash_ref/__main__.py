@@ -175,8 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="KEY=VALUE",
         help="a design variant the port follows: draft_cache=crop-after-pass|context-only, "
-        "last_block=shrink|full-then-truncate, sliding_window=as-configured|causal|symmetric|rotating "
-        "(default: detected, else the reference's)",
+        "last_block=shrink|full-then-truncate, sliding_window=as-configured|causal|symmetric|rotating|block-start, "
+        "block_length=fixed|adaptive, draft_context_window=unbounded|N, proposals=draft|draft-or-lookup "
+        "(default: detected, else the reference's; conformance/variants.py)",
     )
     verify.add_argument(
         "--skip",
@@ -199,6 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument(
         "--profile",
         help="with --dump: a JSON profile {variants, skip} (default: FILE.profile.json beside the dump, if there)",
+    )
+    verify.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the report as one self-contained HTML page (offline): each bundle's stages, and at the "
+        "first divergence the reference's and the port's tensors side by side, their difference and the hint",
     )
     table = sub.add_parser("matrix", help="the conformance matrix: every shipped port on every greedy bundle")
     table.add_argument("--bundle", help="a folder of bundles (default: all scenarios, written to a temporary folder)")
@@ -284,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         from .conformance.verify import verify as run_verify
 
         if args.sampling:
+            if args.html:
+                raise SystemExit("verify: --html draws the greedy bundles' tensors; --sampling's report has none")
             if args.dump or args.variant or args.skip or args.profile:
                 raise SystemExit(
                     "verify: --sampling runs a sampler (--impl); --dump, --variant, --skip and "
@@ -300,6 +309,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0 if all(r.passed for _, r in results) else 1
         if args.runs is not None or args.verifier:
             raise SystemExit("verify: --runs and --verifier go with --sampling")
+        if args.html:  # now, not after the verification has run
+            from .conformance.page import check_html_path
+
+            try:
+                check_html_path(args.html)
+            except ValueError as e:
+                raise SystemExit(f"verify: {e}") from None
         try:  # what cannot be read: the bundles, the dump, the implementation named or its declaration
             # (a crashing implementation is a result in the report, not an error here)
             variants = dict(parse_variant(v) for v in args.variant)
@@ -313,6 +329,14 @@ def main(argv: list[str] | None = None) -> int:
         except (InputError, ValueError) as e:
             raise SystemExit(f"verify: {e}") from None
         print(report.text(verbose=args.verbose))
+        if args.html:
+            from .conformance.bundle import find_bundles
+            from .conformance.page import write_report_html
+
+            try:
+                print("wrote", write_report_html(report, find_bundles(args.bundle), args.html))
+            except (OSError, ValueError, RuntimeError) as e:
+                raise SystemExit(f"verify: --html {args.html}: {e}") from None
         return 0 if report.passed else 1
     elif args.command == "train":
         from .cli.train import check_options
@@ -337,16 +361,28 @@ def main(argv: list[str] | None = None) -> int:
         import tempfile
         from pathlib import Path
 
+        from .cli.folders import check_output_file
         from .conformance.golden import generate_golden
-        from .conformance.matrix import PORTS, matrix
+        from .conformance.matrix import PORTS, check_ports, matrix
 
+        try:
+            check_ports(args.ports or PORTS)
+            if args.out:
+                check_output_file("--out", args.out, "MATRIX.md")  # now, not after the whole matrix has run
+        except ValueError as e:
+            table.error(str(e))
         with tempfile.TemporaryDirectory() as scratch:
             if args.bundle is None:
                 generate_golden(scratch, engines=args.engines)
             command = "python -m dflash_ref matrix" + " --engines" * args.engines
             command += f" --ports {' '.join(args.ports)}" if args.ports else ""
-            text = matrix(args.bundle or scratch, args.ports or PORTS, command)
-        print(text) if args.out is None else Path(args.out).write_text(text + "\n")
+            text, clean = matrix(args.bundle or scratch, args.ports or PORTS, command)
+        if args.out is None:
+            print(text)
+        else:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(text + "\n")
+        return 0 if clean else 1  # a FAIL, or a port that raised or could not start
     elif args.command == "view":
         from .cli.view import run as run_view
 

@@ -32,3 +32,18 @@ def check_output_folder(flag: str, folder: str) -> None:
         for p in made:
             if p.is_dir():
                 p.rmdir()
+
+
+def check_output_file(flag: str, path: str | Path, example: str = "out.txt") -> None:
+    """A file can be written at PATH, else a ValueError naming it: PATH is no folder, its folder is there or
+    can be made (check_output_folder), and it can be written in. Checked before the work, so that a long
+    run does not end at a path it cannot write."""
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path} is a folder; give the file to write, e.g. {Path(path) / example}")
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        check_output_folder(flag, folder)
+    except ValueError as e:
+        raise ValueError(f"{flag} {path}: {str(e).removeprefix(flag + ' ')}") from None
+    if os.path.isdir(folder) and not os.access(folder, os.W_OK):
+        raise ValueError(f"{flag} {path}: cannot write in {folder}")

@@ -146,7 +146,12 @@ def compare(
             checks += (
                 _loop_invariants(bundle, produced, departed, departing)
                 if departed is not None
-                else _extra_steps(bundle, extra, bool(truncated) or variants["last_block"][0] == "full-then-truncate")
+                else _extra_steps(
+                    bundle,
+                    extra,
+                    bool(truncated) or variants["last_block"][0] == "full-then-truncate",
+                    parted=any(c.status == "FAIL" and c.kind == "semantic" for c in checks),
+                )
             )
         if truncated and e["stage"] == "output_ids" and (got is None or "output_ids" in skip):
             checks.append(
@@ -252,11 +257,15 @@ def _why_the_reference_ended(bundle: Bundle) -> str:
     return f"past max_new_tokens ({inputs['max_new_tokens']}): DFlash's last step is step {steps[-1]}"
 
 
-def _extra_steps(bundle: Bundle, extra: dict[int, list[str]], truncating: bool) -> list[Check]:
+def _extra_steps(bundle: Bundle, extra: dict[int, list[str]], truncating: bool, parted: bool) -> list[Check]:
     """A FAIL per step the port ran that DFlash does not (after a stop, past max_new_tokens). Under
     full-then-truncate a step past max_new_tokens is that variant's (the official repository's loop runs while
-    x_0's position is below max_length, one step more, all of whose tokens the truncation cuts): not compared."""
+    x_0's position is below max_length, one step more, all of whose tokens the truncation cuts): not compared.
+    Where the port's run `parted` from DFlash's at an earlier step (other proposals, so other steps), the extra
+    steps follow from that divergence, and are said to."""
     why = _why_the_reference_ended(bundle) if extra else ""
+    if parted:
+        why = "that DFlash does not: its run parted from DFlash's at an earlier step (the first divergence)"
     cut = truncating and why.startswith("past max_new_tokens")
     return [
         Check(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
-from . import page, payload
+from . import page  # payload (torch) is imported where a trace is drawn: the kit's page needs page alone
 
 
 def write_html(
@@ -30,6 +30,8 @@ def write_html(
 ) -> Path:
     """Write the viewer of `trace` (a dflash_ref.trace.Trace) to `path`: the given steps and recorded layers
     (default: all), attention weights stored as `precision` (float16 or float32). Returns the path."""
+    from . import payload
+
     data = payload.build(trace, steps, layers, target_layers, precision)
     path = Path(path)
     if path.is_dir():
@@ -43,6 +45,8 @@ def name_tokens(trace, decode, output_ids=None, stop_token_ids=None) -> None:
     """Put into `trace.meta` what the viewer labels tokens with: the text of every token id the trace shows
     (`decode(id) → str`, e.g. `lambda i: tokenizer.decode([i])`), the decoded sequence's ids and the stop
     tokens (a step that committed one says so)."""
+    from . import payload
+
     ids = set(output_ids or [])
     for r in trace.records:
         ids.update(r.block_ids, r.draft_tokens, r.posterior, [r.bonus])
