@@ -6,6 +6,7 @@ port's dump is compared the same way.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -23,6 +24,7 @@ import dflash_ref.attention as attention_module
 import dflash_ref.candidate_selector as selector_module
 import dflash_ref.config as config_module
 import dflash_ref.config_fields as config_fields_module
+import dflash_ref.conformance.adapters as adapters_module
 import dflash_ref.decoding as loop_module
 import dflash_ref.draft_model as draft_model_module
 import dflash_ref.dynamic_conv as dynamic_conv_module
@@ -105,6 +107,7 @@ def without_rounding(manifest: bytes) -> dict:
     EPYC, so a bundle written on one differs there from the shipped one; its tensors still pass)."""
     data = json.loads(manifest)
     data["margins"] = set(data["margins"])  # which margins, not their values
+    data["checksums"]["files"].pop("expected.safetensors")  # its floats' bytes are this CPU's rounding
     for entry in data["tensors"]:
         entry.pop("error_vs_float64", None)
         entry.pop("tolerance")
@@ -150,7 +153,8 @@ def test_manifest_documents_every_tensor_in_walk_order(golden):
             if b.name == "dflash2"
             else stages - dflash2 - (set() if b.name == "hybrid_target" else hybrid)
         )
-        assert {e["stage"] for e in b.entries} == (expected if b.name != "stop_first" else {"layer_ids", "output_ids"})
+        prefill = {"prefill_logits", "first_token", "layer_ids", "output_ids"}
+        assert {e["stage"] for e in b.entries} == (expected if b.name != "stop_first" else prefill)
         for e in b.entries:
             array = b.expected[e["key"]]
             assert list(array.shape) == e["shape"] and str(array.dtype) == e["dtype"] and e["meaning"]
@@ -528,15 +532,23 @@ def mask_tokens_stripped(mp):
 
 
 class StopsAfterwards(ReferenceAdapter):
-    """Decodes as if there were no stop token, then cuts the output where `end(new tokens, output)` says."""
+    """Decodes as if there were no stop token, then cuts the output where `end(new tokens, output)` says, and
+    gives the tensors of the steps it ran up to there (a port stops decoding once its output has ended)."""
 
     def generate(self, draft, target, input_ids, inputs, on_step):
         free = spec_generate(
             draft, target, input_ids, inputs["max_new_tokens"], block_size=inputs.get("block_size"), on_step=on_step
         )
         stops, new = set(inputs.get("stop_token_ids") or ()), free.output_ids[0, input_ids.shape[1] :].tolist()
-        free.output_ids = free.output_ids[:, : input_ids.shape[1] + self.end(stops, new, free)]
+        end = self.end(stops, new, free)
+        free.output_ids = free.output_ids[:, : input_ids.shape[1] + end]
+        per_step = free.tokens_per_step  # step s commits new tokens 1 + Σ_{i<s} … ; it runs while the output lacks any
+        self.steps = sum(1 + sum(per_step[:s]) < end for s in range(len(per_step)))
         return free
+
+    def run(self, bundle):
+        produced = super().run(bundle)
+        return {k: v for k, v in produced.items() if (parse_key(k)[1] or 0) < self.steps or parse_key(k)[1] is None}
 
 
 def commits_past_the_stop(mp):
@@ -722,6 +734,73 @@ def rollback_by_crop_only(mp):
     return After(change)
 
 
+# -- three ports whose design the kit once misread (each now named as a variant to declare)
+
+
+class KeepsLastContext(KVCache):
+    """A draft cache that hands attention only its last `window` context positions and the block (it stores
+    every position, so its lengths are the reference's): older context evicted as a sliding window would."""
+
+    window, q_len = 2, 0  # q_len: the block's length, set by the draft pass
+
+    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+        k, v = super().update(key_states, value_states, layer_idx, cache_kwargs)  # (B, H_kv, L_k, d_h)
+        evicted = max(0, k.shape[2] - self.q_len - self.window)
+        return k[:, :, evicted:], v[:, :, evicted:]
+
+
+def draft_context_window_of_2(mp):
+    """The draft attends only the last 2 context positions (and the block), its port declaring an unbounded
+    context (undeclared, the kit detects the window from its K after RoPE: tests/test_conformance_variants.py)."""
+
+    class Windowed(Wrapped):
+        def make_cache(self):
+            return KeepsLastContext(self.config.num_hidden_layers)
+
+        def forward(self, position_ids, attention_mask=None, *, noise_embedding, past_key_values, **kw):
+            past_key_values.q_len = noise_embedding.shape[1]
+            return self.draft(
+                position_ids, attention_mask, noise_embedding=noise_embedding, past_key_values=past_key_values, **kw
+            )
+
+    adapter = After(lambda target, draft: (target, Windowed(draft)))
+    adapter.variants = {"draft_context_window": "unbounded"}
+    return adapter
+
+
+def blocks_adapt_in_length(mp):
+    """The first block is drafted one position shorter (L_q = 3 for 4), as a port whose blocks adapt would."""
+
+    class Shorter:
+        def wrap(self, propose):
+            steps = []
+
+            def adapted(block):
+                steps.append(block.start)
+                return propose(dataclasses.replace(block, size=block.size - 1) if len(steps) == 1 else block)
+
+            return adapted
+
+    generate = adapters_module.spec_generate
+    mp.setattr(adapters_module, "spec_generate", lambda *a, **kw: generate(*a, extensions=[Shorter()], **kw))
+    return ReferenceAdapter()
+
+
+def window_from_the_block_start(mp):
+    """A sliding window measured once, from the block's first position s: every block query sees the context
+    keys k with s − k < W, and every block key."""
+    rule = attention_module.visibility_mask
+
+    def from_the_start(q_len, k_len, *, is_causal, sliding_window, device, rotating=False):
+        if sliding_window is None:
+            return rule(q_len, k_len, is_causal=is_causal, sliding_window=None, device=device, rotating=rotating)
+        k, start = torch.arange(k_len, device=device), k_len - q_len
+        return (((k < start) & (start - k < sliding_window)) | (k >= start)).expand(q_len, k_len)
+
+    mp.setattr(attention_module, "visibility_mask", from_the_start)
+    return ReferenceAdapter()
+
+
 MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
     rope_q_from_the_front: ("q_rot", "walkthrough"),
     wrong_rope_theta: ("q_rot", "walkthrough"),
@@ -741,14 +820,14 @@ MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
     matches_summed_not_cumprod: ("acceptance_length", "multiround"),
     bonus_from_the_draft: ("bonus", "walkthrough"),
     draft_cache_not_cropped: ("k_rot", "walkthrough"),  # stale block keys; the lengths are observables
-    target_cache_not_cropped: ("posterior", "walkthrough"),
+    target_cache_not_cropped: ("verify_logits", "walkthrough"),  # step 1: the target attends step 0's rejected K/V
     context_not_sliced: ("target_hidden", "walkthrough"),
     mask_tokens_stripped: ("output_ids", "multiround"),
-    commits_past_the_stop: ("output_ids", "stop_token"),
-    first_token_never_stops: ("output_ids", "stop_first"),
+    commits_past_the_stop: ("output_ids", "stop_inside"),  # stop_token: its stop ends a step, nothing to commit past
+    first_token_never_stops: ("extra_step", "stop_first"),  # it runs step 0, which DFlash never does
     rope_table_of_4096: ("q_rot", "long_context"),
     yarn_factor_dropped: ("q_rot", "rope_yarn"),
-    rope_read_from_rope_parameters_only: ("target_hidden", "rope_yarn"),  # the target's RoPE is wrong first
+    rope_read_from_rope_parameters_only: ("prefill_logits", "rope_yarn"),  # the target's RoPE is wrong first
     conv_not_causal: ("attn_conv_in", "dflash2"),
     conv_not_restarted: ("attn_conv_in", "dflash2"),  # from step 1: step 0 has no block before it
     conv_taps_from_the_output: ("attn_conv_out", "dflash2"),  # o_proj's output is right, its convolution not
@@ -756,22 +835,48 @@ MUTANTS = {  # mutant → (stage named first, bundle where it first shows)
     rank_projection_missing: ("pair", "dflash2"),
     codebooks_not_loaded: ("pair", "dflash2"),
     rollback_by_crop_only: ("recurrent_state", "hybrid_target"),  # step 0: τ = 0, 3 rejected tokens in S
+    draft_context_window_of_2: ("k_rot", "walkthrough"),  # step 0: 3 prompt positions, 2 attended
+    blocks_adapt_in_length: ("noise_embedding", "walkthrough"),
+    window_from_the_block_start: ("pattern", "gqa_sliding"),
 }
-HINTS = {  # mutant → what the first divergence's hint says (hints.py reads it off the tensors)
+HINTS = {  # mutant → what the first divergence's hint says: its own cause (hints.py: read off the tensors, or
+    # the stage's usual causes where they name it)
+    rope_q_from_the_front: "rotated at positions 0 … L_q − 1, the first rows of the RoPE tables",
+    wrong_rope_theta: "another rope_theta",
+    feature_offset_zero: "layer l is read at hidden_states[l + 1]",
+    layer_ids_shifted: "every layer id is DFlash's +1: the ids shifted",
+    norm_before_fc: "a norm applied to the features before fc",
+    hidden_norm_missing: "hidden_norm is missing",
+    q_norm_missing: "q_norm is missing",
+    k_norm_missing: "k_norm is missing",
     causal_inside_the_block: "attends causally",
-    draft_cache_not_cropped: "not cropped back to `start`",
-    mask_tokens_stripped: "lacks the tokens equal to mask_token_id",
     sliding_window_ignored: "window (3) is not applied",
     causal_and_symmetric_swapped: "read as symmetric where this bundle's config means causal",
     rotating_read_as_causal: "read as causal where this bundle's config means rotating",
+    scale_one_over_d: "1/d_h in place of 1/√d_h",
+    gqa_heads_tiled: "the KV heads tiled",
+    draft_keeps_first_positions: "the logits of block positions 0 … γ − 1, one too early",
+    matches_summed_not_cumprod: "matches after the first mismatch were counted",
+    bonus_from_the_draft: "never a draft token",
+    draft_cache_not_cropped: "not cropped back to `start`",
+    target_cache_not_cropped: "not cropped back to `start` after the last verify",
+    context_not_sliced: "the features of every verified position fed back",
+    mask_tokens_stripped: "lacks the tokens equal to mask_token_id",
     commits_past_the_stop: "after the stop token",
-    first_token_never_stops: "after the stop token",
-    feature_offset_zero: "hidden_states[l + 1]",
-    k_norm_missing: "k_norm",
+    first_token_never_stops: "after the stop at the first token",
+    rope_table_of_4096: "a RoPE table (or a cache of cos/sin) of 4096 positions",
+    yarn_factor_dropped: "rope_scaling (YaRN) is not applied",
+    rope_read_from_rope_parameters_only: "read from one spelling of the config alone",
+    conv_not_causal: "the convolution reads later positions",
     conv_not_restarted: "restarts at every block's first position",
+    conv_taps_from_the_output: "computed from the sublayer's input, not from its output",
     predecessor_is_the_argmax: "the candidate chosen at the previous position",
+    rank_projection_missing: "P h_t, the rank projection of the position's final hidden, is missing",
     codebooks_not_loaded: "without `.weight`",
     rollback_by_crop_only: "leaves S with the rejected tokens in",
+    draft_context_window_of_2: "attends only the last N = 2 context keys",
+    blocks_adapt_in_length: "the port's block has L_q = 3 where DFlash's has 4",
+    window_from_the_block_start: "the window is measured from the block's start",
 }
 
 
@@ -794,8 +899,8 @@ def test_mutant_fails_at_its_stage(golden, mutant, tmp_path):
     assert not report.passed and first is not None
     assert (first.stage, first.bundle) == (stage, bundle), report.text()
     assert "FIRST DIVERGENCE" in report.text()
-    if mutant in HINTS:
-        assert HINTS[mutant] in first.hint and f"hint: {first.hint}" in report.text(), report.text()
+    said = first.hint or first.detail  # a step DFlash does not run is named by its detail (verify.py)
+    assert HINTS[mutant] in said and said in report.text(), report.text()
 
 
 def test_a_port_factory_from_the_command_line(golden, tmp_path):
@@ -823,6 +928,13 @@ def test_a_port_factory_from_the_command_line(golden, tmp_path):
     assert "multiround · step 0 · layer 0 · K context after KNorm" in first
 
 
+def flip_last_bytes(bundle: Path) -> None:
+    """A few bytes of the last tensor's data inverted: the file still reads, its numbers are wrong."""
+    data = bytearray((bundle / "expected.safetensors").read_bytes())
+    data[-8:] = bytes(255 - b for b in data[-8:])
+    (bundle / "expected.safetensors").write_bytes(bytes(data))
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -841,7 +953,15 @@ def test_a_port_factory_from_the_command_line(golden, tmp_path):
         ),
         (
             ["verify", "--impl", "reference", "--bundle", "{tmp}/cut"],
-            "verify: {tmp}/cut/expected.safetensors is not a readable safetensors file: its header of",
+            "verify: bundle damaged: {tmp}/cut/expected.safetensors is not the file golden wrote",
+        ),
+        (
+            ["verify", "--impl", "reference", "--bundle", "{tmp}/flipped"],
+            "verify: bundle damaged: {tmp}/flipped/expected.safetensors is not the file golden wrote",
+        ),
+        (
+            ["verify", "--impl", "reference", "--bundle", "{tmp}/noweights"],
+            "verify: bundle damaged: {tmp}/noweights/draft/model.safetensors is missing",
         ),
         (["verify", "--impl", "nosuch"], "verify: unknown implementation 'nosuch'"),
         (
@@ -871,6 +991,8 @@ def test_verify_and_golden_name_what_they_cannot_read(golden, tmp_path, argv, me
         ("list", lambda b: (b / "manifest.json").write_text("[1]")),
         ("bare", lambda b: (b / "manifest.json").write_text('{"format": "dflash_ref.golden/1"}')),
         ("cut", lambda b: (b / "expected.safetensors").write_bytes((b / "expected.safetensors").read_bytes()[:100])),
+        ("flipped", flip_last_bytes),  # the data damaged, the header intact: it would read as a port's bug
+        ("noweights", lambda b: (b / "draft" / "model.safetensors").unlink()),
     ]:
         shutil.copytree(one, tmp_path / name)
         damage(tmp_path / name)
@@ -946,3 +1068,148 @@ def test_dump_from_the_reference_passes_and_a_corrupt_tensor_is_named(golden, tm
     assert proc.returncode == 1
     assert "FIRST DIVERGENCE: multiround · step 3 · layer 1 · V" in proc.stdout, proc.stdout
     assert json.loads((golden / "02_multiround" / "manifest.json").read_text())["name"] == "multiround"
+
+
+# --------------------------------------------------------------------------- each real port's bug gets its hint
+
+
+def only(golden: Path, bundle: str, folder: Path) -> Path:
+    """A folder holding one bundle of `golden` (linked)."""
+    folder.mkdir()
+    [found] = [p for p in golden.iterdir() if p.is_dir() and p.name.endswith("_" + bundle)]
+    (folder / found.name).symlink_to(found)
+    return folder
+
+
+class FirstLayersNormForContext(nn.Module):
+    """A layer's k_norm that normalises the context K with layer 0's weight and the block's K with its own:
+    KVInjectionAttention normalises the context K first, then the block's, so the odd calls are the context's."""
+
+    def __init__(self, own: nn.Module, first: nn.Module) -> None:
+        super().__init__()
+        self.own, self.first, self.calls = own, first, 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return (self.first if self.calls % 2 else self.own)(x)
+
+
+def context_k_with_layer_0_norm(mp):
+    """vLLM on a CPU (reports/vllm-cpu-context-k-norm.md): every draft layer's context K normalised with layer 0's
+    k_norm (its block K with its own)."""
+
+    def change(target, draft):
+        first = draft.layers[0].self_attn.k_norm
+        for layer in draft.layers[1:]:
+            layer.self_attn.k_norm = FirstLayersNormForContext(layer.self_attn.k_norm, first)
+
+    return After(change)
+
+
+def loop_values_of_context_k_with_layer_0_norm(mp):
+    """`vllm-batch`: the same bug seen through the loop's values alone (every other stage waived, as that port's)."""
+    adapter = context_k_with_layer_0_norm(mp)
+    adapter.skip = [s[0] for s in STAGES if s[0] not in LOOP_VALUES]
+    return adapter
+
+
+LOOP_VALUES = ("draft_tokens", "posterior", "acceptance_length", "bonus", "output_ids")
+
+
+def keys_in_ring_order(mp):
+    """The official MLX backend: after a one-position update it reads its rotating cache in ring order, not in the
+    order of positions: a dump whose step 1 K after RoPE on the window's layer has its keys rolled by one."""
+    reference = ReferenceAdapter()
+
+    def run(bundle):
+        produced = reference.run(bundle)
+        key = key_for("k_rot", 1, bundle.manifest["sliding_window"]["layers"][0])
+        produced[key] = np.roll(produced[key], 1, axis=1)  # (H_kv, L_k, d_h): the ring's last write first
+        return produced
+
+    return run
+
+
+def target_reads_rope_theta_alone(mp):
+    """mlx-lm 0.32.2's Llama (reports/mlx-lm-llama-rope-parameters.md): a config spelled as transformers 5 writes
+    it (`rope_parameters` only) read for `rope_theta` alone: the target at θ = 10⁴ without its scaling. A dump: the
+    reference's, with the extracted features of that target (as the matrix measured it, at the features)."""
+    wrong = After(lambda target, draft: setattr(target, "rotary_emb", RotaryEmbedding(target.config.head_dim, 1e4)))
+
+    def run(bundle):
+        produced = ReferenceAdapter().run(bundle)
+        produced[key_for("target_hidden", 0)] = wrong.run(bundle)[key_for("target_hidden", 0)]
+        return produced
+
+    return run
+
+
+# matrix.CAUSES, each named bug → (its tensors reproduced here, the bundle, what the first divergence then says)
+CAUSE_HINTS = {
+    ("zlab [0.1.0 code]", "recurrent_state"): (
+        rollback_by_crop_only,
+        "hybrid_target",
+        "leaves S with the rejected tokens in",
+    ),
+    ("zlab [github code]", "pattern"): (sliding_window_ignored, "gqa_sliding", "window (3) is not applied"),
+    ("zlab [github code]", "extra_step"): (first_token_never_stops, "stop_first", "after the stop at the first token"),
+    ("mlx", "k_rot"): (keys_in_ring_order, "window_rotating", "the right keys in the wrong order"),
+    ("mlx", "target_hidden"): (target_reads_rope_theta_alone, "rope_linear", "the first position's features agree"),
+    ("vllm", "k_ctx"): (context_k_with_layer_0_norm, "multiround", "another layer's"),
+    ("vllm-batch", "draft_tokens"): (
+        loop_values_of_context_k_with_layer_0_norm,
+        "multiround",
+        "dump the draft's stages to find which",
+    ),
+}
+
+
+def test_every_cause_the_matrix_names_has_its_reproduction():
+    from dflash_ref.conformance.matrix import CAUSES
+
+    assert sorted(CAUSE_HINTS) == sorted(CAUSES)
+
+
+@pytest.mark.parametrize("cause", list(CAUSE_HINTS), ids=[f"{p}-{s}" for p, s in CAUSE_HINTS])
+def test_each_named_cause_gets_its_hint(golden, cause, tmp_path):
+    reproduce, bundle, says = CAUSE_HINTS[cause]
+    with pytest.MonkeyPatch.context() as mp:
+        report = verify(reproduce(mp), only(golden, bundle, tmp_path / "one"), allow_missing=True)
+    first = report.first_failure
+    assert first is not None and first.stage == cause[1], report.text()
+    assert says in (first.hint or first.detail), report.text()
+
+
+def test_the_hint_names_a_layer_read_one_too_early_where_two_ids_are_one_apart(golden, tmp_path):
+    """The walkthrough's ids [1, 3] share no layer: its hint is the stage's rule; stop_token's [1, 2] do."""
+    with pytest.MonkeyPatch.context() as mp:
+        report = verify(feature_offset_zero(mp), only(golden, "stop_token", tmp_path / "one"))
+    assert report.first_failure.stage == "target_hidden"
+    assert "every layer read one too early, hidden_states[l] where DFlash" in report.first_failure.hint
+
+
+def test_the_windowed_cache_hint_reads_its_window_off_the_shapes():
+    """K after RoPE (H_kv, L_k, d_h): the port's keys are DFlash's last 6 of 7, the block being 4: N = 2; without
+    the block size the hint says N in terms of L_q. Keys that are not DFlash's tail get the stage's text."""
+    from dflash_ref.conformance.hints import BY_STAGE, hint
+
+    expected = np.random.default_rng(0).normal(size=(1, 7, 4)).astype(np.float32)
+    assert "last N = 2 context keys" in hint("k_rot", expected, expected[:, 1:], {"block_size": 4}, 0)
+    assert "draft_context_window=2" in hint("k_rot", expected, expected[:, 1:], {"block_size": 4}, 0)
+    assert "last N = 6 − L_q context keys" in hint("k_rot", expected, expected[:, 1:], {}, 0)
+    assert hint("k_rot", expected, expected[:, :6] + 1, {"block_size": 4}, 0) == BY_STAGE["k_rot"]
+
+
+def test_the_hints_read_off_the_tensors_stay_silent_on_odd_input():
+    """A hint never raises and never reads a cause into tensors that do not show it: shapes of another rank,
+    integers, NaNs, zeros, a scalar, and the same tensor."""
+    from dflash_ref.conformance.hints import BY_STAGE, READERS, hint
+
+    rng = np.random.default_rng(1)
+    shaped = {1: rng.normal(size=5), 2: rng.normal(size=(4, 6)), 3: rng.normal(size=(4, 4, 8))}
+    for stage in READERS:
+        for x in (*shaped.values(), np.zeros((4, 4, 8)), np.full((4, 6), np.nan), np.array(3), np.arange(6)):
+            for y in (*shaped.values(), np.array(2)):
+                assert isinstance(hint(stage, x, y, {}, 0), str)
+            said = hint(stage, x, x, {"inputs": {"input_ids": [1, 2, 3]}}, 0)
+            assert said == BY_STAGE.get(stage, ""), (stage, said)

@@ -288,3 +288,16 @@ def test_matrix_refuses_an_unknown_port_and_fails_on_a_failing_row(golden):
     assert proc.returncode == 2 and "unknown port(s) ['nosuch']" in proc.stderr
     ok = run_cli("matrix", "--ports", "reference", "--bundle", str(golden / "01_walkthrough"))
     assert ok.returncode == 0 and "| walkthrough | pass |" in ok.stdout, ok.stdout + ok.stderr
+
+
+def test_the_readme_documents_every_key():
+    """conformance/README.md's table of keys and layouts names every stage's key."""
+    from pathlib import Path
+
+    from dflash_ref.conformance.bundle import STAGES, key_for
+
+    readme = (Path(__file__).resolve().parents[1] / "dflash_ref" / "conformance" / "README.md").read_text()
+    table = readme[readme.index("**Keys and layouts**") : readme.index("**Adapter protocol**")]
+    for stage, *_ in STAGES:
+        name = key_for(stage, 0, 0).split("/")[-1].rsplit(".", 1)[-1]  # e.g. hook_k_rot, target_logits
+        assert name in table or name.split("_", 1)[-1] in table, stage

@@ -66,7 +66,8 @@ class Check:
         """What a failed check found different, always something: its detail (a shape, the integers, …) or
         its numbers."""
         numbers = f"max abs {self.max_abs:.2e}  rel {self.rel:.2e}  tol {self.tolerance:.0e}"
-        return self.detail or (numbers if self.tolerance else "exact") + (f" ({self.note})" if self.note else "")
+        shown = numbers if self.tolerance or self.max_abs or self.status == "FAIL" else "exact"
+        return self.detail or shown + (f" ({self.note})" if self.note else "")
 
     def line(self) -> str:
         return f"{self.status:<7} {self.where:<36} {title(self.stage):<26} {self.differs}   [{self.key}]"

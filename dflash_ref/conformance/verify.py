@@ -101,7 +101,12 @@ def compare_one(bundle: str, entry: dict, expected: np.ndarray, got) -> Check:
     check.rel = check.max_abs / max(1.0, float(np.abs(expected).max()))
     if not np.isfinite(got).all() or not check.rel <= check.tolerance:
         check.status = "FAIL"
-        check.detail = "" if np.isfinite(got).all() else "non-finite values"
+        bad = np.flatnonzero(~np.isfinite(got.reshape(-1)))
+        if bad.size:  # what differs: how many, where first, and the finite part's error
+            check.detail = (
+                f"{bad.size} of {got.size} values non-finite, first at flat index {int(bad[0])} "
+                f"({got.reshape(-1)[bad[0]]}); the finite ones off by max abs {check.max_abs:.2e}"
+            )
     return check
 
 
