@@ -35,7 +35,7 @@ _EXPORTS = {
     "extensions.fast_cpu": ["use_fast_cpu"],
     "target": ["HFTarget", "Qwen3Target"],
     "target.checkpoint": ["save_target"],
-    "target.folder": ["load_target"],
+    "target.folder": ["load_target", "load_tokenizer"],
     "target.llama": ["LlamaTarget", "load_llama_target"],
     "trace": ["StepRecord"],
 }
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from .layer_sampling import build_target_layer_ids, extract_context_feature
     from .target import HFTarget, Qwen3Target
     from .target.checkpoint import save_target
-    from .target.folder import load_target
+    from .target.folder import load_target, load_tokenizer
     from .target.llama import LlamaTarget, load_llama_target
     from .trace import StepRecord
 

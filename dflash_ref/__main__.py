@@ -10,6 +10,28 @@ import sys
 from .training.arguments import add_train_arguments
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """`--help` as argparse writes it, the descriptions' line breaks kept, and every option's default after
+    its help: "(default: …)". Not where the help already says its default in its own words, nor where there
+    is none to say (None, False, an empty list: the option is off, or empty, unless given)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        help = action.help or ""
+        default = action.default
+        if "default" in help or default is argparse.SUPPRESS or default is None or default is False or default == []:
+            return help
+        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+        return f"{help} (default: {shown.replace('%', '%%')})".lstrip()
+
+
+class Parser(argparse.ArgumentParser):
+    """The command's parser, and each subcommand's (a subparser is of its parent's class): HelpFormatter's help."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def _generate_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of `generate` (here, so that building the parser imports no torch)."""
     p.add_argument("--target", required=True, help="a Hugging Face model folder, or 'smollm2'")
@@ -20,13 +42,27 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
         "(default: for smollm2 the shipped DFlash 2 draft, otherwise a random draft)",
     )
     which.add_argument("--random-draft", action="store_true", help="use an untrained random draft")
-    p.add_argument("--prompt", default="Explain speculative decoding in one paragraph.")
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default="Explain speculative decoding in one paragraph.", help="the prompt")
+    prompt.add_argument(
+        "--prompt-file", metavar="FILE", help="the prompt: all of this UTF-8 file's text (its last line break dropped)"
+    )
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["bf16", "bfloat16", "float16", "float32", "fp16", "fp32"])
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--verifier", default="rejection", choices=["rejection", "match"])
+    p.add_argument("--device", default="cpu", help="where the models run: cpu, cuda, cuda:1, …")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["bf16", "bfloat16", "float16", "float32", "fp16", "fp32"],
+        help="both models' dtype (float32: the output is the target's token for token)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=64, help="stop after this many new tokens")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above 0: sampling, still lossless")
+    p.add_argument(
+        "--verifier",
+        default="rejection",
+        choices=["rejection", "match"],
+        help="with --temperature > 0: speculative sampling as dflash 0.1.0 (rejection), or the seed's cumprod match",
+    )
     p.add_argument("--block-size", type=int, help="override the draft's block size")
     p.add_argument(
         "--verify-gate",
@@ -49,7 +85,7 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
         "(extensions/fast_cpu/; exact up to float rounding; default: plain nn.Linear)",
     )
     p.add_argument("--draft-layers", type=int, default=3, help="layers of a random draft")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="torch's seed (a random draft's weights, sampling)")
     p.add_argument("--trace", help="save the trace (draft attention of every step) to this folder")
     p.add_argument("--figures", help="write the trace's plots to this folder")
     p.add_argument(
@@ -61,14 +97,16 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dflash_ref", description=__doc__)
+    parser = Parser(prog="python -m dflash_ref", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     walk = sub.add_parser("walkthrough", help="run the 3-token / block-4 walkthrough, write its figures")
-    walk.add_argument("--out", default="figures", help="folder for the figures (default: figures/)")
+    walk.add_argument("--out", default="figures", help="folder for the figures")
     gen = sub.add_parser("generate", help="speculative decoding with a real or random draft, streamed")
     _generate_arguments(gen)
     smoke = sub.add_parser("smoke", help="full-size Qwen3-8B-shaped check on CUDA (or --size tiny on CPU)")
-    smoke.add_argument("--size", choices=["full", "tiny"], default="full")
+    smoke.add_argument(
+        "--size", choices=["full", "tiny"], default="full", help="full: Qwen3-8B's shapes, on CUDA; tiny: on a CPU"
+    )
     smoke.add_argument(
         "--version",
         type=int,
@@ -90,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="*",
         help="baselines steps dflash2 rollback official tracing blocks ceiling memory trained engines (default: all)",
     )
-    bench.add_argument("--repeats", type=int, default=7)
-    bench.add_argument("--out", default="figures/bench")
+    bench.add_argument("--repeats", type=int, default=7, help="timed runs of each variant")
+    bench.add_argument("--out", default="figures/bench", help="folder of the results: bench.json, bench.md, figures")
     bench.add_argument(
         "--draft",
         help="bench trained: this official-format SmolLM2 draft folder too, first, beside the "
@@ -105,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     evaluate.add_argument(
         "--target",
         default="smollm2",
-        help="smollm2 (default), or the Hugging Face chat model folder the --draft was trained for",
+        help="smollm2, or the Hugging Face chat model folder the --draft was trained for",
     )
     evaluate.add_argument(
         "--draft",
@@ -310,10 +348,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.runs is not None or args.verifier:
             raise SystemExit("verify: --runs and --verifier go with --sampling")
         if args.html:  # now, not after the verification has run
-            from .conformance.page import check_html_path
+            from .cli.folders import check_output_file
+            from .conformance.page import check_plotly
 
             try:
-                check_html_path(args.html)
+                check_output_file("--html", args.html, "report.html")
+                check_plotly()
             except ValueError as e:
                 raise SystemExit(f"verify: {e}") from None
         try:  # what cannot be read: the bundles, the dump, the implementation named or its declaration
@@ -396,4 +436,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # Ctrl-C outside generate's decoding (which reports what it did): no traceback
+        print("interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(130)

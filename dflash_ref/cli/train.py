@@ -30,7 +30,8 @@ from matplotlib.figure import Figure
 
 from ..drafts.checkpoint import save_draft
 from ..plots import save_figure
-from ..target.chat import check_target_name, open_chat_target
+from ..target.chat import open_chat_target
+from ..target.folder import check_target_name
 from ..target.smollm2 import longest_chat_prompt
 from ..training import distill
 from ..training import options as train_options

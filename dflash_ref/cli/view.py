@@ -7,15 +7,24 @@ from pathlib import Path
 
 from ..trace import Trace
 from ..viewer import browser, write_html
+from .folders import check_output_file
 
 LARGE_MIB = 100  # a file above this opens slowly: the command says how to make it smaller
 
 
 def run(args) -> int:
-    """Write the viewer; a trace that cannot be read or shown ends the command with the reason."""
+    """Write the viewer; a trace that cannot be read or shown, or a file that cannot be written (checked
+    before the trace is read), ends the command with the reason."""
+    out = Path(args.out) if args.out else Path(args.trace) / "trace.html"
+    try:
+        if args.out or Path(args.trace).is_dir():  # else the trace's own refusal (below) says what is wrong
+            check_output_file("--out", out, "trace.html")
+        if args.screenshot:
+            check_output_file("--screenshot", args.screenshot, "trace.png")
+    except ValueError as e:
+        raise SystemExit(f"view: {e}") from None
     try:
         trace = Trace.load(args.trace)
-        out = Path(args.out) if args.out else Path(args.trace) / "trace.html"
         title = args.title or f"dflash_ref trace · {Path(args.trace).name}"
         path = write_html(trace, out, steps=args.steps, layers=args.layers, target_layers=args.target_layers,
                           precision=args.precision, title=title)  # fmt: skip

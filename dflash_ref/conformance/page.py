@@ -38,7 +38,7 @@ from .bundle import Bundle, find_bundles, key_for
 from .report import Check, Report
 from .stages import STAGES, TITLES
 
-__all__ = ["MAX_CHIPS", "MAX_SIDE", "MAX_VALUES", "check_html_path", "render_report", "write_report_html"]
+__all__ = ["MAX_CHIPS", "MAX_SIDE", "MAX_VALUES", "check_plotly", "render_report", "write_report_html"]
 
 # past these, a window of the tensor around its largest difference: rows and columns of one slice (what a heatmap
 # a third of the page wide still shows cell by cell), and values of a tensor (so many slices)
@@ -217,14 +217,9 @@ def render_report(report: Report, bundles: list[Bundle] | str | Path | None, tit
     )
 
 
-def check_html_path(path: str | Path, flag: str = "--html") -> None:
-    """A page can be written at `path`, else a ValueError naming it: `path` is not a folder, its folder is
-    there or can be made (cli.folders' check, which makes and removes it) and can be written in, and plotly
-    (whose plotly.js the page inlines) is installed. verify checks this before it runs anything, so that a
-    long verification does not end at a path it cannot write."""
-    from ..cli.folders import check_output_file
-
-    check_output_file(flag, path, "report.html")
+def check_plotly(flag: str = "--html") -> None:
+    """plotly (whose plotly.js the page inlines) is installed, else a ValueError saying how to install it: checked
+    before a verification runs (the command line checks the path too, cli.folders.check_output_file)."""
     if importlib.util.find_spec("plotly") is None:
         raise ValueError(
             f"{flag} inlines plotly.js from the plotly package, which is not installed: "

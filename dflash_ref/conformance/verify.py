@@ -171,18 +171,7 @@ def compare(
                 )
             )
             continue
-        not_compared = (
-            "waived"
-            if e["stage"] in skip
-            else "last_block=full-then-truncate"
-            if step in truncated and not (e["stage"] in BLOCK_FREE and step == min(truncated))
-            else departing
-            if departed is not None
-            and step is not None
-            and step >= departed
-            and not (step == departed and e["stage"] in BLOCK_FREE and "proposals" not in departing)
-            else None
-        )
+        not_compared = _not_compared(e, skip, truncated, departed, departing)
         if not_compared:
             checks.append(
                 Check(
@@ -224,6 +213,22 @@ def compare(
         checks.append(check)
     _keep_first_tensors(checks)
     return checks
+
+
+def _not_compared(entry: dict, skip, truncated: set[int], departed: int | None, departing: str) -> str | None:
+    """Why an entry is not compared ("waived", or the variant it is not compared under), None if it is: a
+    waived stage; a step whose block full-then-truncate drafts whole (its first still compares what comes
+    before the block); a step at or after a departing variant's departure (the departure's own step still
+    compares what comes before the block, but where the port ran no draft pass there)."""
+    stage, step = entry["stage"], entry.get("step")
+    if stage in skip:
+        return "waived"
+    if step in truncated and not (stage in BLOCK_FREE and step == min(truncated)):
+        return "last_block=full-then-truncate"
+    if departed is not None and step is not None and step >= departed:
+        if not (step == departed and stage in BLOCK_FREE and "proposals" not in departing):
+            return departing
+    return None
 
 
 def _stage(key: str) -> str | None:

@@ -17,10 +17,20 @@ from ..draft_model import DFlashDraftModel
 from ..extensions.draft_vocab import FILE as DRAFT_VOCAB_FILE
 from ..extensions.draft_vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
 from ..target.checkpoint import CheckpointError, load_folder, save_folder
+from .shipped import SHIPPED_NAMES, shipped_or_folder
 
 
 def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> DFlashDraftModel:
-    """An official-format DFlash draft folder → DFlashDraftModel (dtype: None = the config's)."""
+    """An official-format DFlash draft folder, or a shipped draft's name as `--draft` takes it (`shipped:dflash2`,
+    `shipped:dflash1`: shipped.py) → DFlashDraftModel (dtype: None = the config's; the shipped ones are bf16).
+    What is neither is refused, listing the names (CheckpointError)."""
+    try:
+        folder = shipped_or_folder(folder)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    if not folder.exists():
+        names = ", ".join(SHIPPED_NAMES)
+        raise CheckpointError(f"no folder {folder} (a draft folder, or a shipped draft's name: {names})")
     model = load_folder(DFlashDraftModel, DraftConfig, folder, dtype, device, set(DRAFT_ARCHITECTURES))
     state = model.state_dict()
     broken = [name for name, t in state.items() if not bool(torch.isfinite(t).all())]

@@ -16,14 +16,22 @@ SHIPPED_NAMES = {"shipped:dflash2": SHIPPED_DFLASH2, "shipped:dflash1": SHIPPED_
 
 
 def draft_folder(name: str | Path | None, flag: str = "--draft") -> Path:
-    """--draft as given → its folder: None is the default shipped draft, `shipped:dflash1` / `shipped:dflash2`
-    a shipped one, anything else a folder; an unknown `shipped:` name is refused (ValueError), naming the ones
-    there are, so that a command can refuse it before loading anything. `flag`: the option named
-    in the refusal (`train --init` takes the same names)."""
+    """--draft as given → its folder: None is the default shipped draft, otherwise `shipped_or_folder(name)`;
+    an unknown `shipped:` name is refused (ValueError), naming the ones there are, so that a command can refuse
+    it before loading anything. `flag`: the option named in the refusal (`train --init` takes the same names)."""
     if name is None:
         return SHIPPED_DRAFT
+    try:
+        return shipped_or_folder(name)
+    except ValueError as e:
+        raise ValueError(f"{flag} {e}") from None
+
+
+def shipped_or_folder(name: str | Path) -> Path:
+    """A draft as `--draft` and `load_draft` take it → its folder: `shipped:dflash1` / `shipped:dflash2` a shipped
+    one, anything else a folder; an unknown `shipped:` name is a ValueError naming the ones there are."""
     if str(name).startswith("shipped:"):
         if str(name) not in SHIPPED_NAMES:
-            raise ValueError(f"{flag} {name}: no shipped draft of that name (there are {', '.join(SHIPPED_NAMES)})")
+            raise ValueError(f"{name}: no shipped draft of that name (there are {', '.join(SHIPPED_NAMES)})")
         return SHIPPED_NAMES[str(name)]
     return Path(name)

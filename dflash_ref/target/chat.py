@@ -27,10 +27,8 @@ from pathlib import Path
 
 import torch
 
-from .folder import folder_stop_ids, open_target
-from .smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, load_smollm2
-
-SMOLLM2 = "smollm2"
+from .folder import SMOLLM2, folder_stop_ids, open_target
+from .smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS
 
 
 @dataclass
@@ -48,25 +46,16 @@ class ChatTarget:
 
     def copy_in(self, dtype: torch.dtype):
         """Another copy of the model in `dtype` (the bf16 copy that distils)."""
-        if self.name == SMOLLM2:
-            return load_smollm2(dtype)[0]
-        return open_target(Path(self.name), dtype, torch.device("cpu"), own=False)[0]
-
-
-def check_target_name(name: str) -> None:
-    """`smollm2` or a folder holding config.json: checked before anything is loaded (ValueError)."""
-    if name != SMOLLM2 and not (Path(name) / "config.json").is_file():
-        raise ValueError(f"--target {name}: no config.json there (a Hugging Face model folder, or '{SMOLLM2}')")
+        return open_target(self.name, dtype, torch.device("cpu"), own=False)[0]
 
 
 def open_chat_target(name: str) -> ChatTarget:
     """Load `smollm2` or a model folder in fp32 on the CPU; a folder that cannot serve ends the command
     naming it (target/folder.py's open_target's checks, then its chat template, stop ids and output head)."""
+    model, tokenizer = open_target(name, torch.float32, torch.device("cpu"), own=False)
     if name == SMOLLM2:
-        model, tokenizer = load_smollm2()
         return ChatTarget(name, model, tokenizer, list(STOP_TOKEN_IDS), MASK_TOKEN_ID)
     folder = Path(name)
-    model, tokenizer = open_target(folder, torch.float32, torch.device("cpu"), own=False)
     if not getattr(tokenizer, "chat_template", None):
         raise SystemExit(
             f"--target {name}: its tokenizer has no chat template (the prompts are put to it as a chat turn)"

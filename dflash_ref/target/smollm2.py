@@ -75,16 +75,25 @@ def converted_folder() -> Path | None:
 
 def _from_gguf(source: Path, dtype: torch.dtype):
     """(LlamaForCausalLM, tokenizer) from the GGUF file itself, or from its converted folder."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     where = {"gguf_file": source.name} if source.suffix == ".gguf" else {}
     folder = source.parent if where else source
-    tokenizer = AutoTokenizer.from_pretrained(folder, **where)
+    tokenizer = _tokenizer_from(source)
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **where), tokenizer
+
+
+def _tokenizer_from(source: Path):
+    """The tokenizer (with its chat template) from the GGUF file itself, or from its converted folder."""
+    from transformers import AutoTokenizer
+
+    where = {"gguf_file": source.name} if source.suffix == ".gguf" else {}
+    tokenizer = AutoTokenizer.from_pretrained(source.parent if where else source, **where)
     # the GGUF asks for clean_up_tokenization_spaces, which transformers ignores for this BPE tokenizer (with
     # a warning at every first decode): False is what it decodes with anyway, said here (the load's own
     # keyword does not override the GGUF's value)
     tokenizer.clean_up_tokenization_spaces = False
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, **where), tokenizer
+    return tokenizer
 
 
 @functools.lru_cache(maxsize=2)
@@ -96,6 +105,13 @@ def _load(dtype: torch.dtype):
 def load_smollm2(dtype: torch.dtype = torch.float32) -> tuple[HFTarget, object]:
     """(target, tokenizer); loaded once per process and dtype, from the converted folder (`converted_folder`)."""
     return _load(dtype)
+
+
+@functools.lru_cache(maxsize=1)
+def load_smollm2_tokenizer():
+    """SmolLM2's tokenizer alone, as `load_smollm2` gives it beside the model (without loading the model,
+    once the converted folder exists)."""
+    return _tokenizer_from(converted_folder() or smollm2_gguf())
 
 
 @functools.lru_cache(maxsize=2)

@@ -52,12 +52,7 @@ def _read(path: str) -> tuple[str, ...]:
         raise PromptFileError(
             f"{path}: a prompts file must be {' or '.join(SUFFIXES)}, not {file.suffix or 'without a suffix'}"
         )
-    try:
-        lines = file.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError:
-        raise PromptFileError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise PromptFileError(f"{path}: cannot read it as UTF-8 text ({e})") from None
+    lines = read_text(path).splitlines()
     if file.suffix == ".txt":
         found = [line.strip() for line in lines if line.strip()]
     else:
@@ -65,6 +60,17 @@ def _read(path: str) -> tuple[str, ...]:
     if not found:
         raise PromptFileError(f"{path}: holds no prompt")
     return tuple(found)
+
+
+def read_text(path: str | Path) -> str:
+    """A file's whole text, read as UTF-8: a prompts file's, or `generate --prompt-file`'s prompt. A file that
+    is not there, cannot be read or is not UTF-8 is a PromptFileError naming it and the problem."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PromptFileError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise PromptFileError(f"{path}: cannot read it as UTF-8 text ({e})") from None
 
 
 def _prompt_of(line: str, where: str) -> str:
