@@ -65,7 +65,9 @@ for entry in bundle.entries[:8] + bundle.entries[-6:]:
 # ## 2. The reference passes
 # `verify(impl)` runs an *adapter* (`reference`, `zlab` for the official dflash 0.1.0, or your
 # `package.module:factory`) on each bundle and compares stage by stage. The command line is
-# `python -m dflash_ref verify --impl reference [--bundle DIR]`; it exits 0 only when all pass.
+# `python -m dflash_ref verify --impl reference [--bundle DIR]`; it exits 0 only when all pass. Its last
+# line says what the PASS covers: how many of the manifest's tensors were compared (a tensor a port did
+# not give, or one not compared under a design variant it declared, is counted apart, never as agreeing).
 
 # %%
 reference = verify("reference")
@@ -113,6 +115,19 @@ assert not buggy.passed
 # and output ids survive the bug: comparing tokens alone would have passed this port. The report
 # names the origin. The figure shows every tensor's error along the walk for both implementations:
 
+# %% [markdown]
+# `verify --html report.html` writes the same report as one page that opens offline: the first divergence's
+# two tensors side by side with their difference, the attention weights labelled with the bundle's tokens.
+
+# %%
+import tempfile
+from pathlib import Path
+
+from dflash_ref.conformance.page import write_report_html
+
+page = write_report_html(buggy, [bundle], Path(tempfile.mkdtemp()) / "buggy_port.html")
+print(page.name, f"{page.stat().st_size / 1e6:.1f} MB, self-contained")
+
 # %%
 from dflash_ref.conformance.figures import plot_tensor_diff, plot_walk
 
@@ -133,9 +148,6 @@ plot_tensor_diff(bundle.expected[first.key], produced[first.key], f"{first.key} 
 # Here the buggy port's tensors are dumped with numpy and compared without running anything.
 
 # %%
-import tempfile
-from pathlib import Path
-
 dump = Path(tempfile.mkdtemp()) / "my_port.npz"
 np.savez(dump, **{f"{bundle.name}/{key}": value for key, value in produced.items()})
 report = verify_dump(dump)
