@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ from dflash_ref import DFlashDraftModel, DraftConfig, Qwen3Target, TargetConfig
 from dflash_ref.bench.timing import one_thread
 from dflash_ref.drafts.random_draft import randomize_  # noqa: F401  (tests import it from here)
 from dflash_ref.extensions.fast_cpu.streamed import cpus_at_hand
+from dflash_ref.viewer import browser
 
 # -- on several workers (the README's test command: pytest-xdist, `-n auto --dist loadfile`) ------------
 # Each worker takes whole files, and the CPUs are shared out: two 2-thread processes on a 2-core machine ran
@@ -207,3 +209,21 @@ def _official_runs_on_cpu(monkeypatch):
     except ImportError:
         return
     monkeypatch.setattr(official, "_cuda_time", time.perf_counter)
+
+
+@pytest.fixture(scope="module")
+def chrome():
+    """Headless Chromium through Selenium and Debian's chromedriver (the README's test command installs both), for
+    the pages a person opens (the trace viewer, the divergence page)."""
+    webdriver = pytest.importorskip("selenium.webdriver")
+    driver_path = shutil.which("chromedriver")
+    if browser.chromium() is None or driver_path is None:
+        pytest.skip("no Chromium and chromedriver here: apt-get install chromium chromium-driver (as the README says)")
+    options = webdriver.ChromeOptions()
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1600"):
+        options.add_argument(flag)
+    options.binary_location = browser.chromium()
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
+    yield driver
+    driver.quit()

@@ -159,6 +159,7 @@ def test_the_targets_stages_come_first(golden):
     report = verify(After(untied_as_tied), golden / "02_multiround")
     first = report.first_failure
     assert (first.stage, first.step) == ("prefill_logits", None), report.text()
+    assert "tie_word_embeddings" in first.hint  # the target's cause, not the block embedding's
     stages = [c.stage for c in report.checks]
     assert stages.index("prefill_logits") < stages.index("first_token") < stages.index("layer_ids")
 

@@ -12,7 +12,6 @@ import base64
 import html
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -332,23 +331,6 @@ def test_an_html_path_that_cannot_be_written_is_refused_before_any_work(tmp_path
 
 
 # -- in a real browser ------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def chrome():
-    """Headless Chromium through Selenium and Debian's chromedriver (the README's test command installs both)."""
-    webdriver = pytest.importorskip("selenium.webdriver")
-    driver_path = shutil.which("chromedriver")
-    if browser.chromium() is None or driver_path is None:
-        pytest.skip("no Chromium and chromedriver here: apt-get install chromium chromium-driver (as the README says)")
-    options = webdriver.ChromeOptions()
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1400"):
-        options.add_argument(flag)
-    options.binary_location = browser.chromium()
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
-    yield driver
-    driver.quit()
 
 
 def errors(chrome) -> list[str]:

@@ -160,23 +160,6 @@ def test_options_that_name_nothing_in_the_trace_are_refused(loop, tmp_path):
 # -- in a real browser ------------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def chrome():
-    """Headless Chromium through Selenium and Debian's chromedriver (the README's test command installs both)."""
-    webdriver = pytest.importorskip("selenium.webdriver")
-    driver_path = shutil.which("chromedriver")
-    if browser.chromium() is None or driver_path is None:
-        pytest.skip("no Chromium and chromedriver here: apt-get install chromium chromium-driver (as the README says)")
-    options = webdriver.ChromeOptions()
-    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--window-size=1400,1600"):
-        options.add_argument(flag)
-    options.binary_location = browser.chromium()
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
-    yield driver
-    driver.quit()
-
-
 def open_page(chrome, path: Path):
     chrome.get(path.resolve().as_uri())
     chrome.get_log("browser")  # what loading said is checked by the caller through errors()

@@ -14,9 +14,11 @@ import numpy as np
 
 BY_STAGE = {
     "prefill_logits": "the target's own forward at the prompt's last position (its final norm, then lm_head, tied "
-    "or not as its config says): the target itself differs; e.g. its RoPE read from one spelling of the config "
-    "alone (`rope_theta` + `rope_scaling` as released checkpoints write them, or transformers 5's "
-    "`rope_parameters`), which misses the other",
+    "or not as its config says): the target itself differs, before any draft stage. Its output head: an untied "
+    "lm_head read as the tied embedding or the reverse (`tie_word_embeddings`), or its final norm, where the "
+    "features the draft reads (step 0's extracted features) still agree; else its layers, e.g. its RoPE read "
+    "from one spelling of the config alone (`rope_theta` + `rope_scaling` as released checkpoints write them, or "
+    "transformers 5's `rope_parameters`), which misses the other",
     "first_token": "x_0 is the argmax of the prefill's logits at the prompt's last position",
     "layer_ids": "target_layer_ids: the official formula is round(1 + i·(L − 4)/(n − 1)) (n = 1: [L // 2]), "
     "unless the draft's config gives them",
