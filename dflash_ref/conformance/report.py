@@ -84,7 +84,8 @@ class Coverage:
     missing: int = 0
     waived: int = 0  # --skip
     not_compared: dict[str, int] = field(default_factory=dict)  # variant → tensors not compared under it
-    not_applicable: int = 0  # tensors of bundles the port does not take (n/a), or never ran (adapter raised)
+    not_applicable: int = 0  # tensors of bundles the port does not take (n/a)
+    raised: int = 0  # tensors of bundles whose adapter raised
     own_steps: int = 0  # checks of the port's own steps: invariants under a departing variant, steps past DFlash's
     own_failed: int = 0
 
@@ -101,6 +102,7 @@ class Coverage:
             "missing",
             "waived",
             "not_applicable",
+            "raised",
             "own_steps",
             "own_failed",
         ):
@@ -116,9 +118,8 @@ class Coverage:
         parts += (
             [f"{self.noted:,} observables unlike the reference's (notes: no variant declared)"] if self.noted else []
         )
-        parts += (
-            [f"{self.not_applicable:,} in bundles not run (n/a or the adapter raised)"] if self.not_applicable else []
-        )
+        parts += [f"{self.not_applicable:,} in bundles not applicable to the port"] if self.not_applicable else []
+        parts += [f"{self.raised:,} in bundles where the port raised"] if self.raised else []
         return parts
 
     def line(self, allow_missing: bool) -> str:
@@ -174,8 +175,11 @@ class Report:
             return whole
         checks = [c for c in self.checks if c.bundle == bundle]
         cov = Coverage(total=self.totals.get(bundle, sum(c.manifest and c.key != "bundle" for c in checks)))
-        if any(c.key in ("bundle", "adapter") for c in checks):  # not applicable, or the adapter raised
+        if any(c.key == "bundle" for c in checks):  # not applicable to the port
             cov.not_applicable = cov.total
+            return cov
+        if any(c.key == "adapter" for c in checks):  # the adapter raised: nothing of it compared
+            cov.raised = cov.total
             return cov
         for c in checks:
             if not c.manifest:
