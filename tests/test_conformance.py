@@ -108,6 +108,7 @@ def without_rounding(manifest: bytes) -> dict:
     data = json.loads(manifest)
     data["margins"] = set(data["margins"])  # which margins, not their values
     data["checksums"]["files"].pop("expected.safetensors")  # its floats' bytes are this CPU's rounding
+    data["checksums"].pop("manifest")  # and so are the tolerances the manifest's own digest covers
     for entry in data["tensors"]:
         entry.pop("error_vs_float64", None)
         entry.pop("tolerance")
@@ -963,6 +964,18 @@ def flip_last_bytes(bundle: Path) -> None:
             ["verify", "--impl", "reference", "--bundle", "{tmp}/noweights"],
             "verify: bundle damaged: {tmp}/noweights/draft/model.safetensors is missing",
         ),
+        (
+            ["verify", "--impl", "reference", "--bundle", "{tmp}/extra"],
+            "verify: bundle damaged: {tmp}/extra/target/extra.safetensors is not one of the bundle's files",
+        ),
+        (
+            ["verify", "--impl", "reference", "--bundle", "{tmp}/loose"],
+            "verify: bundle damaged: {tmp}/loose/manifest.json is not the manifest golden wrote",
+        ),
+        (
+            ["verify", "--impl", "reference", "--bundle", "{tmp}/unsummed"],
+            "verify: bundle damaged: {tmp}/unsummed/manifest.json has no checksums",
+        ),
         (["verify", "--impl", "nosuch"], "verify: unknown implementation 'nosuch'"),
         (
             ["verify", "--impl", "no_such_module:f"],
@@ -993,6 +1006,19 @@ def test_verify_and_golden_name_what_they_cannot_read(golden, tmp_path, argv, me
         ("cut", lambda b: (b / "expected.safetensors").write_bytes((b / "expected.safetensors").read_bytes()[:100])),
         ("flipped", flip_last_bytes),  # the data damaged, the header intact: it would read as a port's bug
         ("noweights", lambda b: (b / "draft" / "model.safetensors").unlink()),
+        ("extra", lambda b: (b / "target" / "extra.safetensors").write_bytes(b"")),
+        (
+            "loose",
+            lambda b: (b / "manifest.json").write_text(
+                (b / "manifest.json").read_text().replace('"tolerance": 0.0001', '"tolerance": 1000000000.0')
+            ),
+        ),
+        (
+            "unsummed",
+            lambda b: (b / "manifest.json").write_text(
+                json.dumps({k: v for k, v in json.loads((b / "manifest.json").read_text()).items() if k != "checksums"})
+            ),
+        ),
     ]:
         shutil.copytree(one, tmp_path / name)
         damage(tmp_path / name)

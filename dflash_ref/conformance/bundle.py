@@ -150,10 +150,32 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def manifest_digest(manifest: dict) -> str:
+    """sha256 of the manifest itself but its checksums (its inputs, tensors, tolerances), canonical JSON."""
+    rest = {k: v for k, v in manifest.items() if k != "checksums"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, ensure_ascii=False).encode()).hexdigest()
+
+
 def check_files(path: Path, manifest: dict) -> None:
-    """Every file the manifest lists is there with its checksum, else a ValueError beginning "bundle damaged":
-    a damaged bundle must never read as a port's bug."""
-    for name, expected in manifest.get("checksums", {}).get("files", {}).items():
+    """Every file the manifest lists is there with its checksum, no other file lies in target/ or draft/, and
+    the manifest is as golden wrote it; else a ValueError beginning "bundle damaged": a damaged bundle must
+    never read as a port's bug. A bundle of an older format has no checksums to check."""
+    if manifest.get("format") != FORMAT:
+        return
+    sums = manifest.get("checksums")
+    if not isinstance(sums, dict) or not isinstance(sums.get("files"), dict):
+        raise ValueError(f"bundle damaged: {path / 'manifest.json'} has no checksums (a {FORMAT} bundle has)")
+    if sums.get("manifest") != manifest_digest(manifest):
+        raise ValueError(
+            f"bundle damaged: {path / 'manifest.json'} is not the manifest golden wrote (its inputs, tensors or "
+            "tolerances changed); write the bundle anew: python -m dflash_ref golden --out DIR"
+        )
+    listed = sums["files"]
+    for which in ("target", "draft"):
+        for file in sorted((path / which).iterdir()) if (path / which).is_dir() else []:
+            if file.is_file() and f"{which}/{file.name}" not in listed:
+                raise ValueError(f"bundle damaged: {file} is not one of the bundle's files (a loader might read it)")
+    for name, expected in listed.items():
         file = path / name
         if not file.is_file():
             raise ValueError(f"bundle damaged: {file} is missing (the manifest lists it)")
@@ -200,9 +222,12 @@ def write_bundle_files(path: Path, manifest: dict, expected: dict[str, np.ndarra
     """expected.safetensors, then manifest.json with every file's checksum (the weights, and a target's
     tokenizer, are written by the caller before)."""
     write_safetensors(path / "expected.safetensors", expected)
+    manifest.pop("checksums", None)
     manifest["checksums"] = {
         "algorithm": "sha256",
         "files": checksums(path),
-        "meaning": "each file as golden wrote it; verify refuses a bundle whose files differ (bundle damaged)",
+        "manifest": manifest_digest(manifest),
+        "meaning": "each file as golden wrote it, and this manifest but its checksums; verify refuses a bundle "
+        "that differs, or has other files in target/ or draft/ (bundle damaged)",
     }
     (path / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")

@@ -315,6 +315,8 @@ def _divergence(report: Report, check: Check, bundle: Bundle | None) -> tuple[st
         + "</dl>"
         + (f'<div class="hint" id="hint"><b>hint:</b> {_e(check.hint)}</div>' if check.hint else "")
     )
+    if expected is not None and expected.size == 0 or got is not None and got.size == 0:
+        return head + '<div class="shapes">an empty tensor: nothing to draw</div></section>', None
     if check.status == "error" or (expected is None and got is None):
         return head + "</section>", None
     mismatch = ""

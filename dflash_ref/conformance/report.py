@@ -24,7 +24,9 @@ TITLES_BEYOND = {"extra_step": "a step DFlash does not run"}
 
 
 def title(stage: str) -> str:
-    return TITLES.get(stage) or TITLES_BEYOND.get(stage, stage)
+    """A stage's title; a row of checks of the port's own steps ("τ (own steps)") keeps its suffix."""
+    base, own, _ = stage.partition(" (own steps)")
+    return (TITLES.get(base) or TITLES_BEYOND.get(base, base)) + (" (own steps)" if own else "")
 
 
 @dataclass
@@ -114,7 +116,9 @@ class Coverage:
         """What of the total was not compared and agreed, each part with its reason."""
         parts = [f"{n:,} not compared under {v}" for v, n in self.not_compared.items()]
         parts += [f"{self.waived:,} waived by the port (--skip)"] if self.waived else []
-        parts += [f"{self.missing:,} missing" + (" (--allow-missing)" if allow_missing else "")] if self.missing else []
+        # not allowed, a missing tensor fails, but for an observable whose variant the port did not declare
+        why = " (--allow-missing)" if allow_missing else " (observables, no variant declared)"
+        parts += [f"{self.missing:,} missing{why}"] if self.missing else []
         parts += (
             [f"{self.noted:,} observables unlike the reference's (notes: no variant declared)"] if self.noted else []
         )
@@ -146,12 +150,16 @@ class Report:
     totals: dict[str, int] = field(default_factory=dict)  # bundle → the tensors its manifest lists
 
     def failed(self, check: Check) -> bool:
-        return check.status in ("FAIL", "error") or (check.status == "missing" and not self.allow_missing)
+        missing = check.status == "missing" and not self.allow_missing and check.kind != "observable"
+        return check.status in ("FAIL", "error") or missing
 
     @property
     def passed(self) -> bool:
-        """Nothing failed, and something was compared (waiving every stage proves nothing)."""
-        return any(c.status == "pass" for c in self.checks) and not any(self.failed(c) for c in self.checks)
+        """Nothing failed, and some tensor of a manifest was compared and agreed (waiving every stage proves
+        nothing, and neither do checks of the port's own steps alone)."""
+        return any(c.status == "pass" and c.manifest for c in self.checks) and not any(
+            self.failed(c) for c in self.checks
+        )
 
     @property
     def first_failure(self) -> Check | None:
@@ -210,9 +218,10 @@ class Report:
         for c in self.checks:
             if c.bundle != bundle or c.key in ("bundle", "adapter"):
                 continue
+            name = c.stage if c.manifest or c.stage == "extra_step" else f"{c.stage} (own steps)"
             row = rows.setdefault(
-                c.stage,
-                {"stage": c.stage, "compared": 0, "passed": 0, "failed": 0, "noted": 0, "missing": 0, "skipped": 0,
+                name,
+                {"stage": name, "compared": 0, "passed": 0, "failed": 0, "noted": 0, "missing": 0, "skipped": 0,
                  "worst": None, "first": None},
             )  # fmt: skip
             if c.status == "skipped":
@@ -315,6 +324,6 @@ def _stage_line(row: dict, allow_missing: bool) -> str:
     extra = [f"{row['missing']} missing"] if row["missing"] else []
     extra += [f"{row['skipped']} not compared"] if row["skipped"] else []
     extra += [f"{row['noted']} differ: {KINDS.get(row['stage'])}, not declared"] if row["noted"] else []
-    return f"{state:<5} {title(row['stage']):<26} {row['passed']:>4}/{row['compared']:<4} {shown}" + (
+    return f"{state:<5} {title(row['stage']):<32} {row['passed']:>4}/{row['compared']:<4} {shown}" + (
         f"  ({'; '.join(extra)})" if extra else ""
     )

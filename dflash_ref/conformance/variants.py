@@ -30,10 +30,10 @@ The last three part a port's run from the reference's at some step (a block of a
 cut short, proposals from a lookup): up to that step everything is compared; at it, for the first two,
 what comes before the block (features, fc, C, context K); from it on, the port's own steps are held to
 what stays true of every DFlash step (verify.py, the loop's invariants: τ the leading run of matches, the
-bonus posterior[τ], the committed tokens the target's own, no step after the output; a windowed cache
-attends exactly min(start, N) context keys and the block). Its output ids are always compared. A windowed
-draft cache is detected where its K after RoPE shows it (DFlash's last N context keys, value for value);
-the other two are declared (the hints offer them).
+bonus posterior[τ] and the posterior the argmax of the port's own verify logits, the committed tokens the
+target's own, no step after the output; a windowed cache attends exactly min(start, N) context keys and the
+block, DFlash's own). Its output ids are always compared. All three are declared, never detected (a port
+that loses context keys by mistake must not pass for a windowed one): the hints offer them.
 
 A port declares a variant (an adapter's `variants` attribute, `verify --variant KEY=VALUE`, or a
 profile `{"variants": {...}, "skip": [...]}` beside a dump); what it leaves undeclared is detected
@@ -48,6 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .stages import parse_key
 from .tensorfile import array_or_none, as_array
 
 VARIANTS = {
@@ -155,9 +156,6 @@ def detect(bundle, produced: dict) -> dict[str, str]:
         for variant in VARIANTS["draft_cache"]:  # the last step's final crop is never used again: not telling
             if all(np.array_equal(g[:5], expected_lengths(variant, e)[:5]) for e, g in telling):
                 found["draft_cache"] = variant
-    window = _windowed(bundle, produced) if any(e["stage"] == "k_rot" for e in bundle.entries) else None
-    if window:
-        found["draft_context_window"] = window
     shrunk, block = sorted(shrunk_steps(bundle)), block_size(bundle)
     if shrunk:
         shapes = [
@@ -180,33 +178,15 @@ def reference_steps(bundle) -> list[int]:
     return sorted({e["step"] for e in bundle.entries if e["stage"] == "posterior"})
 
 
-def _windowed(bundle, produced: dict) -> str | None:
-    """The number of context keys a port's draft cache keeps, where its K after RoPE shows it unambiguously:
-    at the first step whose context outgrows it, every layer not on a sliding window attends W < L_c context
-    keys and the block, and those W keys are DFlash's last W, value for value."""
-    evictable = {e["layer"] for e in bundle.entries if e["stage"] == "k_rot" and "evictable_axis" in e}
-    for step in reference_steps(bundle):
-        ahead = [
-            (e, array_or_none(produced.get(e["key"])))
-            for e in bundle.entries
-            if e["stage"] == "k_rot" and e["step"] == step and e["layer"] not in evictable
-        ]
-        q_len = bundle.expected[f"step{step}/posterior"].shape[0]
-        if not ahead or any(got is None or got.ndim != 3 for _, got in ahead):
-            return None
-        kept = {got.shape[1] - q_len for _, got in ahead}
-        if kept == {context_keys(bundle, step)}:
-            continue  # not outgrown yet
-        if len(kept) != 1 or not 0 < (window := kept.pop()) < context_keys(bundle, step):
-            return None
-        for e, got in ahead:
-            expected = bundle.expected[e["key"]]
-            tail = expected[:, context_keys(bundle, step) - window : context_keys(bundle, step)]  # (H_kv, W, d_h)
-            scale = max(1.0, float(np.abs(expected).max()))
-            if got.shape[0] != tail.shape[0] or np.abs(got[:, :window] - tail).max() / scale > e["tolerance"]:
-                return None
-        return str(window)
-    return None
+# a draft pass's own stages: a step where a port produced none of them ran no draft pass
+DRAFT_PASS = {"noise_embedding", "logits", "final_hidden", "q", "k_rot", "pattern"}
+
+
+def _stage(key: str) -> str | None:
+    try:
+        return parse_key(key)[0]
+    except ValueError:
+        return None
 
 
 def departure(bundle, produced: dict, variants: dict) -> tuple[int | None, str]:
@@ -221,7 +201,7 @@ def departure(bundle, produced: dict, variants: dict) -> tuple[int | None, str]:
             if _shape(produced.get(f"step{s}/posterior")) not in (bundle.expected[f"step{s}/posterior"].shape, None)
         ][:1]
     if variants["proposals"][0] == "draft-or-lookup":
-        drafted = {k.split("/")[0] for k in produced if k.startswith("step") and ".hook_" in k}
+        drafted = {k.split("/")[0] for k in produced if _stage(k) in DRAFT_PASS}
         found += [
             (s, "proposals=draft-or-lookup")
             for s in steps

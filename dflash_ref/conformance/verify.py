@@ -21,11 +21,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import KINDS, STAGES, Bundle, candidates_in_id_order, find_bundles, parse_key
+from .bundle import KINDS, LOOP_STAGES, STAGES, Bundle, candidates_in_id_order, find_bundles, key_for, parse_key
 from .hints import hint
 from .report import Check, NotApplicable, Report
 from .tensorfile import array_or_none, as_array, read_arrays
 from .variants import (
+    DRAFT_PASS,
+    _stage,
     block_size,
     check_variants,
     departure,
@@ -113,8 +115,9 @@ def compare_one(bundle: str, entry: dict, expected: np.ndarray, got) -> Check:
 # what the first shrunk step of a full-then-truncate port still computes as the reference did: its
 # context, before any row of the block (later shrunk steps may follow other proposals, so other contexts)
 BLOCK_FREE = {"target_hidden", "fc", "context", "k_ctx"}
-# a draft pass's own stages: a step where a port produced none of them ran no draft pass
-DRAFT_PASS = {"noise_embedding", "logits", "final_hidden", "q", "k_rot", "pattern"}
+# what a windowed draft cache's first cut step still computes as DFlash: the block's embedding and, in layer 0,
+# its Q, K and V before any attention (the keys it attends: _loop_invariants)
+WINDOW_FREE = {"noise_embedding", "q", "k_noise", "v", "q_rot"}
 
 
 def compare(
@@ -155,7 +158,7 @@ def compare(
                     bundle,
                     extra,
                     bool(truncated) or variants["last_block"][0] == "full-then-truncate",
-                    parted=any(c.status == "FAIL" and c.kind == "semantic" for c in checks),
+                    parted=any(c.status == "FAIL" and c.stage in LOOP_STAGES for c in checks),
                 )
             )
         if truncated and e["stage"] == "output_ids" and (got is None or "output_ids" in skip):
@@ -199,8 +202,11 @@ def compare(
         check = compare_one(bundle.name, e, expected, got)
         if choice and choice != "crop-after-pass":
             check.note = f"the {choice} variant's lengths"
-        if check.status in ("FAIL", "missing") and KINDS.get(e["stage"]) == "observable" and how != "declared":
-            check.status = "note"  # an undeclared implementation choice: reported, not a failure
+        if KINDS.get(e["stage"]) == "observable":  # an implementation's layout: held to it where declared
+            if check.status == "FAIL" and how != "declared":
+                check.status = "note"  # an undeclared implementation choice: reported, not a failure
+            elif check.status == "missing" and how == "declared":
+                check.status = "FAIL"  # Report.failed excuses a missing observable: not a declared one
         if check.status == "FAIL":
             check.hint = hint(e["stage"], expected, array_or_none(got), context, e.get("layer"))
             check.expected, check.got = expected, array_or_none(got)
@@ -226,16 +232,12 @@ def _not_compared(entry: dict, skip, truncated: set[int], departed: int | None, 
     if step in truncated and not (stage in BLOCK_FREE and step == min(truncated)):
         return "last_block=full-then-truncate"
     if departed is not None and step is not None and step >= departed:
-        if not (step == departed and stage in BLOCK_FREE and "proposals" not in departing):
+        kept = BLOCK_FREE | (WINDOW_FREE if departing.startswith("draft_context_window") else set())
+        if not (step == departed and stage in kept and "proposals" not in departing):
             return departing
+        if step == departed and stage in WINDOW_FREE and entry.get("layer") not in (0, None):
+            return departing  # past layer 0 the block's rows come from attention over the cut context
     return None
-
-
-def _stage(key: str) -> str | None:
-    try:
-        return parse_key(key)[0]
-    except ValueError:
-        return None
 
 
 def _unlisted(bundle: Bundle, produced: dict) -> tuple[dict[int, list[str]], list[str]]:
@@ -276,30 +278,37 @@ def _extra_steps(bundle: Bundle, extra: dict[int, list[str]], truncating: bool, 
     why = _why_the_reference_ended(bundle) if extra else ""
     if parted:
         why = "that DFlash does not: its run parted from DFlash's at an earlier step (the first divergence)"
-    cut = truncating and why.startswith("past max_new_tokens")
-    return [
-        Check(
-            bundle.name,
-            f"step{step}",
-            "extra_step",
-            step,
-            None,
-            "skipped" if cut else "FAIL",
-            detail=f"the port ran step {step} {why} ({len(keys)} tensors of it, e.g. {keys[0]})"
-            + ("; under last_block=full-then-truncate its tokens are all cut away" if cut else ""),
-            skipped_by="last_block=full-then-truncate" if cut else "",
-            manifest=False,
+    steps = reference_steps(bundle)
+    first_past = (steps[-1] + 1) if steps else 0
+    checks = []
+    for step, keys in sorted(extra.items()):
+        cut = truncating and why.startswith("past max_new_tokens") and step == first_past  # one step, no more
+        checks.append(
+            Check(
+                bundle.name,
+                f"step{step}",
+                "extra_step",
+                step,
+                None,
+                "skipped" if cut else "FAIL",
+                detail=f"the port ran step {step} {why} ({len(keys)} tensors of it, e.g. {keys[0]})"
+                + ("; under last_block=full-then-truncate its tokens are all cut away" if cut else ""),
+                skipped_by="last_block=full-then-truncate" if cut else "",
+                manifest=False,
+            )
         )
-        for step, keys in sorted(extra.items())
-    ]
+    return checks
 
 
 def _loop_invariants(bundle: Bundle, produced: dict, departed: int, departing: str) -> list[Check]:
     """The port's own steps from `departed` on, where a declared variant parts its run from the reference's,
     held to what stays true of every DFlash step: τ is the leading run of proposals equal to the posterior,
-    the bonus is posterior[τ], the tokens a step commits (posterior[:τ + 1], cut at a stop token or at
-    max_new_tokens) are the target's own (the reference's output there), and no step runs after the output
-    is complete. A windowed draft cache also attends exactly min(start, W) context keys and the block."""
+    the bonus is posterior[τ], the posterior is the argmax of the port's own verify logits and (DFlash 1)
+    the proposals the argmax of its own draft logits, where it gives them; the tokens a step commits
+    (posterior[:τ + 1], cut at a stop token or at max_new_tokens) are the target's own (the reference's output
+    there), and no step runs after the output is complete. A windowed draft cache (draft_context_window=N)
+    attends min(start, N) context keys and the block in every layer (fewer on a sliding layer, which may evict),
+    and at its first cut step those N context keys are DFlash's last N, value for value."""
     output, inputs = bundle.expected["output_ids"], bundle.inputs
     stops = set(inputs.get("stop_token_ids") or ())
     at = (
@@ -310,35 +319,57 @@ def _loop_invariants(bundle: Bundle, produced: dict, departed: int, departing: s
         )
     )
     window = int(departing.split("=")[1]) if departing.startswith("draft_context_window") else None
+    layers = sorted({e["layer"] for e in bundle.entries if e["stage"] == "k_rot"})
+    evicting = {e["layer"] for e in bundle.entries if e["stage"] == "k_rot" and "evictable_axis" in e}
+    selector = any(e["stage"] == "candidates" for e in bundle.entries)  # DFlash 2: proposals are the path
     checks, step = [], departed
 
     def check(stage: str, ok: bool, detail: str, layer: int | None = None) -> None:
-        key = f"step{step}/{stage}" if layer is None else f"step{step}/draft.layers.{layer}.self_attn.hook_k_rot"
+        key = f"step{step}/{stage}" if layer is None else key_for(stage, step, layer)
         checks.append(
             Check(bundle.name, key, stage, step, layer, "pass" if ok else "FAIL", detail="" if ok else detail,
                   note=f"invariant under {departing}", manifest=False)
         )  # fmt: skip
 
+    def ids(name: str, rank: int) -> np.ndarray | None:
+        """The port's integers of `name` at this step, of that rank, else None."""
+        value = array_or_none(produced.get(f"step{step}/{name}"))
+        if value is None or value.ndim != rank or not np.issubdtype(value.dtype, np.number):
+            return None
+        if not np.isfinite(value).all() or not np.array_equal(value, np.round(value)):
+            return None
+        return value.astype(np.int64)
+
     while f"step{step}/posterior" in produced:
-        values = {name: array_or_none(produced.get(f"step{step}/{name}")) for name in ("draft_tokens", "posterior")}
-        tau, bonus = (array_or_none(produced.get(f"step{step}/{n}")) for n in ("acceptance_length", "bonus"))
-        if any(v is None for v in (*values.values(), tau, bonus)):
-            check("posterior", False, "a step's draft tokens, posterior, τ and bonus are all needed to check it")
-            break
         drafted, posterior, tau, bonus = (
-            values["draft_tokens"].reshape(-1),
-            values["posterior"].reshape(-1),
-            int(tau),
-            int(bonus),
+            ids("draft_tokens", 1),
+            ids("posterior", 1),
+            ids("acceptance_length", 0),
+            ids("bonus", 0),
         )
+        if drafted is None or posterior is None or tau is None or bonus is None:
+            check("posterior", False, "a step needs its draft tokens (γ,), posterior (L_q,), τ and bonus, whole "
+                  "numbers, to be checked: one is missing or not so")  # fmt: skip
+            break
+        tau, bonus = int(tau), int(bonus)
         if at >= len(output):
             check("posterior", False, f"the port ran step {step} after its output was complete ({len(output)} ids)")
             break
         run = next((i for i, (d, p) in enumerate(zip(drafted, posterior)) if d != p), min(len(drafted), len(posterior)))
         check("acceptance_length", tau == run, f"τ = {tau}, but its proposals {drafted.tolist()} match the posterior "
               f"{posterior.tolist()} for {run}: τ is the leading run of matches")  # fmt: skip
-        check("bonus", tau < len(posterior) and bonus == posterior[tau],
+        check("bonus", 0 <= tau < len(posterior) and bonus == posterior[tau],
               f"bonus {bonus} is not posterior[τ] of {posterior.tolist()}, τ = {tau}")  # fmt: skip
+        own = (
+            ("target_logits", posterior, "posterior"),
+            ("draft.hook_logits", None if selector else drafted, "draft_tokens"),
+        )
+        for logits_name, chosen, what in own:
+            given = produced.get(f"step{step}/{logits_name}")
+            logits = None if given is None else array_or_none(given)
+            if chosen is not None and logits is not None:
+                ok = logits.ndim == 2 and logits.shape[0] == len(chosen) and np.array_equal(logits.argmax(-1), chosen)
+                check(what, ok, f"its {what} {chosen.tolist()} is not the argmax of its own {logits_name}")
         committed = posterior[: tau + 1].tolist()[: len(output) - at]
         if stops & set(committed):
             committed = committed[: next(i for i, t in enumerate(committed) if t in stops) + 1]
@@ -346,14 +377,26 @@ def _loop_invariants(bundle: Bundle, produced: dict, departed: int, departing: s
               f"it commits {committed} at positions {at}…, where the target's own decoding has "
               f"{output[at : at + len(committed)].tolist()}")  # fmt: skip
         if window is not None:
-            for layer, k_rot in sorted(
-                (int(k.split(".")[2]), array_or_none(v)) for k, v in produced.items()
-                if k.startswith(f"step{step}/draft.layers.") and k.endswith("self_attn.hook_k_rot")
-            ):  # fmt: skip
-                keys = min(at - 1, window) + len(posterior)  # x_0 sits at position at − 1: the block's start
-                check("k_rot", k_rot is not None and k_rot.ndim == 3 and k_rot.shape[1] == keys,
-                      f"{None if k_rot is None else k_rot.shape[1]} keys attended, where a cache of the last "
-                      f"{window} context positions and a block of {len(posterior)} give {keys}", layer)  # fmt: skip
+            context = min(at - 1, window)  # x_0 sits at position at − 1: the block's start
+            for layer in layers:
+                k_rot = array_or_none(produced.get(key_for("k_rot", step, layer)))
+                keys = None if k_rot is None or k_rot.ndim != 3 else k_rot.shape[1] - len(posterior)
+                ok = keys is not None and (keys == context or (layer in evicting and 0 <= keys < context))
+                check("k_rot", ok, f"{keys} context keys attended, where a cache of the last {window} context "
+                      f"positions holds {context} before a block of {len(posterior)}", layer)  # fmt: skip
+                if ok and step == departed and keys:  # the kept context keys are DFlash's last ones, value for value
+                    entry = next(e for e in bundle.entries if e["key"] == key_for("k_rot", step, layer))
+                    expected = bundle.expected[entry["key"]]
+                    start = expected.shape[1] - len(posterior)  # DFlash's context keys at this step
+                    tail = expected[:, start - keys : start].astype(np.float64)
+                    got = k_rot[:, :keys].astype(np.float64)
+                    err = (
+                        np.abs(got - tail).max() / max(1.0, float(np.abs(tail).max()))
+                        if got.shape == tail.shape
+                        else np.inf
+                    )
+                    check("k_rot", err <= entry["tolerance"], f"its {keys} context keys are not DFlash's last {keys} "
+                          f"(rel {err:.1e})", layer)  # fmt: skip
         at += len(committed)
         step += 1
     if at < len(output):
@@ -433,6 +476,10 @@ def verify(
                     detail=f"{type(e).__name__}: {e} ({Path(where.filename).name}:{where.lineno})",
                 )
             )
+            continue
+        if not isinstance(produced, dict) or not all(isinstance(k, str) for k in produced):
+            detail = f"run() returned {type(produced).__name__}, not a mapping of manifest keys (str) to arrays"
+            report.checks.append(Check(b.name, "adapter", "adapter", None, None, "error", detail=detail))
             continue
         report.checks += compare(b, produced, report, declared, skip)
     if getattr(adapter, "layout", None):  # which code of the port it found (official.py)
