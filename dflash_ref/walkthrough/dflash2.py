@@ -157,10 +157,14 @@ def block_labels(ex: DFlash2Example, step: int) -> list[str]:
     return [f"{p}:{VOCAB[r.block_ids[0]]}" if i == 0 else f"{p}:<mask>" for i, p in enumerate(r.q_position_ids)]
 
 
-def tell_dflash2(ex: DFlash2Example, say: Callable[[str], None] = print) -> None:
+HEADER = "\n== Part 4 · DFlash 2: a convolution around each sublayer, a path through candidates =="
+
+
+def tell_dflash2(ex: DFlash2Example, say: Callable[[str], None] = print, header: bool = True) -> None:
     d, r = ex.draft.config, ex.trace.records[0]
     conv, sel = ex.draft.layers[0].attention_conv, ex.draft.candidate_selector
-    say("\n== Part 4 · DFlash 2: a convolution around each sublayer, a path through candidates ==")
+    if header:
+        say(HEADER)
     say(
         f"draft: {d.num_hidden_layers} layers, block_size {d.block_size}; conv K = {d.conv_kernel_size} taps, "
         f"{conv.groups} groups of {d.conv_group_size} channels; selector rank {d.selector_rank}, "

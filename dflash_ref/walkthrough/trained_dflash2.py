@@ -27,6 +27,7 @@ from ..training.measure import acceptance_by_position, best_candidate, path_agai
 from ..training.prompt_sets import split_prompts
 from ..training.prompts import eval_prompts
 from ..viewer import name_tokens
+from .progress import Progress
 
 
 class TokenTexts(Sequence):
@@ -55,19 +56,23 @@ class TrainedDFlash2:
     prompts: int
 
 
-def trained_dflash2_example() -> TrainedDFlash2:
+def trained_dflash2_example(progress: bool = False) -> TrainedDFlash2:
     """The shipped SmolLM2 DFlash 2 draft (fp32, proposing among its draft vocabulary) greedy on the first
     TRAINED_PROMPTS prompts of both held-out sets: its path against the argmax of its own logits at every
-    step, and the first prompt's selector traced (its output checked equal to the target's own)."""
+    step, and the first prompt's selector traced (its output checked equal to the target's own).
+    `progress`: lines on stderr, the traced decode's tokens, then the prompts (progress.py)."""
     target, tokenizer = load_smollm2_own()  # the own Llama target: transformers' numbers, faster
     draft = load_draft(SHIPPED_DFLASH2, torch.float32)
     prompts = eval_prompts(TRAINED_PROMPTS) + split_prompts("heldout-styles")[:TRAINED_PROMPTS]
     ids = chat_ids(tokenizer, prompts[0])
     names = ["draft.candidate_selector.*", "draft.layers.*.self_attn.hook_pattern"]  # the lattice; the viewer's
-    with tracing(draft, names=names, meta={"prompt": prompts[0]}) as trace:
+    with (
+        tracing(draft, names=names, meta={"prompt": prompts[0]}) as trace,
+        Progress("traced decode", TRAINED_TOKENS, "tokens", on=progress) as bar,
+    ):
         out = spec_generate(
             draft, target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS, extensions=draft_vocab_of(draft, target),
-            on_step=trace.on_step,
+            on_step=lambda r: (trace.on_step(r), bar.on_step(r)),
         )  # fmt: skip
     assert torch.equal(out.output_ids, generate(target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS).output_ids), (
         "speculative output must equal AR"
@@ -75,12 +80,14 @@ def trained_dflash2_example() -> TrainedDFlash2:
     texts = TokenTexts(tokenizer)
     name_tokens(trace, lambda i: tokenizer.decode([i]), out.output_ids[0].tolist(), STOP_TOKEN_IDS)  # the viewer
     outputs, records = [], []
-    _, choices = selector_log(
-        draft,
-        lambda: acceptance_by_position(
-            draft, target, tokenizer, prompts, TRAINED_TOKENS, STOP_TOKEN_IDS, outputs=outputs, records=records
-        ),
-    )
+    with Progress("held-out prompts", len(prompts), "prompts", on=progress) as bar:
+        _, choices = selector_log(
+            draft,
+            lambda: acceptance_by_position(
+                draft, target, tokenizer, prompts, TRAINED_TOKENS, STOP_TOKEN_IDS, outputs=outputs,
+                records=records, done=lambda i: bar.update(),
+            ),
+        )  # fmt: skip
     return TrainedDFlash2(prompts[0], trace, texts, path_against_argmax(records, choices, outputs), len(prompts))
 
 
