@@ -36,7 +36,8 @@ from ..viewer.page import STYLE as VIEWER_STYLE
 from ..viewer.page import plotly_js
 from .bundle import Bundle, find_bundles, key_for
 from .report import Check, Report
-from .stages import STAGES, TITLES
+from .report import title as stage_title
+from .stages import STAGES
 
 __all__ = ["MAX_CHIPS", "MAX_SIDE", "MAX_VALUES", "check_plotly", "render_report", "write_report_html"]
 
@@ -91,7 +92,7 @@ STYLE = """
 table.stages { border-collapse: collapse; margin: 4px 0 8px; font-size: 13px; }
 table.stages th, table.stages td { padding: 2px 10px; border-bottom: 1px solid #eee; text-align: left; }
 table.stages td.num { text-align: right; font-family: monospace; }
-tr.FAIL td.status, tr.error td.status, tr.missing td.status { color: #b00020; font-weight: 600; }
+tr.FAIL td.status { color: #b00020; font-weight: 600; }
 tr.note td.status { color: #a06000; }
 tr.pass td.status { color: #1a7f37; }
 tr.first { background: #fff3cd; }
@@ -246,10 +247,8 @@ def _summary(report: Report, first: Check | None) -> str:
             lines.append(f"ignored {len(report.ignored[bundle])} key(s) that name no tensor of this bundle")
         own = report.first_failure_in(checks)
         if own is not None:
-            lines.append(f"first divergence here: {own.where} · {_title(own.stage)}")
-        rows = []
-        for stage in dict.fromkeys(c.stage for c in checks if c.key not in ("bundle", "adapter")):
-            rows.append(_stage_row(report, [c for c in checks if c.stage == stage], first))
+            lines.append(f"first divergence here: {own.where} · {stage_title(own.stage)}")
+        rows = [_stage_row(row, first) for row in report.stage_rows(bundle)]
         table = (
             '<table class="stages"><tr><th>stage</th><th>passed / total</th><th>worst rel error</th>'
             "<th>status</th></tr>" + "".join(rows) + "</table>"
@@ -261,25 +260,18 @@ def _summary(report: Report, first: Check | None) -> str:
     return "".join(parts)
 
 
-def _stage_row(report: Report, checks: list[Check], first: Check | None) -> str:
-    """One stage's row: its checks passed of those not skipped, the worst rel error of the float ones, and
-    its status (FAIL, missing or error where one failed; else note; missing where allowed; pass; skipped)."""
-    counted = [c for c in checks if c.status != "skipped"]
-    failing = [c.status for c in counted if report.failed(c)]
-    statuses = {c.status for c in counted}
-    if failing:
-        status = "FAIL" if "FAIL" in failing else failing[0]
-    else:
-        status = next((s for s in ("note", "missing", "pass") if s in statuses), "skipped")
-    skipped = len(checks) - len(counted)
-    rels = [c.rel for c in counted if c.tolerance and c.status in ("pass", "FAIL", "note")]
-    worst = f"{max(rels):.1e}" if rels else "exact" if counted else ""
-    is_first = first is not None and any(c is first for c in checks)
-    said = status + (f" ({skipped} skipped)" if skipped else "") + (" ← first divergence" if is_first else "")
+def _stage_row(row: dict, first: Check | None) -> str:
+    """One stage's row, as the terminal's report counts it (Report.stage_rows): passed of compared, the worst
+    rel error, and its state; the first divergence marked."""
+    is_first = first is not None and row["first"] is first
+    worst = "" if not row["compared"] else "exact" if row["worst"] is None else f"{row['worst']:.1e}"
+    said = row["state"] + (f" ({row['skipped']} not compared)" if row["skipped"] else "")
+    said += f" ({row['missing']} missing)" if row["missing"] else ""
     return (
-        f'<tr class="{status}{" first" if is_first else ""}"><td>{_e(_title(checks[0].stage))}</td>'
-        f'<td class="num">{sum(c.status == "pass" for c in counted)} / {len(counted)}</td>'
-        f'<td class="num">{worst}</td><td class="status">{_e(said)}</td></tr>'
+        f'<tr class="{row["state"]}{" first" if is_first else ""}"><td>{_e(stage_title(row["stage"]))}</td>'
+        f'<td class="num">{row["passed"]} / {row["compared"]}</td>'
+        f'<td class="num">{worst}</td><td class="status">{_e(said + (" ← first divergence" if is_first else ""))}</td>'
+        "</tr>"
     )
 
 
@@ -288,7 +280,7 @@ def _stage_row(report: Report, checks: list[Check], first: Check | None) -> str:
 
 def _divergence(report: Report, check: Check, bundle: Bundle | None) -> tuple[str, dict | None]:
     """The section of the first divergence, and the data its heatmaps are drawn from (None: no heatmap)."""
-    title = _title(check.stage)
+    title = stage_title(check.stage)
     meaning, layout = MEANING.get(check.stage, ("", ""))
     expected, got = _array(check.expected), _array(check.got)
     if expected is None and bundle is not None and check.key in bundle.expected:
@@ -615,10 +607,6 @@ def _array(value) -> np.ndarray | None:
 
 def _describe(a: np.ndarray | None) -> str:
     return "" if a is None else f"shape {tuple(a.shape)}, {a.dtype}"
-
-
-def _title(stage: str) -> str:
-    return TITLES.get(stage, stage.replace("_", " "))
 
 
 def _e(text) -> str:

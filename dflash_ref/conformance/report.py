@@ -206,14 +206,11 @@ class Report:
                 setattr(cov, name, getattr(cov, name) + 1)
         return cov
 
-    def stages(self, bundle: str) -> list[tuple[str, int, int, float | None, int]]:
-        """Per stage of one bundle: (stage, checks, failures, worst rel error or None if exact, notes),
-        in walk order; skipped checks are not counted."""
-        return [(r["stage"], r["compared"], r["failed"], r["worst"], r["noted"]) for r in self.stage_rows(bundle)]
-
     def stage_rows(self, bundle: str) -> list[dict]:
-        """Per stage of one bundle, in walk order: the checks compared, passed, failed, noted, missing and not
-        compared (skipped), the worst rel error (None: exact or none) and the first failure (what differs)."""
+        """Per stage of one bundle, in walk order: the checks compared, passed, failing (as `failed` judges
+        them: a FAIL, or a missing tensor that is no allowed one), noted, missing and not compared (skipped), the
+        worst rel error (None: exact or none), the first failing check (what differs) and the row's state
+        (`row_state`). The checks of the port's own steps have rows of their own."""
         rows: dict[str, dict] = {}
         for c in self.checks:
             if c.bundle != bundle or c.key in ("bundle", "adapter"):
@@ -224,22 +221,19 @@ class Report:
                 {"stage": name, "compared": 0, "passed": 0, "failed": 0, "noted": 0, "missing": 0, "skipped": 0,
                  "worst": None, "first": None},
             )  # fmt: skip
-            if c.status == "skipped":
-                row["skipped"] += 1
-                continue
-            if c.status == "missing":
-                row["missing"] += 1
-                if not self.allow_missing:
-                    row["first"] = row["first"] or c
+            if self.failed(c):
+                row["failed"] += 1
+                row["first"] = row["first"] or c
+            if c.status in ("skipped", "missing"):
+                row[c.status] += 1
                 continue
             row["compared"] += 1
             row["passed"] += c.status == "pass"
             row["noted"] += c.status == "note"
-            if c.status == "FAIL":
-                row["failed"] += 1
-                row["first"] = row["first"] or c
             if c.tolerance:
                 row["worst"] = max(row["worst"] or 0.0, c.rel)
+        for row in rows.values():
+            row["state"] = row_state(row)
         return list(rows.values())
 
     def verdict(self) -> str:
@@ -268,7 +262,7 @@ class Report:
                 if c.bundle == b and c.status == "error":
                     lines.append(f"  adapter raised: {c.detail}")
             for row in self.stage_rows(b):
-                lines.append("  " + _stage_line(row, self.allow_missing))
+                lines.append("  " + _stage_line(row))
             lines += [f"  not applicable: {c.detail}" for c in self.checks if c.bundle == b and c.key == "bundle"]
             lines.append("  " + self.coverage(b).line(self.allow_missing))
             if self.ignored.get(b):  # most often a misspelt key, whose tensor then shows as missing
@@ -302,20 +296,17 @@ class Report:
         )
 
 
-def _stage_line(row: dict, allow_missing: bool) -> str:
+def row_state(row: dict) -> str:
+    """A stage row's state: FAIL where a check of it fails, else note, pass, miss (missing, not failing: allowed,
+    or an observable), skip."""
+    if row["failed"]:
+        return "FAIL"
+    return "note" if row["noted"] else "pass" if row["compared"] else "miss" if row["missing"] else "skip"
+
+
+def _stage_line(row: dict) -> str:
     """One stage of one bundle: its state, passed / compared, the worst error or, failing, what differs."""
-    first = row["first"]
-    state = (
-        "FAIL"
-        if row["failed"] or (row["missing"] and not allow_missing)
-        else "note"
-        if row["noted"]
-        else "pass"
-        if row["compared"]
-        else "skip"
-        if row["skipped"]
-        else "miss"
-    )
+    first, state = row["first"], row["state"]
     shown = (
         first.differs
         if first is not None and (first.detail or not first.tolerance)

@@ -248,6 +248,14 @@ def parse_key(key: str) -> tuple[str, int | None, int | None]:
     raise ValueError(f"{key!r} names no stage of the conformance kit")
 
 
+def stage_of(key: str) -> str | None:
+    """The stage a key names, None for one that names none (a misspelt key)."""
+    try:
+        return parse_key(key)[0]
+    except ValueError:
+        return None
+
+
 def walk_order(key: str) -> tuple:
     """Sort key following the data's walk: prefill, then per step (context, layers, outputs, then a hybrid
     target's states after the crop, layer by layer), then output."""

@@ -48,7 +48,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .stages import parse_key
+from .stages import stage_of
 from .tensorfile import array_or_none, as_array
 
 VARIANTS = {
@@ -60,9 +60,6 @@ VARIANTS = {
     "proposals": ("draft", "draft-or-lookup"),
 }
 REFERENCE = {key: choices[0] for key, choices in VARIANTS.items()}
-# the variants after which a port's run legitimately parts from the reference's: from that step on, its own
-# steps are held to what stays true of every DFlash step (verify.py: the loop's invariants)
-DEPARTING = ("block_length", "draft_context_window", "proposals")
 
 
 def check_variants(variants: dict) -> dict[str, str]:
@@ -182,13 +179,6 @@ def reference_steps(bundle) -> list[int]:
 DRAFT_PASS = {"noise_embedding", "logits", "final_hidden", "q", "k_rot", "pattern"}
 
 
-def _stage(key: str) -> str | None:
-    try:
-        return parse_key(key)[0]
-    except ValueError:
-        return None
-
-
 def departure(bundle, produced: dict, variants: dict) -> tuple[int | None, str]:
     """The first step from which a port following a departing variant runs otherwise than the reference
     (None: it never does on this bundle), and which variant it follows there."""
@@ -201,7 +191,7 @@ def departure(bundle, produced: dict, variants: dict) -> tuple[int | None, str]:
             if _shape(produced.get(f"step{s}/posterior")) not in (bundle.expected[f"step{s}/posterior"].shape, None)
         ][:1]
     if variants["proposals"][0] == "draft-or-lookup":
-        drafted = {k.split("/")[0] for k in produced if _stage(k) in DRAFT_PASS}
+        drafted = {k.split("/")[0] for k in produced if stage_of(k) in DRAFT_PASS}
         found += [
             (s, "proposals=draft-or-lookup")
             for s in steps

@@ -24,10 +24,10 @@ import numpy as np
 from .bundle import KINDS, LOOP_STAGES, STAGES, Bundle, candidates_in_id_order, find_bundles, key_for, parse_key
 from .hints import hint
 from .report import Check, NotApplicable, Report
+from .stages import stage_of
 from .tensorfile import array_or_none, as_array, read_arrays
 from .variants import (
     DRAFT_PASS,
-    _stage,
     block_size,
     check_variants,
     departure,
@@ -211,7 +211,7 @@ def compare(
             check.hint = hint(e["stage"], expected, array_or_none(got), context, e.get("layer"))
             check.expected, check.got = expected, array_or_none(got)
         if check.status == "missing" and step is not None and f"step{step}/posterior" in produced:
-            if not any(k.startswith(f"step{step}/") and _stage(k) in DRAFT_PASS for k in produced):
+            if not any(k.startswith(f"step{step}/") and stage_of(k) in DRAFT_PASS for k in produced):
                 check.hint = (
                     f"the port gave step {step}'s loop values but none of its draft pass: if it proposes by copy "
                     "or lookup at some steps by design, declare `--variant proposals=draft-or-lookup`"
