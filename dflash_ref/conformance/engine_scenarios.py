@@ -24,6 +24,8 @@ prompts use those tokens too.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -206,3 +208,110 @@ DFLASH2_SEED = 3  # its own: the first seed whose candidates and path are clear 
 STOP_INSIDE = "on mat the sat on"
 STOP_BONUS = ". mat ."
 DFLASH2 = dict(version=2, conv_kernel_size=2, conv_group_size=16, selector_rank=16, selector_top_k=4)
+
+
+# -- serving: several requests through one engine, under the conditions where engines' DFlash bugs live ---------
+# Each request is a bundle of its own whose expectation is the reference's run of that request alone: caching,
+# chunking and batching must change nothing a request sees. Its manifest's "serving" entry says how an engine
+# is to submit it beside the others (its scenario, condition, order and arrival) and with which settings.
+SERVING_MEANING = (
+    "how a serving engine submits this request beside the other requests of its scenario: in `order`, each when "
+    "its `arrive` holds (none: at the start; after: a request's label, with tokens: once that request has "
+    "produced that many output tokens, with done: once it has finished), with the scenario's engine settings "
+    "(prefix_caching, kv_block_size, max_batched_tokens per engine step, max_seqs; unset: the engine's own); the "
+    "expected tensors are the reference's run of this request alone"
+)
+
+
+@dataclass(frozen=True)
+class Request:
+    label: str
+    prompt: Callable[[], list[int]]
+    max_new_tokens: int
+    arrive: dict | None = None  # {"after": label, "tokens": n} | {"after": label, "done": True} | None (at start)
+    stop: bool = False  # "." stops it
+
+
+@dataclass(frozen=True)
+class Serving:
+    name: str
+    condition: str
+    description: str
+    engine: dict
+    requests: tuple[Request, ...]
+
+
+def _pattern(n: int, stride: int, offset: int = 0) -> list[int]:
+    """n ACTIVE tokens in a fixed pattern (prompts long enough for several cache blocks or chunks)."""
+    ids = active_ids()
+    return [ids[(stride * i + offset) % len(ids)] for i in range(n)]
+
+
+SERVINGS = (
+    Serving(
+        "serve_prefix_cache",
+        "prefix-cache hit",
+        "a request, then one sharing its first 96 tokens (3 cache blocks of 32), then the first again: the later "
+        "requests' prefills skip the cached blocks, and their first draft pass must attend the same context K/V",
+        {"prefix_caching": True, "kv_block_size": 32, "max_seqs": 1},
+        (
+            Request("r0", lambda: _pattern(100, 2, 2), 16),
+            Request("r1", lambda: _pattern(96, 2, 2) + _pattern(9, 1, 4), 16, {"after": "r0", "done": True}),
+            Request("r2", lambda: _pattern(100, 2, 2), 16, {"after": "r1", "done": True}),
+        ),
+    ),
+    Serving(
+        "serve_chunked_prefill",
+        "chunked prefill",
+        "a 200-token prompt through an engine that takes 64 tokens per step: its prefill in 4 chunks, whose "
+        "features must all reach the draft's context",
+        {"max_batched_tokens": 64, "max_seqs": 1},
+        (Request("r0", lambda: _pattern(200, 1, 1), 12),),
+    ),
+    Serving(
+        "serve_arrivals",
+        "arrivals mid-decode",
+        "requests of unequal prompts arriving while others decode, one stopping early: engine steps that mix a "
+        "prefill with other requests' verifies, and requests of unequal context lengths in one draft pass",
+        {"max_seqs": 4},
+        (
+            Request("r0", lambda: words("the cat sat on the"), 24),
+            Request("r1", lambda: _pattern(40, 5, 2), 16, {"after": "r0", "tokens": 3}),
+            Request("r2", lambda: words(STOP_INSIDE), 24, {"after": "r0", "tokens": 6}, stop=True),
+            Request("r3", lambda: _pattern(12, 5, 5), 16, {"after": "r1", "tokens": 2}),
+        ),
+    ),
+)
+SERVING_NAMES = tuple(f"{s.name}.{r.label}" for s in SERVINGS for r in s.requests)
+
+
+@functools.lru_cache(maxsize=1)
+def serving_scenarios() -> list[Scenario]:
+    """One Scenario per request of SERVINGS (named scenario.label), all on engine_pair(SEED): one target and
+    one draft, as one engine serves them."""
+    stop = active_ids()[ACTIVE.index(".")]
+    out = []
+    for serving in SERVINGS:
+        for order, request in enumerate(serving.requests):
+            out.append(
+                Scenario(
+                    f"{serving.name}.{request.label}",
+                    f"{serving.condition}, request {request.label}: {serving.description}",
+                    lambda: engine_pair(SEED),
+                    request.prompt(),
+                    request.max_new_tokens,
+                    stop_token_ids=[stop] if request.stop else None,
+                    tokenizer=tokenizer,
+                    serving={
+                        "scenario": serving.name,
+                        "condition": serving.condition,
+                        "request": request.label,
+                        "order": order,
+                        "requests": len(serving.requests),
+                        "arrive": request.arrive,
+                        "engine": serving.engine,
+                        "meaning": SERVING_MEANING,
+                    },
+                )
+            )
+    return out

@@ -9,6 +9,7 @@ scenario whose tokens hang on rounding is refused.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -33,7 +34,7 @@ from .bundle import (
     walk_order,
     write_bundle_files,
 )
-from .engine_scenarios import ENGINE_NAMES, engine_scenarios
+from .engine_scenarios import ENGINE_NAMES, SERVING_NAMES, engine_scenarios, serving_scenarios
 from .exact import DRAFTS, write_sampling
 from .scenarios import SCENARIOS, Scenario
 from .tokenizer_folder import write_tokenizer_folder
@@ -201,6 +202,8 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
         "variants": {key: {"reference": choices[0], "choices": list(choices)} for key, choices in VARIANTS.items()},
         "tensors": [],
     }
+    if scenario.serving:  # a request of a serving scenario: how an engine submits it beside the others
+        manifest["serving"] = scenario.serving
     if sliding:  # which of the three meanings the draft's config gives its window (attention.py)
         manifest["sliding_window"] = {
             "kind": draft.config.window_kind,
@@ -254,12 +257,12 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
 
 def generate_golden(out: str | Path, names: list[str] | None = None, engines: bool = False) -> list[Path]:
     """Write the bundles of the given scenarios (default: the tiny ones, then the sampling bundles, then with
-    `engines` the engine-shaped ones, engine_scenarios.py) to out/NN_name."""
-    known = [s.name for s in SCENARIOS] + list(DRAFTS) + list(ENGINE_NAMES)
+    `engines` the engine-shaped ones and the serving scenarios' requests, engine_scenarios.py) to out/NN_name."""
+    known = [s.name for s in SCENARIOS] + list(DRAFTS) + list(ENGINE_NAMES) + list(SERVING_NAMES)
     unknown = set(names or ()) - set(known)
     if unknown:
         raise ValueError(f"unknown scenario(s) {sorted(unknown)}; choose from {known}")
-    engine = [n for n in ENGINE_NAMES if (engines and not names) or n in (names or ())]
+    engine = [n for n in ENGINE_NAMES + SERVING_NAMES if (engines and not names) or n in (names or ())]
     if Path(out).exists() and not Path(out).is_dir():
         raise ValueError(f"{out} is a file, not a folder for the bundles")
     threads = torch.get_num_threads()
@@ -274,10 +277,18 @@ def generate_golden(out: str | Path, names: list[str] | None = None, engines: bo
             if not names or name in names:
                 written.append(write_sampling(Path(out) / f"{i:02d}_{name}", i, name))
         first = len(SCENARIOS) + len(DRAFTS) + 1
-        for s in engine_scenarios() if engine else []:  # built only when asked for (they need SmolLM2)
+        for s in engine_scenarios() if any(n in ENGINE_NAMES for n in engine) else []:  # they need SmolLM2
             if s.name in engine:
                 i = first + ENGINE_NAMES.index(s.name)
                 written.append(write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i))
+        shared = None  # the serving requests share one target (one engine serves them): written once, then linked
+        for s in serving_scenarios() if any(n in SERVING_NAMES for n in engine) else []:
+            if s.name in engine:
+                i = first + len(ENGINE_NAMES) + SERVING_NAMES.index(s.name)
+                if shared is not None:
+                    s = dataclasses.replace(s, target_folder=lambda where=shared: where)
+                written.append(write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i))
+                shared = shared or written[-1] / "target"
         return written
     finally:
         torch.set_num_threads(threads)

@@ -6,7 +6,7 @@ import importlib
 
 from .adapters import ReferenceAdapter
 from .engines.llamacpp import LlamaCppPort
-from .engines.vllm import VLLMBatchPort, VLLMPort
+from .engines.vllm import VLLMBatchPort, VLLMPort, VLLMServePort
 from .official import ZLabAdapter
 from .official_mlx import MLXAdapter
 
@@ -16,12 +16,13 @@ ADAPTERS = {
     "mlx": MLXAdapter,
     "vllm": VLLMPort,
     "vllm-batch": VLLMBatchPort,
+    "vllm-serve": VLLMServePort,
     "llamacpp": LlamaCppPort,
 }
 
 
 def resolve(spec: str):
-    """A name of ADAPTERS ("reference", "zlab", "mlx", "vllm", "vllm-batch", "llamacpp") or
+    """A name of ADAPTERS ("reference", "zlab", "mlx", "vllm", "vllm-batch", "vllm-serve", "llamacpp") or
     "package.module:factory" (factory() returns an adapter or a run function)."""
     if spec in ADAPTERS:
         return ADAPTERS[spec]()

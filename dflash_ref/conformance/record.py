@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .bundle import LAYER_STAGES, PREFILL_STAGES, STAGE_INDEX, TARGET_LAYER_STAGES, key_for
+from .stages import CACHED_PREFIX
 from .tensorfile import as_array, write_safetensors
 
 
@@ -60,6 +61,14 @@ class Recorder:
         key = key_for(stage, step, layer)
         self.arrays[f"{self._bundle}/{key}"] = as_array(value)
         return key
+
+    def served(self, cached_prefix: int) -> str:
+        """How a serving port served this bundle's request, where that changes what it computed: `cached_prefix`,
+        how many leading prompt positions it restored from a prefix cache instead of computing (stages.py)."""
+        if self._bundle is None:
+            raise ValueError("served(...) outside `with recorder.bundle(name):`: which bundle is it for?")
+        self.arrays[f"{self._bundle}/{CACHED_PREFIX}"] = np.array(int(cached_prefix), dtype=np.int64)
+        return CACHED_PREFIX
 
     def save(self, path: str | Path) -> Path:
         """A .npz or .safetensors dump of everything recorded."""

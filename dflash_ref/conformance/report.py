@@ -49,6 +49,7 @@ class Check:
     got: object = field(default=None, repr=False, compare=False)
     skipped_by: str = ""  # a skipped check: "waived" (--skip), the variant it is not compared under, or "n/a"
     manifest: bool = True  # False: a check of the port's own steps (one DFlash does not run, or an invariant)
+    serving: str = ""  # a serving scenario's request: "scenario · condition · request r1" (said instead of the bundle)
 
     @property
     def kind(self) -> str:
@@ -57,7 +58,7 @@ class Check:
     @property
     def where(self) -> str:
         parts = (
-            [self.bundle]
+            [self.serving or self.bundle]
             + ([f"step {self.step}"] if self.step is not None else [])
             + ([f"layer {self.layer}"] if self.layer is not None else [])
         )

@@ -145,6 +145,7 @@ class Scenario:
     check: Callable[[dict], None] = lambda produced: None
     tokenizer: Callable[[], object] | None = None  # a real tokenizer, saved beside the target (engine_scenarios.py)
     target_folder: Callable[[], Path] | None = None  # an existing target folder, linked instead of written
+    serving: dict | None = None  # a request of a serving scenario: how an engine submits it (engine_scenarios.py)
 
 
 def _steps(p: dict, what: str) -> list:

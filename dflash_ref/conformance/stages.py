@@ -206,6 +206,14 @@ _TARGET_LAYER_NAME = re.compile(r"target\.layers\.(\d+)\.(.+)")
 _BY_TARGET_SUFFIX = {v: k for k, v in TARGET_LAYER_STAGES.items()}
 
 
+# Not a stage: what a serving port says of how it served a bundle's request (Recorder.served). A prefix-cache hit
+# restores the first `cached_prefix` prompt positions instead of computing them: at the first step their rows of
+# the new context's stages (RESTORED_ROWS: the row axis of each) are not the port's own and are not compared; the
+# keys and values its draft attends there are (K after RoPE, V)
+CACHED_PREFIX = "served/cached_prefix"
+RESTORED_ROWS = {"target_hidden": 0, "fc": 0, "context": 0, "k_ctx": 1}
+
+
 def key_for(stage: str, step: int | None = None, layer: int | None = None) -> str:
     """The dump/manifest key of one tensor, e.g. key_for("q", 0, 1) = "step0/draft.layers.1.self_attn.hook_q"."""
     if stage in PREFILL_STAGES:

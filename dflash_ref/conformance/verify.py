@@ -24,7 +24,7 @@ import numpy as np
 from .bundle import KINDS, LOOP_STAGES, STAGES, Bundle, candidates_in_id_order, find_bundles, key_for, parse_key
 from .hints import hint
 from .report import Check, NotApplicable, Report
-from .stages import stage_of
+from .stages import CACHED_PREFIX, RESTORED_ROWS, stage_of
 from .tensorfile import array_or_none, as_array, read_arrays
 from .variants import (
     DRAFT_PASS,
@@ -147,6 +147,7 @@ def compare(
         "block_size": block_size(bundle),
     }
     checks, last = [], max((e["step"] for e in bundle.entries if e["stage"] == "cache_lengths"), default=None)
+    cached = _cached_prefix(produced)
     for e in bundle.entries:
         expected, got, step = bundle.expected[e["key"]], produced.get(e["key"]), e.get("step")
         if e["stage"] == "output_ids":  # after every step: the port's own steps past DFlash's, or under a
@@ -199,7 +200,16 @@ def compare(
         choice, how = variants["draft_cache"] if e["stage"] == "cache_lengths" else (None, None)
         if choice:
             expected = _final_crop_free(expected_lengths(choice, expected), got, step == last)
+        restored = _restored(e, expected, got, cached) if step == 0 else 0
+        if restored:
+            axis = RESTORED_ROWS[e["stage"]]
+            expected = np.take(expected, range(restored, expected.shape[axis]), axis=axis)
         check = compare_one(bundle.name, e, expected, got)
+        if restored:
+            check.note = (
+                f"positions 0–{restored - 1} restored from the prefix cache, not computed by this request: the keys "
+                "and values attended there are compared in full (K after RoPE, V)"
+            )
         if choice and choice != "crop-after-pass":
             check.note = f"the {choice} variant's lengths"
         if KINDS.get(e["stage"]) == "observable":  # an implementation's layout: held to it where declared
@@ -218,7 +228,30 @@ def compare(
                 )
         checks.append(check)
     _keep_first_tensors(checks)
+    served = bundle.manifest.get("serving")
+    for c in checks if served else []:  # where in a serving scenario: its condition and request
+        c.serving = f"{served['scenario']} · {served['condition']} · request {served['request']}"
     return checks
+
+
+def _cached_prefix(produced: dict) -> int:
+    """How many leading prompt positions a serving port restored from a prefix cache (0: none, or not said)."""
+    value = array_or_none(produced.get(CACHED_PREFIX))
+    if value is None or value.ndim != 0 or not np.issubdtype(value.dtype, np.integer) or value < 0:
+        return 0
+    return int(value)
+
+
+def _restored(entry: dict, expected: np.ndarray, got, cached: int) -> int:
+    """The leading rows of a first step's new-context stage a port restored from its prefix cache rather than
+    computed: `cached` where it gave exactly the rest, else 0 (compared as they are)."""
+    axis = RESTORED_ROWS.get(entry["stage"])
+    got = array_or_none(got)
+    if not cached or axis is None or got is None or got.ndim != expected.ndim:
+        return 0
+    rest = list(expected.shape)
+    rest[axis] -= cached
+    return cached if list(got.shape) == rest else 0
 
 
 def _not_compared(entry: dict, skip, truncated: set[int], departed: int | None, departing: str) -> str | None:
@@ -247,7 +280,7 @@ def _unlisted(bundle: Bundle, produced: dict) -> tuple[dict[int, list[str]], lis
     listed = {e["key"] for e in bundle.entries}
     steps = set(reference_steps(bundle))
     extra, misspelt = {}, []
-    for key in sorted(k for k in produced if k not in listed):
+    for key in sorted(k for k in produced if k not in listed and k != CACHED_PREFIX):
         try:
             _, step, _ = parse_key(key)
         except ValueError:

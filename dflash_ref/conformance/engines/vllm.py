@@ -59,12 +59,41 @@ class VLLMBatchPort:
         return self._done[key][bundle.name]
 
 
-def run_bundles(bundles: list) -> dict[str, dict]:
-    """vllm_run.py on these bundles (one: its tensors; several: one batch) → bundle name → {key: array}."""
+class VLLMServePort:
+    """`verify --impl vllm-serve`: the requests of each serving scenario (engine_scenarios.SERVINGS: a prefix-cache
+    hit, chunked prefill, arrivals mid-decode) through vLLM's engine with the scenario's settings, each added when
+    its arrival holds; each request's tensors are read out of the batched steps (serving.py) and must be what the
+    reference computes for it alone. A bundle of no serving scenario is not this port's: `vllm` runs it."""
+
+    name = "vllm-serve"
+    skip = VLLMPort.skip
+
+    def __init__(self) -> None:
+        self._done: dict[tuple, dict] = {}
+
+    def run(self, bundle) -> dict:
+        served = bundle.manifest.get("serving")
+        if not served:
+            raise NotApplicable("not a request of a serving scenario (golden --engines writes them): `vllm` runs it")
+        group = [
+            b
+            for b in find_bundles(bundle.path.parent)
+            if (b.manifest.get("serving") or {}).get("scenario") == served["scenario"]
+        ]
+        key = tuple(sorted(str(b.path) for b in group))
+        if key not in self._done:
+            self._done[key] = run_bundles(group, serve=True)
+        return self._done[key][bundle.name]
+
+
+def run_bundles(bundles: list, serve: bool = False) -> dict[str, dict]:
+    """vllm_run.py on these bundles (one: its tensors; several: one batch; `serve`: one serving scenario's requests)
+    → bundle name → {key: array}."""
     python = engine_python(VARIABLE, "vllm", "vLLM")
     with tempfile.TemporaryDirectory() as scratch:
         dump = Path(scratch) / "vllm.npz"
         args = ["-m", "dflash_ref.conformance.engines.vllm_run", *(str(b.path) for b in bundles), "--out", str(dump)]
+        args += ["--serve"] if serve else []
         proc = run_runner(python, args, "bundle")
         if proc.returncode != 0:
             names = ", ".join(b.name for b in bundles)
@@ -72,7 +101,7 @@ def run_bundles(bundles: list) -> dict[str, dict]:
         arrays = read_arrays(dump)
     out: dict[str, dict] = {b.name: {} for b in bundles}
     for name, value in arrays.items():
-        bundle, _, key = name.partition("/")
+        bundle, _, key = name.partition("/")  # a key of its own may hold "/" (served/cached_prefix)
         out[bundle][key] = value
     return out
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import inspect
 import json
 import os
 import resource
@@ -45,7 +46,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default grows t
 import numpy as np  # noqa: E402
 
 from dflash_ref.conformance.bundle import load_bundle  # noqa: E402 (numpy only)
-from dflash_ref.conformance.engines import REFUSAL_MARK, REFUSED  # noqa: E402
+from dflash_ref.conformance.engines import REFUSAL_MARK, REFUSED, serving  # noqa: E402
 from dflash_ref.conformance.record import Recorder  # noqa: E402
 
 
@@ -62,6 +63,7 @@ class Reader:
         self.passes: list[dict] = []
         self.verifies: dict[str, list[dict]] = {}
         self.current: dict = {}
+        self.seq = 0  # one count over passes and verifies: which pass a verify checked (serving.request_steps)
 
     def attach(self, runner) -> None:
         self.runner = runner
@@ -108,6 +110,7 @@ class Reader:
         self.current["draft_tokens"] = cpu(out)
         # the context K, rotated in place by vLLM after KNorm and before its cache write: read now
         self.current["k_ctx_rot"] = cpu(self.current.pop("k_ctx_tensor"))
+        self.current["seq"], self.seq = self.seq, self.seq + 1
         self.passes.append(self.current)
         self.current = {}
 
@@ -167,8 +170,55 @@ class Reader:
                     "posterior": cpu(logits[rows].argmax(dim=-1)).astype(np.int64),
                     "tau": tau,
                     "bonus": int(kept[tau]),
+                    "seq": self.seq,
                 }
             )
+        self.seq += 1
+
+
+class ServingReader(Reader):
+    """Reader over batched steps: each draft pass also keeps its batch's layout (which requests, in which order;
+    where each one's context rows start, how many its verify rejected, their positions) and, per draft layer and
+    request, the K and V its queries attended, read from vLLM's paged cache right after the layer's attention
+    (the context K/V of a prefix-cache hit are there, never recomputed). serving.py maps it back to requests."""
+
+    def attach(self, runner) -> None:
+        super().attach(runner)
+        drafter = runner.drafter
+        self._batch_args = inspect.signature(drafter.set_inputs_first_pass).bind
+        self._around(drafter, "set_inputs_first_pass", self._batch)
+        for i, layer in enumerate(drafter.model.model.layers):
+            layer.self_attn.attn.register_forward_hook(self._attended(i))
+
+    def _batch(self, out, *args, **kwargs) -> None:
+        given = self._batch_args(*args, **kwargs).arguments
+        cad, n = given["cad"], given["cad"].num_reqs
+        rejected = given.get("num_rejected_tokens_gpu")
+        self.current.update(
+            req_ids=list(self.runner.input_batch.req_ids[:n]),
+            context_start=cpu(cad.query_start_loc_cpu[: n + 1]),
+            rejected=cpu(rejected)[:n] if rejected is not None else np.zeros(n, dtype=np.int64),
+            context_positions=cpu(given["target_positions"]),
+        )
+
+    def _attended(self, i: int):
+        def hook(module, args, out) -> None:
+            from vllm.forward_context import get_forward_context
+
+            metadata = get_forward_context().attn_metadata
+            metadata = metadata.get(module.layer_name) if isinstance(metadata, dict) else metadata
+            if metadata is None:  # a warm-up pass: nothing attended
+                return
+            cache = module.kv_cache[0] if isinstance(module.kv_cache, (list, tuple)) else module.kv_cache
+            size = cache.shape[2]  # (blocks, H_kv, block, 2·d_h): cpu_attn.py's shape
+            keys, values = [], []
+            for b, length in enumerate(metadata.seq_lens.tolist()):
+                table = metadata.block_table[b, : -(-length // size)].long()
+                k, v = serving.attended(cpu(cache[table]), np.arange(len(table)), length)  # this request's blocks
+                keys.append(k), values.append(v)
+            self.current[f"attended_k.{i}"], self.current[f"attended_v.{i}"] = keys, values
+
+        return hook
 
 
 def refusal(error: Exception) -> str:
@@ -299,6 +349,108 @@ def _heads_first(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(1, 0, 2))
 
 
+def serve(paths: list[str], out: str) -> int:
+    """The requests of one serving scenario (bundles with a "serving" entry, one model pair) through vLLM's engine
+    as a server meets them: with its settings (prefix caching, KV block size, tokens per step, sequences), each
+    request added when its arrival holds (engine_scenarios.SERVING_MEANING), the engine stepped until all are
+    done. Each request's tensors are read out of the batched steps (serving.py) and keyed as its bundle's."""
+    bundles = sorted((load_bundle(p) for p in paths), key=lambda b: b.manifest["serving"]["order"])
+    first, settings = bundles[0], bundles[0].manifest["serving"]["engine"]
+    block = first.config("draft")["block_size"]
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    chunked = "max_batched_tokens" in settings
+    try:
+        llm = LLM(
+            model=str(first.target_dir), tokenizer=str(first.target_dir), dtype="float32", enforce_eager=True, seed=0,
+            max_model_len=max(len(b.inputs["input_ids"]) + b.inputs["max_new_tokens"] for b in bundles) + 2 * block,
+            max_num_batched_tokens=settings.get("max_batched_tokens", 8192), enable_chunked_prefill=chunked,
+            max_num_seqs=settings.get("max_seqs", len(bundles)),
+            enable_prefix_caching=bool(settings.get("prefix_caching")), block_size=settings.get("kv_block_size"),
+            speculative_config={"method": "dflash", "model": str(first.draft_dir), "num_speculative_tokens": block - 1},
+        )  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - vLLM's refusal, said as it said it
+        print(traceback.format_exc(), file=sys.stderr)
+        return refuse(e)
+    reader = ServingReader()
+    llm.collective_rpc(lambda worker: reader.attach(worker.model_runner))
+    engine, waiting = llm.llm_engine, list(bundles)
+    produced: dict[str, list[int]] = {}  # label → output ids so far
+    finished: set[str] = set()
+
+    def arrived(bundle) -> bool:
+        arrive = bundle.manifest["serving"]["arrive"]
+        if not arrive:
+            return True
+        if arrive.get("done"):
+            return arrive["after"] in finished
+        return len(produced.get(arrive["after"], [])) >= arrive["tokens"] or arrive["after"] in finished
+
+    while waiting or engine.has_unfinished_requests():
+        while waiting and arrived(waiting[0]):  # in order: a request waits behind the one before it
+            b = waiting.pop(0)
+            label = b.manifest["serving"]["request"]
+            produced[label] = []
+            engine.add_request(
+                label,
+                TokensPrompt(prompt_token_ids=b.inputs["input_ids"]),
+                SamplingParams(temperature=0.0, max_tokens=b.inputs["max_new_tokens"], ignore_eos=True,
+                               stop_token_ids=b.inputs["stop_token_ids"] or None, detokenize=False),
+            )  # fmt: skip
+        if not engine.has_unfinished_requests():
+            arrive = waiting[0].manifest["serving"]["arrive"]
+            raise RuntimeError(f"request {waiting[0].name} can never arrive: {arrive}")
+        for output in engine.step():
+            label = output.request_id.split("-")[0] if output.request_id not in produced else output.request_id
+            produced[label] = list(output.outputs[0].token_ids)
+            if output.finished:
+                finished.add(label)
+    query_len = block
+    parts: dict[str, list[dict]] = {}
+    for batch in reader.passes:
+        for request, part in serving.split_pass(batch, reader.layers, query_len).items():
+            parts.setdefault(request, []).append(part)
+    recorder = Recorder()
+    for bundle in bundles:
+        label = bundle.manifest["serving"]["request"]
+        internal = [r for r in reader.verifies if r == label or r.startswith(label + "-")]
+        verifies = reader.verifies[internal[0]] if internal else []
+        with recorder.bundle(bundle.name):
+            record_loop(recorder, bundle, produced[label], verifies)
+            steps = serving.request_steps(parts.get(internal[0] if internal else label, []), verifies)
+            record_request(recorder, bundle, reader, steps)
+    recorder.save(out)
+    return 0
+
+
+def record_request(recorder: Recorder, bundle, reader: Reader, steps: list[dict]) -> None:
+    """One request's draft tensors, keyed as the reference's, from its steps (serving.request_steps): the
+    context rows it computed, its block's rows, and the K and V its queries attended as read from the cache."""
+    recorder.record("layer_ids", reader.layer_ids)
+    if steps and steps[0]["positions"].size and steps[0]["positions"][0] > 0:  # restored from the prefix cache
+        recorder.served(cached_prefix=int(steps[0]["positions"][0]))
+    for step, part in enumerate(steps):
+        put = functools.partial(recorder.record, step=step)
+        new = int(part["positions"][0]) if step else 0  # the reference's new positions: V of those (all, at step 0)
+        put("target_hidden", part["target_hidden"])
+        put("fc", part["fc"])
+        put("noise_embedding", part["noise_embedding"])
+        for i in range(reader.layers):
+            q = part[f"q.{i}"]  # (L_q, H_q, d_h)
+            n_q, h_q, d_h = q.shape
+            put("q", _heads_first(q), layer=i)
+            put("k_ctx", _heads_first(part["k_ctx"][i]), layer=i)
+            put("k_noise", _heads_first(part[f"k_noise.{i}"]), layer=i)
+            put("v", _heads_first(part[f"attended_v.{i}"][new:]), layer=i)
+            put("q_rot", _heads_first(part[f"q_rot.{i}"].reshape(n_q, h_q, d_h)), layer=i)
+            put("k_rot", _heads_first(part[f"attended_k.{i}"]), layer=i)
+            put("attn_out", part[f"attn_out.{i}"], layer=i)
+            put("layer_out", part[f"layer_out.{i}"], layer=i)
+        put("final_hidden", part["final_hidden"])
+        put("logits", part["logits"])
+
+
 def bench(target: str, draft: str, prompts: list[list[int]], max_new: int, stops: list[int], out: str) -> int:
     """`bench engines`: the prompts one at a time through vLLM (no hook: nothing read but its own counters), each
     generate timed after a warm-up; → JSON: outputs, seconds, vLLM's own drafts and accepted tokens, peak RSS."""
@@ -346,6 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dflash_ref.conformance.engines.vllm_run")
     p.add_argument("bundles", nargs="*", help="one bundle (its tensors), or several sharing their models (a batch)")
     p.add_argument("--out", required=True)
+    p.add_argument("--serve", action="store_true", help="the bundles are one serving scenario's requests")
     p.add_argument("--bench", nargs=2, metavar=("TARGET", "DRAFT"), help="time these folders' decoding instead")
     p.add_argument("--prompts", help="with --bench: a JSON list of prompts (token ids)")
     p.add_argument("--max-new", type=int, default=64)
@@ -353,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.bench:
         return bench(*args.bench, json.loads(Path(args.prompts).read_text()), args.max_new, args.stop, args.out)
-    return run(args.bundles, args.out)
+    return (serve if args.serve else run)(args.bundles, args.out)
 
 
 if __name__ == "__main__":
