@@ -6,6 +6,7 @@ import importlib
 
 from .adapters import ReferenceAdapter
 from .engines.llamacpp import LlamaCppPort
+from .engines.llamacpp_server import LlamaServerPort
 from .engines.vllm import VLLMBatchPort, VLLMPort, VLLMServePort
 from .official import ZLabAdapter
 from .official_mlx import MLXAdapter
@@ -18,11 +19,13 @@ ADAPTERS = {
     "vllm-batch": VLLMBatchPort,
     "vllm-serve": VLLMServePort,
     "llamacpp": LlamaCppPort,
+    "llama-server": LlamaServerPort,
 }
 
 
 def resolve(spec: str):
-    """A name of ADAPTERS ("reference", "zlab", "mlx", "vllm", "vllm-batch", "vllm-serve", "llamacpp") or
+    """A name of ADAPTERS ("reference", "zlab", "mlx", "vllm", "vllm-batch", "vllm-serve", "llamacpp",
+    "llama-server") or
     "package.module:factory" (factory() returns an adapter or a run function)."""
     if spec in ADAPTERS:
         return ADAPTERS[spec]()

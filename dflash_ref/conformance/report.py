@@ -20,7 +20,10 @@ class NotApplicable(Exception):
 
 
 # what a check that is no manifest tensor is about (verify.py): a step the port ran and DFlash does not
-TITLES_BEYOND = {"extra_step": "a step DFlash does not run"}
+TITLES_BEYOND = {
+    "extra_step": "a step DFlash does not run",
+    "draft_accepted": "draft tokens accepted (engine's count)",
+}
 
 
 def title(stage: str) -> str:
@@ -147,6 +150,7 @@ class Report:
     allow_missing: bool = False
     ignored: dict[str, list[str]] = field(default_factory=dict)  # bundle → keys that name no stage of it
     variants: dict[str, dict] = field(default_factory=dict)  # bundle → {variant: (choice, how)}
+    cached: dict[str, int] = field(default_factory=dict)  # bundle → prompt positions its port took from a prefix cache
     skip: list[str] = field(default_factory=list)  # stages the port waived
     totals: dict[str, int] = field(default_factory=dict)  # bundle → the tensors its manifest lists
 
@@ -259,6 +263,8 @@ class Report:
             variants = {k: (v, how) for k, (v, how) in self.variants.get(b, {}).items() if how != "reference"}
             if variants:  # the ones the port declared or showed (the others: the reference's)
                 lines.append("  variants: " + ", ".join(f"{k} = {v} ({how})" for k, (v, how) in variants.items()))
+            if self.cached.get(b):  # a serving engine's prefix-cache hit: what it restored rather than computed
+                lines.append(f"  served: prompt positions 0–{self.cached[b] - 1} restored from the prefix cache")
             for c in self.checks:
                 if c.bundle == b and c.status == "error":
                     lines.append(f"  adapter raised: {c.detail}")

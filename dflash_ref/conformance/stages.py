@@ -212,6 +212,9 @@ _BY_TARGET_SUFFIX = {v: k for k, v in TARGET_LAYER_STAGES.items()}
 # keys and values its draft attends there are (K after RoPE, V)
 CACHED_PREFIX = "served/cached_prefix"
 RESTORED_ROWS = {"target_hidden": 0, "fc": 0, "context": 0, "k_ctx": 1}
+# and, where an engine hands over no draft tensors (a server), its own count of the request's draft tokens accepted
+DRAFT_ACCEPTED = "served/draft_accepted"
+SERVED = (CACHED_PREFIX, DRAFT_ACCEPTED)
 
 
 def key_for(stage: str, step: int | None = None, layer: int | None = None) -> str:

@@ -24,7 +24,7 @@ import numpy as np
 from .bundle import KINDS, LOOP_STAGES, STAGES, Bundle, candidates_in_id_order, find_bundles, key_for, parse_key
 from .hints import hint
 from .report import Check, NotApplicable, Report
-from .stages import CACHED_PREFIX, RESTORED_ROWS, stage_of
+from .stages import CACHED_PREFIX, DRAFT_ACCEPTED, RESTORED_ROWS, SERVED, stage_of
 from .tensorfile import array_or_none, as_array, read_arrays
 from .variants import (
     DRAFT_PASS,
@@ -148,8 +148,12 @@ def compare(
     }
     checks, last = [], max((e["step"] for e in bundle.entries if e["stage"] == "cache_lengths"), default=None)
     cached = _cached_prefix(produced)
+    if report is not None and cached:
+        report.cached[bundle.name] = cached
     for e in bundle.entries:
         expected, got, step = bundle.expected[e["key"]], produced.get(e["key"]), e.get("step")
+        if e["stage"] == "output_ids" and DRAFT_ACCEPTED in produced:  # a server's own count, before its output
+            checks.append(_draft_accepted(bundle, produced[DRAFT_ACCEPTED]))
         if e["stage"] == "output_ids":  # after every step: the port's own steps past DFlash's, or under a
             # departing variant all of its steps from the departure on, come first
             checks += (
@@ -234,6 +238,30 @@ def compare(
     return checks
 
 
+def _draft_accepted(bundle: Bundle, value) -> Check:
+    """A serving engine's own count of the request's draft tokens accepted, against DFlash's: with DFlash's draft
+    each step proposes and accepts as the reference's, so the count lies between Σ τ over every step but the last
+    (where engines cut the block to what is left to generate, each its own way) and Σ τ."""
+    taus = [int(bundle.expected[e["key"]]) for e in bundle.entries if e["stage"] == "acceptance_length"]
+    low, high = sum(taus[:-1]), sum(taus)
+    check = Check(bundle.name, DRAFT_ACCEPTED, "draft_accepted", None, None, "pass", manifest=False)
+    got = array_or_none(value)
+    if got is None or got.ndim != 0 or not np.issubdtype(got.dtype, np.integer):
+        check.status, check.detail = "FAIL", f"not one integer ({value!r:.60})"
+        return check
+    check.detail = f"the engine accepted {int(got)} draft tokens; DFlash's draft accepts {low}–{high}"
+    if not low <= int(got) <= high:
+        check.status = "FAIL"
+        check.hint = (
+            "its output is the target's, but its draft proposed other tokens than DFlash's: the draft saw another "
+            "context (a prefix restored from a cache without its draft K/V, a prefill chunk's features lost, "
+            "another request's rows) or other weights; the engine's tensors of one sequence name the stage"
+            if int(got) < low
+            else "more accepted than DFlash's draft accepts: the engine counts differently (its bonus token?)"
+        )
+    return check
+
+
 def _cached_prefix(produced: dict) -> int:
     """How many leading prompt positions a serving port restored from a prefix cache (0: none, or not said)."""
     value = array_or_none(produced.get(CACHED_PREFIX))
@@ -280,7 +308,7 @@ def _unlisted(bundle: Bundle, produced: dict) -> tuple[dict[int, list[str]], lis
     listed = {e["key"] for e in bundle.entries}
     steps = set(reference_steps(bundle))
     extra, misspelt = {}, []
-    for key in sorted(k for k in produced if k not in listed and k != CACHED_PREFIX):
+    for key in sorted(k for k in produced if k not in listed and k not in SERVED):
         try:
             _, step, _ = parse_key(key)
         except ValueError:

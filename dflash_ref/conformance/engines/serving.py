@@ -93,3 +93,12 @@ def attended(cache: np.ndarray, table: np.ndarray, length: int) -> tuple[np.ndar
     positions = np.arange(length)
     blocks, rows = np.asarray(table)[positions // block], positions % block
     return k[blocks, :, :, rows], v[blocks, :, rows, :]  # (length, H_kv, d_h) each: the advanced axes first
+
+
+def arrives(serving: dict | None, produced: dict[str, int], finished: set[str]) -> bool:
+    """Whether a request may be added now (engine_scenarios.SERVING_MEANING): `serving` its bundle's entry (None:
+    a bundle alone, at once), `produced` the output tokens so far of each request added, `finished` those done."""
+    arrive = (serving or {}).get("arrive")
+    if not arrive or arrive["after"] in finished:
+        return True
+    return not arrive.get("done") and produced.get(arrive["after"], -1) >= arrive["tokens"]

@@ -377,18 +377,12 @@ def serve(paths: list[str], out: str) -> int:
     llm.collective_rpc(lambda worker: reader.attach(worker.model_runner))
     engine, waiting = llm.llm_engine, list(bundles)
     produced: dict[str, list[int]] = {}  # label → output ids so far
+    cached: dict[str, int] = {}  # label → prompt tokens vLLM took from its prefix cache (its own count)
     finished: set[str] = set()
 
-    def arrived(bundle) -> bool:
-        arrive = bundle.manifest["serving"]["arrive"]
-        if not arrive:
-            return True
-        if arrive.get("done"):
-            return arrive["after"] in finished
-        return len(produced.get(arrive["after"], [])) >= arrive["tokens"] or arrive["after"] in finished
-
     while waiting or engine.has_unfinished_requests():
-        while waiting and arrived(waiting[0]):  # in order: a request waits behind the one before it
+        counts = {label: len(ids) for label, ids in produced.items()}
+        while waiting and serving.arrives(waiting[0].manifest["serving"], counts, finished):  # in order
             b = waiting.pop(0)
             label = b.manifest["serving"]["request"]
             produced[label] = []
@@ -404,6 +398,7 @@ def serve(paths: list[str], out: str) -> int:
         for output in engine.step():
             label = output.request_id.split("-")[0] if output.request_id not in produced else output.request_id
             produced[label] = list(output.outputs[0].token_ids)
+            cached[label] = output.num_cached_tokens or 0
             if output.finished:
                 finished.add(label)
     query_len = block
@@ -419,17 +414,19 @@ def serve(paths: list[str], out: str) -> int:
         with recorder.bundle(bundle.name):
             record_loop(recorder, bundle, produced[label], verifies)
             steps = serving.request_steps(parts.get(internal[0] if internal else label, []), verifies)
-            record_request(recorder, bundle, reader, steps)
+            record_request(recorder, bundle, reader, steps, cached.get(label, 0))
     recorder.save(out)
     return 0
 
 
-def record_request(recorder: Recorder, bundle, reader: Reader, steps: list[dict]) -> None:
+def record_request(recorder: Recorder, bundle, reader: Reader, steps: list[dict], cached: int = 0) -> None:
     """One request's draft tensors, keyed as the reference's, from its steps (serving.request_steps): the
-    context rows it computed, its block's rows, and the K and V its queries attended as read from the cache."""
+    context rows it computed, its block's rows, and the K and V its queries attended as read from the cache.
+    `cached`: the prompt tokens vLLM says it took from its prefix cache (RequestOutput.num_cached_tokens): the
+    first step's context rows must then start there, which the comparison holds them to."""
     recorder.record("layer_ids", reader.layer_ids)
-    if steps and steps[0]["positions"].size and steps[0]["positions"][0] > 0:  # restored from the prefix cache
-        recorder.served(cached_prefix=int(steps[0]["positions"][0]))
+    if cached:
+        recorder.served(cached_prefix=cached)
     for step, part in enumerate(steps):
         put = functools.partial(recorder.record, step=step)
         new = int(part["positions"][0]) if step else 0  # the reference's new positions: V of those (all, at step 0)

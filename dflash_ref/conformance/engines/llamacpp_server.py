@@ -1,0 +1,224 @@
+"""llama.cpp as people serve it (`verify --impl llama-server`): its `llama-server`, built from the same tree as
+the `llamacpp` port (LLAMA_CPP_DIR), with several slots, its prompt cache and continuous batching, driven over
+its HTTP API on the loopback.
+
+A serving scenario's requests (engine_scenarios.SERVINGS) go to one server started with the scenario's settings:
+`--parallel` slots (max_seqs), `-b`/`-ub` tokens per step (max_batched_tokens: a longer prompt is processed in
+chunks), and `cache_prompt` on each request (prefix_caching: a slot keeps its KV and reuses the prompt's common
+prefix). Each request is streamed and added when its arrival holds; any other engine bundle is one request
+alone. What comes back is what the server returns, nothing recomputed:
+
+    output_ids, first_token    the request's prompt and the tokens the server streamed back (`return_tokens`)
+    served/cached_prefix       the prompt tokens its slot reused from the prompt cache (`timings.cache_n`)
+    served/draft_accepted      its draft tokens accepted (`timings.draft_n_accepted`): with the draft DFlash's,
+                               each step's proposals are DFlash's and so is their acceptance, so the count lies
+                               between Σ τ over the reference's steps but the last and Σ τ (the last step is where
+                               engines cut the block to what is left to generate, each its own way); fewer means
+                               the draft saw another context (verify.py checks it)
+
+The server computes its tensors inside its slots and has no eval callback: the stages are the `llamacpp`
+port's, which runs the same implementation one sequence at a time. The server stops on strings, not token ids:
+a bundle's stop tokens are given as their texts (the bundle's tokenizer), and greedy decoding is the server's
+own sampler chain at temperature 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from ..bundle import STAGES, find_bundles
+from ..report import NotApplicable
+from ..stages import CACHED_PREFIX, DRAFT_ACCEPTED, key_for
+from . import serving
+from .llamacpp import F32_CACHES, TIMEOUT, _run, convert, tree
+
+# what the server hands over: its output (and x_0 in it); every other stage is waived
+OBSERVED = ("first_token", "output_ids")
+START_TIMEOUT = 120  # seconds for the server to load its models and answer /health
+
+
+def server_binary(root: Path) -> Path:
+    """llama-server of the tree, built where it is not."""
+    binary = root / "build" / "bin" / "llama-server"
+    if not binary.is_file():
+        if not (root / "build" / "CMakeCache.txt").is_file():
+            _run(["cmake", "-S", root, "-B", root / "build", "-G", "Ninja", "-DLLAMA_CURL=OFF",
+                  "-DCMAKE_BUILD_TYPE=Release", "-DLLAMA_BUILD_TESTS=OFF"], "configuring llama.cpp")  # fmt: skip
+        _run(["cmake", "--build", root / "build", "--target", "llama-server"], "building llama-server")
+    return binary
+
+
+def free_port() -> int:
+    """A port on the loopback nobody listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(binary: Path, args: list, port: int, log: Path):
+    """llama-server on 127.0.0.1:port until the block ends; a server that exits or does not answer /health in
+    START_TIMEOUT is an error with its last line of output."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [str(binary), *map(str, args), "--host", "127.0.0.1", "--port", str(port)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            if proc.poll() is not None:
+                said = (log.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1]
+                raise RuntimeError(f"llama-server exited (code {proc.returncode}) before serving: {said}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if json.loads(r.read()).get("status") == "ok":
+                        break
+            except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError):
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server did not answer http://127.0.0.1:{port}/health in {START_TIMEOUT} s")
+            time.sleep(0.2)
+        yield
+    finally:
+        proc.terminate()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+
+
+class Stream(threading.Thread):
+    """One /completion request, streamed: `tokens` grows as the server sends them; `timings` and `error` at the end."""
+
+    def __init__(self, port: int, body: dict) -> None:
+        super().__init__(daemon=True)
+        self.port, self.body = port, {**body, "stream": True, "return_tokens": True}
+        self.tokens: list[int] = []
+        self.timings: dict = {}
+        self.error: str | None = None
+
+    def run(self) -> None:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/completion",
+            data=json.dumps(self.body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=TIMEOUT) as r:
+                for line in r:
+                    line = line.decode().strip()
+                    if not line.startswith("data: "):
+                        continue
+                    chunk = json.loads(line[len("data: ") :])
+                    if "error" in chunk:
+                        self.error = str(chunk["error"].get("message", chunk["error"]))
+                        return
+                    self.tokens += chunk.get("tokens", [])
+                    self.timings = chunk.get("timings", self.timings)
+        except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError) as e:
+            body = e.read().decode(errors="replace") if isinstance(e, urllib.error.HTTPError) else ""
+            self.error = f"{e}{': ' + body if body else ''}"
+
+
+def serve(port: int, bundles: list, prefix_cache: bool) -> dict[str, dict]:
+    """The requests (in order, each when its arrival holds) through the server on `port` → bundle name → keys."""
+    streams: dict[str, Stream] = {}
+    waiting = list(bundles)
+
+    def arrived(bundle) -> bool:
+        done = {label for label, s in streams.items() if not s.is_alive()}
+        return serving.arrives(bundle.manifest.get("serving"), {k: len(s.tokens) for k, s in streams.items()}, done)
+
+    deadline = time.monotonic() + TIMEOUT
+    while waiting or any(s.is_alive() for s in streams.values()):
+        while waiting and arrived(waiting[0]):
+            b = waiting.pop(0)
+            texts = b.manifest["tokenizer"]["tokens"]
+            body = {
+                "prompt": b.inputs["input_ids"],
+                "n_predict": b.inputs["max_new_tokens"],
+                "temperature": 0.0,
+                "cache_prompt": prefix_cache,
+                "stop": [texts[t] for t in b.inputs["stop_token_ids"] or []],
+            }
+            label = (b.manifest.get("serving") or {}).get("request", b.name)
+            streams[label] = Stream(port, body)
+            streams[label].start()
+        if waiting and not any(s.is_alive() for s in streams.values()) and not arrived(waiting[0]):
+            raise RuntimeError(
+                f"request {waiting[0].name} can never arrive: {waiting[0].manifest['serving']['arrive']}"
+            )
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"llama-server did not finish the requests in {TIMEOUT} s")
+        time.sleep(0.01)
+    out = {}
+    for b in bundles:
+        stream = streams[(b.manifest.get("serving") or {}).get("request", b.name)]
+        if stream.error:
+            raise NotApplicable(f"llama-server refuses this request: {stream.error}")
+        produced = {key_for("output_ids"): np.array(b.inputs["input_ids"] + stream.tokens, dtype=np.int64)}
+        if stream.tokens:
+            produced[key_for("first_token")] = np.array(stream.tokens[0], dtype=np.int64)
+        if "draft_n_accepted" in stream.timings:
+            produced[DRAFT_ACCEPTED] = np.array(stream.timings["draft_n_accepted"], dtype=np.int64)
+        if stream.timings.get("cache_n"):  # prompt tokens the slot reused from its cache
+            produced[CACHED_PREFIX] = np.array(stream.timings["cache_n"], dtype=np.int64)
+        out[b.name] = produced
+    return out
+
+
+class LlamaServerPort:
+    """run(bundle) → what llama-server returned for the bundle's request: its serving scenario's requests run
+    together on one server (each group once), any other bundle alone."""
+
+    name = "llama-server"
+    skip = tuple(s[0] for s in STAGES if s[0] not in OBSERVED)
+
+    def __init__(self) -> None:
+        self._done: dict[tuple, dict] = {}
+
+    def run(self, bundle) -> dict:
+        served = bundle.manifest.get("serving")
+        group = [bundle]
+        if served:
+            group = sorted(
+                (b for b in find_bundles(bundle.path.parent) if (b.manifest.get("serving") or {}).get("scenario")
+                 == served["scenario"]),
+                key=lambda b: b.manifest["serving"]["order"],
+            )  # fmt: skip
+        key = tuple(str(b.path) for b in group)
+        if key not in self._done:
+            self._done[key] = self._serve(group)
+        return self._done[key][bundle.name]
+
+    def _serve(self, group: list) -> dict[str, dict]:
+        root = tree()
+        binary = server_binary(root)
+        first = group[0]
+        settings = (first.manifest.get("serving") or {}).get("engine", {})
+        block = first.config("draft")["block_size"]
+        slots = settings.get("max_seqs", 1)
+        per_slot = max(len(b.inputs["input_ids"]) + b.inputs["max_new_tokens"] for b in group) + 2 * block + 16
+        batch = settings.get("max_batched_tokens", max(per_slot, 512))
+        with tempfile.TemporaryDirectory() as scratch:
+            target, draft = convert(root, first, Path(scratch))
+            args = ["-m", target, "-md", draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", block - 1,
+                    "--parallel", slots, "-c", per_slot * slots, "-b", batch, "-ub", batch, "--temp", "0",
+                    "-fa", "off", "-t", os.cpu_count() or 1, "--no-webui", *F32_CACHES]  # fmt: skip
+            port = free_port()
+            with running_server(binary, args, port, Path(scratch) / "server.log"):
+                return serve(port, group, bool(settings.get("prefix_caching")))
