@@ -1182,6 +1182,7 @@ CAUSE_HINTS = {
     ("mlx", "k_rot"): (keys_in_ring_order, "window_rotating", "the right keys in the wrong order"),
     ("mlx", "target_hidden"): (target_reads_rope_theta_alone, "rope_linear", "the first position's features agree"),
     ("vllm", "k_ctx"): (context_k_with_layer_0_norm, "multiround", "another layer's"),
+    ("vllm-serve", "k_ctx"): (context_k_with_layer_0_norm, "multiround", "another layer's"),
     ("vllm-batch", "draft_tokens"): (
         loop_values_of_context_k_with_layer_0_norm,
         "multiround",

@@ -109,8 +109,10 @@ def test_the_matrix_command_writes_every_port(golden, tmp_path, monkeypatch):
     text = out.read_text()
     # a row fails (the MLX backend's rotating-cache bug): the command says so by its exit code, after writing
     assert done.returncode == 1 and "| window_rotating | FAIL |" in text, done.stderr
-    for port in ("## reference", "## zlab", "## mlx", "## vllm", "## vllm-batch", "## llamacpp"):
-        assert port in text
+    for port in ("reference", "zlab", "mlx", "vllm", "vllm-batch", "vllm-serve", "llamacpp", "llama-server"):
+        assert f"## {port}\n" in text
+    assert "| walkthrough | n/a | not a request of a serving scenario" in text
+    assert "## Serving conditions" not in text  # no bundle of a serving scenario here
     assert "| walkthrough | pass |" in text and "| window_rotating | n/a |" in text
     assert "zlab [0.1.0 code]" in text and "`python -m dflash_ref matrix` on" in text
     assert "| walkthrough | n/a | llama.cpp is not installed: set LLAMA_CPP_DIR" in text

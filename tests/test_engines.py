@@ -275,13 +275,24 @@ def test_a_norm_weight_off_by_a_factor_per_dimension_is_named_by_the_hint():
 def test_the_engine_shaped_bundles_hold_what_they_are_for_and_the_official_code_passes_them(tmp_path):
     """golden --engines: SmolLM2's tokenizer beside the target, head_dim 64; each scenario's property checked
     as it is written (scenarios.py), the reference and the official dflash 0.1.0 agree on every tensor."""
-    from dflash_ref.conformance.engine_scenarios import ENGINE_NAMES
+    from dflash_ref.conformance.engine_scenarios import ENGINE_NAMES, SERVING_NAMES
 
-    written = generate_golden(tmp_path, list(ENGINE_NAMES))
-    assert [p.name.split("_", 1)[1] for p in written] == list(ENGINE_NAMES)
+    written = generate_golden(tmp_path, list(ENGINE_NAMES + SERVING_NAMES))
+    assert [p.name.split("_", 1)[1] for p in written] == list(ENGINE_NAMES + SERVING_NAMES)
     engine = find_bundles(tmp_path / written[0].name)[0]
     assert (engine.target_dir / "tokenizer.json").is_file() and engine.config("draft")["head_dim"] == 64
-    assert (tmp_path / written[-1].name / "target").is_symlink()  # the real SmolLM2: its folder, linked
+    assert (tmp_path / written[len(ENGINE_NAMES) - 1].name / "target").is_symlink()  # the real SmolLM2: linked
+    # the serving requests: one target per model pair (the first's, linked), each told how an engine submits it
+    served = [b for b in find_bundles(tmp_path) if "serving" in b.manifest]
+    assert [b.name for b in served] == list(SERVING_NAMES)
+    for models in ("dflash1", "dflash2"):  # one target per model pair
+        pair = [b for b in served if b.manifest["serving"]["models"] == models]
+        assert len(pair) > 1 and len({b.target_dir.resolve() for b in pair}) == 1, models
+    arrivals = [b.manifest["serving"] for b in served if b.name.startswith("serve_arrivals")]
+    assert [a["arrive"] for a in arrivals][:2] == [None, {"after": "r0", "tokens": 3}]
+    assert any(
+        b.inputs["stop_token_ids"] and len(b.expected["output_ids"]) - len(b.inputs["input_ids"]) < 24 for b in served
+    )  # fmt: skip  (a request that stops early)
     for impl in ("reference", "zlab"):
         report = verify(impl, tmp_path)
         assert report.passed, report.text()

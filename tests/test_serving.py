@@ -238,7 +238,8 @@ def test_arrivals_hold_in_order_of_tokens_and_finishing():
 
 def test_a_served_request_is_named_by_its_condition_and_an_engines_low_acceptance_fails(bundle):
     """`where` names scenario · condition · request; a server's count of accepted draft tokens below DFlash's
-    (its output still the target's) fails with the hint, within [Σ τ but the last step, Σ τ] it passes."""
+    (its output still the target's) fails with the hint; Σ τ over the steps but the last, plus 0 to max(τ, the
+    tokens committed) at the last (where engines cut the block their own way), passes."""
     import copy
 
     served = copy.copy(bundle)
@@ -248,19 +249,26 @@ def test_a_served_request_is_named_by_its_condition_and_an_engines_low_acceptanc
     taus = [int(e[k]) for k in sorted(k for k in e if k.endswith("/acceptance_length"))]
     skip = [s for s in llamacpp_server.LlamaServerPort.skip]
     base = {"output_ids": e["output_ids"], "prefill/first_token": e["prefill/first_token"]}
-    for got, status in ((sum(taus), "pass"), (sum(taus[:-1]), "pass"), (sum(taus[:-1]) - 1, "FAIL")):
+    low = sum(taus[:-1])
+    last = len(e["output_ids"]) - len(bundle.inputs["input_ids"]) - 1 - low - (len(taus) - 1)  # its tokens
+    hints = {}
+    for got, status in ((sum(taus), "pass"), (low, "pass"), (low + last, "pass"), (low - 1, "FAIL"),
+                        (low + max(last, taus[-1]) + 1, "FAIL")):  # fmt: skip
         checks = compare(served, {**base, DRAFT_ACCEPTED: np.array(got)}, skip=skip)
         counted = next(c for c in checks if c.stage == "draft_accepted")
         assert counted.status == status and counted.where.startswith("serve_x · prefix-cache hit · request r1")
         assert all(c.status != "FAIL" for c in checks if c.stage != "draft_accepted")
-    assert "its draft proposed other tokens than DFlash's" in counted.hint
+        hints[got] = counted.hint
+    assert "its draft proposed other tokens than DFlash's" in hints[low - 1]
+    assert "the engine counts differently" in hints[low + max(last, taus[-1]) + 1]
 
 
 class _FakeServer(http.server.BaseHTTPRequestHandler):
     """llama-server's /health and streamed /completion, as it speaks them: each request's tokens the prompt's
     last token repeated (one chunk every 20 ms), then a chunk with its timings; a prompt of [999] is refused."""
 
-    log: list = []
+    log: list = []  # (tokens streamed so far over all requests, body) per request, as it arrived
+    sent = 0
 
     def log_message(self, *args) -> None:
         pass
@@ -270,7 +278,7 @@ class _FakeServer(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        type(self).log.append((time.monotonic(), body))
+        type(self).log.append((type(self).sent, body))
         if body["prompt"] == [999]:
             return self._send(400, b'{"error":{"message":"the prompt is refused"}}', "application/json")
         self.send_response(200)
@@ -279,6 +287,7 @@ class _FakeServer(http.server.BaseHTTPRequestHandler):
         for _ in range(body["n_predict"]):
             self.wfile.write(b"data: " + json.dumps({"tokens": [body["prompt"][-1]]}).encode() + b"\n\n")
             self.wfile.flush()
+            type(self).sent += 1
             time.sleep(0.02)
         final = {"tokens": [], "stop": True, "timings": {"draft_n_accepted": 2, "cache_n": 3}}
         self.wfile.write(b"data: " + json.dumps(final).encode() + b"\n\n")
@@ -308,8 +317,8 @@ def test_llama_server_is_driven_over_http_with_arrivals_and_its_refusal_said():
         out = llamacpp_server.serve(port, [first, second], prefix_cache=True)
         assert out["r0"]["output_ids"].tolist() == [4, 5] + [5] * 5 and out["r1"]["output_ids"].tolist() == [6] * 6
         assert int(out["r1"][DRAFT_ACCEPTED]) == 2 and int(out["r1"]["served/cached_prefix"]) == 3
-        (t0, b0), (t1, b1) = _FakeServer.log[:2]
-        assert t1 - t0 >= 0.05 and b0["cache_prompt"] and b0["stop"] == ["."] and b1["prompt"] == [6]  # after 3 tokens
+        (_, b0), (sent, b1) = _FakeServer.log[:2]
+        assert sent >= 3 and b0["cache_prompt"] and b0["stop"] == ["."] and b1["prompt"] == [6]  # after r0's 3rd token
         with pytest.raises(NotApplicable, match="llama-server refuses this request: .*the prompt is refused"):
             llamacpp_server.serve(port, [_Bundle("r0", [999])], prefix_cache=False)
     finally:
@@ -330,3 +339,18 @@ def test_a_server_that_cannot_start_or_answer_is_one_clear_error(tmp_path, monke
     with pytest.raises(RuntimeError, match=r"did not answer http://127.0.0.1:\d+/health in 1 s"):
         with llamacpp_server.running_server(silent, [], llamacpp_server.free_port(), tmp_path / "log"):
             pass
+
+
+def test_the_matrix_gives_each_port_a_column_per_serving_condition():
+    from dflash_ref.conformance.matrix import conditions
+
+    rows = {
+        "vllm-serve": [{"bundle": "a.r0", "verdict": "FAIL"}, {"bundle": "a.r1", "verdict": "pass"},
+                       {"bundle": "b.r0", "verdict": "pass"}, {"bundle": "plain", "verdict": "n/a"}],
+        "llama-server": [{"bundle": "a.r0", "verdict": "pass"}, {"bundle": "a.r1", "verdict": "n/a"},
+                         {"bundle": "b.r0", "verdict": "raised"}, {"bundle": "plain", "verdict": "pass"}],
+    }  # fmt: skip
+    lines = conditions(rows, {"a.r0": "prefix-cache hit", "a.r1": "prefix-cache hit", "b.r0": "chunked prefill"})
+    assert "| port | one sequence | prefix-cache hit | chunked prefill |" in lines
+    assert "| vllm-serve | n/a | FAIL (1 of 2) | pass |" in lines
+    assert "| llama-server | pass | pass (1 of 2; the rest n/a) | raised (1 of 1) |" in lines

@@ -14,6 +14,11 @@ weights, and a DFlash draft in the official format:
     smollm2_dflash1     the real SmolLM2-135M-Instruct (its converted folder, linked, not copied) with the
     smollm2_dflash2     shipped DFlash 1 / DFlash 2 draft, greedy on a chat prompt
 
+Then the serving scenarios (SERVINGS), one bundle per request (named scenario.request), where engines' DFlash bugs
+live: a prefix-cache hit (serve_prefix_cache), a chunked prefill (serve_chunked_prefill) and requests arriving
+mid-decode (serve_arrivals). Each request's expectation is the reference's run of it alone; its manifest's
+"serving" entry says how an engine submits it beside the others (SERVING_MEANING).
+
 Random weights over 49152 tokens would almost never agree: the target's lm_head, which the draft's
 proposals go through too, keeps only the rows of a few readable tokens (ACTIVE: " the", " cat", …) and
 leaves every other row at 0, so that each decision is among those, acceptance behaves as in the tiny
@@ -239,11 +244,19 @@ class Serving:
     description: str
     engine: dict
     requests: tuple[Request, ...]
+    models: str = "dflash1"  # the model pair all its requests share (PAIRS)
 
 
-def _pattern(n: int, stride: int, offset: int = 0) -> list[int]:
-    """n ACTIVE tokens in a fixed pattern (prompts long enough for several cache blocks or chunks)."""
-    ids = active_ids()
+# the serving scenarios' model pairs: the engine-shaped DFlash 1 pair, and engine_dflash2's
+PAIRS = {
+    "dflash1": lambda: engine_pair(SEED),
+    "dflash2": lambda: engine_pair(DFLASH2_SEED, active=WIDER, **DFLASH2),
+}
+
+
+def _pattern(n: int, stride: int, offset: int = 0, texts: tuple[str, ...] = ACTIVE) -> list[int]:
+    """n tokens of `texts` in a fixed pattern (prompts long enough for several cache blocks or chunks)."""
+    ids = active_ids(texts)
     return [ids[(stride * i + offset) % len(ids)] for i in range(n)]
 
 
@@ -281,14 +294,27 @@ SERVINGS = (
             Request("r3", lambda: _pattern(12, 5, 5), 16, {"after": "r1", "tokens": 2}),
         ),
     ),
+    Serving(
+        "serve_arrivals_dflash2",
+        "arrivals mid-decode, DFlash 2",
+        "DFlash 2 requests of unequal prompts arriving while others decode: each block's convolutions restart at "
+        "its own start and its selector's path starts at its own anchor, whatever shares the batch",
+        {"max_seqs": 3},
+        (
+            Request("r0", lambda: _pattern(5, 5, 0, WIDER), 16),
+            Request("r1", lambda: _pattern(20, 1, 9, WIDER), 16, {"after": "r0", "tokens": 3}),
+            Request("r2", lambda: _pattern(8, 3, 3, WIDER), 16, {"after": "r0", "tokens": 6}),
+        ),
+        models="dflash2",
+    ),
 )
 SERVING_NAMES = tuple(f"{s.name}.{r.label}" for s in SERVINGS for r in s.requests)
 
 
 @functools.lru_cache(maxsize=1)
 def serving_scenarios() -> list[Scenario]:
-    """One Scenario per request of SERVINGS (named scenario.label), all on engine_pair(SEED): one target and
-    one draft, as one engine serves them."""
+    """One Scenario per request of SERVINGS (named scenario.label), each scenario's on one model pair (PAIRS), as
+    one engine serves them."""
     stop = active_ids()[ACTIVE.index(".")]
     out = []
     for serving in SERVINGS:
@@ -297,13 +323,14 @@ def serving_scenarios() -> list[Scenario]:
                 Scenario(
                     f"{serving.name}.{request.label}",
                     f"{serving.condition}, request {request.label}: {serving.description}",
-                    lambda: engine_pair(SEED),
+                    PAIRS[serving.models],
                     request.prompt(),
                     request.max_new_tokens,
                     stop_token_ids=[stop] if request.stop else None,
                     tokenizer=tokenizer,
                     serving={
                         "scenario": serving.name,
+                        "models": serving.models,
                         "condition": serving.condition,
                         "request": request.label,
                         "order": order,

@@ -281,14 +281,15 @@ def generate_golden(out: str | Path, names: list[str] | None = None, engines: bo
             if s.name in engine:
                 i = first + ENGINE_NAMES.index(s.name)
                 written.append(write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i))
-        shared = None  # the serving requests share one target (one engine serves them): written once, then linked
+        shared: dict[str, Path] = {}  # serving requests share their pair's target: written once, then linked
         for s in serving_scenarios() if any(n in SERVING_NAMES for n in engine) else []:
             if s.name in engine:
                 i = first + len(ENGINE_NAMES) + SERVING_NAMES.index(s.name)
-                if shared is not None:
-                    s = dataclasses.replace(s, target_folder=lambda where=shared: where)
+                models = s.serving["models"]
+                if models in shared:
+                    s = dataclasses.replace(s, target_folder=lambda where=shared[models]: where)
                 written.append(write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i))
-                shared = shared or written[-1] / "target"
+                shared.setdefault(models, written[-1] / "target")
         return written
     finally:
         torch.set_num_threads(threads)

@@ -14,10 +14,12 @@ import datetime
 import platform
 from pathlib import Path
 
+from .bundle import find_bundles
 from .report import Report, title
 from .verify import verify
 
-PORTS = ("reference", "zlab", "mlx", "vllm", "vllm-batch", "llamacpp")
+PORTS = ("reference", "zlab", "mlx", "vllm", "vllm-batch", "vllm-serve", "llamacpp", "llama-server")
+ALONE = "one sequence"  # the condition of a bundle of no serving scenario
 
 # Every FAIL the matrix has shown, followed to its cause: (port as its report names it, stage of the first
 # divergence) → the cause.
@@ -39,6 +41,8 @@ CAUSES = {
     # `verify vllm` names at its stage (this bundle's batch is one sequence: the same run as vllm's)
     ("vllm-batch", "draft_tokens"): "the proposals of vLLM's context-K bug, which `verify vllm` names at K "
     "context after KNorm (reports/vllm-cpu-context-k-norm.md)",
+    ("vllm-serve", "k_ctx"): "the same bug of vLLM on a CPU, under every serving condition: every draft layer's "
+    "context K normalised with layer 0's k_norm (reports/vllm-cpu-context-k-norm.md)",
 }
 
 
@@ -83,9 +87,33 @@ def check_ports(ports) -> None:
         raise ValueError(f"unknown port(s) {unknown}; the shipped ports: {list(PORTS)}")
 
 
+def conditions(rows_by_port: dict[str, list[dict]], condition_of: dict[str, str]) -> list[str]:
+    """The serving conditions as columns: per port, each condition's verdict over its bundles (pass, FAIL k of
+    n, raised, n/a), a bundle of no serving scenario under "one sequence"."""
+    columns = list(dict.fromkeys([ALONE, *condition_of.values()]))
+    lines = ["## Serving conditions", "", "| port | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for port, rows in rows_by_port.items():
+        cells = []
+        for column in columns:
+            verdicts = [r["verdict"] for r in rows if condition_of.get(r["bundle"], ALONE) == column]
+            ran = [v for v in verdicts if v != "n/a"]
+            if not ran:
+                cells.append("n/a" if verdicts else "")
+            elif "FAIL" in ran or "raised" in ran:
+                failed = sum(v != "pass" for v in ran)
+                cells.append(f"{'FAIL' if 'FAIL' in ran else 'raised'} ({failed} of {len(ran)})")
+            else:
+                cells.append(
+                    "pass" + (f" ({len(ran)} of {len(verdicts)}; the rest n/a)" if len(ran) < len(verdicts) else "")
+                )
+        lines.append(f"| {port} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
 def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dflash_ref matrix") -> tuple[str, bool]:
-    """The matrix as Markdown: one table per port; `command` is what its header says made it. → (the text,
-    whether every row passed or is n/a: no FAIL, no port that raised)."""
+    """The matrix as Markdown: one table per port, then the serving conditions as columns where the bundles have
+    serving scenarios; `command` is what its header says made it. → (the text, whether every row passed or is
+    n/a: no FAIL, no port that raised)."""
     check_ports(ports)
     clean = True
     lines = [
@@ -96,6 +124,7 @@ def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dfl
         "semantic tensor along the data's walk (README.md in this folder: how to read it).",
         "",
     ]
+    rows_by_port: dict[str, list[dict]] = {}
     for port in ports:
         lines += [f"## {port}", ""]
         try:
@@ -110,11 +139,12 @@ def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dfl
             "| bundle | verdict | first divergence | cause | variants (declared or detected) |",
             "|---|---|---|---|---|",
         ]
-        rows = cells(report)
+        rows = rows_by_port[port] = cells(report)
         clean = clean and all(r["verdict"] in ("pass", "n/a") for r in rows)
         lines += [
             f"| {r['bundle']} | {r['verdict']} | {r['first'].replace('|', '/')} | {r['cause']} | {r['variants']} |"
             for r in rows
         ]
         lines.append("")
-    return "\n".join(lines), clean
+    served = {b.name: b.manifest["serving"]["condition"] for b in find_bundles(bundle) if "serving" in b.manifest}
+    return "\n".join(lines + (conditions(rows_by_port, served) if served and rows_by_port else [])), clean

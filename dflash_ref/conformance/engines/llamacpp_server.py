@@ -11,10 +11,10 @@ alone. What comes back is what the server returns, nothing recomputed:
     output_ids, first_token    the request's prompt and the tokens the server streamed back (`return_tokens`)
     served/cached_prefix       the prompt tokens its slot reused from the prompt cache (`timings.cache_n`)
     served/draft_accepted      its draft tokens accepted (`timings.draft_n_accepted`): with the draft DFlash's,
-                               each step's proposals are DFlash's and so is their acceptance, so the count lies
-                               between Σ τ over the reference's steps but the last and Σ τ (the last step is where
-                               engines cut the block to what is left to generate, each its own way); fewer means
-                               the draft saw another context (verify.py checks it)
+                               each step's proposals are DFlash's and so is their acceptance, so the count is
+                               Σ τ over the reference's steps but the last, plus what the last step accepts (where
+                               engines cut the block to what is left, each its own way: verify._draft_accepted);
+                               fewer means the draft saw another context
 
 The server computes its tensors inside its slots and has no eval callback: the stages are the `llamacpp`
 port's, which runs the same implementation one sequence at a time. The server stops on strings, not token ids:
@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import socket
 import subprocess
 import tempfile
@@ -47,6 +48,7 @@ from .llamacpp import F32_CACHES, TIMEOUT, _run, convert, tree
 # what the server hands over: its output (and x_0 in it); every other stage is waived
 OBSERVED = ("first_token", "output_ids")
 START_TIMEOUT = 120  # seconds for the server to load its models and answer /health
+EXTRA = "DFLASH_REF_LLAMA_SERVER_ARGS"  # more options for the server (on a GPU: "-ngl 99")
 
 
 def server_binary(root: Path) -> Path:
@@ -218,7 +220,8 @@ class LlamaServerPort:
             target, draft = convert(root, first, Path(scratch))
             args = ["-m", target, "-md", draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", block - 1,
                     "--parallel", slots, "-c", per_slot * slots, "-b", batch, "-ub", batch, "--temp", "0",
-                    "-fa", "off", "-t", os.cpu_count() or 1, "--no-webui", *F32_CACHES]  # fmt: skip
+                    "-fa", "off", "-t", os.cpu_count() or 1, "--no-webui", *F32_CACHES,
+                    *shlex.split(os.environ.get(EXTRA, ""))]  # fmt: skip
             port = free_port()
             with running_server(binary, args, port, Path(scratch) / "server.log"):
                 return serve(port, group, bool(settings.get("prefix_caching")))

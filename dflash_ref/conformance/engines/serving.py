@@ -45,7 +45,11 @@ def split_pass(batch: dict, layers: int, query_len: int) -> dict[str, dict]:
         part.update({k: batch[k][block] for k in QUERY})
         for i in range(layers):
             part.update({f"{k}.{i}": batch[f"{k}.{i}"][block] for k in QUERY_PER_LAYER})
-            part[f"attended_k.{i}"], part[f"attended_v.{i}"] = batch[f"attended_k.{i}"][b], batch[f"attended_v.{i}"][b]
+            if f"attended_k.{i}" in batch:  # read from the paged cache, where its layout is known
+                part[f"attended_k.{i}"], part[f"attended_v.{i}"] = (
+                    batch[f"attended_k.{i}"][b],
+                    batch[f"attended_v.{i}"][b],
+                )
         part["logits"] = batch["logits"][b * (query_len - 1) : (b + 1) * (query_len - 1)]
         part["draft_tokens"] = np.asarray(batch["draft_tokens"])[b]
         parts[request] = part

@@ -182,6 +182,8 @@ class ServingReader(Reader):
     request, the K and V its queries attended, read from vLLM's paged cache right after the layer's attention
     (the context K/V of a prefix-cache hit are there, never recomputed). serving.py maps it back to requests."""
 
+    unread = ""  # the attention backend whose paged cache is not read (serving.attended knows vLLM's CPU layout)
+
     def attach(self, runner) -> None:
         super().attach(runner)
         drafter = runner.drafter
@@ -208,6 +210,9 @@ class ServingReader(Reader):
             metadata = get_forward_context().attn_metadata
             metadata = metadata.get(module.layer_name) if isinstance(metadata, dict) else metadata
             if metadata is None:  # a warm-up pass: nothing attended
+                return
+            if type(module.impl).__name__ != "CPUAttentionBackendImpl":  # serving.attended reads its layout only
+                self.unread = type(module.impl).__name__
                 return
             cache = module.kv_cache[0] if isinstance(module.kv_cache, (list, tuple)) else module.kv_cache
             size = cache.shape[2]  # (blocks, H_kv, block, 2·d_h): cpu_attn.py's shape
@@ -401,6 +406,11 @@ def serve(paths: list[str], out: str) -> int:
             cached[label] = output.num_cached_tokens or 0
             if output.finished:
                 finished.add(label)
+    if reader.unread:
+        print(
+            f"vllm_run: the paged cache of {reader.unread} is not read: K after RoPE and V left missing",
+            file=sys.stderr,
+        )
     query_len = block
     parts: dict[str, list[dict]] = {}
     for batch in reader.passes:
@@ -439,9 +449,10 @@ def record_request(recorder: Recorder, bundle, reader: Reader, steps: list[dict]
             put("q", _heads_first(q), layer=i)
             put("k_ctx", _heads_first(part["k_ctx"][i]), layer=i)
             put("k_noise", _heads_first(part[f"k_noise.{i}"]), layer=i)
-            put("v", _heads_first(part[f"attended_v.{i}"][new:]), layer=i)
+            if f"attended_v.{i}" in part:  # read from the cache (vLLM's CPU backend): else left missing
+                put("v", _heads_first(part[f"attended_v.{i}"][new:]), layer=i)
+                put("k_rot", _heads_first(part[f"attended_k.{i}"]), layer=i)
             put("q_rot", _heads_first(part[f"q_rot.{i}"].reshape(n_q, h_q, d_h)), layer=i)
-            put("k_rot", _heads_first(part[f"attended_k.{i}"]), layer=i)
             put("attn_out", part[f"attn_out.{i}"], layer=i)
             put("layer_out", part[f"layer_out.{i}"], layer=i)
         put("final_hidden", part["final_hidden"])
