@@ -38,6 +38,7 @@ from dflash_ref.decoding import spec_generate
 from dflash_ref.rope import RotaryEmbedding, rotate_half
 from dflash_ref.target import Qwen3_5Target
 from dflash_ref.target.hybrid_cache import HybridCache
+from dflash_ref.target.qwen3 import TargetOutput
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -1142,6 +1143,29 @@ def loop_values_of_context_k_with_layer_0_norm(mp):
 LOOP_VALUES = ("draft_tokens", "posterior", "acceptance_length", "bonus", "output_ids")
 
 
+def last_layer_before_the_final_norm(mp):
+    """vLLM (reports/vllm-last-target-layer-before-norm.md): the features of a target layer id L − 1 are that
+    layer's own output, where DFlash reads transformers' hidden_states[L], after the target's final norm."""
+
+    def change(target, draft):
+        forward, raw = target.forward, {}
+        target.model.layers[-1].register_forward_hook(lambda m, a, out: raw.update(x=out))
+
+        def before_the_norm(*args, **kwargs):
+            out = forward(*args, **kwargs)
+            return TargetOutput(out.logits, (*out.hidden_states[:-1], raw["x"])) if out.hidden_states else out
+
+        target.forward = before_the_norm
+
+    return After(change)
+
+
+def context_window_read_as_symmetric(mp):
+    """llama.cpp (reports/llamacpp-dflash-sliding-window-causal.md): a sliding layer of a draft whose config means
+    a causal window (layer_types, no is_causal) attends a symmetric one."""
+    return causal_and_symmetric_swapped(mp)
+
+
 def keys_in_ring_order(mp):
     """The official MLX backend: after a one-position update it reads its rotating cache in ring order, not in the
     order of positions: a dump whose step 1 K after RoPE on the window's layer has its keys rolled by one."""
@@ -1188,6 +1212,8 @@ CAUSE_HINTS = {
         "multiround",
         "dump the draft's stages to find which",
     ),
+    ("vllm", "target_hidden"): (last_layer_before_the_final_norm, "engine_layer_ids_last", "before an RMSNorm"),
+    ("llamacpp", "pattern"): (context_window_read_as_symmetric, "gqa_sliding", "read as symmetric where"),
 }
 
 
@@ -1200,6 +1226,9 @@ def test_every_cause_the_matrix_names_has_its_reproduction():
 @pytest.mark.parametrize("cause", list(CAUSE_HINTS), ids=[f"{p}-{s}" for p, s in CAUSE_HINTS])
 def test_each_named_cause_gets_its_hint(golden, cause, tmp_path):
     reproduce, bundle, says = CAUSE_HINTS[cause]
+    if bundle.startswith("engine_"):  # an engine-shaped bundle (SmolLM2's tokenizer): written here
+        generate_golden(tmp_path / "engine", [bundle])
+        golden = tmp_path / "engine"
     with pytest.MonkeyPatch.context() as mp:
         report = verify(reproduce(mp), only(golden, bundle, tmp_path / "one"), allow_missing=True)
     first = report.first_failure

@@ -228,12 +228,14 @@ def test_the_paged_cache_is_read_in_vllms_cpu_layout():
 
 
 def test_arrivals_hold_in_order_of_tokens_and_finishing():
-    after_3 = {"arrive": {"after": "r0", "tokens": 3}}
-    after_done = {"arrive": {"after": "r0", "done": True}}
+    after_3 = {"request": "r1", "arrive": {"after": "r0", "tokens": 3}}
+    after_done = {"request": "r1", "arrive": {"after": "r0", "done": True}}
     assert serving.arrives(None, {}, set()) and serving.arrives({"arrive": None}, {}, set())
     assert not serving.arrives(after_3, {}, set()) and not serving.arrives(after_3, {"r0": 2}, set())
-    assert serving.arrives(after_3, {"r0": 3}, set()) and serving.arrives(after_3, {"r0": 1}, {"r0"})
+    assert serving.arrives(after_3, {"r0": 3}, set()) and not serving.arrives(after_3, {"r0": 1}, {"r0"})
     assert not serving.arrives(after_done, {"r0": 30}, set()) and serving.arrives(after_done, {"r0": 30}, {"r0"})
+    with pytest.raises(RuntimeError, match="r1 was due while r0 decoded, after its token 3, but r0 had finished"):
+        serving.arrives(after_3, {"r0": 24}, {"r0"})  # seen only once r0 was done: no arrival mid-decode
 
 
 def test_a_served_request_is_named_by_its_condition_and_an_engines_low_acceptance_fails(bundle):
@@ -278,9 +280,13 @@ class _FakeServer(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/detokenize":
+            return self._send(200, json.dumps({"content": "." if body["tokens"] == [1] else "?"}).encode(), "x")
         type(self).log.append((type(self).sent, body))
         if body["prompt"] == [999]:
             return self._send(400, b'{"error":{"message":"the prompt is refused"}}', "application/json")
+        if body["prompt"] == [998]:
+            return self._send(500, b'{"error":{"message":"out of memory"}}', "application/json")
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -289,7 +295,8 @@ class _FakeServer(http.server.BaseHTTPRequestHandler):
             self.wfile.flush()
             type(self).sent += 1
             time.sleep(0.02)
-        final = {"tokens": [], "stop": True, "timings": {"draft_n_accepted": 2, "cache_n": 3}}
+        timings = {} if body["prompt"] == [997] else {"draft_n_accepted": 2, "cache_n": 3}
+        final = {"tokens": [], "stop": True, "timings": timings}
         self.wfile.write(b"data: " + json.dumps(final).encode() + b"\n\n")
 
     def _send(self, code: int, data: bytes, kind: str) -> None:
@@ -318,9 +325,15 @@ def test_llama_server_is_driven_over_http_with_arrivals_and_its_refusal_said():
         assert out["r0"]["output_ids"].tolist() == [4, 5] + [5] * 5 and out["r1"]["output_ids"].tolist() == [6] * 6
         assert int(out["r1"][DRAFT_ACCEPTED]) == 2 and int(out["r1"]["served/cached_prefix"]) == 3
         (_, b0), (sent, b1) = _FakeServer.log[:2]
-        assert sent >= 3 and b0["cache_prompt"] and b0["stop"] == ["."] and b1["prompt"] == [6]  # after r0's 3rd token
-        with pytest.raises(NotApplicable, match="llama-server refuses this request: .*the prompt is refused"):
-            llamacpp_server.serve(port, [_Bundle("r0", [999])], prefix_cache=False)
+        assert 3 <= sent < 5 and b0["cache_prompt"] and b0["stop"] == ["."] and b1["prompt"] == [6]  # r0 decoding
+        failed = llamacpp_server.serve(
+            port, [_Bundle("r0", [999]), _Bundle("r1", [998]), _Bundle("r2", [997]), _Bundle("r3", [3])], False
+        )
+        assert isinstance(failed["r0"], NotApplicable) and "refuses this request" in str(failed["r0"])
+        assert "the prompt is refused" in str(failed["r0"])  # in its words; one request's refusal is its own
+        assert isinstance(failed["r1"], RuntimeError) and "failed on r1: HTTPError: HTTP Error 500" in str(failed["r1"])
+        assert isinstance(failed["r2"], RuntimeError) and "no draft_n_accepted" in str(failed["r2"])
+        assert failed["r3"]["output_ids"].tolist() == [3] * 6
     finally:
         server.shutdown()
 
@@ -333,7 +346,7 @@ def test_a_server_that_cannot_start_or_answer_is_one_clear_error(tmp_path, monke
         with llamacpp_server.running_server(fails, [], llamacpp_server.free_port(), tmp_path / "log"):
             pass
     silent = tmp_path / "silent"
-    silent.write_text("#!/bin/sh\nsleep 30\n")
+    silent.write_text("#!/bin/sh\nexec sleep 30\n")
     silent.chmod(0o755)
     monkeypatch.setattr(llamacpp_server, "START_TIMEOUT", 1)
     with pytest.raises(RuntimeError, match=r"did not answer http://127.0.0.1:\d+/health in 1 s"):

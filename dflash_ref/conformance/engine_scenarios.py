@@ -11,6 +11,9 @@ weights, and a DFlash draft in the official format:
     engine_stop_bonus   a stop token as a step's bonus
     engine_long_prompt  a 600-token prompt: that many context positions in the first draft pass
     engine_dflash2      a DFlash 2 draft (convolution K = 2 in groups of 16, the selector's top 4, rank 16)
+    engine_layer_ids_last   target layer ids [2, 5]: not the formula's, and the target's last layer (read after
+                        the final norm, as transformers' hidden_states[L] and so the official code)
+    engine_sliding      a draft with a sliding-window layer (window 6, causal) beside a full one
     smollm2_dflash1     the real SmolLM2-135M-Instruct (its converted folder, linked, not copied) with the
     smollm2_dflash2     shipped DFlash 1 / DFlash 2 draft, greedy on a chat prompt
 
@@ -56,6 +59,8 @@ ENGINE_NAMES = (
     "engine_stop_bonus",
     "engine_long_prompt",
     "engine_dflash2",
+    "engine_layer_ids_last",
+    "engine_sliding",
     "smollm2_dflash1",
     "smollm2_dflash2",
 )
@@ -197,6 +202,26 @@ def engine_scenarios() -> list[Scenario]:
             lambda: engine_pair(DFLASH2_SEED, active=WIDER, **DFLASH2),
             words("the cat sat on the"),
             24,
+            **shared,
+        ),
+        Scenario(
+            "engine_layer_ids_last",
+            "engine shapes, target layer ids [2, 5], not the formula's [1, 3], 5 the target's last layer: its "
+            "features are hidden_states[6], the last entry of transformers' output_hidden_states, which the official "
+            "code reads (extract_context_feature: hidden_states[id + 1]): the final norm's output, not the last "
+            "layer's own",
+            lambda: engine_pair(SEED, target_layer_ids=[2, 5]),
+            words("the cat sat on the"),
+            16,
+            **shared,
+        ),
+        Scenario(
+            "engine_sliding",
+            "engine shapes, a draft whose layer 0 is a sliding-window layer (window 6, causal, as `dflash` 0.1.0 "
+            "reads `layer_types`) and layer 1 a full one, on a 20-token prompt: layer 0 attends its last 6 keys",
+            lambda: engine_pair(SEED, layer_types=["sliding_attention", "full_attention"], sliding_window=6),
+            _pattern(20, 3, 1),
+            16,
             **shared,
         ),
         _shipped("smollm2_dflash1", SHIPPED_DFLASH1, "SmolLM2-135M-Instruct with the shipped DFlash 1 draft"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -151,7 +152,10 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
     hybrid = isinstance(target, Qwen3_5Target)
     if scenario.target_folder is not None:  # a real model's folder, as it is (engine_scenarios.py)
         folder.mkdir(parents=True)
-        (folder / "target").symlink_to(scenario.target_folder().resolve(), target_is_directory=True)
+        where = scenario.target_folder().resolve()
+        if where.is_relative_to(folder.parent.resolve()):  # another bundle's: relative, so the folder can move
+            where = Path(os.path.relpath(where, folder.resolve()))
+        (folder / "target").symlink_to(where, target_is_directory=True)
     else:
         (save_hybrid_target if hybrid else save_target)(target, folder / "target", dtype)
         if scenario.tokenizer is not None:  # what an engine reads beside the weights

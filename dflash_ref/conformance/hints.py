@@ -174,6 +174,37 @@ def _features_one_layer_early(expected, got, context) -> str | None:
     return None
 
 
+def _features_before_a_norm(expected, got, context) -> str | None:
+    """With the features cut into k equal blocks (one per sampled layer), the other blocks agree and block j is
+    DFlash's before an RMSNorm: its rows, each divided by its root mean square and scaled per channel by one
+    weight, are DFlash's. DFlash reads transformers' hidden_states[L] for the target's last layer, the last entry
+    of output_hidden_states: the final norm's output; a port that reads that layer's own output (its residual
+    stream, as for every other layer) misses the norm there."""
+    if got.shape != expected.shape or got.ndim != 2 or got.shape[0] < 2:
+        return None
+    width = got.shape[1]
+    for layers in range(1, width // 2 + 1):
+        if width % layers:
+            continue
+        d = width // layers
+        blocks = [(expected[:, j * d : (j + 1) * d], got[:, j * d : (j + 1) * d]) for j in range(layers)]
+        off = [j for j, (e, g) in enumerate(blocks) if not _agrees(e, g, rel=1e-5)]
+        if len(off) != 1:
+            continue
+        e, g = (x.astype(np.float64) for x in blocks[off[0]])
+        normed = g / np.sqrt((g**2).mean(axis=1, keepdims=True) + 1e-6)  # (L_c, d): each row at RMS 1
+        weight = np.median(e / np.where(np.abs(normed) > 1e-6, normed, np.nan), axis=0)  # (d,): one per channel
+        if np.isfinite(weight).all() and _agrees(e, normed * weight, rel=1e-3):
+            which = "the last sampled layer" if off[0] == layers - 1 else f"sampled layer {off[0]}"
+            return (
+                f"the port's features of {which} are DFlash's before an RMSNorm (each row normalised and scaled per "
+                "channel by one weight gives DFlash's): for the target's last layer DFlash reads hidden_states[L], "
+                "the last entry of transformers' output_hidden_states, after the target's final norm; the port read "
+                "that layer's own output"
+            )
+    return None
+
+
 def _features_not_sliced(expected, got, context) -> str | None:
     """More feature rows than DFlash's, the first ones DFlash's: the features of every verified position fed back
     as context, where only the accepted run and its bonus (the first τ + 1) are new context."""
@@ -765,7 +796,7 @@ def _past_the_stop(expected, got, context) -> str | None:
 
 READERS: dict[str, tuple[Callable, ...]] = {
     "layer_ids": (_ids_shifted,),
-    "target_hidden": (_only_first_row_agrees, _features_one_layer_early, _features_not_sliced),
+    "target_hidden": (_only_first_row_agrees, _features_one_layer_early, _features_before_a_norm, _features_not_sliced),
     "context": (_not_normalised("hidden_norm", "C"),),
     "attn_conv_in": (_conv_reads_before_block, _conv_reads_later),
     "mlp_conv_in": (_conv_reads_before_block, _conv_reads_later),

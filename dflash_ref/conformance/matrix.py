@@ -37,10 +37,15 @@ CAUSES = {
     "alone, so a config in transformers 5's spelling runs at θ = 10⁴ (reports/mlx-lm-llama-rope-parameters.md)",
     ("vllm", "k_ctx"): "a bug of vLLM on a CPU: every draft layer's context K normalised with layer 0's k_norm "
     "(reports/vllm-cpu-context-k-norm.md)",
-    # the batch compares the loop's observables only: the proposals of a multi-layer draft are off by the bug
-    # `verify vllm` names at its stage (this bundle's batch is one sequence: the same run as vllm's)
-    ("vllm-batch", "draft_tokens"): "the proposals of vLLM's context-K bug, which `verify vllm` names at K "
-    "context after KNorm (reports/vllm-cpu-context-k-norm.md)",
+    # the batch compares the loop's observables only: the proposals are off by the bug `verify vllm` names at its
+    # stage (each bundle's: its context K after KNorm, or the last target layer's features)
+    ("vllm-batch", "draft_tokens"): "the proposals of a bug of vLLM's drafter that `verify vllm` names at its stage: "
+    "the context-K norm on a CPU (reports/vllm-cpu-context-k-norm.md), or the target's last layer read before "
+    "its final norm (reports/vllm-last-target-layer-before-norm.md)",
+    ("vllm", "target_hidden"): "a bug of vLLM: for a target layer id L − 1 it reads that layer's own output, where "
+    "DFlash reads hidden_states[L], after the target's final norm (reports/vllm-last-target-layer-before-norm.md)",
+    ("llamacpp", "pattern"): "a bug of llama.cpp: a sliding layer of a draft whose config means a causal window "
+    "(layer_types, no is_causal) attends a symmetric one (reports/llamacpp-dflash-sliding-window-causal.md)",
     ("vllm-serve", "k_ctx"): "the same bug of vLLM on a CPU, under every serving condition: every draft layer's "
     "context K normalised with layer 0's k_norm (reports/vllm-cpu-context-k-norm.md)",
 }

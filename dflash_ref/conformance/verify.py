@@ -147,7 +147,7 @@ def compare(
         "block_size": block_size(bundle),
     }
     checks, last = [], max((e["step"] for e in bundle.entries if e["stage"] == "cache_lengths"), default=None)
-    cached = _cached_prefix(produced)
+    cached = _cached_prefix(bundle, produced)
     if report is not None and cached:
         report.cached[bundle.name] = cached
     for e in bundle.entries:
@@ -266,12 +266,15 @@ def _draft_accepted(bundle: Bundle, value) -> Check:
     return check
 
 
-def _cached_prefix(produced: dict) -> int:
-    """How many leading prompt positions a serving port restored from a prefix cache (0: none, or not said)."""
+def _cached_prefix(bundle: Bundle, produced: dict) -> int:
+    """How many leading prompt positions a serving port restored from a prefix cache (0: none, or not said). Those
+    rows are excused only where the port gave the keys and values its draft attended at step 0 (K after RoPE, V,
+    every layer), which hold them: else they would be compared nowhere."""
     value = array_or_none(produced.get(CACHED_PREFIX))
     if value is None or value.ndim != 0 or not np.issubdtype(value.dtype, np.integer) or value < 0:
         return 0
-    return int(value)
+    attended = [e["key"] for e in bundle.entries if e["stage"] in ("k_rot", "v") and e.get("step") == 0]
+    return int(value) if attended and all(k in produced for k in attended) else 0
 
 
 def _restored(entry: dict, expected: np.ndarray, got, cached: int) -> int:

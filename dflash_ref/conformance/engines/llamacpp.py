@@ -92,6 +92,13 @@ def program(root: Path) -> Path:
     return binary
 
 
+def failure(stderr: str) -> str:
+    """What a failed llama.cpp run says went wrong: its assertion or error line, else its last line."""
+    lines = [line.strip() for line in stderr.strip().splitlines() if line.strip()]
+    told = [line for line in lines if "GGML_ASSERT" in line or " error" in line.lower() or line.startswith("error")]
+    return (told or lines or ["(no message)"])[-1]
+
+
 def convert(root: Path, bundle, out: Path) -> tuple[Path, Path]:
     """(target.gguf, draft.gguf): the bundle's folders through llama.cpp's own converter, f32."""
     env = {"PYTHONPATH": os.pathsep.join([str(root / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
@@ -163,7 +170,8 @@ class LlamaCppPort:
                 said = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
                 raise NotApplicable(f"llama.cpp refuses this bundle: {said}")
             if proc.returncode != 0:
-                raise RuntimeError(f"llama.cpp failed on {bundle.name} (exit {proc.returncode}): {proc.stderr[-2000:]}")
+                told = failure(proc.stderr)
+                raise RuntimeError(f"llama.cpp failed on {bundle.name} (exit {proc.returncode}): {told}")
             return keyed(read_dump(dump), draft_config)
 
 

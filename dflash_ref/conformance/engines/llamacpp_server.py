@@ -18,8 +18,9 @@ alone. What comes back is what the server returns, nothing recomputed:
 
 The server computes its tensors inside its slots and has no eval callback: the stages are the `llamacpp`
 port's, which runs the same implementation one sequence at a time. The server stops on strings, not token ids:
-a bundle's stop tokens are given as their texts (the bundle's tokenizer), and greedy decoding is the server's
-own sampler chain at temperature 0.
+a bundle's stop tokens are given as their texts (the server's own /detokenize), and greedy decoding is the
+server's own sampler chain at temperature 0. A request the server answers with a 4xx is not applicable, in its
+words; any other failure, or a request for which it reports no draft count, is an error, never a pass.
 """
 
 from __future__ import annotations
@@ -97,10 +98,11 @@ def running_server(binary: Path, args: list, port: int, log: Path):
         yield
     finally:
         proc.terminate()
-        with contextlib.suppress(subprocess.TimeoutExpired):
+        try:
             proc.wait(timeout=10)
-        if proc.poll() is None:
+        except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
 
 
 class Stream(threading.Thread):
@@ -112,6 +114,7 @@ class Stream(threading.Thread):
         self.tokens: list[int] = []
         self.timings: dict = {}
         self.error: str | None = None
+        self.refused = False  # the server answered 4xx: it refuses this request (else an error is a failure)
 
     def run(self) -> None:
         request = urllib.request.Request(
@@ -131,13 +134,15 @@ class Stream(threading.Thread):
                         return
                     self.tokens += chunk.get("tokens", [])
                     self.timings = chunk.get("timings", self.timings)
-        except (urllib.error.URLError, ConnectionError, TimeoutError, json.JSONDecodeError) as e:
+        except Exception as e:  # noqa: BLE001 - said by the port: a 4xx is the server's refusal, the rest failures
             body = e.read().decode(errors="replace") if isinstance(e, urllib.error.HTTPError) else ""
-            self.error = f"{e}{': ' + body if body else ''}"
+            self.refused = isinstance(e, urllib.error.HTTPError) and 400 <= e.code < 500
+            self.error = f"{type(e).__name__}: {e}{': ' + body if body else ''}"
 
 
-def serve(port: int, bundles: list, prefix_cache: bool) -> dict[str, dict]:
-    """The requests (in order, each when its arrival holds) through the server on `port` → bundle name → keys."""
+def serve(port: int, bundles: list, prefix_cache: bool) -> dict[str, dict | Exception]:
+    """The requests (in order, each when its arrival holds) through the server on `port` → bundle name → its keys,
+    or the exception that request ended in (a refusal: NotApplicable; any other error: RuntimeError)."""
     streams: dict[str, Stream] = {}
     waiting = list(bundles)
 
@@ -149,38 +154,53 @@ def serve(port: int, bundles: list, prefix_cache: bool) -> dict[str, dict]:
     while waiting or any(s.is_alive() for s in streams.values()):
         while waiting and arrived(waiting[0]):
             b = waiting.pop(0)
-            texts = b.manifest["tokenizer"]["tokens"]
             body = {
                 "prompt": b.inputs["input_ids"],
                 "n_predict": b.inputs["max_new_tokens"],
                 "temperature": 0.0,
                 "cache_prompt": prefix_cache,
-                "stop": [texts[t] for t in b.inputs["stop_token_ids"] or []],
+                "stop": [detokenize(port, t) for t in b.inputs["stop_token_ids"] or []],
             }
             label = (b.manifest.get("serving") or {}).get("request", b.name)
             streams[label] = Stream(port, body)
             streams[label].start()
         if waiting and not any(s.is_alive() for s in streams.values()) and not arrived(waiting[0]):
-            raise RuntimeError(
-                f"request {waiting[0].name} can never arrive: {waiting[0].manifest['serving']['arrive']}"
-            )
+            arrive = waiting[0].manifest["serving"]["arrive"]
+            raise RuntimeError(f"request {waiting[0].name} can never arrive: {arrive}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"llama-server did not finish the requests in {TIMEOUT} s")
-        time.sleep(0.01)
-    out = {}
-    for b in bundles:
-        stream = streams[(b.manifest.get("serving") or {}).get("request", b.name)]
-        if stream.error:
-            raise NotApplicable(f"llama-server refuses this request: {stream.error}")
-        produced = {key_for("output_ids"): np.array(b.inputs["input_ids"] + stream.tokens, dtype=np.int64)}
-        if stream.tokens:
-            produced[key_for("first_token")] = np.array(stream.tokens[0], dtype=np.int64)
-        if "draft_n_accepted" in stream.timings:
-            produced[DRAFT_ACCEPTED] = np.array(stream.timings["draft_n_accepted"], dtype=np.int64)
-        if stream.timings.get("cache_n"):  # prompt tokens the slot reused from its cache
-            produced[CACHED_PREFIX] = np.array(stream.timings["cache_n"], dtype=np.int64)
-        out[b.name] = produced
-    return out
+        time.sleep(0.005)
+    return {b.name: _produced(b, streams[(b.manifest.get("serving") or {}).get("request", b.name)]) for b in bundles}
+
+
+def _produced(bundle, stream: Stream) -> dict | Exception:
+    """A request's keys from what the server streamed back, or the exception it ended in."""
+    if stream.error:
+        if stream.refused:
+            return NotApplicable(f"llama-server refuses this request: {stream.error}")
+        return RuntimeError(f"llama-server failed on {bundle.name}: {stream.error}")
+    if "draft_n_accepted" not in stream.timings:  # no speculative decoding ran: never a pass on the output alone
+        return RuntimeError(f"llama-server reported no draft_n_accepted for {bundle.name}: did it draft at all?")
+    produced = {
+        key_for("output_ids"): np.array(bundle.inputs["input_ids"] + stream.tokens, dtype=np.int64),
+        DRAFT_ACCEPTED: np.array(stream.timings["draft_n_accepted"], dtype=np.int64),
+    }
+    if stream.tokens:
+        produced[key_for("first_token")] = np.array(stream.tokens[0], dtype=np.int64)
+    if stream.timings.get("cache_n"):  # prompt tokens the slot reused from its cache
+        produced[CACHED_PREFIX] = np.array(stream.timings["cache_n"], dtype=np.int64)
+    return produced
+
+
+def detokenize(port: int, token: int) -> str:
+    """A stop token's text, in the server's own words (its /detokenize): it stops on strings, not ids."""
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/detokenize",
+        data=json.dumps({"tokens": [token]}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.loads(r.read())["content"]
 
 
 class LlamaServerPort:
@@ -194,20 +214,19 @@ class LlamaServerPort:
         self._done: dict[tuple, dict] = {}
 
     def run(self, bundle) -> dict:
-        served = bundle.manifest.get("serving")
-        group = [bundle]
-        if served:
-            group = sorted(
-                (b for b in find_bundles(bundle.path.parent) if (b.manifest.get("serving") or {}).get("scenario")
-                 == served["scenario"]),
-                key=lambda b: b.manifest["serving"]["order"],
-            )  # fmt: skip
+        group = serving.scenario_group(bundle, find_bundles)
         key = tuple(str(b.path) for b in group)
-        if key not in self._done:
-            self._done[key] = self._serve(group)
-        return self._done[key][bundle.name]
+        if key not in self._done:  # once per group, its failure too
+            try:
+                self._done[key] = self._serve(group)
+            except Exception as e:  # noqa: BLE001 - every request of the group ends in it
+                self._done[key] = {b.name: e for b in group}
+        done = self._done[key][bundle.name]
+        if isinstance(done, Exception):
+            raise done
+        return done
 
-    def _serve(self, group: list) -> dict[str, dict]:
+    def _serve(self, group: list) -> dict[str, dict | Exception]:
         root = tree()
         binary = server_binary(root)
         first = group[0]

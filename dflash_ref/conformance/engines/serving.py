@@ -13,9 +13,9 @@ A serving engine drafts for every running request in one pass. Its tensors are f
 
 A request's reference step s is the s-th of its draft passes whose proposals were verified. Passes that were
 never verified (a prefill's earlier chunks, whose proposals an engine discards) only add context rows: the
-step after them takes all context rows since the previous verified pass. A prefix-cache hit shows as a first
-context row past position 0: those positions were restored, not computed, and the step says how many
-(`cached_prefix`).
+step after them takes all context rows since the previous verified pass. After a prefix-cache hit the first
+context row is past position 0: the positions the engine says it restored (vLLM's num_cached_tokens), not
+computed by this request.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import numpy as np
 
 # per pass, what is flat over the context rows, over the query rows, and over the draft logits' rows
 CONTEXT = ("target_hidden", "fc")
-CONTEXT_PER_LAYER = ("k_ctx", "v_ctx")  # (layers, rows, H_kv, d_h)
+CONTEXT_PER_LAYER = ("k_ctx",)  # (layers, rows, H_kv, d_h)
 QUERY = ("noise_embedding", "final_hidden")
-QUERY_PER_LAYER = ("q", "k_noise", "q_rot", "k_rot_noise", "v_noise", "attn_out", "layer_out")
+QUERY_PER_LAYER = ("q", "k_noise", "q_rot", "attn_out", "layer_out")  # K after RoPE and V: from the paged cache
 
 
 def split_pass(batch: dict, layers: int, query_len: int) -> dict[str, dict]:
@@ -101,8 +101,29 @@ def attended(cache: np.ndarray, table: np.ndarray, length: int) -> tuple[np.ndar
 
 def arrives(serving: dict | None, produced: dict[str, int], finished: set[str]) -> bool:
     """Whether a request may be added now (engine_scenarios.SERVING_MEANING): `serving` its bundle's entry (None:
-    a bundle alone, at once), `produced` the output tokens so far of each request added, `finished` those done."""
+    a bundle alone, at once), `produced` the output tokens so far of each request added, `finished` those done.
+    A request due mid-decode whose predecessor finished first raises: its condition was not exercised."""
     arrive = (serving or {}).get("arrive")
-    if not arrive or arrive["after"] in finished:
+    if not arrive:
         return True
-    return not arrive.get("done") and produced.get(arrive["after"], -1) >= arrive["tokens"]
+    if arrive.get("done"):
+        return arrive["after"] in finished
+    if produced.get(arrive["after"], -1) < arrive["tokens"]:
+        return False
+    if arrive["after"] in finished:
+        raise RuntimeError(
+            f"request {serving.get('request')} was due while {arrive['after']} decoded, after its token "
+            f"{arrive['tokens']}, but {arrive['after']} had finished: the condition was not exercised"
+        )
+    return True
+
+
+def scenario_group(bundle, find) -> list:
+    """The bundles of `bundle`'s serving scenario in their order (`find`: bundle.find_bundles), or [bundle] alone."""
+    served = bundle.manifest.get("serving")
+    if not served:
+        return [bundle]
+    mine = [
+        b for b in find(bundle.path.parent) if (b.manifest.get("serving") or {}).get("scenario") == served["scenario"]
+    ]
+    return sorted(mine, key=lambda b: b.manifest["serving"]["order"])

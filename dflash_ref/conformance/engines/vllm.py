@@ -18,7 +18,7 @@ from pathlib import Path
 from ..bundle import STAGES, find_bundles
 from ..report import NotApplicable
 from ..tensorfile import read_arrays
-from . import REFUSAL_MARK, REFUSED, engine_python, run_program
+from . import REFUSAL_MARK, REFUSED, engine_python, run_program, serving
 
 VARIABLE = "DFLASH_REF_VLLM_PYTHON"
 TIMEOUT = 1800  # seconds for one bundle: vLLM's start-up on a small CPU is most of it
@@ -73,17 +73,17 @@ class VLLMServePort:
         self._done: dict[tuple, dict] = {}
 
     def run(self, bundle) -> dict:
-        served = bundle.manifest.get("serving")
-        if not served:
+        if not bundle.manifest.get("serving"):
             raise NotApplicable("not a request of a serving scenario (golden --engines writes them): `vllm` runs it")
-        group = [
-            b
-            for b in find_bundles(bundle.path.parent)
-            if (b.manifest.get("serving") or {}).get("scenario") == served["scenario"]
-        ]
-        key = tuple(sorted(str(b.path) for b in group))
-        if key not in self._done:
-            self._done[key] = run_bundles(group, serve=True)
+        group = serving.scenario_group(bundle, find_bundles)
+        key = tuple(str(b.path) for b in group)
+        if key not in self._done:  # once per group, its failure too
+            try:
+                self._done[key] = run_bundles(group, serve=True)
+            except Exception as e:  # noqa: BLE001 - every request of the group ends in it
+                self._done[key] = e
+        if isinstance(self._done[key], Exception):
+            raise self._done[key]
         return self._done[key][bundle.name]
 
 
