@@ -317,3 +317,13 @@ def test_a_target_whose_rope_differs_is_named_at_its_features_by_the_hint():
     said = hint("target_hidden", right[2][0].numpy(), wrong[2][0].numpy(), {})
     assert said.startswith("the first position's features agree and the later ones' do not"), said
     assert not hint("target_hidden", right[2][0].numpy(), right[1][0].numpy(), {}).startswith("the first position")
+
+
+def test_a_llamacpp_crash_is_said_by_its_assertion_not_its_backtrace():
+    stderr = (
+        "0.00.2 I common_speculative_impl_draft_dflash: - block_size=4\n"
+        "/tree/src/llama-graph.cpp:1384: GGML_ASSERT(t_layer_inp[il] != nullptr) failed\n"
+        "#0  0x00007f in __GI___wait4 (...)\n30\t../sysdeps/unix/sysv/linux/wait4.c: No such file or directory.\n"
+    )
+    assert llamacpp.failure(stderr) == "/tree/src/llama-graph.cpp:1384: GGML_ASSERT(t_layer_inp[il] != nullptr) failed"
+    assert llamacpp.failure("loading\nsomething went wrong\n") == "something went wrong"

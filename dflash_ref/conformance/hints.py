@@ -152,20 +152,26 @@ def _only_first_row_agrees(expected, got, context) -> str | None:
     )
 
 
+def _per_layer(expected, got, least: int = 1):
+    """Every way to cut (L_c, k·d) features into k ≥ `least` equal blocks, one per sampled layer (k unknown here):
+    (k, [(expected block, got block) for each layer])."""
+    width = got.shape[1]
+    for layers in range(least, width // 2 + 1):
+        if width % layers == 0:
+            d = width // layers
+            yield layers, [(expected[:, j * d : (j + 1) * d], got[:, j * d : (j + 1) * d]) for j in range(layers)]
+
+
 def _features_one_layer_early(expected, got, context) -> str | None:
     """With the features cut into k equal blocks (one per sampled layer), the port's block j is DFlash's block
     j − 1 and its block j is not: where two sampled ids are one apart, layer l's features are what DFlash reads
     for layer l − 1, hidden_states[l] for hidden_states[l + 1] (the offset of the embedding output lost)."""
     if got.shape != expected.shape or got.ndim != 2:
         return None
-    width = got.shape[1]
-    for layers in range(2, width // 2 + 1):
-        if width % layers:
-            continue
-        d = width // layers
+    for layers, blocks in _per_layer(expected, got, least=2):
         for j in range(1, layers):
-            ours, theirs = got[:, j * d : (j + 1) * d], expected[:, (j - 1) * d : j * d]
-            if _agrees(theirs, ours, rel=1e-5) and not _agrees(expected[:, j * d : (j + 1) * d], ours, rel=1e-5):
+            (own, ours), (theirs, _) = blocks[j], blocks[j - 1]
+            if _agrees(theirs, ours, rel=1e-5) and not _agrees(own, ours, rel=1e-5):
                 return (
                     f"the port's features of sampled layer {j} are DFlash's of sampled layer {j - 1} (their ids one "
                     "apart): every layer read one too early, hidden_states[l] where DFlash reads hidden_states[l + 1] "
@@ -182,12 +188,7 @@ def _features_before_a_norm(expected, got, context) -> str | None:
     stream, as for every other layer) misses the norm there."""
     if got.shape != expected.shape or got.ndim != 2 or got.shape[0] < 2:
         return None
-    width = got.shape[1]
-    for layers in range(1, width // 2 + 1):
-        if width % layers:
-            continue
-        d = width // layers
-        blocks = [(expected[:, j * d : (j + 1) * d], got[:, j * d : (j + 1) * d]) for j in range(layers)]
+    for layers, blocks in _per_layer(expected, got):
         off = [j for j, (e, g) in enumerate(blocks) if not _agrees(e, g, rel=1e-5)]
         if len(off) != 1:
             continue
