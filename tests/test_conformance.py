@@ -1160,6 +1160,23 @@ def last_layer_before_the_final_norm(mp):
     return After(change)
 
 
+def server_count_of_a_window_read_as_symmetric(mp):
+    """llama-server on a sliding-window draft: what the server hands over (its output and its count of accepted
+    draft tokens) of a port that reads a causal window as symmetric: the output the target's, fewer accepted."""
+    from dflash_ref.conformance.engines.llamacpp_server import LlamaServerPort
+    from dflash_ref.conformance.stages import DRAFT_ACCEPTED
+
+    port = causal_and_symmetric_swapped(mp)
+
+    def run(bundle):
+        out = port.run(bundle)
+        accepted = sum(int(v) for k, v in out.items() if k.endswith("/acceptance_length"))
+        kept = {k: v for k, v in out.items() if k in ("output_ids", "prefill/first_token")}
+        return {**kept, DRAFT_ACCEPTED: np.array(accepted)}
+
+    return type("ServerCount", (), {"name": "llama-server", "skip": LlamaServerPort.skip, "run": staticmethod(run)})()
+
+
 def context_window_read_as_symmetric(mp):
     """llama.cpp (reports/llamacpp-dflash-sliding-window-causal.md): a sliding layer of a draft whose config means
     a causal window (layer_types, no is_causal) attends a symmetric one."""
@@ -1214,6 +1231,11 @@ CAUSE_HINTS = {
     ),
     ("vllm", "target_hidden"): (last_layer_before_the_final_norm, "engine_layer_ids_last", "before an RMSNorm"),
     ("llamacpp", "pattern"): (context_window_read_as_symmetric, "gqa_sliding", "read as symmetric where"),
+    ("llama-server", "draft_accepted", "engine_sliding"): (
+        server_count_of_a_window_read_as_symmetric,
+        "window_symmetric",
+        "its draft proposed other tokens than DFlash's",
+    ),
 }
 
 
@@ -1223,7 +1245,7 @@ def test_every_cause_the_matrix_names_has_its_reproduction():
     assert sorted(CAUSE_HINTS) == sorted(CAUSES)
 
 
-@pytest.mark.parametrize("cause", list(CAUSE_HINTS), ids=[f"{p}-{s}" for p, s in CAUSE_HINTS])
+@pytest.mark.parametrize("cause", list(CAUSE_HINTS), ids=["-".join(key) for key in CAUSE_HINTS])
 def test_each_named_cause_gets_its_hint(golden, cause, tmp_path):
     reproduce, bundle, says = CAUSE_HINTS[cause]
     if bundle.startswith("engine_"):  # an engine-shaped bundle (SmolLM2's tokenizer): written here

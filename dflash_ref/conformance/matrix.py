@@ -22,7 +22,7 @@ PORTS = ("reference", "zlab", "mlx", "vllm", "vllm-batch", "vllm-serve", "llamac
 ALONE = "one sequence"  # the condition of a bundle of no serving scenario
 
 # Every FAIL the matrix has shown, followed to its cause: (port as its report names it, stage of the first
-# divergence) → the cause.
+# divergence), or (port, stage, bundle) where the stage alone would not tell the cause → the cause.
 # A FAIL not listed here is said to be unexplained: a new finding to follow (README.md, "Real ports, measured").
 CAUSES = {
     ("zlab [0.1.0 code]", "recurrent_state"): "a bug of `dflash` 0.1.0 with transformers' Qwen3.5: it rolls a "
@@ -46,6 +46,9 @@ CAUSES = {
     "DFlash reads hidden_states[L], after the target's final norm (reports/vllm-last-target-layer-before-norm.md)",
     ("llamacpp", "pattern"): "a bug of llama.cpp: a sliding layer of a draft whose config means a causal window "
     "(layer_types, no is_causal) attends a symmetric one (reports/llamacpp-dflash-sliding-window-causal.md)",
+    ("llama-server", "draft_accepted", "engine_sliding"): "the acceptance lost to llama.cpp's sliding-window bug "
+    "(its output still the target's), which `verify llamacpp` names at the attention weights "
+    "(reports/llamacpp-dflash-sliding-window-causal.md)",
     ("vllm-serve", "k_ctx"): "the same bug of vLLM on a CPU, under every serving condition: every draft layer's "
     "context K normalised with layer 0's k_norm (reports/vllm-cpu-context-k-norm.md)",
 }
@@ -72,7 +75,9 @@ def cells(report: Report) -> list[dict]:
             verdict = "FAIL"
             said = f"hint: {first.hint}" if first.hint else first.detail
             where = f"{first.where.split(' · ', 1)[-1]} · {title(first.stage)}" + (f" ({said})" if said else "")
-            cause = CAUSES.get((report.impl, first.stage), "unexplained: a new finding, to follow to its cause")
+            cause = CAUSES.get((report.impl, first.stage, bundle)) or CAUSES.get(
+                (report.impl, first.stage), "unexplained: a new finding, to follow to its cause"
+            )
         rows.append(
             {
                 "bundle": bundle,

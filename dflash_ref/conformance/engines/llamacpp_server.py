@@ -44,7 +44,7 @@ from ..bundle import STAGES, find_bundles
 from ..report import NotApplicable
 from ..stages import CACHED_PREFIX, DRAFT_ACCEPTED, key_for
 from . import serving
-from .llamacpp import F32_CACHES, TIMEOUT, _run, convert, tree
+from .llamacpp import F32_CACHES, TIMEOUT, _run, convert, failure, tree
 
 # what the server hands over: its output (and x_0 in it); every other stage is waived
 OBSERVED = ("first_token", "output_ids")
@@ -72,8 +72,8 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def running_server(binary: Path, args: list, port: int, log: Path):
-    """llama-server on 127.0.0.1:port until the block ends; a server that exits or does not answer /health in
-    START_TIMEOUT is an error with its last line of output."""
+    """llama-server on 127.0.0.1:port until the block ends (the block gets its process); a server that exits or
+    does not answer /health in START_TIMEOUT is an error with its last line of output."""
     with open(log, "w") as out:
         proc = subprocess.Popen(
             [str(binary), *map(str, args), "--host", "127.0.0.1", "--port", str(port)],
@@ -95,7 +95,7 @@ def running_server(binary: Path, args: list, port: int, log: Path):
             if time.monotonic() > deadline:
                 raise RuntimeError(f"llama-server did not answer http://127.0.0.1:{port}/health in {START_TIMEOUT} s")
             time.sleep(0.2)
-        yield
+        yield proc
     finally:
         proc.terminate()
         try:
@@ -241,6 +241,13 @@ class LlamaServerPort:
                     "--parallel", slots, "-c", per_slot * slots, "-b", batch, "-ub", batch, "--temp", "0",
                     "-fa", "off", "-t", os.cpu_count() or 1, "--no-webui", *F32_CACHES,
                     *shlex.split(os.environ.get(EXTRA, ""))]  # fmt: skip
-            port = free_port()
-            with running_server(binary, args, port, Path(scratch) / "server.log"):
-                return serve(port, group, bool(settings.get("prefix_caching")))
+            port, log = free_port(), Path(scratch) / "server.log"
+            with running_server(binary, args, port, log) as server:
+                done = serve(port, group, bool(settings.get("prefix_caching")))
+                if server.poll() is not None:  # it died serving: the requests it failed say so, in its words
+                    died = RuntimeError(
+                        f"llama-server exited (code {server.returncode}) while serving: "
+                        f"{failure(log.read_text(errors='replace'))}"
+                    )
+                    done = {name: died if isinstance(d, Exception) else d for name, d in done.items()}
+                return done
