@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
     candidate = verify.add_mutually_exclusive_group(required=True)
     candidate.add_argument(
         "--impl",
-        help="reference | zlab | mlx | vllm | vllm-batch | llamacpp | package.module:factory (an adapter)",
+        help="reference | zlab | mlx | vllm | vllm-batch | vllm-serve | llamacpp | llama-server | "
+        "package.module:factory (an adapter)",
     )
     candidate.add_argument("--dump", help="a port's tensors: .npz or .safetensors keyed {bundle}/{key}")
     verify.add_argument("--bundle", help="a bundle or a folder of bundles (default: the one in the package)")
