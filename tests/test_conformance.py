@@ -1199,16 +1199,8 @@ def keys_in_ring_order(mp):
 
 def target_reads_rope_theta_alone(mp):
     """mlx-lm 0.32.2's Llama (reports/mlx-lm-llama-rope-parameters.md): a config spelled as transformers 5 writes
-    it (`rope_parameters` only) read for `rope_theta` alone: the target at θ = 10⁴ without its scaling. A dump: the
-    reference's, with the extracted features of that target (as the matrix measured it, at the features)."""
-    wrong = After(lambda target, draft: setattr(target, "rotary_emb", RotaryEmbedding(target.config.head_dim, 1e4)))
-
-    def run(bundle):
-        produced = ReferenceAdapter().run(bundle)
-        produced[key_for("target_hidden", 0)] = wrong.run(bundle)[key_for("target_hidden", 0)]
-        return produced
-
-    return run
+    it (`rope_parameters` only) read for `rope_theta` alone: the target at θ = 10⁴ without its scaling."""
+    return After(lambda target, draft: setattr(target, "rotary_emb", RotaryEmbedding(target.config.head_dim, 1e4)))
 
 
 # matrix.CAUSES, each named bug → (its tensors reproduced here, the bundle, what the first divergence then says)
@@ -1221,7 +1213,7 @@ CAUSE_HINTS = {
     ("zlab [github code]", "pattern"): (sliding_window_ignored, "gqa_sliding", "window (3) is not applied"),
     ("zlab [github code]", "extra_step"): (first_token_never_stops, "stop_first", "after the stop at the first token"),
     ("mlx", "k_rot"): (keys_in_ring_order, "window_rotating", "the right keys in the wrong order"),
-    ("mlx", "target_hidden"): (target_reads_rope_theta_alone, "rope_linear", "the first position's features agree"),
+    ("mlx", "prefill_logits"): (target_reads_rope_theta_alone, "rope_linear", "its RoPE read from one spelling"),
     ("vllm", "k_ctx"): (context_k_with_layer_0_norm, "multiround", "another layer's"),
     ("vllm-serve", "k_ctx"): (context_k_with_layer_0_norm, "multiround", "another layer's"),
     ("vllm-batch", "draft_tokens"): (

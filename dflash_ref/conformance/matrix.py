@@ -33,8 +33,9 @@ CAUSES = {
     "a decode step, so a stop token as x_0 still costs a whole draft and verify step (its tokens then cut away)",
     ("mlx", "k_rot"): "a bug of the official MLX backend: after a one-position update it reads its rotating cache "
     "in ring order while its mask counts in temporal order",
-    ("mlx", "target_hidden"): "a bug of mlx-lm 0.32.2's Llama, the MLX backend's target: it reads `rope_theta` "
-    "alone, so a config in transformers 5's spelling runs at θ = 10⁴ (reports/mlx-lm-llama-rope-parameters.md)",
+    ("mlx", "prefill_logits"): "a bug of mlx-lm 0.32.2's Llama, the MLX backend's target: it reads `rope_theta` "
+    "alone, so a config in transformers 5's spelling runs at θ = 10⁴ and the target's own logits differ first "
+    "(reports/mlx-lm-llama-rope-parameters.md)",
     ("vllm", "k_ctx"): "a bug of vLLM on a CPU: every draft layer's context K normalised with layer 0's k_norm "
     "(reports/vllm-cpu-context-k-norm.md)",
     # the batch compares the loop's observables only: the proposals are off by the bug `verify vllm` names at its
