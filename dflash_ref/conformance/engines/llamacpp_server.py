@@ -84,7 +84,7 @@ def running_server(binary: Path, args: list, port: int, log: Path):
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if proc.poll() is not None:
-                said = (log.read_text(errors="replace").strip().splitlines() or ["(no output)"])[-1]
+                said = failure(log.read_text(errors="replace"))
                 raise RuntimeError(f"llama-server exited (code {proc.returncode}) before serving: {said}")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
@@ -161,16 +161,20 @@ def serve(port: int, bundles: list, prefix_cache: bool) -> dict[str, dict | Exce
                 "cache_prompt": prefix_cache,
                 "stop": [detokenize(port, t) for t in b.inputs["stop_token_ids"] or []],
             }
-            label = (b.manifest.get("serving") or {}).get("request", b.name)
-            streams[label] = Stream(port, body)
-            streams[label].start()
+            streams[_label(b)] = Stream(port, body)
+            streams[_label(b)].start()
         if waiting and not any(s.is_alive() for s in streams.values()) and not arrived(waiting[0]):
             arrive = waiting[0].manifest["serving"]["arrive"]
             raise RuntimeError(f"request {waiting[0].name} can never arrive: {arrive}")
         if time.monotonic() > deadline:
             raise RuntimeError(f"llama-server did not finish the requests in {TIMEOUT} s")
         time.sleep(0.005)
-    return {b.name: _produced(b, streams[(b.manifest.get("serving") or {}).get("request", b.name)]) for b in bundles}
+    return {b.name: _produced(b, streams[_label(b)]) for b in bundles}
+
+
+def _label(bundle) -> str:
+    """A request's name in its scenario ("r1"); a bundle alone is named by itself."""
+    return (bundle.manifest.get("serving") or {}).get("request", bundle.name)
 
 
 def _produced(bundle, stream: Stream) -> dict | Exception:

@@ -292,9 +292,7 @@ def run(paths: list[str], out: str) -> int:
     recorder = Recorder()
     for bundle, output in zip(bundles, outputs):
         with recorder.bundle(bundle.name):
-            # the engine's own id of a request is the one generate gave it, a suffix added ("0-890a2a26")
-            internal = [r for r in reader.verifies if r == output.request_id or r.startswith(output.request_id + "-")]
-            steps = reader.verifies[internal[0]] if internal else []
+            steps = reader.verifies.get(_engine_id(reader.verifies, output.request_id), [])
             record_loop(recorder, bundle, list(output.outputs[0].token_ids), steps)
             if len(bundles) == 1:
                 record_tensors(recorder, bundle, reader, steps)
@@ -329,24 +327,35 @@ def record_tensors(recorder: Recorder, bundle, reader: Reader, steps: list[dict]
         valid = len(prompt) if step == 0 else steps[step - 1]["tau"] + 1
         put("target_hidden", draft_pass["target_hidden"][:valid])
         put("fc", draft_pass["fc"][:valid])
-        put("noise_embedding", draft_pass["noise_embedding"])
+        _record_block(put, draft_pass, reader.layers)
         for i, cached in enumerate(cached_k):
-            q = draft_pass[f"q.{i}"]  # (L_q, H_q, d_h)
-            n_q, h_q, d_h = q.shape
-            h_kv = draft_pass[f"k_noise.{i}"].shape[1]
+            n_q, h_kv, d_h = draft_pass[f"k_noise.{i}"].shape  # (L_q, H_kv, d_h)
             cached.append(draft_pass["k_ctx_rot"][i, :valid])  # (L_c, H_kv, d_h)
             block_v = draft_pass[f"v_noise.{i}"].reshape(n_q, h_kv, d_h)
             block_k = draft_pass[f"k_rot_noise.{i}"].reshape(n_q, h_kv, d_h)
-            put("q", _heads_first(q), layer=i)
             put("k_ctx", _heads_first(draft_pass["k_ctx"][i, :valid]), layer=i)
-            put("k_noise", _heads_first(draft_pass[f"k_noise.{i}"]), layer=i)
             put("v", _heads_first(np.concatenate([draft_pass["v_ctx"][i, :valid], block_v])), layer=i)
-            put("q_rot", _heads_first(draft_pass[f"q_rot.{i}"].reshape(n_q, h_q, d_h)), layer=i)
             put("k_rot", _heads_first(np.concatenate([*cached, block_k])), layer=i)
-            put("attn_out", draft_pass[f"attn_out.{i}"], layer=i)
-            put("layer_out", draft_pass[f"layer_out.{i}"], layer=i)
-        put("final_hidden", draft_pass["final_hidden"])
-        put("logits", draft_pass["logits"])
+
+
+def _record_block(put, draft_pass: dict, layers: int) -> None:
+    """One sequence's block rows of a pass, keyed as the reference's: its embedding; per layer Q after QNorm, the
+    block's K after KNorm, Q after RoPE, the attention and layer outputs; the final hidden and the draft logits."""
+    put("noise_embedding", draft_pass["noise_embedding"])
+    for i in range(layers):
+        q = draft_pass[f"q.{i}"]  # (L_q, H_q, d_h)
+        put("q", _heads_first(q), layer=i)
+        put("k_noise", _heads_first(draft_pass[f"k_noise.{i}"]), layer=i)
+        put("q_rot", _heads_first(draft_pass[f"q_rot.{i}"].reshape(q.shape)), layer=i)  # (L_q, H_q·d_h) → per head
+        put("attn_out", draft_pass[f"attn_out.{i}"], layer=i)
+        put("layer_out", draft_pass[f"layer_out.{i}"], layer=i)
+    put("final_hidden", draft_pass["final_hidden"])
+    put("logits", draft_pass["logits"])
+
+
+def _engine_id(ids, label: str) -> str | None:
+    """vLLM's own id, among `ids`, of the request added as `label`: the same, or with a suffix ("0-890a2a26")."""
+    return next((r for r in ids if r == label or r.startswith(label + "-")), None)
 
 
 def _heads_first(x: np.ndarray) -> np.ndarray:
@@ -411,19 +420,18 @@ def serve(paths: list[str], out: str) -> int:
             f"vllm_run: the paged cache of {reader.unread} is not read: K after RoPE and V left missing",
             file=sys.stderr,
         )
-    query_len = block
     parts: dict[str, list[dict]] = {}
     for batch in reader.passes:
-        for request, part in serving.split_pass(batch, reader.layers, query_len).items():
+        for request, part in serving.split_pass(batch, reader.layers, block).items():
             parts.setdefault(request, []).append(part)
     recorder = Recorder()
     for bundle in bundles:
         label = bundle.manifest["serving"]["request"]
-        internal = [r for r in reader.verifies if r == label or r.startswith(label + "-")]
-        verifies = reader.verifies[internal[0]] if internal else []
+        internal = _engine_id(reader.verifies, label) or label
+        verifies = reader.verifies.get(internal, [])
         with recorder.bundle(bundle.name):
             record_loop(recorder, bundle, produced[label], verifies)
-            steps = serving.request_steps(parts.get(internal[0] if internal else label, []), verifies)
+            steps = serving.request_steps(parts.get(internal, []), verifies)
             record_request(recorder, bundle, reader, steps, cached.get(label, 0))
     recorder.save(out)
     return 0
@@ -442,21 +450,12 @@ def record_request(recorder: Recorder, bundle, reader: Reader, steps: list[dict]
         new = int(part["positions"][0]) if step else 0  # the reference's new positions: V of those (all, at step 0)
         put("target_hidden", part["target_hidden"])
         put("fc", part["fc"])
-        put("noise_embedding", part["noise_embedding"])
+        _record_block(put, part, reader.layers)
         for i in range(reader.layers):
-            q = part[f"q.{i}"]  # (L_q, H_q, d_h)
-            n_q, h_q, d_h = q.shape
-            put("q", _heads_first(q), layer=i)
             put("k_ctx", _heads_first(part["k_ctx"][i]), layer=i)
-            put("k_noise", _heads_first(part[f"k_noise.{i}"]), layer=i)
             if f"attended_v.{i}" in part:  # read from the cache (vLLM's CPU backend): else left missing
                 put("v", _heads_first(part[f"attended_v.{i}"][new:]), layer=i)
                 put("k_rot", _heads_first(part[f"attended_k.{i}"]), layer=i)
-            put("q_rot", _heads_first(part[f"q_rot.{i}"].reshape(n_q, h_q, d_h)), layer=i)
-            put("attn_out", part[f"attn_out.{i}"], layer=i)
-            put("layer_out", part[f"layer_out.{i}"], layer=i)
-        put("final_hidden", part["final_hidden"])
-        put("logits", part["logits"])
 
 
 def bench(target: str, draft: str, prompts: list[list[int]], max_new: int, stops: list[int], out: str) -> int:
