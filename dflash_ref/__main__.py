@@ -343,9 +343,13 @@ def main(argv: list[str] | None = None) -> int:
                 results = verify_sampling(args.impl, args.bundle, args.runs, args.verifier or "rejection")
             except (ValueError, OSError) as e:
                 raise SystemExit(f"verify: {e}") from None
+            ran = [r for _, r in results if not isinstance(r, Exception)]
             for name, result in results:
-                print(f"{name}: {args.impl}\n{result.text()}")
-            return 0 if all(r.passed for _, r in results) else 1
+                said = f"n/a: {result}" if isinstance(result, Exception) else result.text()
+                print(f"{name}: {args.impl}\n{said}")
+            if not ran:
+                print(f"verify: {args.impl} took none of the sampling bundles")
+            return 0 if ran and all(r.passed for r in ran) else 1
         if args.runs is not None or args.verifier:
             raise SystemExit("verify: --runs and --verifier go with --sampling")
         if args.html:  # now, not after the verification has run

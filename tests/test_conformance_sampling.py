@@ -14,8 +14,9 @@ import dflash_ref.acceptance as acceptance_module
 import dflash_ref.decoding as loop_module
 from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import SHIPPED, find_bundles
-from dflash_ref.conformance.exact import reference_sampler, verify_sampling, write_sampling
-from dflash_ref.conformance.sampling import check_sampling, chi_square, upper_gamma_regularized
+from dflash_ref.conformance.exact import ENGINE_SAMPLING, NEGLECT, reference_sampler, verify_sampling, write_sampling
+from dflash_ref.conformance.report import NotApplicable
+from dflash_ref.conformance.sampling import check_sampling, chi_square, poisson_tail, upper_gamma_regularized
 
 RUNS = 1000  # seeds 0 … 999: measured here, the reference passes (p 0.6, z −1.1) and the weakest mutant,
 # the draft at temperature 1, fails by z = −6.1 (the bundle's default for a port is 2000)
@@ -164,3 +165,82 @@ def test_verify_sampling_from_the_command_line(bundle, capsys):
         main(["verify", "--impl", "reference", "--runs", "10"])
     with pytest.raises(SystemExit, match="--variant, --skip and --profile are for the greedy bundles"):
         main(["verify", "--impl", "reference", "--sampling", "--skip", "q"])
+
+
+def _two_tokens(other: float) -> dict:
+    """A sampling section over 2 of 10 tokens, one new token compared: the rest of the vocabulary has `other`."""
+    return {
+        "input_ids": [5],
+        "compared": 1,
+        "runs": 1000,
+        "vocab": 10,
+        "sequences": [[0], [1]],
+        "probabilities": [0.5, 0.5 - other],
+        "other": other,
+        "acceptance": {"match": [0.5, 0.5]},
+    }
+
+
+def test_outputs_outside_the_enumerated_tokens_count_in_a_bin_of_their_own():
+    stats = pytest.importorskip("scipy.stats")
+    for k, mean in [(1, 2e-4), (3, 2.0), (2, 0.5), (40, 3.0)]:
+        assert math.isclose(poisson_tail(k, mean), stats.poisson.sf(k - 1, mean), rel_tol=1e-9)
+    s = _two_tokens(1e-9)
+    fair = lambda seed: ([5, seed % 2], seed % 2)  # noqa: E731 - half 0, half 1; τ as often 0 as 1
+    assert check_sampling(s, fair, 1000, "match").passed
+    once = lambda seed: ([5, 7 if seed == 3 else seed % 2], seed % 2)  # noqa: E731 - one token of mass 1e-9
+    result = check_sampling(s, once, 1000, "match")
+    assert not result.distribution_ok and result.p_value < 1e-5, result.text()  # pooled, still seen: 1 in 1e6
+    with pytest.raises(ValueError, match=r"returned \[12\], not 1 tokens of the vocabulary"):
+        check_sampling(s, lambda seed: ([5, 12], 0), 10, "match")  # beyond the vocabulary: never a bin
+    untold = check_sampling(s, lambda seed: ([5, seed % 2], None), 1000, "match")
+    assert untold.passed and "not tested: the implementation does not report it" in untold.text()
+
+
+class _Engine:
+    """A port that takes engine-shaped bundles only, sampling as the reference does (or refusing)."""
+
+    engine_shaped = True
+
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+
+    def sampler(self, bundle, verifier):
+        if self.refuse:
+            raise NotApplicable("the engine refuses this bundle: no reason")
+        return reference_sampler(bundle, verifier)
+
+
+@pytest.fixture(scope="module")
+def engine_bundle(tmp_path_factory):
+    pytest.importorskip("transformers")
+    return find_bundles(write_sampling(tmp_path_factory.mktemp("engine") / ENGINE_SAMPLING, name=ENGINE_SAMPLING))[0]
+
+
+def test_an_engine_is_checked_on_the_engine_shaped_bundle_whose_other_tokens_are_one_bin(
+    engine_bundle, capsys, monkeypatch
+):
+    [(name, result)] = verify_sampling(_Engine(), None, 500, "rejection")  # default for an engine: written fresh
+    assert name == ENGINE_SAMPLING and result.passed, result.text()
+    [(name, result)] = verify_sampling(_Engine(), engine_bundle.path, 500, "match")
+    assert result.passed, result.text()
+    from dflash_ref.__main__ import main
+    from dflash_ref.conformance import ports
+
+    monkeypatch.setitem(ports.ADAPTERS, "refusing", lambda: _Engine(refuse=True))
+    assert main(["verify", "--sampling", "--impl", "refusing", "--bundle", str(engine_bundle.path)]) == 1
+    out = capsys.readouterr().out
+    assert "n/a: the engine refuses this bundle" in out and "took none of the sampling bundles" in out
+
+
+def test_the_engine_shaped_sampling_bundle_holds_its_other_tokens_below_the_bound(engine_bundle):
+    s = engine_bundle.manifest["sampling"]
+    assert (engine_bundle.target_dir / "tokenizer.json").is_file()
+    assert s["vocab"] == 49152 and len(s["sequences"]) == 6**3
+    assert 0 < s["other"] < NEGLECT and 0 < s["neglected"] < NEGLECT
+    assert math.isclose(sum(s["probabilities"]) + s["other"], 1, rel_tol=1e-12)
+    for verifier in ("rejection", "match"):  # every τ is possible
+        assert math.isclose(sum(s["acceptance"][verifier]), 1, abs_tol=3 * NEGLECT)
+        assert min(s["acceptance"][verifier]) > 1e-3
+    [(_, result)] = verify_sampling("zlab", engine_bundle.path, 500)
+    assert result.passed, result.text()

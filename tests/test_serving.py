@@ -7,10 +7,12 @@ the paged cache's layout) and reading them back; readers that read the layout wr
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -296,6 +298,8 @@ class _FakeServer(http.server.BaseHTTPRequestHandler):
             type(self).sent += 1
             time.sleep(0.02)
         timings = {} if body["prompt"] == [997] else {"draft_n_accepted": 2, "cache_n": 3}
+        if "seed" in body:  # a sampled request: an odd seed drafts once more (the first step's τ was 0)
+            timings["draft_n"] = 2 + body["seed"] % 2
         final = {"tokens": [], "stop": True, "timings": timings}
         self.wfile.write(b"data: " + json.dumps(final).encode() + b"\n\n")
 
@@ -367,3 +371,42 @@ def test_the_matrix_gives_each_port_a_column_per_serving_condition():
     assert "| port | one sequence | prefix-cache hit | chunked prefill |" in lines
     assert "| vllm-serve | n/a | FAIL (1 of 2) | pass |" in lines
     assert "| llama-server | pass | pass (1 of 2; the rest n/a) | raised (1 of 1) |" in lines
+
+
+class _SamplingBundle:
+    name = "engine_sampling"
+    inputs = {"input_ids": [4]}
+    manifest = {"sampling": {"input_ids": [4], "max_new_tokens": 4, "temperature": 1.5}}
+
+    def config(self, which):
+        return {"block_size": 3}
+
+
+def test_llama_servers_sampler_seeds_each_request_and_reads_the_first_steps_tau_off_its_totals(monkeypatch):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    @contextlib.contextmanager
+    def stand_in(bundle, slots, per_slot, batch=None):
+        yield server.server_address[1], types.SimpleNamespace(poll=lambda: None), None
+
+    monkeypatch.setattr(llamacpp_server, "server", stand_in)
+    port = llamacpp_server.LlamaServerPort()
+    try:
+        _FakeServer.log.clear()
+        out = port.sampler(_SamplingBundle(), "match").many(range(4))
+    finally:
+        server.shutdown()
+    bodies = sorted((b for _, b in _FakeServer.log), key=lambda b: b["seed"])
+    assert [b["seed"] for b in bodies] == [0, 1, 2, 3] and all(b["n_predict"] == 4 for b in bodies)
+    assert all((b["temperature"], b["top_k"], b["top_p"], b["min_p"]) == (1.5, 0, 1.0, 0.0) for b in bodies)
+    # 2 proposals drafted in all: the first step's τ is the count (2); once more: the first step kept none
+    assert [tau for _, tau in out] == [2, 0, 2, 0] and out[0][0] == [4, 4, 4, 4, 4]
+    with pytest.raises(ValueError, match="verify --sampling --verifier match"):
+        port.sampler(_SamplingBundle(), "rejection")
+
+
+def test_vllms_sampler_names_the_temperatures_it_divided_by():
+    assert vllm.temperature_note(np.array([1.5, 1.5], dtype=np.float32), 1.5) == ""
+    note = vllm.temperature_note(np.array([1.5, 4.6e-41, 6.7e17], dtype=np.float32), 1.5)
+    assert "2 of 3 verified rows" in note and "4.6e-41" in note and "reports/vllm-cpu-sampling-temperature.md" in note

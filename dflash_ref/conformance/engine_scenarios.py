@@ -26,7 +26,8 @@ Random weights over 49152 tokens would almost never agree: the target's lm_head,
 proposals go through too, keeps only the rows of a few readable tokens (ACTIVE: " the", " cat", …) and
 leaves every other row at 0, so that each decision is among those, acceptance behaves as in the tiny
 scenarios, and the text reads (engine_dflash2 keeps a few more: WIDER). The embedding is tied to it, so
-prompts use those tokens too.
+prompts use those tokens too. The engines' sampling bundle (exact.py, `engine_sampling`) has models of its own,
+`sampling_pair`, in which every inactive token's probability stays negligible at a temperature too.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from pathlib import Path
 import torch
 
 from ..config import DraftConfig
+from ..decoding import spec_generate
 from ..draft_model import DFlashDraftModel
 from ..drafts.checkpoint import load_draft
 from ..drafts.random_draft import randomize_
@@ -92,9 +94,13 @@ def words(text: str) -> list[int]:
     return [index[w] for w in text.split()]
 
 
-def engine_pair(seed: int, target_layers: int = 6, positions: int = 2048, active=ACTIVE, **draft_fields):
+def engine_pair(
+    seed: int, target_layers: int = 6, positions: int = 2048, active=ACTIVE, block_size: int = 4, tied: bool = True,
+    **draft_fields,
+):  # fmt: skip
     """A Llama target of SmolLM2's vocabulary (hidden 256, 4 query heads on 2 KV heads of 64, tied embedding
-    kept to the rows of `active`) and a 2-layer DFlash draft of the same widths, reading target layers [1, 3]."""
+    kept to the rows of `active`: untied, the lm_head is a copy of it) and a 2-layer DFlash draft of the same
+    widths, reading target layers [1, 3]."""
     vocab = len(tokenizer())
     shared = dict(
         vocab_size=vocab,
@@ -107,12 +113,12 @@ def engine_pair(seed: int, target_layers: int = 6, positions: int = 2048, active
         rope_theta=10000.0,
         rms_norm_eps=1e-5,
     )
-    target = LlamaTarget(LlamaTargetConfig(num_hidden_layers=target_layers, tie_word_embeddings=True, **shared))
+    target = LlamaTarget(LlamaTargetConfig(num_hidden_layers=target_layers, tie_word_embeddings=tied, **shared))
     draft = DFlashDraftModel(
         DraftConfig(
             num_hidden_layers=2,
             num_target_layers=target_layers,
-            block_size=4,
+            block_size=block_size,
             mask_token_id=MASK_TOKEN_ID,
             **shared,
             **draft_fields,
@@ -128,6 +134,44 @@ def engine_pair(seed: int, target_layers: int = 6, positions: int = 2048, active
         # the mask token's own direction (a zero embedding would make every masked Q zero), too small for its
         # logit to win: the draft reads it after RMSNorm, which its norm does not change
         embedding[MASK_TOKEN_ID] = 0.02 * mask
+        if not tied:
+            target.lm_head.weight.copy_(embedding)
+    return target, draft
+
+
+def sampling_pair(seed: int, active=ACTIVE) -> tuple:
+    """engine_pair's models (block 3, lm_head untied) made for sampling: at a temperature every token has a
+    probability, and 49146 inactive tokens at logit 0 would outweigh 6 active ones. A Llama lm_head has no bias, so
+    the models carry one: hidden dimension 0 holds 1 in every token's embedding and no layer writes it (its row of
+    every o_proj and down_proj is 0), so it reaches each final norm as exactly 1, where that norm's weight scales it
+    to 1 / the model's residual RMS on a prompt, about 1 after the norm; each active lm_head row reads it with
+    weight OFFSET. Every active logit is raised by about OFFSET over the inactive ones' 0, whose mass is then
+    below 1e-6 at SAMPLING's temperature (exact.py bounds it), and the active rows keep SPREAD of their random
+    weights, so that the target's and the draft's choices among them stay uncertain."""
+    target, draft = engine_pair(seed, active=active, block_size=3, tied=False)
+    rows = list(active_ids(active))
+    with torch.no_grad():
+        target.model.embed_tokens.weight[rows + [MASK_TOKEN_ID], 0] = 1.0
+        head = target.lm_head.weight
+        head[rows] *= SPREAD
+        head[rows, 0] = OFFSET
+        for model in (target.model, draft):
+            for layer in model.layers:
+                layer.self_attn.o_proj.weight[0] = 0.0
+                layer.mlp.down_proj.weight[0] = 0.0
+        seen = {}  # each final norm's input, as a greedy run on a prompt meets it
+        hooks = [
+            norm.register_forward_pre_hook(lambda m, args, key=key: seen.setdefault(key, []).append(args[0]))
+            for key, norm in (("target", target.model.norm), ("draft", draft.norm))
+        ]
+        try:
+            spec_generate(draft, target, torch.tensor([words("the cat sat on the mat")]), 8)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        for key, norm in (("target", target.model.norm), ("draft", draft.norm)):
+            inputs = torch.cat([x.reshape(-1, x.shape[-1]) for x in seen[key]])  # (rows, d)
+            norm.weight[0] = inputs.pow(2).mean(-1).sqrt().median()
     return target, draft
 
 
@@ -238,6 +282,7 @@ DFLASH2_SEED = 3  # its own: the first seed whose candidates and path are clear 
 STOP_INSIDE = "on mat the sat on"
 STOP_BONUS = ". mat ."
 DFLASH2 = dict(version=2, conv_kernel_size=2, conv_group_size=16, selector_rank=16, selector_top_k=4)
+OFFSET, SPREAD = 45.0, 0.2  # sampling_pair's lm_head: the active rows' raise over the inactive ones, their spread
 
 
 # -- serving: several requests through one engine, under the conditions where engines' DFlash bugs live ---------

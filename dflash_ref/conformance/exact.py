@@ -2,6 +2,9 @@
 draft (`sampling`) and a DFlash 2 draft choosing among 2 of the 4 tokens (`sampling_dflash2`), with
 their exact distributions (sampling.py), enumerated with the reference in float64 from the stored
 weights; and the samplers of the shipped implementations (the reference, both verifiers; `dflash` 0.1.0).
+An engine takes neither (no tokenizer, head_dim 4): `engine_sampling` (golden --engines) has engine shapes,
+SmolLM2's 49152 tokens, of which its models (engine_scenarios.sampling_pair) give all but 6 a probability
+below NEGLECT together; its outputs are enumerated over those 6, the rest one bin ("other", its exact mass).
 
     P(x_1 x_2 x_3) = Π_t p_T(x_t | prompt, x_<t)                   all 4³ outputs (of the 4 decoded)
     P(τ = k) of the first decode step, averaged over x_1 ~ p_T(· | prompt)         k = 0, 1, 2
@@ -30,8 +33,12 @@ from ..target.folder import load_target
 from .bundle import FORMAT, Bundle, find_bundles, write_bundle_files
 from .official import ZLabAdapter
 from .ports import resolve
+from .report import NotApplicable
 from .sampling import SamplingResult, check_sampling
 from .scenarios import tiny_pair
+
+ENGINE_SAMPLING = "engine_sampling"  # engine shapes: SmolLM2's tokenizer and vocabulary, a DFlash 1 draft
+NEGLECT = 1e-6  # the most probability any distribution of ENGINE_SAMPLING may put outside its 6 tokens
 
 # 4 new tokens are decoded, the first 3 compared: so the first step's τ + 1 (at most 3) is never clipped
 # by the length, and a sampler that reports tokens per step gives τ back exactly
@@ -55,6 +62,7 @@ DRAFTS = {
         "selector_top_k": 2,
     },
 }  # K = 2 < V = 4
+ENGINE_PROMPT = "the cat sat"  # ENGINE_SAMPLING's prompt, of its active words
 
 
 def _tempered(logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -107,24 +115,31 @@ def _proposals(draft, hidden, logits, x0: int, temperature: float, first: int | 
     return list(zip(candidates[0, position].tolist(), q[0, position].double().tolist()))
 
 
-def acceptance_distribution(target, draft, prompt: list[int], temperature: float, verifier: str) -> list[float]:
-    """[P(τ = 0), P(τ = 1), P(τ = 2)] of the first decode step (block 3), exactly."""
+def acceptance_distribution(
+    target, draft, prompt: list[int], temperature: float, verifier: str, tokens: list[int], outside: list[float]
+) -> list[float]:
+    """[P(τ = 0), P(τ = 1), P(τ = 2)] of the first decode step (block 3), summed over `tokens` (every x_0 and
+    proposal among them; all of the vocabulary but for ENGINE_SAMPLING): exact where they hold all the mass, else
+    within 3 · max(outside), to which each distribution met adds its mass outside `tokens`."""
+    keep = set(tokens)
     p0 = _next_probs(target, prompt, temperature)[-1]
+    outside.append(1 - float(p0[tokens].sum()))
     at_least = np.zeros(3)
-    for x0 in range(p0.shape[0]):
+    for x0 in tokens:
         hidden, logits = _draft_pass(target, draft, prompt, x0)
         p1 = _next_probs(target, prompt + [x0], temperature)[-1]
+        outside.append(1 - float(p1[tokens].sum()))
         if verifier == "rejection":
-            kept = [(d, min(float(p1[d]), q)) for d, q in _proposals(draft, hidden, logits, x0, temperature)]
+            proposals = _proposals(draft, hidden, logits, x0, temperature)
+            outside.append(1 - sum(q for d, q in proposals if d in keep))
+            kept = [(d, min(float(p1[d]), q)) for d, q in proposals if d in keep]
             first = sum(k for _, k in kept)
-            both = sum(
-                k
-                * sum(
-                    min(float(_next_probs(target, prompt + [x0, d], temperature)[-1, e]), q)
-                    for e, q in _proposals(draft, hidden, logits, x0, temperature, d)
-                )
-                for d, k in kept
-            )
+            both = 0.0
+            for d, k in kept:
+                p2 = _next_probs(target, prompt + [x0, d], temperature)[-1]
+                then = _proposals(draft, hidden, logits, x0, temperature, d)
+                outside.extend([1 - float(p2[tokens].sum()), 1 - sum(q for e, q in then if e in keep)])
+                both += k * sum(min(float(p2[e]), q) for e, q in then if e in keep)
         else:  # match: greedy draft
             d1, d2 = (
                 int(i)
@@ -140,23 +155,45 @@ def acceptance_distribution(target, draft, prompt: list[int], temperature: float
     return [at_least[0] - at_least[1], at_least[1] - at_least[2], at_least[2]]
 
 
+def _models(name: str):
+    """(target, draft, prompt, tokens) of a sampling bundle: a tiny pair over its 4 tokens, or for ENGINE_SAMPLING
+    the engine-shaped pair over its 6 active tokens."""
+    s = SAMPLING
+    if name == ENGINE_SAMPLING:
+        from .engine_scenarios import active_ids, sampling_pair, words  # SmolLM2's tokenizer: the hf extra
+
+        return (*sampling_pair(s["seed"]), words(ENGINE_PROMPT), list(active_ids()))
+    target, draft = tiny_pair(s["seed"], vocab=s["vocab"], block_size=s["block_size"], **DRAFTS[name])
+    return target, draft, s["input_ids"], list(range(s["vocab"]))
+
+
 def write_sampling(folder: str | Path, index: int = 0, name: str = "sampling") -> Path:
     folder = Path(folder)
     if folder.exists():
         shutil.rmtree(folder)
     s = SAMPLING
-    target, draft = tiny_pair(s["seed"], vocab=s["vocab"], block_size=s["block_size"], **DRAFTS[name])
+    target, draft, prompt, tokens = _models(name)
     save_target(target, folder / "target", torch.float32)
     save_draft(draft, folder / "draft", torch.float32)
+    if name == ENGINE_SAMPLING:  # what an engine reads beside the weights
+        from .engine_scenarios import tokenizer
+
+        tokenizer().save_pretrained(folder / "target")
     target, draft = load_target(folder / "target", torch.float64), load_draft(folder / "draft", torch.float64)
-    prompt, t, n = s["input_ids"], s["temperature"], s["compared"]
-    sequences = [list(x) for x in itertools.product(range(s["vocab"]), repeat=n)]
+    t, n = s["temperature"], s["compared"]
+    sequences = [list(x) for x in itertools.product(tokens, repeat=n)]
+    outside: list[float] = []
     with torch.inference_mode():
         probabilities = []
         for seq in sequences:
             p = _next_probs(target, prompt + seq[:-1], t)  # (P + n − 1, V)
             probabilities.append(float(np.prod([float(p[len(prompt) - 1 + i, tok]) for i, tok in enumerate(seq)])))
-        acceptance = {v: acceptance_distribution(target, draft, prompt, t, v) for v in ("rejection", "match")}
+        acceptance = {
+            v: acceptance_distribution(target, draft, prompt, t, v, tokens, outside) for v in ("rejection", "match")
+        }
+    neglected = max(0.0, *outside)
+    if neglected > NEGLECT:
+        raise ValueError(f"{name}: a distribution puts {neglected:.3g} outside its tokens (at most {NEGLECT})")
     manifest = {
         "format": FORMAT,
         "name": name,
@@ -164,7 +201,13 @@ def write_sampling(folder: str | Path, index: int = 0, name: str = "sampling") -
         "order": index,
         "description": "sampled decoding checked by its distribution: the exact probability of every output, "
         "and of the first step's τ for each verifier (conformance/sampling.py)"
-        + ("; a DFlash 2 draft whose selector proposes 2 of the 4 tokens" if DRAFTS[name] else ""),
+        + ("; a DFlash 2 draft whose selector proposes 2 of the 4 tokens" if DRAFTS.get(name) else "")
+        + (
+            "; engine shapes (SmolLM2's tokenizer and vocabulary, a Llama target), outputs enumerated over its 6 "
+            "active tokens, every other output one bin"
+            if name == ENGINE_SAMPLING
+            else ""
+        ),
         "inputs": {
             "input_ids": prompt,
             "max_new_tokens": s["max_new_tokens"],
@@ -173,9 +216,13 @@ def write_sampling(folder: str | Path, index: int = 0, name: str = "sampling") -
             "temperature": t,
         },
         "sampling": {
-            **{k: s[k] for k in ("input_ids", "max_new_tokens", "compared", "temperature", "runs")},
+            **{k: s[k] for k in ("max_new_tokens", "compared", "temperature", "runs")},
+            "input_ids": prompt,
+            "vocab": target.config.vocab_size,
             "sequences": sequences,
             "probabilities": probabilities,
+            "other": max(0.0, 1.0 - float(np.sum(probabilities))),  # every output with a token outside `sequences`
+            "neglected": neglected,  # the acceptance's bound: exact within 3 × this
             "acceptance": acceptance,
         },
         "tensors": [],
@@ -244,13 +291,18 @@ def resolve_sampler(impl, bundle: Bundle, verifier: str):
 
 def verify_sampling(
     impl, bundle: str | Path | None = None, runs: int | None = None, verifier: str = "rejection"
-) -> list[tuple[str, SamplingResult]]:
-    """Every sampling bundle at `bundle` (default: fresh ones, DFlash 1 and 2, in a temporary folder) against `impl`."""
+) -> list[tuple[str, SamplingResult | NotApplicable]]:
+    """Every sampling bundle at `bundle` against `impl`: its result, or NotApplicable where the implementation
+    refuses the bundle (in its words). Default: fresh ones in a temporary folder, the tiny DFlash 1 and 2 ones, or
+    for an engine (a port with `engine_shaped`) ENGINE_SAMPLING."""
     if verifier not in ("rejection", "match"):
         raise ValueError(f"unknown verifier {verifier!r}; choose rejection or match")
+    if isinstance(impl, str) and impl not in SAMPLERS:
+        impl = resolve(impl)
     if bundle is None:
+        names = [ENGINE_SAMPLING] if getattr(impl, "engine_shaped", False) else list(DRAFTS)
         with tempfile.TemporaryDirectory() as folder:
-            for i, name in enumerate(DRAFTS):
+            for i, name in enumerate(names):
                 write_sampling(Path(folder) / f"{i:02d}_{name}", i, name)
             return verify_sampling(impl, folder, runs, verifier)
     bundles = [b for b in find_bundles(bundle) if b.manifest.get("kind") == "sampling"]
@@ -258,9 +310,13 @@ def verify_sampling(
         raise ValueError(f"no sampling bundle at {bundle} (python -m dflash_ref golden --out DIR --only sampling)")
     results = []
     for b in bundles:
-        sampler = resolve_sampler(impl, b, verifier)
         try:
-            results.append((b.name, check_sampling(b.manifest["sampling"], sampler, runs, verifier)))
+            sampler = resolve_sampler(impl, b, verifier)
+            result = check_sampling(b.manifest["sampling"], sampler, runs, verifier)
+            result.note = getattr(sampler, "note", "")
+            results.append((b.name, result))
+        except NotApplicable as e:  # the engine refuses this bundle: said, neither a pass nor a failure
+            results.append((b.name, e))
         except ValueError:
             raise
         except Exception as e:  # noqa: BLE001 - a crashing sampler is named, not a traceback

@@ -36,7 +36,7 @@ from .bundle import (
     write_bundle_files,
 )
 from .engine_scenarios import ENGINE_NAMES, SERVING_NAMES, engine_scenarios, serving_scenarios
-from .exact import DRAFTS, write_sampling
+from .exact import DRAFTS, ENGINE_SAMPLING, write_sampling
 from .scenarios import SCENARIOS, Scenario
 from .tokenizer_folder import write_tokenizer_folder
 from .variants import VARIANTS
@@ -261,12 +261,15 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
 
 def generate_golden(out: str | Path, names: list[str] | None = None, engines: bool = False) -> list[Path]:
     """Write the bundles of the given scenarios (default: the tiny ones, then the sampling bundles, then with
-    `engines` the engine-shaped ones and the serving scenarios' requests, engine_scenarios.py) to out/NN_name."""
-    known = [s.name for s in SCENARIOS] + list(DRAFTS) + list(ENGINE_NAMES) + list(SERVING_NAMES)
+    `engines` the engine-shaped ones, the serving scenarios' requests (engine_scenarios.py) and the engines' sampling
+    bundle (exact.py)) to out/NN_name."""
+    known = [s.name for s in SCENARIOS] + list(DRAFTS) + list(ENGINE_NAMES) + list(SERVING_NAMES) + [ENGINE_SAMPLING]
     unknown = set(names or ()) - set(known)
     if unknown:
         raise ValueError(f"unknown scenario(s) {sorted(unknown)}; choose from {known}")
-    engine = [n for n in ENGINE_NAMES + SERVING_NAMES if (engines and not names) or n in (names or ())]
+    engine = [
+        n for n in (*ENGINE_NAMES, *SERVING_NAMES, ENGINE_SAMPLING) if (engines and not names) or n in (names or ())
+    ]
     if Path(out).exists() and not Path(out).is_dir():
         raise ValueError(f"{out} is a file, not a folder for the bundles")
     threads = torch.get_num_threads()
@@ -294,6 +297,9 @@ def generate_golden(out: str | Path, names: list[str] | None = None, engines: bo
                     s = dataclasses.replace(s, target_folder=lambda where=shared[models]: where)
                 written.append(write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i))
                 shared.setdefault(models, written[-1] / "target")
+        if ENGINE_SAMPLING in engine:  # the engines' sampling bundle, last
+            i = first + len(ENGINE_NAMES) + len(SERVING_NAMES)
+            written.append(write_sampling(Path(out) / f"{i:02d}_{ENGINE_SAMPLING}", i, ENGINE_SAMPLING))
         return written
     finally:
         torch.set_num_threads(threads)

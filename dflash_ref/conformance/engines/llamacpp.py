@@ -149,6 +149,12 @@ class LlamaCppPort:
     skip = SKIP
     variants = {"last_block": "full-then-truncate"}
 
+    def sampler(self, bundle, verifier: str):
+        raise ValueError(
+            "llamacpp runs one greedy sequence through a loop of ours; llama.cpp's sampling is its server's: "
+            "verify --sampling --impl llama-server --verifier match"
+        )
+
     def run(self, bundle) -> dict:
         root = tree()
         binary = program(root)

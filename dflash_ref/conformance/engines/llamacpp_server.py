@@ -36,6 +36,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -50,6 +51,7 @@ from .llamacpp import F32_CACHES, TIMEOUT, _run, convert, failure, tree
 OBSERVED = ("first_token", "output_ids")
 START_TIMEOUT = 120  # seconds for the server to load its models and answer /health
 EXTRA = "DFLASH_REF_LLAMA_SERVER_ARGS"  # more options for the server (on a GPU: "-ngl 99")
+SAMPLING_SLOTS = 4  # `verify --sampling`: the server's slots, and requests in flight
 
 
 def server_binary(root: Path) -> Path:
@@ -212,6 +214,7 @@ class LlamaServerPort:
     together on one server (each group once), any other bundle alone."""
 
     name = "llama-server"
+    engine_shaped = True
     skip = tuple(s[0] for s in STAGES if s[0] not in OBSERVED)
 
     def __init__(self) -> None:
@@ -231,27 +234,89 @@ class LlamaServerPort:
         return done
 
     def _serve(self, group: list) -> dict[str, dict | Exception]:
-        root = tree()
-        binary = server_binary(root)
         first = group[0]
         settings = (first.manifest.get("serving") or {}).get("engine", {})
         block = first.config("draft")["block_size"]
-        slots = settings.get("max_seqs", 1)
         per_slot = max(len(b.inputs["input_ids"]) + b.inputs["max_new_tokens"] for b in group) + 2 * block + 16
-        batch = settings.get("max_batched_tokens", max(per_slot, 512))
-        with tempfile.TemporaryDirectory() as scratch:
-            target, draft = convert(root, first, Path(scratch))
-            args = ["-m", target, "-md", draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", block - 1,
-                    "--parallel", slots, "-c", per_slot * slots, "-b", batch, "-ub", batch, "--temp", "0",
-                    "-fa", "off", "-t", os.cpu_count() or 1, "--no-webui", *F32_CACHES,
-                    *shlex.split(os.environ.get(EXTRA, ""))]  # fmt: skip
-            port, log = free_port(), Path(scratch) / "server.log"
-            with running_server(binary, args, port, log) as server:
-                done = serve(port, group, bool(settings.get("prefix_caching")))
-                if server.poll() is not None:  # it died serving: the requests it failed say so, in its words
-                    died = RuntimeError(
-                        f"llama-server exited (code {server.returncode}) while serving: "
-                        f"{failure(log.read_text(errors='replace'))}"
-                    )
-                    done = {name: died if isinstance(d, Exception) else d for name, d in done.items()}
-                return done
+        slots, batch = settings.get("max_seqs", 1), settings.get("max_batched_tokens")
+        with server(first, slots, per_slot, batch) as (port, proc, log):
+            done = serve(port, group, bool(settings.get("prefix_caching")))
+            if proc.poll() is not None:  # it died serving: the requests it failed say so, in its words
+                died = RuntimeError(
+                    f"llama-server exited (code {proc.returncode}) while serving: "
+                    f"{failure(log.read_text(errors='replace'))}"
+                )
+                done = {name: died if isinstance(d, Exception) else d for name, d in done.items()}
+            return done
+
+    def sampler(self, bundle, verifier: str):
+        """`verify --sampling`: llama.cpp's server verifies as `match` does (its target samples each position with
+        the request's sampler chain; a proposal, its draft's argmax, is kept while it equals that sample)."""
+        if verifier != "match":
+            raise ValueError(
+                "llama.cpp verifies by matching (its draft proposes its argmax, its target samples each position "
+                "and keeps a proposal while it equals the sample): verify --sampling --verifier match"
+            )
+        return ServerSampler(bundle)
+
+
+@contextlib.contextmanager
+def server(bundle, slots: int, per_slot: int, batch: int | None = None):
+    """llama-server on the bundle's models (converted by llama.cpp's own converter) with `slots` slots of
+    `per_slot` tokens and `batch` tokens per step (default: a slot's, at least 512) → (port, process, its log)."""
+    root = tree()
+    binary = server_binary(root)
+    block = bundle.config("draft")["block_size"]
+    batch = batch or max(per_slot, 512)
+    with tempfile.TemporaryDirectory() as scratch:
+        target, draft = convert(root, bundle, Path(scratch))
+        args = ["-m", target, "-md", draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", block - 1,
+                "--parallel", slots, "-c", per_slot * slots, "-b", batch, "-ub", batch, "--temp", "0",
+                "-fa", "off", "-t", os.cpu_count() or 1, "--no-webui", *F32_CACHES,
+                *shlex.split(os.environ.get(EXTRA, ""))]  # fmt: skip
+        port, log = free_port(), Path(scratch) / "server.log"
+        with running_server(binary, args, port, log) as proc:
+            yield port, proc, log
+
+
+class ServerSampler:
+    """The sampling bundle's prompt as one request per seed through llama-server (SAMPLING_SLOTS slots, as many
+    requests in flight), each at the bundle's temperature with the seed, no top-k, top-p or min-p: → per request its
+    prompt and output, and its first step's τ. The server reports only a request's totals (timings.draft_n,
+    draft_n_accepted), but with max_new_tokens = 2 + γ (γ = block − 1 proposals) they tell it: it drafts at most
+    n_remaining − 1 tokens, so after x_0 it drafts γ, and again only if the first step kept τ + 1 ≤ 1 tokens (then
+    1 more). So τ = draft_n_accepted where draft_n = γ, and 0 where draft_n > γ."""
+
+    def __init__(self, bundle) -> None:
+        self.bundle = bundle
+
+    def many(self, seeds) -> list[tuple[list[int], int | None]]:
+        s, block = self.bundle.manifest["sampling"], self.bundle.config("draft")["block_size"]
+        proposals = block - 1
+        told = s["max_new_tokens"] == proposals + 2  # else the totals do not tell the first step's τ
+        body = {"prompt": s["input_ids"], "n_predict": s["max_new_tokens"], "temperature": s["temperature"],
+                "top_k": 0, "top_p": 1.0, "min_p": 0.0, "cache_prompt": False}  # fmt: skip
+        per_slot = len(s["input_ids"]) + s["max_new_tokens"] + 2 * block + 16
+        with server(self.bundle, SAMPLING_SLOTS, per_slot) as (port, proc, log):
+            with ThreadPoolExecutor(SAMPLING_SLOTS) as pool:
+                streams = list(pool.map(lambda seed: _finished(Stream(port, {**body, "seed": seed})), seeds))
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"llama-server exited (code {proc.returncode}) while sampling: "
+                    f"{failure(log.read_text(errors='replace'))}"
+                )
+        out = []
+        for stream in streams:
+            produced = _produced(self.bundle, stream)
+            if isinstance(produced, Exception):
+                raise produced
+            drafted, accepted = stream.timings.get("draft_n", 0), int(produced[DRAFT_ACCEPTED])
+            tau = (accepted if drafted == proposals else 0 if drafted > proposals else None) if told else None
+            out.append((produced[key_for("output_ids")].tolist(), tau))
+        return out
+
+
+def _finished(stream: Stream) -> Stream:
+    """The stream, run to its end in this thread."""
+    stream.run()
+    return stream

@@ -15,6 +15,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from ..bundle import STAGES, find_bundles
 from ..report import NotApplicable
 from ..tensorfile import read_arrays
@@ -31,12 +33,64 @@ class VLLMPort:
     and the prefill's logits, not read yet."""
 
     name = "vllm"
+    engine_shaped = True  # it takes the engine-shaped bundles only (verify --sampling writes ENGINE_SAMPLING)
     # prefill_logits: not read yet (the prefill's sample is not the rejection sampler's, which vllm_run.py reads;
     # x_0 is: its first output id)
     skip = ("context", "pattern", "cache_lengths", "prefill_logits")
 
     def run(self, bundle) -> dict:
         return run_bundles([bundle])[bundle.name]
+
+    def sampler(self, bundle, verifier: str):
+        """`verify --sampling`: vLLM's rejection sampler, its draft sampling as `verifier` asks
+        (vllm_run.DRAFT_SAMPLE_METHOD)."""
+        return VLLMSampler(bundle, verifier)
+
+
+class VLLMSampler:
+    """The sampling bundle's prompt as one seeded request per seed, all through one vLLM engine (vllm_run.sample):
+    per request its prompt and output, and its first verify's τ as vLLM's rejection sampler returned it."""
+
+    def __init__(self, bundle, verifier: str) -> None:
+        self.bundle, self.verifier = bundle, verifier
+        self.note = ""  # what vLLM's own tensors say of a failure (many() sets it)
+
+    def many(self, seeds) -> list[tuple[list[int], int | None]]:
+        seeds = list(seeds)
+        if seeds != list(range(len(seeds))):
+            raise ValueError("vLLM's sampler seeds its requests 0 … runs − 1")
+        python = engine_python(VARIABLE, "vllm", "vLLM")
+        with tempfile.TemporaryDirectory() as scratch:
+            dump = Path(scratch) / "sample.npz"
+            args = ["-m", "dflash_ref.conformance.engines.vllm_run", str(self.bundle.path), "--sample",
+                    str(len(seeds)), "--verifier", self.verifier, "--out", str(dump)]  # fmt: skip
+            proc = run_runner(python, args, "sampling bundle")
+            if proc.returncode != 0:
+                said = last_error(proc.stderr)
+                raise RuntimeError(f"vLLM failed on {self.bundle.name} (exit {proc.returncode}): {said}")
+            with np.load(dump) as d:
+                ids, tau, given, divided = d["output_ids"], d["tau"], bool(d["draft_probs"]), d["temperatures"]
+        if given != (self.verifier == "rejection"):  # what vLLM's config promised its rejection sampler
+            raise RuntimeError(
+                f"vLLM's rejection sampler {'was' if given else 'was not'} given the draft's probabilities, "
+                f"which {self.verifier} {'does not need' if given else 'needs'}"
+            )
+        self.note = temperature_note(divided, self.bundle.manifest["sampling"]["temperature"])
+        return [(row.tolist(), int(t) if t >= 0 else None) for row, t in zip(ids, tau)]
+
+
+def temperature_note(divided: np.ndarray, temperature: float) -> str:
+    """What the temperatures vLLM divided the verified rows' logits by (`divided`) say, where any is not the
+    request's: its rejection sampler then saw another distribution than the target's. Else ""."""
+    off = divided[~np.isclose(divided, temperature, rtol=1e-6)]
+    if not off.size:
+        return ""
+    shown = ", ".join(f"{t:.3g}" for t in off[:4])
+    return (
+        f"vLLM divided {off.size} of {divided.size} verified rows' logits by temperatures other than the "
+        f"request's {temperature:g} ({shown}, …: rejection_sampler.expand_batch_to_tokens' output), so its "
+        "rejection sampler did not sample the target's distribution (reports/vllm-cpu-sampling-temperature.md)"
+    )
 
 
 class VLLMBatchPort:

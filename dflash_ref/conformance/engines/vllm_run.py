@@ -490,6 +490,73 @@ def bench(target: str, draft: str, prompts: list[list[int]], max_new: int, stops
     return 0
 
 
+# how vLLM's draft samples, for each of the kit's verifiers (sampling.py): the argmax, whose probabilities its
+# rejection sampler then takes as one-hot (accept d with p(d), else draw from p without d: match's distribution),
+# or a draw from its softmax at the request's temperature, whose probabilities it is given (rejection)
+DRAFT_SAMPLE_METHOD = {"match": "greedy", "rejection": "probabilistic"}
+
+
+def sample(path: str, runs: int, verifier: str, out: str) -> int:
+    """`verify --sampling`: the sampling bundle's prompt as `runs` requests, request i seeded with i, through one
+    engine at the bundle's temperature (no top-k, top-p or min-p), vLLM's draft sampling as `verifier` asks; →
+    .npz: each request's prompt and output (output_ids), its first verify's τ (tau, from the rejection sampler's
+    own output), whether vLLM handed the rejection sampler the draft's probabilities (draft_probs), and the
+    temperature it divided each verified row's logits by (temperatures: expand_batch_to_tokens' output)."""
+    bundle = load_bundle(path)
+    s = bundle.manifest["sampling"]
+    block = bundle.config("draft")["block_size"]
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    try:
+        llm = LLM(
+            model=str(bundle.target_dir), tokenizer=str(bundle.target_dir), dtype="float32", enforce_eager=True,
+            seed=0, max_model_len=len(s["input_ids"]) + s["max_new_tokens"] + 2 * block, max_num_seqs=256,
+            speculative_config={"method": "dflash", "model": str(bundle.draft_dir), "num_speculative_tokens": block - 1,
+                                "draft_sample_method": DRAFT_SAMPLE_METHOD[verifier]},
+        )  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - vLLM's refusal, said as it said it
+        print(traceback.format_exc(), file=sys.stderr)
+        return refuse(e)
+    first_tau: dict[str, int] = {}
+    given: list[bool] = []
+    divided: list[np.ndarray] = []  # the temperatures vLLM divided the verify logits by, a row each
+
+    def expanded(out, x, cu, n, replace_from=0, replace_to=0) -> None:  # per request → per verified row
+        if n and x.is_floating_point() and replace_to == 1:  # the temperature's, not top-p's
+            divided.append(cpu(out))
+
+    import vllm.v1.sample.rejection_sampler as rejection  # noqa: PLC0415 - vLLM's, in its own Python
+
+    Reader._around(rejection, "expand_batch_to_tokens", expanded)
+
+    def verified(module, inputs, out) -> None:  # the rejection sampler: each request's first verify's τ
+        metadata, runner = inputs[0], module.runner
+        given.append(inputs[1] is not None)
+        for row, (request, n) in enumerate(zip(runner.input_batch.req_ids, metadata.num_draft_tokens)):
+            if n and request not in first_tau:
+                first_tau[request] = int((out.sampled_token_ids[row] >= 0).sum()) - 1
+
+    def attach(worker) -> None:
+        worker.model_runner.rejection_sampler.runner = worker.model_runner
+        worker.model_runner.rejection_sampler.register_forward_hook(verified)
+
+    llm.collective_rpc(attach)
+    params = [
+        SamplingParams(
+            temperature=s["temperature"], seed=seed, max_tokens=s["max_new_tokens"], ignore_eos=True, detokenize=False
+        )  # fmt: skip
+        for seed in range(runs)
+    ]
+    prompt = TokensPrompt(prompt_token_ids=s["input_ids"])
+    outputs = llm.generate([prompt] * runs, params, use_tqdm=False)
+    ids = np.array([s["input_ids"] + list(o.outputs[0].token_ids) for o in outputs], dtype=np.int64)
+    tau = np.array([first_tau.get(_engine_id(first_tau, o.request_id) or o.request_id, -1) for o in outputs])
+    temperatures = np.concatenate(divided) if divided else np.zeros(0, dtype=np.float32)
+    np.savez(out, output_ids=ids, tau=tau, draft_probs=np.array(any(given)), temperatures=temperatures)
+    return 0
+
+
 def _spec_counters(llm) -> dict:
     """vLLM's own spec-decode counters: drafts made and draft tokens accepted, so far."""
     counts = {"drafts": 0, "accepted": 0}
@@ -510,7 +577,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", help="with --bench: a JSON list of prompts (token ids)")
     p.add_argument("--max-new", type=int, default=64)
     p.add_argument("--stop", type=int, nargs="*", default=[])
+    p.add_argument("--sample", type=int, metavar="RUNS", help="the sampling bundle's prompt, RUNS seeded requests")
+    p.add_argument("--verifier", choices=sorted(DRAFT_SAMPLE_METHOD), default="rejection")
     args = p.parse_args(argv)
+    if args.sample:
+        return sample(args.bundles[0], args.sample, args.verifier, args.out)
     if args.bench:
         return bench(*args.bench, json.loads(Path(args.prompts).read_text()), args.max_new, args.stop, args.out)
     return (serve if args.serve else run)(args.bundles, args.out)
