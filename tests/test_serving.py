@@ -410,3 +410,21 @@ def test_vllms_sampler_names_the_temperatures_it_divided_by():
     assert vllm.temperature_note(np.array([1.5, 1.5], dtype=np.float32), 1.5) == ""
     note = vllm.temperature_note(np.array([1.5, 4.6e-41, 6.7e17], dtype=np.float32), 1.5)
     assert "2 of 3 verified rows" in note and "4.6e-41" in note and "reports/vllm-cpu-sampling-temperature.md" in note
+
+
+def test_the_matrix_checks_each_sampling_port_by_its_distributions_and_gives_them_a_column(tmp_path, monkeypatch):
+    import functools
+
+    from dflash_ref.conformance import exact, matrix
+
+    generate_golden(tmp_path, ["multiround", "sampling"])
+    monkeypatch.setattr(matrix, "verify_sampling", functools.partial(exact.verify_sampling, runs=300))
+    monkeypatch.delenv("DFLASH_REF_VLLM_PYTHON", raising=False)  # the engines as on a machine without them
+    monkeypatch.delenv("LLAMA_CPP_DIR", raising=False)
+    text, clean = matrix.matrix(tmp_path, ["reference", "vllm", "llamacpp"])
+    assert clean, text  # n/a is neither a pass nor a failure
+    assert "## Sampled decoding" in text and "| reference | sampling | match | χ² " in text
+    assert "| vllm | sampling | match | | | n/a: vLLM is not installed" in text
+    assert "| llamacpp |" not in text.split("## Sampled decoding")[1].split("## Serving")[0]  # it does not sample
+    assert "| port | one sequence | sampled |" in text and "| reference | pass | pass |" in text
+    assert "| vllm | n/a | n/a |" in text

@@ -5,7 +5,9 @@ its first divergence (with the hint) and the design variants the port declared o
 
 A port whose package is not installed (zlab: `dflash`; mlx: the `mlx` extra) is listed as such; an engine
 that is not installed, or refuses a bundle (vLLM and llama.cpp refuse the tiny ones: no tokenizer), is
-"n/a" in its words. `matrix --engines` adds the engine-shaped bundles (engine_scenarios.py).
+"n/a" in its words. `matrix --engines` adds the engine-shaped bundles (engine_scenarios.py). The sampling
+bundles go to every port that samples (SAMPLED: its verifiers), checked by their distributions (`verify --sampling`),
+in a table of their own and as the conditions' "sampled" column.
 """
 
 from __future__ import annotations
@@ -15,11 +17,17 @@ import platform
 from pathlib import Path
 
 from .bundle import find_bundles
-from .report import Report, title
+from .exact import verify_sampling
+from .report import NotApplicable, Report, title
 from .verify import verify
 
 PORTS = ("reference", "zlab", "mlx", "vllm", "vllm-batch", "vllm-serve", "llamacpp", "llama-server")
 ALONE = "one sequence"  # the condition of a bundle of no serving scenario
+SAMPLED_CONDITION = "sampled"  # the conditions' column of the sampling bundles
+# the ports that sample, and their verifiers (sampling.py): dflash 0.1.0 rejects by q; llama.cpp's server keeps a
+# greedy proposal while it equals the target's sample; vLLM does either (its draft_sample_method)
+SAMPLED = {"reference": ("rejection", "match"), "zlab": ("rejection",), "vllm": ("match", "rejection"),
+           "llama-server": ("match",)}  # fmt: skip
 
 # Every FAIL the matrix has shown, followed to its cause: (port as its report names it, stage of the first
 # divergence), or (port, stage, bundle) where the stage alone would not tell the cause → the cause.
@@ -121,6 +129,45 @@ def conditions(rows_by_port: dict[str, list[dict]], condition_of: dict[str, str]
     return lines + [""]
 
 
+def sampled(bundle: str | Path, ports) -> tuple[list[str], dict[str, list[str]], bool]:
+    """The sampling bundles at `bundle` through each port of SAMPLED, each verifier it takes → (the table's lines,
+    port → its verdicts, whether none failed or raised)."""
+    lines = [
+        "## Sampled decoding",
+        "",
+        "`verify --sampling`: outputs against the exact distribution (chi-square), the first step's τ against its "
+        "exact mean (z); each bundle's runs, seeded 0 … runs − 1",
+        "",
+        "| port | bundle | verifier | outputs | first-step τ | verdict |",
+        "|---|---|---|---|---|---|",
+    ]
+    verdicts: dict[str, list[str]] = {}
+    clean = True
+    for port in (p for p in ports if p in SAMPLED):
+        for verifier in SAMPLED[port]:
+            try:
+                results = verify_sampling(port, bundle, verifier=verifier)
+            except Exception as e:  # noqa: BLE001 - a port that cannot sample is a row, not a crash
+                lines.append(f"| {port} | | {verifier} | | | raised: {' '.join(str(e).split())} |")
+                verdicts.setdefault(port, []).append("raised")
+                clean = False
+                continue
+            for name, r in results:
+                if isinstance(r, NotApplicable):
+                    lines.append(f"| {port} | {name} | {verifier} | | | n/a: {' '.join(str(r).split())} |")
+                    verdicts.setdefault(port, []).append("n/a")
+                    continue
+                tau = f"{r.mean_tau:.3f} vs {r.expected_tau:.3f}, z = {r.z:+.2f}" if r.z == r.z else "not reported"
+                verdict = "pass" if r.passed else "FAIL" + (f": {r.note}" if r.note else "")
+                lines.append(
+                    f"| {port} | {name} | {verifier} | χ² {r.chi2:.1f} on {r.df} df, p = {r.p_value:.3g} | {tau} "
+                    f"| {verdict} |"
+                )
+                verdicts.setdefault(port, []).append("pass" if r.passed else "FAIL")
+                clean = clean and r.passed
+    return lines + [""], verdicts, clean
+
+
 def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dflash_ref matrix") -> tuple[str, bool]:
     """The matrix as Markdown: one table per port, then the serving conditions as columns where the bundles have
     serving scenarios; `command` is what its header says made it. → (the text, whether every row passed or is
@@ -157,5 +204,13 @@ def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dfl
             for r in rows
         ]
         lines.append("")
-    served = {b.name: b.manifest["serving"]["condition"] for b in find_bundles(bundle) if "serving" in b.manifest}
+    found = find_bundles(bundle)
+    served = {b.name: b.manifest["serving"]["condition"] for b in found if "serving" in b.manifest}
+    if any(b.manifest.get("kind") == "sampling" for b in found):
+        table, verdicts, ok = sampled(bundle, ports)
+        lines += table
+        clean = clean and ok
+        for port, said in verdicts.items():  # the conditions' "sampled" column
+            rows_by_port.setdefault(port, []).extend({"bundle": SAMPLED_CONDITION, "verdict": v} for v in said)
+        served[SAMPLED_CONDITION] = SAMPLED_CONDITION
     return "\n".join(lines + (conditions(rows_by_port, served) if served and rows_by_port else [])), clean
