@@ -75,3 +75,21 @@ def test_mixed_prompts_take_the_templates_and_the_varied_ones_in_turn():
     assert mixed[:6] == [templates[0], written[0], templates[1], written[1], templates[2], written[2]]
     assert sorted(mixed) == sorted(templates + written) and len(set(mixed)) == len(mixed)
     assert mixed[2 * len(templates) :] == written[len(templates) :]
+
+
+def test_the_prompt_sets_are_data_files_of_the_package():
+    """The topics, templates, styles, their slots and the hand-written held-out prompts are read from
+    training/data/ (the code only combines and orders them), and ship with the package."""
+    import tomllib
+    from pathlib import Path
+
+    from dflash_ref.training import prompts, varied_prompts
+
+    data = Path(prompts.__file__).with_name("data")
+    assert prompts.TOPICS[0] == "the sea" and len(prompts.TOPICS) == 607 and "# " not in "".join(prompts.TOPICS)
+    assert prompts.TEMPLATES[0] == "What is {t}?" and len(varied_prompts.STYLES) == 48
+    shipped = tomllib.loads((data.parents[2] / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    patterns = shipped["dflash_ref.training"]
+    assert sorted(p.name for p in data.iterdir()) == sorted(
+        p.name for pattern in patterns for p in data.parent.glob(pattern)
+    )
