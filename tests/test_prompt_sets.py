@@ -80,8 +80,9 @@ def test_mixed_prompts_take_the_templates_and_the_varied_ones_in_turn():
 def test_the_prompt_sets_are_data_files_of_the_package():
     """The topics, templates, styles, their slots and the hand-written held-out prompts are read from
     training/data/ (the code only combines and orders them), and ship with the package."""
-    import tomllib
     from pathlib import Path
+
+    import tomllib
 
     from dflash_ref.training import prompts, varied_prompts
 

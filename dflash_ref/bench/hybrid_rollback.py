@@ -19,10 +19,11 @@ import json
 
 import torch
 
+from ..conformance.adapters import one_thread
 from ..target.hybrid_cache import HybridCache
 from ..target.qwen3_5 import Qwen3_5Target
 from ..target.qwen3_5_config import HybridConfig
-from .timing import measure, one_thread, summarise
+from .timing import measure, summarise
 
 
 def bench_target(hidden: int, layers: int) -> Qwen3_5Target:

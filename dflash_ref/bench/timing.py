@@ -12,7 +12,6 @@ that time, all passes together (two clocks on nested modules would each count th
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -91,14 +90,3 @@ def summarise(times: dict[str, list[float]], baseline: str) -> list[dict]:
         }
         for name, t in times.items()
     ]
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Bundles hold tiny models: intra-op threads only add overhead (much of it on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)

@@ -18,9 +18,8 @@ import warnings
 import numpy as np
 import torch
 
-from ..bench.timing import one_thread
 from ..target.qwen3_5_checkpoint import is_hybrid_folder
-from .adapters import check_path, loop_values, pair_scores, to_numpy
+from .adapters import check_path, loop_values, one_thread, pair_scores, to_numpy
 from .bundle import Bundle, key_for
 from .report import NotApplicable
 
