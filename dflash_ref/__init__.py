@@ -12,8 +12,8 @@ The modules at the top follow the data's walk, one per equation (README.md besid
     cache           per-layer K/V with append / crop / length
     decoding        AR `generate`, and `spec_generate`: prefill → (draft → verify → accept → crop)*
 
-Tooling lives in subpackages: target/, extensions/, drafts/, training/, bench/, walkthrough/,
-conformance/, cli/.
+Tooling lives in subpackages: target/, extensions/ (the loop's opt-in wrappers), fast_cpu/ (the opt-in
+speed path), drafts/, training/, bench/, tour/ (the walkthrough's code), conformance/, viewer/, cli/.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ _EXPORTS = {
     "drafts.checkpoint": ["load_draft", "save_draft"],
     "layer_sampling": ["build_target_layer_ids", "extract_context_feature"],
     "extensions": ["DraftVocab", "PromptLookup", "VerifyGate"],
-    "extensions.fast_cpu": ["use_fast_cpu"],
+    "fast_cpu": ["use_fast_cpu"],
     "target": ["HFTarget", "Qwen3Target"],
     "target.checkpoint": ["save_target"],
     "target.folder": ["load_target", "load_tokenizer"],
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from .draft_model import DFlashDraftModel
     from .drafts.checkpoint import load_draft, save_draft
     from .extensions import DraftVocab, PromptLookup, VerifyGate
-    from .extensions.fast_cpu import use_fast_cpu
+    from .fast_cpu import use_fast_cpu
     from .layer_sampling import build_target_layer_ids, extract_context_feature
     from .target import HFTarget, Qwen3Target
     from .target.checkpoint import save_target

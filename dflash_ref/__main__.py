@@ -82,7 +82,7 @@ def _generate_arguments(p: argparse.ArgumentParser) -> None:
         "--fast-cpu",
         action="store_true",
         help="an opt-in speed path: linear layers take the product measured fastest on this machine "
-        "(extensions/fast_cpu/; exact up to float rounding; default: plain nn.Linear)",
+        "(fast_cpu/; exact up to float rounding; default: plain nn.Linear)",
     )
     p.add_argument("--draft-layers", type=int, default=3, help="layers of a random draft")
     p.add_argument("--seed", type=int, default=0, help="torch's seed (a random draft's weights, sampling)")
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     # error need not wait for (the parser above is built from torch-free modules)
     if args.command == "walkthrough":
         from .cli.folders import check_output_folder
-        from .walkthrough.story import run
+        from .tour.story import run
 
         try:
             check_output_folder("--out", args.out)  # now, not after the examples have run
@@ -433,7 +433,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_view(args)
     elif args.command == "notebooks":
-        from .walkthrough.notebooks import build
+        from .tour.notebooks import build
 
         for path in build():
             print("executed", path)

@@ -11,7 +11,7 @@ import torch
 from dflash_ref import DFlashDraftModel, DraftConfig, Qwen3Target, TargetConfig
 from dflash_ref.conformance.adapters import one_thread
 from dflash_ref.drafts.random_draft import randomize_  # noqa: F401  (tests import it from here)
-from dflash_ref.extensions.fast_cpu.streamed import cpus_at_hand
+from dflash_ref.fast_cpu.streamed import cpus_at_hand
 from dflash_ref.viewer import browser
 
 # -- on several workers (the README's test command: pytest-xdist, `-n auto --dist loadfile`) ------------

@@ -213,7 +213,7 @@ def test_the_transformers_twin_is_the_model_as_made_on_the_same_tensors():
     from dflash_ref import generate
     from dflash_ref.bench.baselines import transformers_twin
     from dflash_ref.bench.steps import weight_bytes
-    from dflash_ref.extensions.fast_cpu import PlannedLinear
+    from dflash_ref.fast_cpu import PlannedLinear
     from dflash_ref.target import HFTarget
     from dflash_ref.target.grouped_attention import SDPA_GROUPED
 

@@ -306,7 +306,7 @@ def test_a_target_whose_rope_differs_is_named_at_its_features_by_the_hint():
     import torch
 
     from dflash_ref import Qwen3Target
-    from dflash_ref.walkthrough.demo import demo_models
+    from dflash_ref.tour.demo import demo_models
 
     target = demo_models()[0]
     other = Qwen3Target(dataclasses.replace(target.config, rope_theta=target.config.rope_theta * 10))

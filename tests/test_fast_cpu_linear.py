@@ -1,4 +1,4 @@
-"""The fast CPU path's linear (extensions/fast_cpu/: linear.py, plan.py): every kernel is F.linear up to
+"""The fast CPU path's linear (fast_cpu/: linear.py, plan.py): every kernel is F.linear up to
 float rounding, the plan is chosen by the clock (a fake one here: no timing is asserted), cached,
 pinned by DFLASH_REF_LINEAR, and anything but an fp32 CPU product without grad goes to F.linear."""
 
@@ -13,8 +13,8 @@ import torch
 from conftest import make_pair
 from torch.nn import functional as F
 
-from dflash_ref.extensions.fast_cpu import linear, linear_product, plan, plan_store, use_fast_cpu
-from dflash_ref.extensions.fast_cpu.plan import (
+from dflash_ref.fast_cpu import linear, linear_product, plan, plan_store, use_fast_cpu
+from dflash_ref.fast_cpu.plan import (
     COPIES,
     KERNELS,
     MODES,
@@ -68,7 +68,7 @@ def test_every_kernel_is_f_linear_to_float_rounding(d_out, d_in, rows):
 def test_of_kernels_timed_alike_the_c_product_is_kept_before_torchs_other_products():
     """Within MARGIN of each other, the one first in the candidates' order stays (the order itself:
     tests/test_fast_cpu_streamed.py); a kernel clearly faster replaces it."""
-    from dflash_ref.extensions.fast_cpu import streamed
+    from dflash_ref.fast_cpu import streamed
 
     if not streamed.available():
         pytest.skip(f"no C product here: {streamed.status()}")

@@ -1,4 +1,4 @@
-"""The C product (extensions/fast_cpu/streamed.py): F.linear's numbers to fp32 rounding for any shape, a
+"""The C product (fast_cpu/streamed.py): F.linear's numbers to fp32 rounding for any shape, a
 candidate of the measured plan where it builds, and a clear account of why where it does not."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dflash_ref.extensions.fast_cpu import plan, streamed
+from dflash_ref.fast_cpu import plan, streamed
 
 built = pytest.mark.skipif(not streamed.available(), reason=f"no C product here: {streamed.status()}")
 
@@ -147,7 +147,7 @@ def test_without_a_compiler_the_plan_measures_the_other_kernels(tmp_path, env, w
     """A compiler that fails, or none on the PATH: nothing is built, status() says why, and the plan's
     candidates are torch's own (a fresh process: the library is looked for once per process)."""
     code = (
-        "from dflash_ref.extensions.fast_cpu import plan, streamed\n"
+        "from dflash_ref.fast_cpu import plan, streamed\n"
         "print(streamed.available(), plan.candidates(576, 4, False), streamed.status())"
     )
     out = subprocess.run(
@@ -165,7 +165,7 @@ def test_without_a_compiler_the_plan_measures_the_other_kernels(tmp_path, env, w
 def test_a_damaged_cached_library_is_built_again(tmp_path):
     """A cached file that does not load (cut short, say) is compiled anew, not trusted or given up on."""
     code = (
-        "from dflash_ref.extensions.fast_cpu import streamed\n"
+        "from dflash_ref.fast_cpu import streamed\n"
         "path = streamed.library_path(streamed.compiler())\n"
         "path.parent.mkdir(parents=True, exist_ok=True)\n"
         "path.write_bytes(b'not a library')\n"
@@ -190,7 +190,7 @@ def test_the_c_product_binds_to_torchs_openmp_runtime_beside_a_private_copy():
     pytest.importorskip("sentencepiece")
     code = textwrap.dedent("""
         import ctypes, torch, sentencepiece
-        from dflash_ref.extensions.fast_cpu import streamed
+        from dflash_ref.fast_cpu import streamed
         before = streamed._openmp_runtimes()
         lib = streamed.library()
         class Info(ctypes.Structure):

@@ -115,7 +115,7 @@ def test_an_hf_target_stays_plain_and_use_fast_cpu_switches_its_linear_layers():
     nn.Linear (lm_head included) to PlannedLinear in place: same parameters (tying kept), same state
     dict, logits equal to the plain model's up to rounding at 1, 8 and 70 rows; use_fast_cpu(·, False)
     switches them back."""
-    from dflash_ref.extensions.fast_cpu import PlannedLinear, use_fast_cpu
+    from dflash_ref.fast_cpu import PlannedLinear, use_fast_cpu
 
     config = transformers.LlamaConfig(
         vocab_size=300,

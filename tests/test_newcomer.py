@@ -335,7 +335,7 @@ def test_output_paths_nothing_can_be_written_at_are_usage_errors_before_any_work
 ):
     import importlib
 
-    for module in ("cli.bench", "cli.generate", "cli.evaluate", "walkthrough.story"):
+    for module in ("cli.bench", "cli.generate", "cli.evaluate", "tour.story"):
         monkeypatch.setattr(importlib.import_module(f"dflash_ref.{module}"), "run", lambda *a, **k: pytest.fail("ran"))
     names = {"RO": str(unwritable), "TMP": str(tmp_path)}
     argv = [re.sub("RO|TMP", lambda m: names[m[0]], a) for a in argv]

@@ -189,7 +189,7 @@ def test_ci_runs_exactly_the_readme_test_command():
 PACKAGE = ROOT / "dflash_ref"
 LOOP = {"decoding"}  # the loop: below the extensions, which wrap its stage 2 through its one seam
 LAYERS = ["core", "loop", "extensions", "target", "drafts", "training", "apps", "cli"]
-APPS = {"bench", "walkthrough", "conformance"}
+APPS = {"bench", "tour", "conformance"}
 
 
 def module_name(path: Path) -> str:
@@ -201,6 +201,8 @@ def layer_of(module: str) -> str:
     head = module.split(".")[0]
     if module in LOOP:
         return "loop"
+    if head == "fast_cpu":  # the opt-in speed path: beside the loop's extensions, as opt-in as they are
+        return "extensions"
     if head in ("target", "extensions", "drafts", "training", "cli"):
         return head
     if head in APPS:
@@ -258,7 +260,7 @@ def test_layer_of_by_hand():
         for m in (
             "rope",
             "decoding",
-            "extensions.fast_cpu.linear",
+            "fast_cpu.linear",
             "target.hf",
             "drafts.oracle",
             "training.recipe",
@@ -404,7 +406,7 @@ def test_tooling_lives_in_the_named_subpackages():
     # stage shares; everything else is in one of these (dflash_ref/README.md maps them)
     subpackages = sorted(p.parent.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("**/__init__.py"))
     assert subpackages == [".", "bench", "cli", "conformance", "conformance/engines", "drafts", "extensions",
-                           "extensions/fast_cpu", "target", "training", "viewer", "walkthrough"]  # fmt: skip
+                           "fast_cpu", "target", "tour", "training", "viewer"]  # fmt: skip
 
 
 def test_readme_links_resolve():

@@ -147,7 +147,7 @@ def test_every_model_the_package_loads_or_builds_is_plain(smollm2):
     """Plain nn.Linear by default: the targets, the shipped drafts and a random draft; only use_fast_cpu
     switches a model to the planned products."""
     from dflash_ref.drafts.folder import SHIPPED_DRAFTS, open_draft
-    from dflash_ref.extensions.fast_cpu import PlannedLinear
+    from dflash_ref.fast_cpu import PlannedLinear
     from dflash_ref.target.smollm2 import load_smollm2_own
 
     target, _, random_draft = smollm2

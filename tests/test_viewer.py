@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import torch
 
+from dflash_ref.tour import story
+from dflash_ref.tour.demo import VOCAB
 from dflash_ref.trace import Trace
 from dflash_ref.viewer import browser, name_tokens, payload, write_html
-from dflash_ref.walkthrough import story
-from dflash_ref.walkthrough.demo import VOCAB
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ def test_chosen_steps_and_layers_only(loop):
 
 
 def test_a_dflash2_trace_carries_its_lattice_and_the_path_taken():
-    from dflash_ref.walkthrough import dflash2
+    from dflash_ref.tour import dflash2
 
     ex = dflash2.dflash2_example()
     data = payload.build(ex.trace)

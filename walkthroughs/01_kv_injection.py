@@ -20,7 +20,7 @@
 # recomputes DFlash by hand.
 #
 # Target: 6 layers, hidden 8, 2 query heads sharing 1 KV head (GQA), head_dim 4, a 16-word vocabulary.
-# Draft: 2 layers, block size 4. Both have random weights (`dflash_ref.walkthrough.demo`).
+# Draft: 2 layers, block size 4. Both have random weights (`dflash_ref.tour.demo`).
 
 # %%
 # %matplotlib inline
@@ -28,8 +28,8 @@ import torch
 
 from dflash_ref import build_target_layer_ids
 from dflash_ref.hooks import hook_points
-from dflash_ref.walkthrough.demo import VOCAB, decode
-from dflash_ref.walkthrough.story import kv_injection_example
+from dflash_ref.tour.demo import VOCAB, decode
+from dflash_ref.tour.story import kv_injection_example
 
 torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
 ex = kv_injection_example()

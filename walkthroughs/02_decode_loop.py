@@ -28,8 +28,8 @@
 # %matplotlib inline
 
 from dflash_ref.plots import plot_acceptance, plot_attention_grid, plot_attention_steps, plot_cache_timeline
-from dflash_ref.walkthrough.demo import VOCAB, decode
-from dflash_ref.walkthrough.story import decode_loop_example
+from dflash_ref.tour.demo import VOCAB, decode
+from dflash_ref.tour.story import decode_loop_example
 
 ex = decode_loop_example()
 trace = ex.trace
@@ -92,8 +92,8 @@ plot_attention_grid(trace, step=1)
 # `trace.to_html(path)`).
 
 # %%
+from dflash_ref.tour.story import write_viewer
 from dflash_ref.viewer import show
-from dflash_ref.walkthrough.story import write_viewer
 
 show(write_viewer(trace, "../figures", "02_decode_loop"))
 
@@ -108,7 +108,7 @@ show(write_viewer(trace, "../figures", "02_decode_loop"))
 
 # %%
 from dflash_ref.plots import plot_attention_compare
-from dflash_ref.walkthrough.story import tell_trained_vs_random, trained_vs_random_example
+from dflash_ref.tour.story import tell_trained_vs_random, trained_vs_random_example
 
 pair = trained_vs_random_example(max_new_tokens=64)
 tell_trained_vs_random(pair)

@@ -28,7 +28,7 @@
 # (Public ports read K = 2, groups of 16, rank 256 and the top 16 from the released DFlash 2 drafts'
 # configs; K = 3 lets the restart show on two positions.)
 # Every tensor below is read from the library's hook points of one real `spec_generate` run
-# (`dflash_ref.walkthrough.dflash2`, which also writes this notebook's figures to `figures/`).
+# (`dflash_ref.tour.dflash2`, which also writes this notebook's figures to `figures/`).
 
 # %%
 # %matplotlib inline
@@ -37,8 +37,8 @@ import torch
 
 from dflash_ref.hooks import hook_points
 from dflash_ref.plots import plot_candidate_lattice
-from dflash_ref.walkthrough.demo import VOCAB, decode
-from dflash_ref.walkthrough.dflash2 import (
+from dflash_ref.tour.demo import VOCAB, decode
+from dflash_ref.tour.dflash2 import (
     block_labels,
     conv_lag_norms,
     dflash2_example,
@@ -185,7 +185,7 @@ print(
 # A position is *decisive* when the path was right up to it: there the step's length was decided.
 
 # %%
-from dflash_ref.walkthrough.trained_dflash2 import first_moved_step, tell_trained_dflash2, trained_dflash2_example
+from dflash_ref.tour.trained_dflash2 import first_moved_step, tell_trained_dflash2, trained_dflash2_example
 
 trained = trained_dflash2_example()
 tell_trained_dflash2(trained)
@@ -201,8 +201,8 @@ plot_candidate_lattice(trained.trace, step=first_moved_step(trained.trace), toke
 # proposals against the posterior, and the draft's attention over the real tokens.
 
 # %%
+from dflash_ref.tour.story import write_viewer
 from dflash_ref.viewer import show
-from dflash_ref.walkthrough.story import write_viewer
 
 show(write_viewer(trained.trace, "../figures", "04_dflash2_smollm2"))
 

@@ -3,7 +3,7 @@
 baselines: SmolLM2-135M-Instruct (fp32, greedy) decoded by transformers' own `model.generate`, the
 honest baseline, on a twin of the model as transformers makes it (plain nn.Linear, the same weight
 tensors); by dflash_ref's AR `generate` on its own Llama target (plain, then with the opt-in fast CPU
-path, extensions/fast_cpu/); by the official `dflash_generate` (`dflash` 0.1.0, `from dflash import
+path, fast_cpu/); by the official `dflash_generate` (`dflash` 0.1.0, `from dflash import
 model`, its own draft class loaded from the shipped DFlash 1 draft's folder, the target as transformers
 made it); and by dflash_ref's `spec_generate` with the same draft: over all V as the official loop,
 in the draft's own vocabulary (extensions/draft_vocab.py), plain and fast, and with the verify gate
@@ -30,8 +30,8 @@ from ..decoding import generate, spec_generate
 from ..drafts.folder import SHIPPED_DFLASH1, open_draft
 from ..drafts.random_draft import random_smollm2_draft
 from ..extensions import DraftVocab, VerifyGate
-from ..extensions.fast_cpu import use_fast_cpu
-from ..extensions.fast_cpu.plan import plans
+from ..fast_cpu import use_fast_cpu
+from ..fast_cpu.plan import plans
 from ..target.grouped_attention import SDPA_GROUPED
 from ..target.llama import from_transformers
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2, load_smollm2_own

@@ -34,7 +34,7 @@ from ..conformance.report import NotApplicable
 from ..decoding import generate, spec_generate
 from ..drafts.checkpoint import load_draft
 from ..drafts.shipped import SHIPPED_DFLASH1, SHIPPED_DFLASH2
-from ..extensions.fast_cpu import use_fast_cpu
+from ..fast_cpu import use_fast_cpu
 from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, converted_folder, load_smollm2_own
 from ..training.prompt_sets import split_prompts
 

@@ -9,7 +9,7 @@ costs on this machine, SmolLM2-135M fp32, 128 positions cached:
 Four forwards on the same weight tensors: the model as transformers makes it (nn.Linear), HFTarget
 (transformers' forward behind the target protocol, target/hf.py), the project's own Llama target
 (target/llama.py, what decoding runs on), and that target with the opt-in fast CPU path
-(extensions/fast_cpu/). `own / HFTarget` is what the own forward saves; `verify / AR step` is t_b / t_1,
+(fast_cpu/). `own / HFTarget` is what the own forward saves; `verify / AR step` is t_b / t_1,
 the number that decides what a block costs; its paired form is the median of each repeat's t_b / t_1
 (timing.paired_ratio), which a noisy machine sways less.
 """
@@ -24,8 +24,8 @@ import torch
 from ..drafts.folder import SHIPPED_DFLASH1, open_draft
 from ..drafts.random_draft import random_smollm2_draft
 from ..extensions.draft_vocab import DraftVocab
-from ..extensions.fast_cpu import use_fast_cpu
-from ..extensions.fast_cpu.plan import plans
+from ..fast_cpu import use_fast_cpu
+from ..fast_cpu.plan import plans
 from ..target.llama import from_transformers
 from ..target.smollm2 import load_smollm2, load_smollm2_own
 from .baselines import transformers_twin

@@ -5,7 +5,7 @@ round-robin, medians, paired ratios).
     clock = Stopwatch(draft, device); …run…; clock.seconds, clock.calls, clock.times; clock.remove()
     summarise(measure({"a": fn_a, "b": fn_b}, repeats), baseline="a")
 
-On the opt-in fast CPU path (extensions/fast_cpu/), a pass's time leaves out what measuring its linear
+On the opt-in fast CPU path (fast_cpu/), a pass's time leaves out what measuring its linear
 plans took inside it (a first run on a machine measures them, later ones read them); clock.planning is
 that time, all passes together (two clocks on nested modules would each count the inner one's).
 """
@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..extensions.fast_cpu import measuring_seconds
+from ..fast_cpu import measuring_seconds
 
 
 class Stopwatch:

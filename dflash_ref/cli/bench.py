@@ -42,8 +42,8 @@ import torch
 from ..bench import baselines, engines, hybrid_rollback, steps, suite, trained
 from ..bench.timing import measure, summarise  # noqa: F401  (the harness, re-exported)
 from ..drafts.shipped import draft_folder
-from ..extensions.fast_cpu import streamed
-from ..extensions.fast_cpu.plan import linear_mode
+from ..fast_cpu import streamed
+from ..fast_cpu.plan import linear_mode
 from .folders import make_folder
 
 BENCHES: dict[str, Callable] = {
@@ -112,7 +112,7 @@ def machine() -> str:
 
 def fast_cpu_footer() -> str:
     """What the footer adds for a benchmark that timed the opt-in fast CPU path (FAST_CPU_BENCHES): its
-    plan mode and whether its C product was built here (extensions/fast_cpu/). Asked only after such a
+    plan mode and whether its C product was built here (fast_cpu/). Asked only after such a
     benchmark ran, so that no other run compiles or loads the C product."""
     return f", --fast-cpu plan {linear_mode()} ({streamed.status()})"
 

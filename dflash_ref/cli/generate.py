@@ -26,7 +26,7 @@ from ..decoding import GenerationOutput, spec_generate
 from ..drafts.folder import SHIPPED_DRAFT, check_fits, draft_folder, open_draft
 from ..drafts.random_draft import random_draft
 from ..extensions import DraftVocab, chosen_extensions
-from ..extensions.fast_cpu import measuring_seconds, use_fast_cpu
+from ..fast_cpu import measuring_seconds, use_fast_cpu
 from ..hooks import hook_points
 from ..target.checkpoint import DTYPES, CheckpointError, check_device
 from ..target.folder import SMOLLM2, check_target_name, folder_stop_ids, open_target
@@ -150,7 +150,7 @@ def run(args) -> int:
         for model in (target, draft, *vocab):
             use_fast_cpu(model)
         print(
-            "[--fast-cpu: linear layers take the product measured fastest on this machine (extensions/fast_cpu/), "
+            "[--fast-cpu: linear layers take the product measured fastest on this machine (fast_cpu/), "
             "exact up to float rounding]",
             file=sys.stderr,
         )

@@ -31,6 +31,7 @@ from ..layer_sampling import extract_context_feature
 from ..target.checkpoint import save_target
 from ..target.folder import load_target
 from .bundle import FORMAT, Bundle, find_bundles, write_bundle_files
+from .engine_scenarios import active_ids, sampling_pair, tokenizer, words  # SmolLM2's tokenizer: loaded when asked
 from .official import ZLabAdapter
 from .ports import resolve
 from .report import NotApplicable
@@ -160,8 +161,6 @@ def _models(name: str):
     the engine-shaped pair over its 6 active tokens."""
     s = SAMPLING
     if name == ENGINE_SAMPLING:
-        from .engine_scenarios import active_ids, sampling_pair, words  # SmolLM2's tokenizer: the hf extra
-
         return (*sampling_pair(s["seed"]), words(ENGINE_PROMPT), list(active_ids()))
     target, draft = tiny_pair(s["seed"], vocab=s["vocab"], block_size=s["block_size"], **DRAFTS[name])
     return target, draft, s["input_ids"], list(range(s["vocab"]))
@@ -176,8 +175,6 @@ def write_sampling(folder: str | Path, index: int = 0, name: str = "sampling") -
     save_target(target, folder / "target", torch.float32)
     save_draft(draft, folder / "draft", torch.float32)
     if name == ENGINE_SAMPLING:  # what an engine reads beside the weights
-        from .engine_scenarios import tokenizer
-
         tokenizer().save_pretrained(folder / "target")
     target, draft = load_target(folder / "target", torch.float64), load_draft(folder / "draft", torch.float64)
     t, n = s["temperature"], s["compared"]

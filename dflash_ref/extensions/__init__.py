@@ -2,8 +2,8 @@
 
 Three plug into the decoding loop through its one seam (decoding.py: an extension wraps stage 2,
 the proposal), each lossless: a draft vocabulary (draft_vocab.py), a confidence-gated verify
-(verify_gate.py), prompt lookup beside the draft (prompt_lookup.py). One is a speed path for the
-CPU, switched on per model (fast_cpu/: `use_fast_cpu`), exact up to float rounding.
+(verify_gate.py), prompt lookup beside the draft (prompt_lookup.py). The speed path for the CPU is
+another mechanism, switched on per model, in its own subpackage (dflash_ref/fast_cpu/).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-/* y = x · wᵀ in fp32 for the few rows of decoding, reading w from memory once (extensions/fast_cpu/streamed.py).
+/* y = x · wᵀ in fp32 for the few rows of decoding, reading w from memory once (fast_cpu/streamed.py).
 
    x (M, K), w (N, K), y (M, N), all contiguous and row-major. The N rows of w are split evenly among
    the threads; each thread walks its rows in groups of OB = 8. A tile keeps (≤ 2 rows of x) × (8 rows

@@ -1,4 +1,4 @@
-"""The store of measured linear plans (extensions/fast_cpu/plan.py): one JSON file per machine in the
+"""The store of measured linear plans (fast_cpu/plan.py): one JSON file per machine in the
 cache folder, so that a process reads the plans an earlier one measured instead of timing its ~50
 products again (seconds a short run would otherwise spend before its first token).
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .. import cache_folder
+from ..extensions import cache_folder
 from . import streamed
 
 Plan = tuple[str, dict[str, list[float]]]  # (the kernel chosen, each candidate's samples in seconds)

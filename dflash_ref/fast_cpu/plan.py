@@ -8,10 +8,10 @@ of the d_in-term sums):
     rows-first       (W · xᵀ)ᵀ                               N ≥ 2
     sliced           (Σ_j W[:, S_j] · x[:, S_j]ᵀ)ᵀ             N ≥ 2, d_in > 768: slices S_j of ≤ 768 columns
     transposed       x · W_t,  W_t = Wᵀ made contiguous once
-    streamed         the C product of extensions/fast_cpu/streamed.py: W read once for all N rows, sums in
+    streamed         the C product of fast_cpu/streamed.py: W read once for all N rows, sums in
                      16 interleaved partial sums (where a C compiler built it)
 
-`sliced` and `transposed` read copies of W that a PlannedLinear keeps (extensions/fast_cpu/linear.py), so
+`sliced` and `transposed` read copies of W that a PlannedLinear keeps (fast_cpu/linear.py), so
 they are candidates only there, for a weight of at most 2²⁴ elements. Each candidate is timed with
 the weight *cold*, as in a decoding forward, whose weights stream from memory: every call reads a
 different copy of a W-shaped weight from a pool larger than twice the last-level cache (a weight
@@ -21,7 +21,7 @@ sample over F.linear's i-th, taken moments apart: a slow or quiet minute of a sh
 both), and a kernel that needs copies of W only when it beats the others so: ties and noise keep
 F.linear, and memory is spent only where it pays; between the others, `candidates`' order decides a
 tie. A plan measured is also written to the cache folder, and later processes on the same machine
-read it instead of measuring again (extensions/fast_cpu/plan_store.py). DFLASH_REF_LINEAR (or
+read it instead of measuring again (fast_cpu/plan_store.py). DFLASH_REF_LINEAR (or
 `set_linear_mode`) pins the plan: `measured` (the default), `linear` (F.linear everywhere), `rows-first`
 (duplicated-row for one row, rows-first for 2 … 64: the rule this project used before it measured).
 `measuring_seconds()`: what measuring and storing cost this process (bench.timing.Stopwatch leaves it out of a

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import torch
 
-from .. import cache_folder
+from ..extensions import cache_folder
 
 SOURCE = Path(__file__).with_name("streamed.c")
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
