@@ -183,7 +183,7 @@ def _two_tokens(other: float) -> dict:
 
 def test_outputs_outside_the_enumerated_tokens_count_in_a_bin_of_their_own():
     stats = pytest.importorskip("scipy.stats")
-    for k, mean in [(1, 2e-4), (3, 2.0), (2, 0.5), (40, 3.0)]:
+    for k, mean in [(1, 2e-4), (3, 2.0), (2, 0.5), (40, 3.0), (1, 700.0), (690, 700.0)]:
         assert math.isclose(poisson_tail(k, mean), stats.poisson.sf(k - 1, mean), rel_tol=1e-9)
     s = _two_tokens(1e-9)
     fair = lambda seed: ([5, seed % 2], seed % 2)  # noqa: E731 - half 0, half 1; τ as often 0 as 1
@@ -195,6 +195,8 @@ def test_outputs_outside_the_enumerated_tokens_count_in_a_bin_of_their_own():
         check_sampling(s, lambda seed: ([5, 12], 0), 10, "match")  # beyond the vocabulary: never a bin
     untold = check_sampling(s, lambda seed: ([5, seed % 2], None), 1000, "match")
     assert untold.passed and "not tested: the implementation does not report it" in untold.text()
+    with pytest.raises(ValueError, match="reported the first-step τ of 999 runs of 1000: all or none"):
+        check_sampling(s, lambda seed: ([5, seed % 2], None if seed == 7 else seed % 2), 1000, "match")
 
 
 class _Engine:
@@ -242,5 +244,6 @@ def test_the_engine_shaped_sampling_bundle_holds_its_other_tokens_below_the_boun
     for verifier in ("rejection", "match"):  # every τ is possible
         assert math.isclose(sum(s["acceptance"][verifier]), 1, abs_tol=3 * NEGLECT)
         assert min(s["acceptance"][verifier]) > 1e-3
+    pytest.importorskip("dflash.model")
     [(_, result)] = verify_sampling("zlab", engine_bundle.path, 500)
     assert result.passed, result.text()

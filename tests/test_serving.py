@@ -298,8 +298,10 @@ class _FakeServer(http.server.BaseHTTPRequestHandler):
             type(self).sent += 1
             time.sleep(0.02)
         timings = {} if body["prompt"] == [997] else {"draft_n_accepted": 2, "cache_n": 3}
-        if "seed" in body:  # a sampled request: an odd seed drafts once more (the first step's τ was 0)
-            timings["draft_n"] = 2 + body["seed"] % 2
+        if "seed" in body:  # a sampled request: an odd seed drafts once more (the first step's τ was 0), 1 token
+            timings.update(draft_n=2 + body["seed"] % 2, draft_n_accepted=2 - body["seed"] % 2)
+            if body["seed"] == 99:  # a first draft shortened
+                timings.update(draft_n=1, draft_n_accepted=1)
         final = {"tokens": [], "stop": True, "timings": timings}
         self.wfile.write(b"data: " + json.dumps(final).encode() + b"\n\n")
 
@@ -395,13 +397,16 @@ def test_llama_servers_sampler_seeds_each_request_and_reads_the_first_steps_tau_
     try:
         _FakeServer.log.clear()
         out = port.sampler(_SamplingBundle(), "match").many(range(4))
+        bodies = sorted((b for _, b in _FakeServer.log), key=lambda b: b["seed"])
+        assert [b["seed"] for b in bodies] == [0, 1, 2, 3] and all(b["n_predict"] == 4 for b in bodies)
+        assert all((b["temperature"], b["top_k"], b["top_p"], b["min_p"]) == (1.5, 0, 1.0, 0.0) for b in bodies)
+        # 2 proposals drafted in all: the first step's τ is the count (2); once more: the first step kept none
+        assert [tau for _, tau in out] == [2, 0, 2, 0] and out[0][0] == [4, 4, 4, 4, 4]
+        assert all(b["ignore_eos"] and not b["cache_prompt"] for b in bodies)
+        with pytest.raises(RuntimeError, match="drafted 1 tokens for a request, fewer than 2"):
+            port.sampler(_SamplingBundle(), "match").many([99])
     finally:
         server.shutdown()
-    bodies = sorted((b for _, b in _FakeServer.log), key=lambda b: b["seed"])
-    assert [b["seed"] for b in bodies] == [0, 1, 2, 3] and all(b["n_predict"] == 4 for b in bodies)
-    assert all((b["temperature"], b["top_k"], b["top_p"], b["min_p"]) == (1.5, 0, 1.0, 0.0) for b in bodies)
-    # 2 proposals drafted in all: the first step's τ is the count (2); once more: the first step kept none
-    assert [tau for _, tau in out] == [2, 0, 2, 0] and out[0][0] == [4, 4, 4, 4, 4]
     with pytest.raises(ValueError, match="verify --sampling --verifier match"):
         port.sampler(_SamplingBundle(), "rejection")
 

@@ -32,7 +32,7 @@ from ..target.checkpoint import save_target
 from ..target.folder import load_target
 from .bundle import FORMAT, Bundle, find_bundles, write_bundle_files
 from .engine_scenarios import active_ids, sampling_pair, tokenizer, words  # SmolLM2's tokenizer: loaded when asked
-from .official import ZLabAdapter
+from .official import DFLASH_HINT, ZLabAdapter
 from .ports import resolve
 from .report import NotApplicable
 from .sampling import SamplingResult, check_sampling
@@ -188,7 +188,8 @@ def write_sampling(folder: str | Path, index: int = 0, name: str = "sampling") -
         acceptance = {
             v: acceptance_distribution(target, draft, prompt, t, v, tokens, outside) for v in ("rejection", "match")
         }
-    neglected = max(0.0, *outside)
+    # where `tokens` are the whole vocabulary, `outside` is only float rounding (q is float32): nothing neglected
+    neglected = max(0.0, *outside) if len(tokens) < target.config.vocab_size else 0.0
     if neglected > NEGLECT:
         raise ValueError(f"{name}: a distribution puts {neglected:.3g} outside its tokens (at most {NEGLECT})")
     manifest = {
@@ -248,7 +249,7 @@ def zlab_sampler(bundle: Bundle, verifier: str = "rejection"):
     try:
         from dflash import model as official  # optional: the official package
     except ImportError:
-        raise ValueError("zlab needs the official package: pip install --no-deps dflash==0.1.0") from None
+        raise NotApplicable(DFLASH_HINT) from None
     target, draft = ZLabAdapter().load(bundle)
     s, ids = bundle.manifest["sampling"], torch.tensor([bundle.manifest["sampling"]["input_ids"]])
 

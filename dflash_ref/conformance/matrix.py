@@ -13,6 +13,7 @@ in a table of their own and as the conditions' "sampled" column.
 from __future__ import annotations
 
 import datetime
+import math
 import platform
 from pathlib import Path
 
@@ -157,7 +158,11 @@ def sampled(bundle: str | Path, ports) -> tuple[list[str], dict[str, list[str]],
                     lines.append(f"| {port} | {name} | {verifier} | | | n/a: {' '.join(str(r).split())} |")
                     verdicts.setdefault(port, []).append("n/a")
                     continue
-                tau = f"{r.mean_tau:.3f} vs {r.expected_tau:.3f}, z = {r.z:+.2f}" if r.z == r.z else "not reported"
+                tau = (
+                    f"{r.mean_tau:.3f} vs {r.expected_tau:.3f}, z = {r.z:+.2f}"
+                    if not math.isnan(r.z)
+                    else "not reported"
+                )
                 verdict = "pass" if r.passed else "FAIL" + (f": {r.note}" if r.note else "")
                 lines.append(
                     f"| {port} | {name} | {verifier} | χ² {r.chi2:.1f} on {r.df} df, p = {r.p_value:.3g} | {tau} "

@@ -237,7 +237,7 @@ class LlamaServerPort:
         first = group[0]
         settings = (first.manifest.get("serving") or {}).get("engine", {})
         block = first.config("draft")["block_size"]
-        per_slot = max(len(b.inputs["input_ids"]) + b.inputs["max_new_tokens"] for b in group) + 2 * block + 16
+        per_slot = max(slot_tokens([b.inputs["input_ids"]], b.inputs["max_new_tokens"], block) for b in group)
         slots, batch = settings.get("max_seqs", 1), settings.get("max_batched_tokens")
         with server(first, slots, per_slot, batch) as (port, proc, log):
             done = serve(port, group, bool(settings.get("prefix_caching")))
@@ -260,6 +260,11 @@ class LlamaServerPort:
         return ServerSampler(bundle)
 
 
+def slot_tokens(prompts: list[list[int]], max_new_tokens: int, block: int) -> int:
+    """A slot's context for these prompts: the longest, its new tokens, two blocks of drafts, and a margin."""
+    return max(map(len, prompts)) + max_new_tokens + 2 * block + 16
+
+
 @contextlib.contextmanager
 def server(bundle, slots: int, per_slot: int, batch: int | None = None):
     """llama-server on the bundle's models (converted by llama.cpp's own converter) with `slots` slots of
@@ -271,6 +276,7 @@ def server(bundle, slots: int, per_slot: int, batch: int | None = None):
     with tempfile.TemporaryDirectory() as scratch:
         target, draft = convert(root, bundle, Path(scratch))
         args = ["-m", target, "-md", draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", block - 1,
+                "--spec-draft-n-min", 0, "--spec-draft-p-min", 0,  # every draft whole: DFlash's γ proposals
                 "--parallel", slots, "-c", per_slot * slots, "-b", batch, "-ub", batch, "--temp", "0",
                 "-fa", "off", "-t", os.cpu_count() or 1, "--no-webui", *F32_CACHES,
                 *shlex.split(os.environ.get(EXTRA, ""))]  # fmt: skip
@@ -284,8 +290,10 @@ class ServerSampler:
     requests in flight), each at the bundle's temperature with the seed, no top-k, top-p or min-p: → per request its
     prompt and output, and its first step's τ. The server reports only a request's totals (timings.draft_n,
     draft_n_accepted), but with max_new_tokens = 2 + γ (γ = block − 1 proposals) they tell it: it drafts at most
-    n_remaining − 1 tokens, so after x_0 it drafts γ, and again only if the first step kept τ + 1 ≤ 1 tokens (then
-    1 more). So τ = draft_n_accepted where draft_n = γ, and 0 where draft_n > γ."""
+    n_remaining − 1 tokens, and every draft whole (server(): no minimum probability, no minimum length), so after
+    x_0 it drafts γ, and again only if the first step kept τ + 1 ≤ 1 tokens (then 1 more). So τ = draft_n_accepted
+    where draft_n = γ, and 0 where draft_n > γ; fewer than γ drafted is an error, and another max_new_tokens
+    leaves τ unreported (None)."""
 
     def __init__(self, bundle) -> None:
         self.bundle = bundle
@@ -295,8 +303,8 @@ class ServerSampler:
         proposals = block - 1
         told = s["max_new_tokens"] == proposals + 2  # else the totals do not tell the first step's τ
         body = {"prompt": s["input_ids"], "n_predict": s["max_new_tokens"], "temperature": s["temperature"],
-                "top_k": 0, "top_p": 1.0, "min_p": 0.0, "cache_prompt": False}  # fmt: skip
-        per_slot = len(s["input_ids"]) + s["max_new_tokens"] + 2 * block + 16
+                "top_k": 0, "top_p": 1.0, "min_p": 0.0, "cache_prompt": False, "ignore_eos": True}  # fmt: skip
+        per_slot = slot_tokens([s["input_ids"]], s["max_new_tokens"], block)
         with server(self.bundle, SAMPLING_SLOTS, per_slot) as (port, proc, log):
             with ThreadPoolExecutor(SAMPLING_SLOTS) as pool:
                 streams = list(pool.map(lambda seed: _finished(Stream(port, {**body, "seed": seed})), seeds))
@@ -311,7 +319,9 @@ class ServerSampler:
             if isinstance(produced, Exception):
                 raise produced
             drafted, accepted = stream.timings.get("draft_n", 0), int(produced[DRAFT_ACCEPTED])
-            tau = (accepted if drafted == proposals else 0 if drafted > proposals else None) if told else None
+            if told and drafted < proposals:  # a shortened first draft: its totals tell no τ of DFlash's block
+                raise RuntimeError(f"llama-server drafted {drafted} tokens for a request, fewer than {proposals}")
+            tau = (accepted if drafted == proposals else 0) if told else None
             out.append((produced[key_for("output_ids")].tolist(), tau))
         return out
 

@@ -69,14 +69,22 @@ class VLLMSampler:
                 said = last_error(proc.stderr)
                 raise RuntimeError(f"vLLM failed on {self.bundle.name} (exit {proc.returncode}): {said}")
             with np.load(dump) as d:
-                ids, tau, given, divided = d["output_ids"], d["tau"], bool(d["draft_probs"]), d["temperatures"]
-        if given != (self.verifier == "rejection"):  # what vLLM's config promised its rejection sampler
+                ids, tau, given, divided = d["output_ids"], d["tau"], d["draft_probs"], d["temperatures"]
+        if (tau < 0).any():  # every run's τ or none: a run missing from the z-test could bias it
             raise RuntimeError(
-                f"vLLM's rejection sampler {'was' if given else 'was not'} given the draft's probabilities, "
-                f"which {self.verifier} {'does not need' if given else 'needs'}"
+                f"vLLM's first verify of {int((tau == -2).sum())} requests had fewer than "
+                f"{self.bundle.config('draft')['block_size'] - 1} proposals, and {int((tau == -1).sum())} requests "
+                "had none verified: their first-step τ is not the one the bundle's distribution is of"
+            )
+        wanted = self.verifier == "rejection"
+        if (given != wanted).any():  # what vLLM's config promised its rejection sampler, at each first verify
+            raise RuntimeError(
+                f"vLLM's rejection sampler {'was not' if wanted else 'was'} given the draft's probabilities at the "
+                f"first verify of {int((given != wanted).sum())} of {len(given)} requests, which {self.verifier} "
+                f"{'needs' if wanted else 'does not take'}"
             )
         self.note = temperature_note(divided, self.bundle.manifest["sampling"]["temperature"])
-        return [(row.tolist(), int(t) if t >= 0 else None) for row, t in zip(ids, tau)]
+        return [(row.tolist(), int(t)) for row, t in zip(ids, tau)]
 
 
 def temperature_note(divided: np.ndarray, temperature: float) -> str:

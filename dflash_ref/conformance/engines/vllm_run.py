@@ -494,14 +494,16 @@ def bench(target: str, draft: str, prompts: list[list[int]], max_new: int, stops
 # rejection sampler then takes as one-hot (accept d with p(d), else draw from p without d: match's distribution),
 # or a draw from its softmax at the request's temperature, whose probabilities it is given (rejection)
 DRAFT_SAMPLE_METHOD = {"match": "greedy", "rejection": "probabilistic"}
+NEVER, CUT = -1, -2  # a request's τ where vLLM never verified its proposals, or proposed fewer than γ at first
 
 
 def sample(path: str, runs: int, verifier: str, out: str) -> int:
     """`verify --sampling`: the sampling bundle's prompt as `runs` requests, request i seeded with i, through one
     engine at the bundle's temperature (no top-k, top-p or min-p), vLLM's draft sampling as `verifier` asks; →
     .npz: each request's prompt and output (output_ids), its first verify's τ (tau, from the rejection sampler's
-    own output), whether vLLM handed the rejection sampler the draft's probabilities (draft_probs), and the
-    temperature it divided each verified row's logits by (temperatures: expand_batch_to_tokens' output)."""
+    own output; NEVER or CUT), whether vLLM handed the rejection sampler the draft's probabilities there
+    (draft_probs), and the temperature it divided each verified row's logits by (temperatures:
+    expand_batch_to_tokens' output)."""
     bundle = load_bundle(path)
     s = bundle.manifest["sampling"]
     block = bundle.config("draft")["block_size"]
@@ -518,8 +520,8 @@ def sample(path: str, runs: int, verifier: str, out: str) -> int:
     except Exception as e:  # noqa: BLE001 - vLLM's refusal, said as it said it
         print(traceback.format_exc(), file=sys.stderr)
         return refuse(e)
-    first_tau: dict[str, int] = {}
-    given: list[bool] = []
+    first_tau: dict[str, int] = {}  # request → its first verify's τ (CUT: vLLM proposed fewer than γ there)
+    given: dict[str, bool] = {}  # request → whether its first verify got the draft's probabilities
     divided: list[np.ndarray] = []  # the temperatures vLLM divided the verify logits by, a row each
 
     def expanded(out, x, cu, n, replace_from=0, replace_to=0) -> None:  # per request → per verified row
@@ -532,10 +534,10 @@ def sample(path: str, runs: int, verifier: str, out: str) -> int:
 
     def verified(module, inputs, out) -> None:  # the rejection sampler: each request's first verify's τ
         metadata, runner = inputs[0], module.runner
-        given.append(inputs[1] is not None)
         for row, (request, n) in enumerate(zip(runner.input_batch.req_ids, metadata.num_draft_tokens)):
             if n and request not in first_tau:
-                first_tau[request] = int((out.sampled_token_ids[row] >= 0).sum()) - 1
+                first_tau[request] = int((out.sampled_token_ids[row] >= 0).sum()) - 1 if n == block - 1 else CUT
+                given[request] = inputs[1] is not None
 
     def attach(worker) -> None:
         worker.model_runner.rejection_sampler.runner = worker.model_runner
@@ -551,9 +553,11 @@ def sample(path: str, runs: int, verifier: str, out: str) -> int:
     prompt = TokensPrompt(prompt_token_ids=s["input_ids"])
     outputs = llm.generate([prompt] * runs, params, use_tqdm=False)
     ids = np.array([s["input_ids"] + list(o.outputs[0].token_ids) for o in outputs], dtype=np.int64)
-    tau = np.array([first_tau.get(_engine_id(first_tau, o.request_id) or o.request_id, -1) for o in outputs])
+    engine_ids = [_engine_id(first_tau, o.request_id) or o.request_id for o in outputs]
+    tau = np.array([first_tau.get(r, NEVER) for r in engine_ids])
+    probs = np.array([given.get(r, False) for r in engine_ids])
     temperatures = np.concatenate(divided) if divided else np.zeros(0, dtype=np.float32)
-    np.savez(out, output_ids=ids, tau=tau, draft_probs=np.array(any(given)), temperatures=temperatures)
+    np.savez(out, output_ids=ids, tau=tau, draft_probs=probs, temperatures=temperatures)
     return 0
 
 
