@@ -1222,6 +1222,7 @@ CAUSE_HINTS = {
         "dump the draft's stages to find which",
     ),
     ("vllm", "target_hidden"): (last_layer_before_the_final_norm, "engine_layer_ids_last", "before an RMSNorm"),
+    ("mlx", "target_hidden"): (last_layer_before_the_final_norm, "engine_layer_ids_last", "before an RMSNorm"),
     ("llamacpp", "pattern"): (context_window_read_as_symmetric, "gqa_sliding", "read as symmetric where"),
     ("llama-server", "draft_accepted", "engine_sliding"): (
         server_count_of_a_window_read_as_symmetric,

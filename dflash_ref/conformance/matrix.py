@@ -54,6 +54,9 @@ CAUSES = {
     "its final norm (reports/vllm-last-target-layer-before-norm.md)",
     ("vllm", "target_hidden"): "a bug of vLLM: for a target layer id L − 1 it reads that layer's own output, where "
     "DFlash reads hidden_states[L], after the target's final norm (reports/vllm-last-target-layer-before-norm.md)",
+    ("mlx", "target_hidden"): "a departure of the official MLX backend from its PyTorch code, as vLLM's: for a "
+    "target layer id L − 1 its features are that layer's output before the target's final norm (the hint's test), "
+    "where the PyTorch code reads hidden_states[L], after it (reports/vllm-last-target-layer-before-norm.md)",
     ("llamacpp", "pattern"): "a bug of llama.cpp: a sliding layer of a draft whose config means a causal window "
     "(layer_types, no is_causal) attends a symmetric one (reports/llamacpp-dflash-sliding-window-causal.md)",
     ("llama-server", "draft_accepted", "engine_sliding"): "the acceptance lost to llama.cpp's sliding-window bug "

@@ -551,7 +551,13 @@ def sample(path: str, runs: int, verifier: str, out: str) -> int:
         for seed in range(runs)
     ]
     prompt = TokensPrompt(prompt_token_ids=s["input_ids"])
-    outputs = llm.generate([prompt] * runs, params, use_tqdm=False)
+    try:
+        outputs = llm.generate([prompt] * runs, params, use_tqdm=False)
+    except Exception as e:  # noqa: BLE001 - a shape its kernels do not take is a refusal; anything else, a failure
+        if not unsupported(e):
+            raise
+        print(traceback.format_exc(), file=sys.stderr)
+        return refuse(e)
     ids = np.array([s["input_ids"] + list(o.outputs[0].token_ids) for o in outputs], dtype=np.int64)
     engine_ids = [_engine_id(first_tau, o.request_id) or o.request_id for o in outputs]
     tau = np.array([first_tau.get(r, NEVER) for r in engine_ids])
