@@ -72,6 +72,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def exited(proc, log: Path, when: str) -> RuntimeError:
+    """The error of a server that exited (`when`: "before serving", …), in its own words (its log's error line)."""
+    said = failure(log.read_text(errors="replace"))
+    return RuntimeError(f"llama-server exited (code {proc.returncode}) {when}: {said}")
+
+
 @contextlib.contextmanager
 def running_server(binary: Path, args: list, port: int, log: Path):
     """llama-server on 127.0.0.1:port until the block ends (the block gets its process); a server that exits or
@@ -86,8 +92,7 @@ def running_server(binary: Path, args: list, port: int, log: Path):
         deadline = time.monotonic() + START_TIMEOUT
         while True:
             if proc.poll() is not None:
-                said = failure(log.read_text(errors="replace"))
-                raise RuntimeError(f"llama-server exited (code {proc.returncode}) before serving: {said}")
+                raise exited(proc, log, "before serving")
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
                     if json.loads(r.read()).get("status") == "ok":
@@ -237,15 +242,12 @@ class LlamaServerPort:
         first = group[0]
         settings = (first.manifest.get("serving") or {}).get("engine", {})
         block = first.config("draft")["block_size"]
-        per_slot = max(slot_tokens([b.inputs["input_ids"]], b.inputs["max_new_tokens"], block) for b in group)
+        per_slot = max(slot_tokens(b.inputs["input_ids"], b.inputs["max_new_tokens"], block) for b in group)
         slots, batch = settings.get("max_seqs", 1), settings.get("max_batched_tokens")
         with server(first, slots, per_slot, batch) as (port, proc, log):
             done = serve(port, group, bool(settings.get("prefix_caching")))
             if proc.poll() is not None:  # it died serving: the requests it failed say so, in its words
-                died = RuntimeError(
-                    f"llama-server exited (code {proc.returncode}) while serving: "
-                    f"{failure(log.read_text(errors='replace'))}"
-                )
+                died = exited(proc, log, "while serving")
                 done = {name: died if isinstance(d, Exception) else d for name, d in done.items()}
             return done
 
@@ -260,9 +262,9 @@ class LlamaServerPort:
         return ServerSampler(bundle)
 
 
-def slot_tokens(prompts: list[list[int]], max_new_tokens: int, block: int) -> int:
-    """A slot's context for these prompts: the longest, its new tokens, two blocks of drafts, and a margin."""
-    return max(map(len, prompts)) + max_new_tokens + 2 * block + 16
+def slot_tokens(prompt: list[int], max_new_tokens: int, block: int) -> int:
+    """A slot's context for a request: its prompt, its new tokens, two blocks of drafts, and a margin."""
+    return len(prompt) + max_new_tokens + 2 * block + 16
 
 
 @contextlib.contextmanager
@@ -304,15 +306,12 @@ class ServerSampler:
         told = s["max_new_tokens"] == proposals + 2  # else the totals do not tell the first step's τ
         body = {"prompt": s["input_ids"], "n_predict": s["max_new_tokens"], "temperature": s["temperature"],
                 "top_k": 0, "top_p": 1.0, "min_p": 0.0, "cache_prompt": False, "ignore_eos": True}  # fmt: skip
-        per_slot = slot_tokens([s["input_ids"]], s["max_new_tokens"], block)
+        per_slot = slot_tokens(s["input_ids"], s["max_new_tokens"], block)
         with server(self.bundle, SAMPLING_SLOTS, per_slot) as (port, proc, log):
             with ThreadPoolExecutor(SAMPLING_SLOTS) as pool:
                 streams = list(pool.map(lambda seed: _finished(Stream(port, {**body, "seed": seed})), seeds))
             if proc.poll() is not None:
-                raise RuntimeError(
-                    f"llama-server exited (code {proc.returncode}) while sampling: "
-                    f"{failure(log.read_text(errors='replace'))}"
-                )
+                raise exited(proc, log, "while sampling")
         out = []
         for stream in streams:
             produced = _produced(self.bundle, stream)
