@@ -12,8 +12,10 @@ The modules at the top follow the data's walk, one per equation (README.md besid
     cache           per-layer K/V with append / crop / length
     decoding        AR `generate`, and `spec_generate`: prefill → (draft → verify → accept → crop)*
 
-Tooling lives in subpackages: target/, extensions/ (the loop's opt-in wrappers), fast_cpu/ (the opt-in
-speed path), drafts/, training/, bench/, tour/ (the walkthrough's code), conformance/, viewer/, cli/.
+With target/ (the targets written out here) they are the core, which imports only torch, einops and
+safetensors. The tools live in subpackages: extensions/ (the loop's opt-in wrappers), fast_cpu/ (the
+opt-in speed path), trace/ and viewer/ (observing a run), loading/ (targets from transformers, GGUF,
+folders), drafts/, training/, bench/, tour/ (the walkthrough's code), conformance/, cli/.
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ _EXPORTS = {
     "layer_sampling": ["build_target_layer_ids", "extract_context_feature"],
     "extensions": ["DraftVocab", "PromptLookup", "VerifyGate"],
     "fast_cpu": ["use_fast_cpu"],
-    "target": ["HFTarget", "Qwen3Target"],
+    "loading.hf": ["HFTarget"],
+    "target": ["Qwen3Target"],
     "target.checkpoint": ["save_target"],
-    "target.folder": ["load_target", "load_tokenizer"],
+    "loading.folder": ["load_target", "load_tokenizer"],
     "target.llama": ["LlamaTarget", "load_llama_target"],
-    "trace": ["StepRecord"],
+    "trace": ["StepLog", "StepRecord"],
 }
 _MODULE_OF = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_MODULE_OF)
@@ -52,11 +55,12 @@ if TYPE_CHECKING:
     from .extensions import DraftVocab, PromptLookup, VerifyGate
     from .fast_cpu import use_fast_cpu
     from .layer_sampling import build_target_layer_ids, extract_context_feature
-    from .target import HFTarget, Qwen3Target
+    from .loading.folder import load_target, load_tokenizer
+    from .loading.hf import HFTarget
+    from .target import Qwen3Target
     from .target.checkpoint import save_target
-    from .target.folder import load_target, load_tokenizer
     from .target.llama import LlamaTarget, load_llama_target
-    from .trace import StepRecord
+    from .trace import StepLog, StepRecord
 
 
 def __getattr__(name: str):

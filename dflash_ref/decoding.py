@@ -21,12 +21,17 @@ random numbers are drawn in the same order in both functions here, so `spec_gene
 block_size=1)` gives exactly `generate`'s output, sampled or greedy.
 
 The seam for extensions (none is on unless passed): stage 2 is a function `propose(Block) → Proposal`,
-the paper's `draft_block` by default. Each extension in `extensions` wraps it, `propose =
+the paper's `draft_block` by default. A Proposal is the block to verify and, for the rejection
+verifier, the q its tokens were drawn from; the draft's own answer, a DraftedProposal, also carries
+what its pass computed. Each extension in `extensions` wraps stage 2, `propose =
 extension.wrap(propose)`, and may change what the draft pass is asked (the output head: a draft
-vocabulary), answer without a draft pass (prompt lookup), or cut the block before the verify (the
-verify gate). Stages 1 and 3–5 never change, so an extension is lossless exactly when the Proposal it
-returns is one the verifier may take: the tokens it proposes, and for the rejection verifier the q
-they were drawn from (extensions/: each proves it in its own tests).
+vocabulary), answer without a draft pass (prompt lookup, which then keeps the step's context features
+for the next pass itself), or cut the block before the verify (the verify gate). Stages 1 and 3–5
+never change, so an extension is lossless exactly when the Proposal it returns is one the verifier may
+take (extensions/: each proves it in its own tests).
+
+Observers (`on_step`) get each step as its stages left it, a `Step`; the trace (trace/) is one. The
+loop keeps no record of its own beyond the output and its counts.
 # diff with official: tokens equal to mask_token_id are kept (never stripped), batch size > 1 is
 # refused with a clear error, and no CUDA synchronisation is needed (it runs on the CPU).
 """
@@ -41,7 +46,6 @@ import torch
 from .acceptance import check_sampling, sample, sample_probs, sampling_probs, verify_block
 from .compat import check_pair, check_request
 from .layer_sampling import extract_context_feature
-from .trace import StepRecord
 
 VERIFIERS = ("rejection", "match")
 
@@ -112,7 +116,8 @@ class Block:
     output_ids: torch.Tensor  # (1, max_length + 1): prompt, committed tokens, then mask_token_id
     start: int  # position of x_0, the last committed token
     size: int  # L_q = γ + 1, the block's length
-    target_hidden: torch.Tensor | None  # (1, L_c, k·d) context features the draft cache lacks (None: b = 1)
+    target_hidden: torch.Tensor | None  # (1, L_c, k·d) the features of the tokens committed since the
+    # last step (the prompt's at the first), positions start − L_c … start − 1 (None: b = 1)
     head: Callable[[torch.Tensor], torch.Tensor]  # hidden (…, d) → logits (…, V): the target's output head
 
     def ids(self) -> torch.Tensor:
@@ -122,20 +127,43 @@ class Block:
 
 @dataclass
 class Proposal:
-    """Stage 2's answer: the block the target verifies, and what the verifier and the trace read."""
+    """Stage 2's answer: the block the target verifies, and the q the rejection verifier reads."""
 
     block_ids: torch.Tensor  # (1, L) [x_0, d_1, …, d_{L−1}], L ≤ L_q
-    proposals: list[int]  # d_1..d_γ, every token proposed (a verify gate may verify fewer)
     draft_probs: torch.Tensor | None = None  # (1, L − 1, V or K) q the d_i were drawn from (rejection, T > 0)
     candidates: torch.Tensor | None = None  # (1, L − 1, K) the tokens q is over (DFlash 2, prompt lookup)
-    drafted: int = 0  # L_q of the block drafted (0: none, e.g. a prompt lookup's; 1: nothing to draft)
-    draft_cache_after_draft: int | None = None  # the draft cache's length before its crop (the trace)
-    hidden: torch.Tensor | None = None  # (1, γ, d) the draft's final hidden states at positions 1..γ
-    draft_logits: torch.Tensor | None = None  # (1, γ, V) their logits
+
+
+@dataclass(kw_only=True)
+class DraftedProposal(Proposal):
+    """The draft's answer (`draft_block`): a Proposal made by one pass of the draft, with what that pass
+    computed, for what reads more than the block (the verify gate, the trace)."""
+
+    drafted: torch.Tensor  # (1, L_q) the whole block as drafted, [x_0, d_1..d_γ] (a gate may verify fewer)
+    context_length: int  # L_c, the context features the pass injected (Block.target_hidden's length)
+    hidden: torch.Tensor  # (1, γ, d) the draft's final hidden states at positions 1..γ
+    logits: torch.Tensor  # (1, γ, V) their logits
     selector: torch.nn.Module | None = None  # DFlash 2: the candidate selector that chose the path
 
 
 Proposer = Callable[[Block], Proposal]
+
+
+@dataclass
+class Step:
+    """One decode step as its stages left it, for observers (`spec_generate(on_step=…)`): stage 2's
+    question and answer, stage 4's verdict, and both caches as they stand after stage 5's crop (live
+    objects: read them in the callback)."""
+
+    index: int  # 0, 1, … in decoding order
+    block: Block
+    proposal: Proposal
+    posterior: torch.Tensor | None  # (1, L) the target's token at each verified position (None: rejection)
+    acceptance_length: int  # τ
+    bonus: int  # the target's token after the accepted run
+    produced: int  # tokens committed after x_0: τ + 1, clipped by the length limit or a stop token
+    draft_cache: object
+    target_cache: object
 
 
 @torch.inference_mode()
@@ -151,14 +179,15 @@ def spec_generate(
     block_size: int | None = None,
     verifier: str = "rejection",
     extensions: Sequence = (),
-    on_step: Callable[[StepRecord], None] | None = None,
+    on_step: Callable[[Step], None] | None = None,
 ) -> GenerationOutput:
     """Up to `max_new_tokens` tokens after `input_ids` (1, L) from draft + target: the five stages above.
 
     Lossless: greedy output equals `generate(target, …)`; sampled output has the target's distribution
     with either verifier ("rejection" or "match", acceptance.py). `extensions`: objects with
     `wrap(propose) → propose` (extensions/: DraftVocab, VerifyGate, PromptLookup), applied in order
-    around stage 2; none (the official loop) by default. `on_step` gets a StepRecord after every step."""
+    around stage 2; none (the official loop) by default. `on_step` gets each Step after its crop
+    (trace.Trace.on_step, trace.StepLog: the step as a StepRecord)."""
     block_size = _check_arguments(
         draft, target, input_ids, max_new_tokens, stop_token_ids, temperature, top_p, top_k, block_size, verifier
     )
@@ -188,18 +217,10 @@ def spec_generate(
     start = prompt_len
     stopped = bool(torch.isin(output_ids[0, start], stop_tokens))
     while start + 1 < max_length and not stopped:
-        caches = {
-            "draft_cache_before": draft_cache.get_seq_length(),
-            "target_cache_before": target_cache.get_seq_length(),
-        }
         # 2. draft: [x_0, mask, …] → d_1..d_γ in one parallel pass (draft_block), or what an extension proposes
         block = Block(output_ids, start, min(block_size, max_length - start), target_hidden, target.output_head)
         proposal = propose(block)
-        ctx_len = draft_cache.get_seq_length() - caches["draft_cache_before"]  # L_c the draft pass cached
-        if ctx_len:  # a draft pass: its cache holds these context features' K/V now
-            result.num_draft_passes += 1
-            caches["draft_cache_after_draft"] = proposal.draft_cache_after_draft
-            target_hidden = target_hidden[:, ctx_len:]
+        result.num_draft_passes += isinstance(proposal, DraftedProposal)
         block_ids = proposal.block_ids  # (1, L)
 
         # 3. verify: one target pass over [x_0, d_1, …]
@@ -210,7 +231,6 @@ def spec_generate(
             output_hidden_states=block_size > 1,
         )
         result.num_target_passes += 1
-        caches["target_cache_after_verify"] = target_cache.get_seq_length()
 
         # 4. accept: τ by cumprod, the bonus, and what is committed (a stop token ends the step)
         tau, bonus, posterior = verify_block(
@@ -223,16 +243,12 @@ def spec_generate(
         # 5. crop the target cache to the committed tokens; their features are the next context
         target_cache.crop(start + produced)  # rejected K/V go
         if block_size > 1:
-            new = extract_context_feature(out.hidden_states, draft.target_layer_ids)[:, :produced]  # (1, produced, k·d)
-            target_hidden = torch.cat([target_hidden, new], dim=1)  # after any features no draft pass took yet
+            target_hidden = extract_context_feature(out.hidden_states, draft.target_layer_ids)[:, :produced]
+            # (1, produced, k·d)
         result.add_step(tau, produced)
         if on_step is not None:
-            on_step(
-                StepRecord.of_step(
-                    len(result.acceptance_lengths) - 1, start, block_ids, proposal.drafted, proposal.proposals,
-                    posterior, tau, bonus, produced, ctx_len, caches, draft_cache, target_cache,
-                )
-            )  # fmt: skip
+            index = len(result.acceptance_lengths) - 1
+            on_step(Step(index, block, proposal, posterior, tau, int(bonus), produced, draft_cache, target_cache))
         start += produced
 
     result.output_ids = output_ids[:, : min(start + 1, max_length)]
@@ -244,24 +260,24 @@ def draft_block(
 ) -> Proposal:
     """Stage 2, the paper's: one parallel pass of the draft over [x_0, mask, …, mask], the new context
     features injected as K/V, then its cache cropped back to `start`; d_1..d_γ from the pass's
-    positions 1..γ (`_propose`). A block of 1 (b = 1, or the last position) proposes nothing."""
+    positions 1..γ (`_propose`). A block of 1 (b = 1) proposes nothing and needs no pass."""
     block_ids = block.ids()  # (1, L_q)
     if block.size == 1:
-        return Proposal(block_ids, [], drafted=1)
+        return Proposal(block_ids)
     start, ctx_len = block.start, block.target_hidden.shape[1]  # L_c new context positions
     noise = target.embed(block_ids) * draft.config.input_embedding_scale  # (1, L_q, d)
     positions = torch.arange(start - ctx_len, start + block.size, device=block_ids.device)[None]  # (1, L_c + L_q)
     hidden = draft(positions, noise_embedding=noise, target_hidden=block.target_hidden, past_key_values=draft_cache)
     hidden = hidden[:, 1:]  # (1, γ, d): position 0 is x_0, known
-    after = draft_cache.get_seq_length()
     draft_cache.crop(start)  # the block's K/V go; the context's stay
     draft_logits = draft.compute_logits(hidden, block.head)  # (1, γ, V)
     block_ids[:, 1:], draft_probs, candidates = _propose(
         draft, hidden, draft_logits, block_ids[:, 0], temperature, top_p, top_k, verifier
     )
     selector = getattr(draft, "candidate_selector", None)
-    return Proposal(
-        block_ids, block_ids[0, 1:].tolist(), draft_probs, candidates, block.size, after, hidden, draft_logits, selector
+    return DraftedProposal(
+        block_ids, draft_probs, candidates,
+        drafted=block_ids, context_length=ctx_len, hidden=hidden, logits=draft_logits, selector=selector,
     )  # fmt: skip
 
 

@@ -10,6 +10,7 @@ import torch
 
 from dflash_ref import DFlashDraftModel, DraftConfig, Qwen3Target, TargetConfig
 from dflash_ref.conformance.adapters import one_thread
+from dflash_ref.decoding import DraftedProposal
 from dflash_ref.drafts.random_draft import randomize_  # noqa: F401  (tests import it from here)
 from dflash_ref.fast_cpu.streamed import cpus_at_hand
 from dflash_ref.viewer import browser
@@ -172,6 +173,15 @@ def make_pair(
     target = randomize_(Qwen3Target(tc), seed, std)
     draft = randomize_(DFlashDraftModel(draft_config(tc, **(draft_overrides or {}))), seed + 10_000, std)
     return target, draft
+
+
+def gate_cuts(step) -> list[bool]:
+    """For `spec_generate(on_step=…)`: [whether the verify gate cut the block] where a draft pass drafted
+    more than two tokens (a block the gate may cut), else []."""
+    proposal = step.proposal
+    if not isinstance(proposal, DraftedProposal) or proposal.drafted.shape[1] <= 2:
+        return []
+    return [proposal.block_ids.shape[1] < proposal.drafted.shape[1]]
 
 
 def hand_selector():

@@ -214,14 +214,14 @@ def test_the_transformers_twin_is_the_model_as_made_on_the_same_tensors():
     from dflash_ref.bench.baselines import transformers_twin
     from dflash_ref.bench.steps import weight_bytes
     from dflash_ref.fast_cpu import PlannedLinear
-    from dflash_ref.target import HFTarget
-    from dflash_ref.target.grouped_attention import SDPA_GROUPED
+    from dflash_ref.loading.grouped_attention import SDPA_GROUPED
+    from dflash_ref.loading.hf import HFTarget
 
     model = tiny_llama()
     target = HFTarget(model)
     twin = transformers_twin(model)
     assert not any(type(m) is PlannedLinear for m in twin.modules())
-    # transformers' own sdpa attention, and the original keeps the one HFTarget gave it (target/grouped_attention.py)
+    # transformers' own sdpa attention, and the original keeps the one HFTarget gave it (loading/grouped_attention.py)
     assert twin.config._attn_implementation == "sdpa" and model.config._attn_implementation == SDPA_GROUPED
     assert all(a.data_ptr() == b.data_ptr() for a, b in zip(model.parameters(), twin.parameters()))
     assert twin.lm_head.weight is twin.model.embed_tokens.weight

@@ -1,4 +1,4 @@
-"""`train` and `evaluate` on a chat model other than SmolLM2 (`--target DIR`, target/chat.py): where its
+"""`train` and `evaluate` on a chat model other than SmolLM2 (`--target DIR`, loading/chat.py): where its
 answers stop, which token masks the draft's block, and the commands end to end on a tiny Qwen3 folder
 with SmolLM2's tokenizer."""
 
@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from dflash_ref.target.chat import mask_id
-from dflash_ref.target.folder import folder_stop_ids
+from dflash_ref.loading.chat import mask_id
+from dflash_ref.loading.folder import folder_stop_ids
 from dflash_ref.training import distill
 from dflash_ref.training import prompts as written
 
@@ -91,7 +91,7 @@ def folder_target(tmp_path_factory) -> Path:
     generation_config.json that names <|im_end|> as the end of an answer."""
     from conftest import chat_target_folder
 
-    from dflash_ref.target.smollm2 import load_smollm2
+    from dflash_ref.loading.smollm2 import load_smollm2
 
     folder = chat_target_folder(
         tmp_path_factory.mktemp("chat") / "target", load_smollm2()[1], max_position_embeddings=128
@@ -131,8 +131,8 @@ def test_train_and_evaluate_a_draft_for_a_folder_target(folder_target, tmp_path,
     from dflash_ref import generate, spec_generate
     from dflash_ref.__main__ import main
     from dflash_ref.drafts.checkpoint import load_draft
-    from dflash_ref.target.chat import open_chat_target
-    from dflash_ref.target.smollm2 import chat_ids
+    from dflash_ref.loading.chat import open_chat_target
+    from dflash_ref.loading.smollm2 import chat_ids
 
     out = tmp_path / "run"
     assert (
@@ -295,7 +295,7 @@ def _with_a_biased_lm_head(folder: Path) -> None:
 def test_a_folder_target_that_cannot_be_trained_for_is_named_when_loaded(folder_target, tmp_path, breaking, message):
     """These used to fail raw after distilling and the feature pass (an id past the vocabulary in the training
     vocabulary, a bias at the first step) or at the first prompt (no chat template)."""
-    from dflash_ref.target.chat import open_chat_target
+    from dflash_ref.loading.chat import open_chat_target
 
     broken = tmp_path / "broken"
     shutil.copytree(folder_target, broken)
@@ -309,8 +309,8 @@ def test_distillation_is_greedy_whatever_the_folders_generation_settings(folder_
     """A folder's generation_config.json may ask for sampling or a repetition penalty (Qwen2.5-Instruct's is
     1.05); transformers' generate applied them, so the data were not the target's own greedy answers."""
     from dflash_ref import generate
-    from dflash_ref.target.chat import open_chat_target
-    from dflash_ref.target.smollm2 import chat_ids
+    from dflash_ref.loading.chat import open_chat_target
+    from dflash_ref.loading.smollm2 import chat_ids
 
     tuned = tmp_path / "tuned"
     shutil.copytree(folder_target, tuned)

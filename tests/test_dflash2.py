@@ -13,7 +13,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from conftest import hand_selector, make_pair
+from conftest import gate_cuts, hand_selector, make_pair
 
 from dflash_ref import generate, spec_generate
 from dflash_ref.candidate_selector import CandidateSelector
@@ -21,6 +21,7 @@ from dflash_ref.config import ConfigError, DraftConfig
 from dflash_ref.drafts.checkpoint import load_draft, save_draft
 from dflash_ref.dynamic_conv import GroupedDynamicCausalConv, convolve
 from dflash_ref.extensions import chosen_extensions
+from dflash_ref.trace import StepLog
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
@@ -313,9 +314,7 @@ def test_sampled_dflash2_has_the_targets_distribution(top_k, gate):
                 4,
                 temperature=t,
                 extensions=chosen_extensions(draft, target, verify_gate=gate),
-                on_step=lambda r: (
-                    cut.append(r.verify_size < len(r.q_position_ids)) if len(r.q_position_ids) > 2 else None
-                ),
+                on_step=lambda step: cut.extend(gate_cuts(step)),
             )  # blocks the gate may cut
             counts[tuple(out.output_ids[0, 3:6].tolist())] += 1
     _, _, p_value = chi_square(np.array([counts[s] for s in sequences], float), exact * 1500)
@@ -427,12 +426,12 @@ def test_selector_log_reads_the_candidates_and_the_argmax_of_each_pass():
     from dflash_ref.training.measure import path_against_argmax, selector_log
 
     target, draft = make_pair(3, draft_overrides=dflash2(top_k=3))
-    prompt, records = torch.tensor([[1, 2, 3]]), []
+    prompt, records = torch.tensor([[1, 2, 3]]), StepLog()
     with tracing(draft, names=["draft.hook_logits", "draft.candidate_selector.hook_candidates"]) as trace:
         out, choices = selector_log(
             draft,
             lambda: spec_generate(
-                draft, target, prompt, 12, [], on_step=lambda r: (records.append(r), trace.on_step(r))
+                draft, target, prompt, 12, [], on_step=lambda step: (records(step), trace.on_step(step))
             ),
         )
     assert len(choices) == out.num_draft_passes == len(trace.activations) > 1
@@ -605,8 +604,8 @@ def test_identity_convolutions_make_each_layer_its_dflash1_layer_and_init_from_t
 
 
 def test_the_candidate_lattice_figure(tmp_path):
-    from dflash_ref.plots import plot_candidate_lattice, save_figure
     from dflash_ref.trace import tracing
+    from dflash_ref.trace.plots import plot_candidate_lattice, save_figure
 
     target, draft = make_pair(3, draft_overrides=dflash2(top_k=3))
     with tracing(draft, names=["draft.candidate_selector.*"]) as trace:

@@ -12,6 +12,7 @@ from dflash_ref import generate, spec_generate
 from dflash_ref.drafts.checkpoint import load_draft, save_draft
 from dflash_ref.extensions.draft_vocab import FILE, DraftVocab, check_draft_vocab, draft_vocab_of
 from dflash_ref.target.checkpoint import CheckpointError
+from dflash_ref.trace import StepLog
 
 
 @pytest.mark.parametrize(
@@ -53,15 +54,15 @@ def test_speculative_output_with_a_draft_vocabulary_proposes_only_from_it(seed, 
     vocab = target.config.vocab_size
     ids = torch.randint(0, vocab, (1, 4), generator=torch.Generator().manual_seed(seed))
     draft.draft_vocab = torch.arange(0, vocab, 2)  # the even ids only
-    records = []
+    records = StepLog()
     torch.manual_seed(seed)
     extensions = draft_vocab_of(draft, target)
-    out = spec_generate(draft, target, ids, 20, temperature=temperature, extensions=extensions, on_step=records.append)
+    out = spec_generate(draft, target, ids, 20, temperature=temperature, extensions=extensions, on_step=records)
     assert records and all(t % 2 == 0 for r in records for t in r.draft_tokens)
     if temperature == 0:
         assert torch.equal(out.output_ids, generate(target, ids, 20).output_ids)
     records.clear()
-    spec_generate(draft, target, ids, 20, on_step=records.append)  # the plain loop: over all V, as the official
+    spec_generate(draft, target, ids, 20, on_step=records)  # the plain loop: over all V, as the official
     assert any(t % 2 for r in records for t in r.draft_tokens)
     draft.draft_vocab = torch.tensor([vocab])  # not a token of this target
     with pytest.raises(ValueError, match="draft vocabulary ids must lie in"):
@@ -91,7 +92,7 @@ def test_a_draft_vocabulary_is_saved_beside_the_checkpoint_and_checked_on_load(t
 
 def test_the_shipped_drafts_propose_among_their_training_tokens():
     from dflash_ref.drafts.folder import SHIPPED_DRAFTS
-    from dflash_ref.target.smollm2 import STOP_TOKEN_IDS
+    from dflash_ref.loading.smollm2 import STOP_TOKEN_IDS
 
     for folder in SHIPPED_DRAFTS.values():
         vocab = load_draft(folder).draft_vocab

@@ -16,9 +16,10 @@ import pytest
 import torch
 from conftest import draft_config, make_pair, randomize_, target_config
 
-from dflash_ref import DFlashDraftModel, Qwen3Target, StepRecord, generate, spec_generate
+from dflash_ref import DFlashDraftModel, Qwen3Target, generate, spec_generate
 from dflash_ref.compat import IncompatibleModels
 from dflash_ref.drafts.oracle import OracleDraft
+from dflash_ref.trace import StepLog
 
 VOCAB = 24
 
@@ -39,8 +40,8 @@ def tokens(out) -> list[int]:
 
 
 def records(draft, target, prompt, n, **kw) -> tuple:
-    steps: list[StepRecord] = []
-    out = spec_generate(draft, target, prompt, n, on_step=steps.append, **kw)
+    steps = StepLog()
+    out = spec_generate(draft, target, prompt, n, on_step=steps, **kw)
     return out, steps
 
 

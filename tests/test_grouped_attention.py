@@ -1,4 +1,4 @@
-"""Grouped-query attention without repeated key/value heads (target/grouped_attention.py): eager's numbers,
+"""Grouped-query attention without repeated key/value heads (loading/grouped_attention.py): eager's numbers,
 eager's greedy tokens in batched, left-padded generation, and a clear refusal of what it does not do."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dflash_ref.target.grouped_attention import (
+from dflash_ref.loading.grouped_attention import (
     GROUPED,
     SDPA_GROUPED,
     UnsupportedAttention,
@@ -190,7 +190,7 @@ def test_sdpa_grouped_leaves_what_it_does_not_do_to_transformers():
 def test_hf_target_switches_an_sdpa_model_and_verifies_bit_for_bit():
     """HFTarget puts a model on "sdpa" on SDPA_GROUPED (an eager one stays eager): a verify block of 4 after
     the cache gives the same logits and hidden states as transformers' sdpa, bit for bit."""
-    from dflash_ref.target.hf import HFTarget
+    from dflash_ref.loading.hf import HFTarget
 
     config = transformers.LlamaConfig(
         vocab_size=64,

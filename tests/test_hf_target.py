@@ -8,7 +8,7 @@ from conftest import make_pair, official_twins
 
 from dflash_ref import generate, spec_generate
 from dflash_ref.drafts.oracle import OracleDraft
-from dflash_ref.target import HFTarget
+from dflash_ref.loading.hf import HFTarget
 from dflash_ref.target.checkpoint import CheckpointError, check_device
 from dflash_ref.trace import tracing
 

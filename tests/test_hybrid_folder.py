@@ -67,7 +67,7 @@ def hf_model(layout: str):
 @pytest.fixture(scope="module", params=["text", "multimodal"])
 def hybrid_folder(request, tmp_path_factory):
     """(folder, transformers model): a Qwen3.5 folder as save_pretrained writes it, with SmolLM2's tokenizer."""
-    from dflash_ref.target.smollm2 import load_smollm2
+    from dflash_ref.loading.smollm2 import load_smollm2
 
     folder = tmp_path_factory.mktemp(request.param) / "target"
     model = hf_model(request.param)
@@ -89,7 +89,7 @@ def test_a_qwen3_5_folder_loads_into_the_own_hybrid_target(hybrid_folder):
 @needs_smollm2
 def test_generate_on_a_qwen3_5_folder_is_the_targets_own_decoding(hybrid_folder, capsys):
     from dflash_ref.__main__ import main
-    from dflash_ref.target.folder import folder_stop_ids, open_target
+    from dflash_ref.loading.folder import folder_stop_ids, open_target
 
     folder, _ = hybrid_folder
     assert (

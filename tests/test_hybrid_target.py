@@ -18,9 +18,10 @@ from dflash_ref import generate, spec_generate
 from dflash_ref.config_fields import ConfigError
 from dflash_ref.drafts.oracle import OracleDraft
 from dflash_ref.drafts.random_draft import random_draft
-from dflash_ref.target import HFTarget, HybridConfig, Qwen3_5Target
-from dflash_ref.target.hf_guard import UnrollableTarget
-from dflash_ref.target.hf_hybrid import ReplayCache
+from dflash_ref.loading.hf import HFTarget
+from dflash_ref.loading.hf_guard import UnrollableTarget
+from dflash_ref.loading.hf_hybrid import ReplayCache
+from dflash_ref.target import HybridConfig, Qwen3_5Target
 from dflash_ref.target.hybrid_cache import HybridCache
 
 transformers = pytest.importorskip("transformers")
@@ -233,7 +234,7 @@ def test_config_and_input_errors_name_the_problem():
 
 def test_hf_target_refuses_models_a_crop_cannot_roll_back():
     """Recurrent models are refused at construction, naming the layer type; transformers' Qwen3.5 hybrids
-    with an attention layer are taken, with the snapshot + replay cache (target/hf_hybrid.py)."""
+    with an attention layer are taken, with the snapshot + replay cache (loading/hf_hybrid.py)."""
     with pytest.raises(UnrollableTarget, match="layer type 'linear_attention'.*Qwen3_5GatedDeltaNet.*from_hf"):
         HFTarget(hf_hybrid([L, L]))  # no attention layer: transformers' cache has no length
     mamba = transformers.MambaConfig(vocab_size=32, hidden_size=16, state_size=4, num_hidden_layers=1)

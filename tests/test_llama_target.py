@@ -93,9 +93,9 @@ def test_a_saved_llama_folder_loads_as_the_own_target_plain(tmp_path):
 
 
 def test_open_target_runs_a_llama_folder_on_the_own_target_and_training_in_transformers(tmp_path, capsys):
-    from dflash_ref.target.folder import open_target
-    from dflash_ref.target.hf import HFTarget
-    from dflash_ref.target.smollm2 import load_smollm2
+    from dflash_ref.loading.folder import open_target
+    from dflash_ref.loading.hf import HFTarget
+    from dflash_ref.loading.smollm2 import load_smollm2
 
     model = hf_llama(*LLAMAS[0])
     model.config.vocab_size = 49152  # the tokenizer's ids must fit: SmolLM2's, with a SmolLM2-sized vocabulary

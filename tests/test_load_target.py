@@ -1,4 +1,4 @@
-"""One `load_target(folder)`: the folder's architecture picks the target (target/folder.py), and a folder
+"""One `load_target(folder)`: the folder's architecture picks the target (loading/folder.py), and a folder
 nothing here can run is refused naming its architecture."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from test_hybrid_folder import hf_model
 from test_llama_target import LLAMAS, hf_llama
 
 from dflash_ref import HFTarget, LlamaTarget, Qwen3Target, load_target, save_draft, save_target
+from dflash_ref.loading.folder import TransformersFallback
 from dflash_ref.target import Qwen3_5Target
 from dflash_ref.target.checkpoint import CheckpointError
-from dflash_ref.target.folder import TransformersFallback
 
 transformers = pytest.importorskip("transformers")
 

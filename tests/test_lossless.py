@@ -20,7 +20,7 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import make_pair
+from conftest import gate_cuts, make_pair
 from scipy.stats import chisquare
 
 from dflash_ref import extract_context_feature, generate, sampling_probs, spec_generate
@@ -403,9 +403,7 @@ def test_sampled_distribution_equals_target(name, verifier):
             verifier=verifier,
             block_size=case["block"],
             extensions=chosen_extensions(draft, target, verify_gate=case.get("gate")),
-            on_step=lambda r: verified.update(
-                [r.verify_size < len(r.q_position_ids)] if len(r.q_position_ids) > 2 else []
-            ),
+            on_step=lambda step: verified.update(gate_cuts(step)),
             **case["sampling"],
         )
         samples.append(tuple(new_tokens(out, 1)))

@@ -106,7 +106,7 @@ def test_load_target_and_load_draft_take_the_commands_names():
 
     from dflash_ref import load_draft, load_target, load_tokenizer
     from dflash_ref.drafts.shipped import SHIPPED_NAMES, draft_folder
-    from dflash_ref.target.folder import open_target
+    from dflash_ref.loading.folder import open_target
     from dflash_ref.target.llama import LlamaTarget
 
     target = load_target("smollm2")
@@ -224,9 +224,9 @@ def test_ctrl_c_during_generate_reports_the_steps_done_and_keeps_the_trace(tmp_p
     decode = cli_generate.spec_generate
 
     def interrupted_at_step_2(*args, on_step, **kwargs):  # Ctrl-C once the third step has been streamed
-        def step(record):
-            on_step(record)
-            if record.step == 2:
+        def step(decoded):
+            on_step(decoded)
+            if decoded.index == 2:
                 raise KeyboardInterrupt
 
         return decode(*args, on_step=step, **kwargs)

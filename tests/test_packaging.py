@@ -185,11 +185,13 @@ def test_ci_runs_exactly_the_readme_test_command():
 # -- the package's layers ------------------------------------------------------------------------
 # Each module may import from its own layer and the layers below it, never from one above, and no
 # module imports itself back through others. `__init__` (a lazy facade, imports by name on first use)
-# stands outside the layers; `__main__` is the command line, the top.
+# stands outside the layers; `__main__` is the command line, the top. The core is the top of the
+# package (the equations, the loop, the caches, the configs, the hooks) and `target/` (the targets
+# written out here); every subpackage but `target/` is a tool.
 PACKAGE = ROOT / "dflash_ref"
-LOOP = {"decoding"}  # the loop: below the extensions, which wrap its stage 2 through its one seam
-LAYERS = ["core", "loop", "extensions", "target", "drafts", "training", "apps", "cli"]
+LAYERS = ["core", "extensions", "instruments", "loading", "drafts", "training", "apps", "cli"]
 APPS = {"bench", "tour", "conformance"}
+INSTRUMENTS = {"trace", "viewer"}  # the trace (an observer of the loop), its plots, its page
 
 
 def module_name(path: Path) -> str:
@@ -199,17 +201,17 @@ def module_name(path: Path) -> str:
 
 def layer_of(module: str) -> str:
     head = module.split(".")[0]
-    if module in LOOP:
-        return "loop"
     if head == "fast_cpu":  # the opt-in speed path: beside the loop's extensions, as opt-in as they are
         return "extensions"
-    if head in ("target", "extensions", "drafts", "training", "cli"):
+    if head in ("extensions", "loading", "drafts", "training", "cli"):
         return head
+    if head in INSTRUMENTS:
+        return "instruments"
     if head in APPS:
         return "apps"
     if head == "__main__":
         return "cli"
-    return "core"
+    return "core"  # the top's modules and target/
 
 
 def imports_in(source: str, module: str, is_package: bool = False) -> list[tuple[str, int, bool]]:
@@ -260,8 +262,10 @@ def test_layer_of_by_hand():
         for m in (
             "rope",
             "decoding",
+            "target.qwen3",
             "fast_cpu.linear",
-            "target.hf",
+            "trace.plots",
+            "loading.hf",
             "drafts.oracle",
             "training.recipe",
             "bench.suite",
@@ -269,25 +273,26 @@ def test_layer_of_by_hand():
             "cli.generate",
             "__main__",
         )
-    ] == ["core", "loop", "extensions", "target", "drafts", "training", "apps", "apps", "cli", "cli"]
+    ] == ["core", "core", "core", "extensions", "instruments", "loading", "drafts", "training", "apps", "apps", "cli",
+          "cli"]  # fmt: skip
 
 
 def test_imports_of_resolves_relative_imports():
     modules = {m for m, _, _ in imports_of(PACKAGE / "cli" / "train.py")}
-    assert {"training.distill", "training.options", "drafts.checkpoint", "plots"} <= modules
+    assert {"training.distill", "training.options", "drafts.checkpoint", "trace.plots"} <= modules
     assert ("decoding", True) in {(m, at_top) for m, _, at_top in imports_of(PACKAGE / "training" / "measure.py")}
     source = (
-        "from . import plots\nfrom . import spec_generate\nfrom dflash_ref import load_draft\n"
+        "from . import trace\nfrom . import spec_generate\nfrom dflash_ref import load_draft\n"
         "import dflash_ref.attention\n\n\ndef f():\n    from .cache import KVCache\n"
     )
     assert imports_in(source, "rope") == [
-        ("plots", 1, True),
+        ("trace", 1, True),
         ("__init__", 2, True),
         ("__init__", 3, True),
         ("attention", 4, True),
         ("cache", 8, False),
     ]
-    assert imports_in("from ..target import hf\nfrom . import qwen3\n", "drafts.x")[0][0] == "target.hf"
+    assert imports_in("from ..loading import hf\nfrom . import qwen3\n", "drafts.x")[0][0] == "loading.hf"
     assert imports_in("from . import qwen3\n", "target", is_package=True) == [("target.qwen3", 1, True)]
 
 
@@ -403,10 +408,11 @@ def test_imports_sit_at_module_top_but_optional_dependencies():
 
 def test_tooling_lives_in_the_named_subpackages():
     # the top holds the equations of DFlash 1 and 2 in the order of the walk, the loop, and what every
-    # stage shares; everything else is in one of these (dflash_ref/README.md maps them)
+    # stage shares, and target/ the targets written out here: the core; everything else is in one of
+    # these (dflash_ref/README.md maps them)
     subpackages = sorted(p.parent.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("**/__init__.py"))
     assert subpackages == [".", "bench", "cli", "conformance", "conformance/engines", "drafts", "extensions",
-                           "fast_cpu", "target", "tour", "training", "viewer"]  # fmt: skip
+                           "fast_cpu", "loading", "target", "tour", "trace", "training", "viewer"]  # fmt: skip
 
 
 def test_readme_links_resolve():
@@ -430,3 +436,44 @@ def test_readme_links_resolve():
             if not ((ROOT / path).is_file() or (PACKAGE / path).is_file()):
                 missing.append(f"{doc.relative_to(ROOT)}: {path}")
     assert not missing, missing
+
+
+# what the core may import: the standard library, torch, einops, safetensors, and itself (anywhere in a
+# module, function-local imports included): a reader who opens it meets nothing of the tools
+CORE_DEPENDENCIES = {"torch", "einops", "safetensors"}
+
+
+def outside_imports(source: str) -> list[tuple[str, int]]:
+    """(top-level package, line) of every absolute import in `source` that is not of dflash_ref."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(a.name.split(".")[0], node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            found.append(((node.module or "").split(".")[0], node.lineno))
+    return [(name, line) for name, line in found if name != "dflash_ref"]
+
+
+def test_outside_imports_by_hand():
+    source = "import os.path\nfrom torch import nn\nfrom . import rope\n\n\ndef f():\n    import transformers\n"
+    assert outside_imports(source) == [("os", 1), ("torch", 2), ("transformers", 7)]
+
+
+def test_the_core_imports_only_torch_einops_safetensors_and_itself():
+    import sys
+
+    wrong = []
+    for module, path in package_modules().items():
+        if not module or layer_of(module) != "core":
+            continue
+        rel = path.relative_to(ROOT)
+        source = path.read_text()
+        wrong += [
+            f"{rel}:{line} imports {target}" for target, line, _ in imports_of(path) if layer_of(target) != "core"
+        ]
+        wrong += [
+            f"{rel}:{line} imports {name}"
+            for name, line in outside_imports(source)
+            if name not in CORE_DEPENDENCIES and name not in sys.stdlib_module_names and name != "__future__"
+        ]
+    assert not wrong, "the core reaches outside itself:\n" + "\n".join(wrong)

@@ -16,7 +16,7 @@ from test_lossless import random_case
 from dflash_ref import generate, spec_generate
 from dflash_ref.extensions import PromptLookup, chosen_extensions
 from dflash_ref.extensions.prompt_lookup import check_lookup, lookup_proposals
-from dflash_ref.trace import Trace, tracing
+from dflash_ref.trace import StepLog, Trace, tracing
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
@@ -53,9 +53,9 @@ def test_bad_lookup_is_refused_by_name(bad):
 
 def lookup_run(draft, target, prompt, n: int, lookup: int, verify_gate: float | None = None, **kw):
     """spec_generate with prompt lookup N = `lookup` (and the verify gate θ where given), and its step records."""
-    records = []
+    records = StepLog()
     extensions = chosen_extensions(draft, target, verify_gate, lookup)
-    out = spec_generate(draft, target, prompt, n, extensions=extensions, on_step=records.append, **kw)
+    out = spec_generate(draft, target, prompt, n, extensions=extensions, on_step=records, **kw)
     return out, records
 
 

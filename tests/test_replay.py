@@ -8,6 +8,7 @@ import torch
 from conftest import make_pair
 
 from dflash_ref import generate, spec_generate
+from dflash_ref.trace import StepLog
 from dflash_ref.training.features import target_features
 from dflash_ref.training.replay import replay_batch, sequence_errors, visited_errors
 
@@ -45,8 +46,8 @@ def test_the_errors_are_the_steps_greedy_decoding_rejects_a_proposal_in(seed, ve
     prompt = torch.tensor([[0, 1, 2, 1]])
     new = 40
     tokens = generate(target, prompt, new).output_ids  # (1, 4 + 40)
-    steps = []
-    out = spec_generate(draft, target, prompt, new, on_step=steps.append)
+    steps = StepLog()
+    out = spec_generate(draft, target, prompt, new, on_step=steps)
     assert torch.equal(out.output_ids, tokens)
     last = tokens.shape[1] - 4  # the last whole block's anchor
     decoded = [r.start for r in steps if len(r.block_ids) == 4 and r.start <= last and r.acceptance_length < 3]

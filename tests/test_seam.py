@@ -9,6 +9,7 @@ from conftest import make_pair
 
 from dflash_ref import generate, spec_generate
 from dflash_ref.decoding import Block, Proposal
+from dflash_ref.trace import StepLog
 
 
 class Watching:
@@ -37,7 +38,7 @@ class TargetsOwn:
         def own(block: Block) -> Proposal:
             ids = block.ids()
             ids[:, 1:] = self.continuation[None, block.start + 1 : block.start + block.size]
-            return Proposal(ids, ids[0, 1:].tolist())
+            return Proposal(ids)
 
         return own
 
@@ -45,10 +46,10 @@ class TargetsOwn:
 def test_an_extension_that_changes_nothing_leaves_the_plain_loop_and_wraps_in_order():
     target, draft = make_pair(4, draft_overrides={"block_size": 4})
     ids = torch.tensor([[3, 1, 4]])
-    plain_records, records, log = [], [], []
-    plain = spec_generate(draft, target, ids, 20, on_step=plain_records.append)
+    plain_records, records, log = StepLog(), StepLog(), []
+    plain = spec_generate(draft, target, ids, 20, on_step=plain_records)
     inner, outer = Watching("inner", log), Watching("outer", log)
-    out = spec_generate(draft, target, ids, 20, extensions=[inner, outer], on_step=records.append)
+    out = spec_generate(draft, target, ids, 20, extensions=[inner, outer], on_step=records)
     assert torch.equal(out.output_ids, plain.output_ids) and records == plain_records
     assert inner.wraps == outer.wraps == 1  # once per call, not per step
     assert log[:2] == [("outer", 3, 4), ("inner", 3, 4)]  # the last extension is the outermost
@@ -59,8 +60,8 @@ def test_a_proposal_without_a_draft_pass_is_verified_as_any_other_and_the_contex
     target, draft = make_pair(5, draft_overrides={"block_size": 4})
     ids = torch.tensor([[2, 7, 1]])
     ar = generate(target, ids, 18).output_ids
-    records = []
-    out = spec_generate(draft, target, ids, 18, extensions=[TargetsOwn(ar[0])], on_step=records.append)
+    records = StepLog()
+    out = spec_generate(draft, target, ids, 18, extensions=[TargetsOwn(ar[0])], on_step=records)
     assert torch.equal(out.output_ids, ar)
     assert out.num_draft_passes == 0 and all(r.acceptance_length == len(r.block_ids) - 1 for r in records)
     assert all(r.draft_cache_after == r.draft_cache_before == 0 for r in records)  # no draft pass: no K/V

@@ -23,7 +23,8 @@ from dflash_ref.drafts.checkpoint import save_draft  # noqa: E402
 from dflash_ref.drafts.oracle import OracleDraft  # noqa: E402
 from dflash_ref.drafts.random_draft import random_smollm2_draft  # noqa: E402
 from dflash_ref.extensions import chosen_extensions
-from dflash_ref.target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
+from dflash_ref.loading.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
+from dflash_ref.trace import StepLog
 
 PROMPTS = ["What is the capital of France?", "Name three colours.", "Write a haiku about the sea."]
 
@@ -51,7 +52,7 @@ def test_shape_and_the_eos_trap(smollm2):
 def test_the_converted_folder_holds_the_gguf_model_bit_for_bit(smollm2):
     """What every process after the first loads (target/smollm2.converted_folder) is the GGUF's model: the same
     fp32 weights, config and tokenizer (chat template, ids, decoding, the EOS trap)."""
-    from dflash_ref.target.smollm2 import _from_gguf, converted_folder, smollm2_gguf
+    from dflash_ref.loading.smollm2 import _from_gguf, converted_folder, smollm2_gguf
 
     folder = converted_folder()
     assert folder is not None and (folder / "model.safetensors").is_file()
@@ -72,7 +73,7 @@ def test_the_converted_folder_holds_the_gguf_model_bit_for_bit(smollm2):
 
 
 def test_an_unwritable_cache_reads_the_gguf_instead(tmp_path, monkeypatch):
-    from dflash_ref.target.smollm2 import converted_folder
+    from dflash_ref.loading.smollm2 import converted_folder
 
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("DFLASH_REF_CACHE", str(tmp_path / "file" / "cache"))
@@ -148,7 +149,7 @@ def test_every_model_the_package_loads_or_builds_is_plain(smollm2):
     switches a model to the planned products."""
     from dflash_ref.drafts.folder import SHIPPED_DRAFTS, open_draft
     from dflash_ref.fast_cpu import PlannedLinear
-    from dflash_ref.target.smollm2 import load_smollm2_own
+    from dflash_ref.loading.smollm2 import load_smollm2_own
 
     target, _, random_draft = smollm2
     models = [target, load_smollm2_own()[0], random_draft] + [open_draft(f)[0] for f in SHIPPED_DRAFTS.values()]
@@ -160,7 +161,7 @@ def test_the_own_llama_target_is_smollm2_in_transformers_bit_for_bit(smollm2):
     """What decoding runs SmolLM2 on (target/llama.py, load_smollm2_own) against HFTarget (transformers'
     forward), both plain nn.Linear: a chat prompt, then AR steps and verifies of 2–8
     tokens with rejected tails cropped: every logit and hidden state equal, not only close."""
-    from dflash_ref.target.smollm2 import load_smollm2_own
+    from dflash_ref.loading.smollm2 import load_smollm2_own
 
     target, tokenizer, _ = smollm2
     own, _ = load_smollm2_own()
@@ -182,7 +183,7 @@ def test_the_shipped_draft_on_the_own_target_gives_transformers_greedy_output(sm
     """Lossless across the two targets: speculative decoding on the own Llama target (the commands' default)
     emits what AR decoding in transformers' forward (HFTarget) emits."""
     from dflash_ref.drafts.folder import open_draft
-    from dflash_ref.target.smollm2 import load_smollm2_own
+    from dflash_ref.loading.smollm2 import load_smollm2_own
 
     target, tokenizer, _ = smollm2
     own, _ = load_smollm2_own()
@@ -274,14 +275,14 @@ def test_generate_says_why_nothing_came_when_the_first_token_is_a_stop_token():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "its first token is the stop token '<|im_end|>' (id 2)" in proc.stderr and "add --chat" in proc.stderr
-    assert "clean_up_tokenization_spaces" not in proc.stderr  # target/smollm2.py says False, as transformers uses
+    assert "clean_up_tokenization_spaces" not in proc.stderr  # loading/smollm2.py says False, as transformers uses
 
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_the_shipped_drafts_are_small_bf16_official_and_accepted_on_held_out_prompts(smollm2, version):
     from dflash_ref.drafts.checkpoint import load_draft
     from dflash_ref.drafts.folder import SHIPPED_DRAFT, SHIPPED_NAMES
-    from dflash_ref.target.smollm2 import MASK_TOKEN_ID
+    from dflash_ref.loading.smollm2 import MASK_TOKEN_ID
     from dflash_ref.training.prompts import HELD_OUT_TOPICS, TOPICS, eval_prompts
 
     target, tokenizer, _ = smollm2
@@ -591,9 +592,9 @@ def test_evaluate_counts_what_spec_generate_does_on_the_named_prompts(smollm2, t
     for spec, chosen in (("heldout:3:2", prompts("heldout")[3:5]), ("train:5:1", prompts("train")[5:6])):
         got = results["sets"][spec]
         assert got["prompts"] == chosen
-        records, per_prompt = [], []
+        records, per_prompt = StepLog(), []
         for prompt in chosen:
-            out = spec_generate(draft, target, chat_ids(tokenizer, prompt), 24, STOP_TOKEN_IDS, on_step=records.append)
+            out = spec_generate(draft, target, chat_ids(tokenizer, prompt), 24, STOP_TOKEN_IDS, on_step=records)
             per_prompt.append(sum(out.tokens_per_step) / len(out.tokens_per_step))
         assert got["tokens_per_step"] == pytest.approx(sum(r.produced for r in records) / len(records))
         assert got["tokens_per_step_mean_of_prompts"] == pytest.approx(sum(per_prompt) / len(per_prompt))
@@ -615,7 +616,7 @@ def test_evaluate_and_generate_with_lookup_count_what_spec_generate_does(smollm2
     got = json.loads(out.read_text())
     assert got["lookup"] == 2
     draft = open_draft(SHIPPED_DRAFT, proposing=True)[0]
-    records = []
+    records = StepLog()
     spec_generate(
         draft,
         target,
@@ -623,7 +624,7 @@ def test_evaluate_and_generate_with_lookup_count_what_spec_generate_does(smollm2
         64,
         STOP_TOKEN_IDS,
         extensions=chosen_extensions(draft, target, lookup=2),  # as evaluate decodes: the draft's vocabulary too
-        on_step=records.append,
+        on_step=records,
     )
     assert any(r.lookup for r in records) and any(not r.lookup for r in records)
     assert got["sets"]["heldout:0:1"]["tokens_per_step"] == pytest.approx(
@@ -781,7 +782,7 @@ def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_
     assert "trained on blocks of 4; positions 4 … 5 were never trained" in capsys.readouterr().out
     results = json.loads(out.read_text())
     assert (results["block_size"], results["trained_block_size"]) == (6, 4)
-    records = []
+    records = StepLog()
     spec_generate(
         load_draft(SHIPPED_DRAFT, torch.float32),
         target,
@@ -789,7 +790,7 @@ def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_
         24,
         STOP_TOKEN_IDS,
         block_size=6,
-        on_step=records.append,
+        on_step=records,
     )
     got = results["sets"]["heldout:0:1"]["acceptance_by_position"]
     assert got == pytest.approx(_acceptance_by_position(records, 6))
@@ -854,7 +855,7 @@ def test_self_distillation_is_the_targets_greedy_decoding_and_restores_its_atten
 def test_self_distillation_falls_back_to_eager_where_grouped_attention_refuses(smollm2, monkeypatch):
     """A model whose attention has more than grouped_attention computes (sinks, soft-capping, …) is refused by
     it mid-generate: distillation says so and goes on with eager attention, to the same greedy responses."""
-    from dflash_ref.target.grouped_attention import GROUPED, UnsupportedAttention
+    from dflash_ref.loading.grouped_attention import GROUPED, UnsupportedAttention
     from dflash_ref.training import distill
 
     target, tokenizer, _ = smollm2

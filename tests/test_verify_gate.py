@@ -13,6 +13,7 @@ from dflash_ref import generate, spec_generate
 from dflash_ref.drafts.oracle import OracleDraft
 from dflash_ref.extensions import VerifyGate
 from dflash_ref.extensions.verify_gate import check_gate, draft_confidence, gated_verify_size, selector_confidence
+from dflash_ref.trace import StepLog
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
@@ -77,9 +78,9 @@ def test_gate_is_lossless_and_cuts_where_unsure(block_size, accept):
     target, draft = make_pair(7, dict(vocab_size=24), dict(block_size=block_size))
     prompt, n = torch.tensor([[3, 11, 5]]), 30
     ar = generate(target, prompt, n)
-    records = []
+    records = StepLog()
     oracle = SteppedConfidenceOracle(draft, ar.output_ids[0], accept)
-    out = spec_generate(oracle, target, prompt, n, extensions=[VerifyGate(0.5)], on_step=records.append)
+    out = spec_generate(oracle, target, prompt, n, extensions=[VerifyGate(0.5)], on_step=records)
     assert torch.equal(out.output_ids, ar.output_ids)
     for r in records:
         drafted = len(r.q_position_ids)
@@ -98,9 +99,9 @@ def test_gate_is_lossless_and_cuts_where_unsure(block_size, accept):
 def test_gate_zero_verifies_every_block_whole():
     target, draft = make_pair(2, dict(vocab_size=16), dict(block_size=4))
     prompt, n = torch.tensor([[1, 2, 3]]), 20
-    records = []
+    records = StepLog()
     plain = spec_generate(draft, target, prompt, n)
-    gated = spec_generate(draft, target, prompt, n, extensions=[VerifyGate(0.0)], on_step=records.append)
+    gated = spec_generate(draft, target, prompt, n, extensions=[VerifyGate(0.0)], on_step=records)
     assert torch.equal(plain.output_ids, gated.output_ids)
     assert plain.acceptance_lengths == gated.acceptance_lengths
     assert all(r.verify_size == len(r.block_ids) == len(r.q_position_ids) for r in records)
@@ -125,8 +126,8 @@ def test_gate_calibration_bins_by_hand():
         out[..., 0] = math.log(c * (logits.shape[-1] - 1) / (1 - c))  # softmax's largest entry = c
         return out
 
-    records = []
-    spec_generate(OracleDraft(draft, continuation, accept), target, prompt, n, [], block_size=4, on_step=records.append)
+    records = StepLog()
+    spec_generate(OracleDraft(draft, continuation, accept), target, prompt, n, [], block_size=4, on_step=records)
     whole = [r for r in records if len(r.draft_tokens) >= 2]  # steps the table counts
     oracle = OracleDraft(draft, continuation, accept)
     with hooks(draft, set_confidence, lambda name: name == "draft.hook_logits"):

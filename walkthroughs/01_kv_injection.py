@@ -121,7 +121,7 @@ print("norm is preserved by the rotation:", torch.allclose(q.norm(dim=-1), q_rot
 print("the block's first query (position 3) was rotated:", not torch.allclose(q[:, 0], q_rot[:, 0]))
 
 # %%
-from dflash_ref.plots import plot_rope_alignment  # noqa: E402
+from dflash_ref.trace.plots import plot_rope_alignment  # noqa: E402
 
 plot_rope_alignment(record)
 
@@ -139,7 +139,7 @@ print("rows sum to 1:", torch.allclose(weights.sum(-1), torch.ones(weights.shape
 print("block position 3 attends to position 6 (after it):", float(weights[0, 0, 6]))
 
 # %%
-from dflash_ref.plots import plot_attention, plot_attention_grid  # noqa: E402
+from dflash_ref.trace.plots import plot_attention, plot_attention_grid  # noqa: E402
 
 plot_attention(trace, step=0, layer=0, head=0, tokens=decode(ex.output.output_ids))
 

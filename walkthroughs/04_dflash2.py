@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from dflash_ref.hooks import hook_points
-from dflash_ref.plots import plot_candidate_lattice
+from dflash_ref.trace.plots import plot_candidate_lattice
 from dflash_ref.tour.demo import VOCAB, decode
 from dflash_ref.tour.dflash2 import (
     block_labels,

@@ -32,9 +32,9 @@ from ..drafts.random_draft import random_smollm2_draft
 from ..extensions import DraftVocab, VerifyGate
 from ..fast_cpu import use_fast_cpu
 from ..fast_cpu.plan import plans
-from ..target.grouped_attention import SDPA_GROUPED
+from ..loading.grouped_attention import SDPA_GROUPED
+from ..loading.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2, load_smollm2_own
 from ..target.llama import from_transformers
-from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2, load_smollm2_own
 from ..training.prompt_sets import split_prompts
 from .suite import _draft_pass
 from .timing import measure, summarise

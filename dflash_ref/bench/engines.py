@@ -35,7 +35,7 @@ from ..decoding import generate, spec_generate
 from ..drafts.checkpoint import load_draft
 from ..drafts.shipped import SHIPPED_DFLASH1, SHIPPED_DFLASH2
 from ..fast_cpu import use_fast_cpu
-from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, converted_folder, load_smollm2_own
+from ..loading.smollm2 import STOP_TOKEN_IDS, chat_ids, converted_folder, load_smollm2_own
 from ..training.prompt_sets import split_prompts
 
 PROMPTS, NEW_TOKENS = 8, 64  # as `bench baselines`

@@ -7,7 +7,7 @@ costs on this machine, SmolLM2-135M fp32, 128 positions cached:
     t_draft   one draft pass of a block of b and its b − 1 proposals through the lm_head
 
 Four forwards on the same weight tensors: the model as transformers makes it (nn.Linear), HFTarget
-(transformers' forward behind the target protocol, target/hf.py), the project's own Llama target
+(transformers' forward behind the target protocol, loading/hf.py), the project's own Llama target
 (target/llama.py, what decoding runs on), and that target with the opt-in fast CPU path
 (fast_cpu/). `own / HFTarget` is what the own forward saves; `verify / AR step` is t_b / t_1,
 the number that decides what a block costs; its paired form is the median of each repeat's t_b / t_1
@@ -26,8 +26,8 @@ from ..drafts.random_draft import random_smollm2_draft
 from ..extensions.draft_vocab import DraftVocab
 from ..fast_cpu import use_fast_cpu
 from ..fast_cpu.plan import plans
+from ..loading.smollm2 import load_smollm2, load_smollm2_own
 from ..target.llama import from_transformers
-from ..target.smollm2 import load_smollm2, load_smollm2_own
 from .baselines import transformers_twin
 from .suite import _draft_pass
 from .timing import measure, paired_ratio

@@ -22,11 +22,11 @@ from ..decoding import generate, spec_generate
 from ..drafts.oracle import OracleDraft
 from ..drafts.random_draft import random_draft, random_smollm2_draft
 from ..hooks import HookPoint
-from ..plots import save_figure
-from ..target import HFTarget
+from ..loading.hf import HFTarget
+from ..loading.smollm2 import chat_ids, load_smollm2
 from ..target.qwen3 import Qwen3Target
-from ..target.smollm2 import chat_ids, load_smollm2
-from ..trace import tracing
+from ..trace import StepLog, tracing
+from ..trace.plots import save_figure
 from .timing import Stopwatch, measure, summarise
 
 PROMPT = "Explain in a few sentences why the sky is blue."
@@ -272,8 +272,8 @@ def bench_memory(repeats: int, out: Path, progress) -> dict:
     rows = []
     for n in [64, 128, 256, 512]:
         continuation = generate(target, ids, n).output_ids
-        records = []
-        spec_generate(OracleDraft(draft, continuation, [15, 7, 3]), target, ids, n, on_step=records.append)
+        records = StepLog()
+        spec_generate(OracleDraft(draft, continuation, [15, 7, 3]), target, ids, n, on_step=records)
         last = records[-1]
         rows.append(
             {

@@ -14,8 +14,8 @@ from ..drafts.folder import SHIPPED_DRAFTS, check_fits, draft_folder, open_draft
 from ..extensions import chosen_extensions
 from ..extensions.verify_gate import draft_confidence
 from ..hooks import hooks
-from ..plots import save_figure
-from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2, load_smollm2_own
+from ..loading.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2, load_smollm2_own
+from ..trace.plots import save_figure
 from ..training.measure import acceptance_by_position, emitted, path_against_argmax, per_prompt, selector_log
 from ..training.prompt_sets import split_prompts
 from ..training.prompts import eval_prompts

@@ -1,5 +1,5 @@
 """`python -m dflash_ref evaluate`: a SmolLM2 draft's (or, with `--target DIR --draft DIR`, any chat
-model's: target/chat.py) acceptance on named sets of prompts, greedy, in fp32, by the procedure of a
+model's: loading/chat.py) acceptance on named sets of prompts, greedy, in fp32, by the procedure of a
 training run's held-out evaluation (`measure.acceptance_by_position`):
 
     τ      = mean tokens per decode step (accepted draft tokens + the bonus), over all the set's steps
@@ -42,10 +42,10 @@ from pathlib import Path
 
 from ..drafts.folder import check_fits, draft_folder, open_draft
 from ..extensions.prompt_lookup import check_lookup
-from ..plots import save_figure
-from ..target.chat import SMOLLM2, open_chat_target
-from ..target.folder import check_target_name
-from ..target.smollm2 import longest_chat_prompt
+from ..loading.chat import SMOLLM2, open_chat_target
+from ..loading.folder import check_target_name
+from ..loading.smollm2 import longest_chat_prompt
+from ..trace.plots import save_figure
 from ..training.distill import self_distill
 from ..training.measure import acceptance_by_position, fractions, mean_of_prompts, number, tally
 from ..training.prompt_file import SUFFIXES, read_prompts

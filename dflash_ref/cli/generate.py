@@ -19,7 +19,6 @@ from pathlib import Path
 
 import torch
 
-from .. import plots
 from ..bench.timing import Stopwatch
 from ..config import ConfigError
 from ..decoding import GenerationOutput, spec_generate
@@ -28,10 +27,10 @@ from ..drafts.random_draft import random_draft
 from ..extensions import DraftVocab, chosen_extensions
 from ..fast_cpu import measuring_seconds, use_fast_cpu
 from ..hooks import hook_points
+from ..loading.folder import SMOLLM2, check_target_name, folder_stop_ids, open_target
+from ..loading.smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, chat_ids
 from ..target.checkpoint import DTYPES, CheckpointError, check_device
-from ..target.folder import SMOLLM2, check_target_name, folder_stop_ids, open_target
-from ..target.smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, chat_ids
-from ..trace import tracing
+from ..trace import StepRecord, plots, tracing
 from ..training.options import check_seed
 from ..training.prompt_file import PromptFileError, read_text
 from ..viewer import name_tokens
@@ -98,7 +97,7 @@ def load_models(args):
     note = precision_note(dtype)
     if note:
         print(note, file=sys.stderr)
-    target, tokenizer = open_target(args.target, dtype, device)  # a name or a folder (target/folder.py)
+    target, tokenizer = open_target(args.target, dtype, device)  # a name or a folder (loading/folder.py)
     if args.target == SMOLLM2:  # on the own Llama target; a chat turn ends with <|im_end|> (smollm2.py)
         stop, mask = STOP_TOKEN_IDS, MASK_TOKEN_ID
     else:
@@ -157,7 +156,8 @@ def run(args) -> int:
     ids = prompt_ids(tokenizer, args)
     prompt_len, shown, new, cut, looked, steps = ids.shape[1], [""], [], [], [], []
 
-    def stream(record) -> None:  # print the text committed by each step as soon as it is accepted
+    def stream(step) -> None:  # print the text committed by each step as soon as it is accepted
+        record = StepRecord.of(step)
         steps.append(record)
         cut.append(record.verify_size < len(record.q_position_ids))  # the verify gate shut
         looked.append(record.lookup)  # proposed by prompt lookup
@@ -180,7 +180,7 @@ def run(args) -> int:
         )
     recording = tracing(draft, traced_target, names) if args.trace or args.figures else nullcontext()
     with recording as trace:
-        on_step = (lambda r: (trace.on_step(r), stream(r))) if trace is not None else stream
+        on_step = (lambda step: (trace.on_step(step), stream(step))) if trace is not None else stream
         try:
             out = spec_generate(
                 draft,

@@ -1,5 +1,5 @@
 """`python -m dflash_ref train`: self-distil data from SmolLM2 (or `--target DIR`, any transformers chat
-model: target/chat.py) on the prompts written in training/prompts.py (`--prompt-set varied`:
+model: loading/chat.py) on the prompts written in training/prompts.py (`--prompt-set varied`:
 training/varied_prompts.py; or `--prompts-file`: training/prompt_file.py), train a draft (`--version 2`: a
 DFlash 2 draft, training/dflash2_options.py) with the paper's recipe (training/recipe.py), save
 official-format checkpoints, resume, and plot the loss and the acceptance per block position on held-out prompts.
@@ -29,10 +29,10 @@ import torch
 from matplotlib.figure import Figure
 
 from ..drafts.checkpoint import save_draft
-from ..plots import save_figure
-from ..target.chat import open_chat_target
-from ..target.folder import check_target_name
-from ..target.smollm2 import longest_chat_prompt
+from ..loading.chat import open_chat_target
+from ..loading.folder import check_target_name
+from ..loading.smollm2 import longest_chat_prompt
+from ..trace.plots import save_figure
 from ..training import distill
 from ..training import options as train_options
 from ..training.dflash2_modules import proposing_by_argmax

@@ -23,7 +23,7 @@ import torch
 
 from ..decoding import spec_generate
 from ..drafts.checkpoint import load_draft
-from ..target.folder import load_target
+from ..loading.folder import load_target
 from ..target.hybrid_cache import HybridCache
 from ..trace import tracing
 from .bundle import LAYER_STAGES, MODEL_STAGES, Bundle, key_for
@@ -146,7 +146,7 @@ class ReferenceAdapter:
                 target,
                 input_ids,
                 bundle.inputs,
-                lambda record: (trace.on_step(record), states.after(record.step)),
+                lambda step: (trace.on_step(step), states.after(step.index)),
             )
         return {**self.collect(draft, trace, output), **states.out}
 

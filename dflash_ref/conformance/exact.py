@@ -28,8 +28,8 @@ import torch
 from ..decoding import spec_generate
 from ..drafts.checkpoint import load_draft, save_draft
 from ..layer_sampling import extract_context_feature
+from ..loading.folder import load_target
 from ..target.checkpoint import save_target
-from ..target.folder import load_target
 from .bundle import FORMAT, Bundle, find_bundles, write_bundle_files
 from .engine_scenarios import active_ids, sampling_pair, tokenizer, words  # SmolLM2's tokenizer: loaded when asked
 from .official import DFLASH_HINT, ZLabAdapter

@@ -14,7 +14,7 @@ import torch
 
 from ..config import DraftConfig, Qwen3Config
 from ..draft_model import DFlashDraftModel
-from ..target.smollm2 import MASK_TOKEN_ID as SMOLLM2_MASK_TOKEN_ID
+from ..loading.smollm2 import MASK_TOKEN_ID as SMOLLM2_MASK_TOKEN_ID
 
 
 def randomize_(

@@ -21,6 +21,8 @@ features of its committed tokens wait for the next draft pass, which takes them 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..decoding import Block, Proposal, Proposer
@@ -31,7 +33,8 @@ MAX_NGRAM = 3  # the longest suffix looked up: measured against 2 and 4 in figur
 class PromptLookup:
     """`spec_generate(..., extensions=[PromptLookup(N)])`: a step whose last N or more committed tokens
     occurred before proposes what followed them (`lookup_proposals`), with no draft pass; any other step
-    drafts as usual. Its Proposal says `drafted=0` and consumes no context (the features wait)."""
+    drafts as usual. A step it answers has no draft pass, so it keeps that step's context features and
+    hands them, in order, to the next step that drafts."""
 
     def __init__(self, n: int) -> None:
         if n is None:
@@ -40,14 +43,22 @@ class PromptLookup:
         self.n = n
 
     def wrap(self, propose: Proposer) -> Proposer:
+        waiting = []  # context features of the steps answered without a draft pass, (1, ·, k·d) each
+
         def propose_with_lookup(block: Block) -> Proposal:
             copied = lookup_proposals(block.output_ids, block.start, block.size - 1, self.n)  # (1, γ) or None
             if copied is None:
+                if waiting:  # the draft takes every feature it has not seen, in order
+                    context = torch.cat([*waiting, block.target_hidden], dim=1)  # (1, L_c, k·d)
+                    block = dataclasses.replace(block, target_hidden=context)
+                    waiting.clear()
                 return propose(block)
+            if block.target_hidden is not None:
+                waiting.append(block.target_hidden)
             block_ids = block.ids()
             block_ids[:, 1:] = copied
             draft_probs, candidates = lookup_distribution(copied)
-            return Proposal(block_ids, copied[0].tolist(), draft_probs, candidates)
+            return Proposal(block_ids, draft_probs, candidates)
 
         return propose_with_lookup
 

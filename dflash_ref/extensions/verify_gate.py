@@ -40,7 +40,7 @@ import dataclasses
 
 import torch
 
-from ..decoding import Block, Proposal, Proposer
+from ..decoding import Block, DraftedProposal, Proposal, Proposer
 
 
 class VerifyGate:
@@ -57,12 +57,12 @@ class VerifyGate:
     def wrap(self, propose: Proposer) -> Proposer:
         def gated(block: Block) -> Proposal:
             proposal = propose(block)
-            if proposal.hidden is None:  # no draft pass: nothing to gate on
+            if not isinstance(proposal, DraftedProposal):  # no draft pass: nothing to gate on
                 return proposal
             block_ids, draft_probs, candidates = gate_block(
                 self.threshold,
                 proposal.block_ids,
-                proposal.draft_logits,
+                proposal.logits,
                 proposal.draft_probs,
                 proposal.candidates,
                 proposal.selector,

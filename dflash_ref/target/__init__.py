@@ -1,4 +1,9 @@
-"""Targets: the model whose output the speculative loop must reproduce exactly.
+"""The project's own targets (part of the core): the model whose output the speculative loop must
+reproduce exactly, written out here: Qwen3 (`qwen3.py`), Llama (`llama.py`: Qwen3 without its per-head
+norm), the Qwen3.5 / 3.6 hybrid (`qwen3_5.py`, its Gated DeltaNet `gated_deltanet.py`, its cache
+`hybrid_cache.py`, its config `qwen3_5_config.py`), and their Hugging Face folders (`checkpoint.py`,
+`qwen3_5_checkpoint.py`). Targets from outside (any transformers model, SmolLM2's GGUF, a folder by its
+architecture) are opened by `loading/`.
 
 A target offers what the loop needs and nothing more:
 
@@ -12,10 +17,9 @@ A target offers what the loop needs and nothing more:
                                         → TargetOutput(logits (B, L, V), hidden_states: L_t + 1 tensors)
 """
 
-from .hf import HFTarget
 from .llama import LlamaTarget
 from .qwen3 import Qwen3Target, TargetOutput
 from .qwen3_5 import Qwen3_5Target
 from .qwen3_5_config import HybridConfig
 
-__all__ = ["HFTarget", "HybridConfig", "LlamaTarget", "Qwen3Target", "Qwen3_5Target", "TargetOutput"]
+__all__ = ["HybridConfig", "LlamaTarget", "Qwen3Target", "Qwen3_5Target", "TargetOutput"]

@@ -10,7 +10,7 @@ Two layouts, told apart by config.json (`model_type`, else `architectures`):
 Any other tensor is reported as unexpected, a missing one as missing (load_weights). `save_hybrid_target`
 writes the multimodal layout (the text model alone: no vision tower), which transformers, mlx-lm and this
 loader all read. The MoE variants
-(qwen3_5_moe) are not this model: they go to transformers (target/folder.py), which refuses them.
+(qwen3_5_moe) are not this model: they go to transformers (loading/folder.py), which refuses them.
 """
 
 from __future__ import annotations

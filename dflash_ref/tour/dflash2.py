@@ -27,12 +27,11 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from .. import plots
 from ..decoding import GenerationOutput, generate, spec_generate
 from ..draft_model import DFlashDraftModel
 from ..drafts.random_draft import randomize_
 from ..dynamic_conv import convolve
-from ..trace import Trace, tracing
+from ..trace import Trace, plots, tracing
 from .demo import PROMPT, VOCAB, decode, demo_models, encode
 
 DFLASH2_FIELDS = dict(version=2, conv_kernel_size=3, conv_group_size=4, selector_rank=4, selector_top_k=4)

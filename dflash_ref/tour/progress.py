@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 
-from ..trace import StepRecord
+from ..decoding import Step
 
 
 class Progress:
@@ -26,9 +26,9 @@ class Progress:
         self.done = min(self.done + n, self.total)
         self._draw(force=self.done == self.total)
 
-    def on_step(self, record: StepRecord) -> None:
+    def on_step(self, step: Step) -> None:
         """A decode step's committed tokens (τ accepted + the bonus), for `spec_generate(on_step=...)`."""
-        self.update(record.acceptance_length + 1)
+        self.update(step.acceptance_length + 1)
 
     def close(self) -> None:
         if self.on:

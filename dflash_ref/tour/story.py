@@ -27,7 +27,6 @@ from pathlib import Path
 
 import torch
 
-from .. import plots
 from ..decoding import GenerationOutput, generate, spec_generate
 from ..drafts.checkpoint import load_draft
 from ..drafts.folder import SHIPPED_DFLASH1
@@ -35,8 +34,8 @@ from ..drafts.oracle import OracleDraft
 from ..drafts.random_draft import random_smollm2_draft
 from ..extensions.draft_vocab import draft_vocab_of
 from ..layer_sampling import build_target_layer_ids
-from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2_own
-from ..trace import Trace, tracing
+from ..loading.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2_own
+from ..trace import Trace, plots, tracing
 from ..training.prompts import eval_prompts
 from . import dflash2, trained_dflash2
 from .demo import PROMPT, VOCAB, decode, demo_models, encode

@@ -16,13 +16,12 @@ from pathlib import Path
 
 import torch
 
-from .. import plots
 from ..decoding import generate, spec_generate
 from ..drafts.checkpoint import load_draft
 from ..drafts.folder import SHIPPED_DFLASH2
 from ..extensions.draft_vocab import draft_vocab_of
-from ..target.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2_own
-from ..trace import Trace, tracing
+from ..loading.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2_own
+from ..trace import Trace, plots, tracing
 from ..training.measure import acceptance_by_position, best_candidate, path_against_argmax, selector_log
 from ..training.prompt_sets import split_prompts
 from ..training.prompts import eval_prompts

@@ -33,7 +33,7 @@ def add_train_arguments(p: argparse.ArgumentParser) -> None:
     option(
         "target",
         "the chat model to distil from and train for: smollm2, or a Hugging Face causal LM folder "
-        "with a tokenizer and chat template (target/chat.py)",
+        "with a tokenizer and chat template (loading/chat.py)",
     )
     option(
         "version",

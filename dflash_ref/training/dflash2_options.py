@@ -26,7 +26,7 @@ MODULES = ("both", "conv", "selector")
 # of 4; 16 channels a group (the released Muse-Glimmer-30B's) gives 36 groups; r = 32 keeps the two
 # codebooks (2 · 49152 · 32 = 3.1 M weights) below the draft's layers; 8 candidates for 3 proposals
 DFLASH2_DEFAULTS = {"conv_kernel_size": 3, "conv_group_size": 16, "selector_rank": 32, "selector_top_k": 8}
-SMOLLM2_WIDTHS = (576, 49152)  # hidden size, vocabulary (target/smollm2.py's model; the GGUF holds them)
+SMOLLM2_WIDTHS = (576, 49152)  # hidden size, vocabulary (loading/smollm2.py's model; the GGUF holds them)
 
 
 def _flag(key: str) -> str:

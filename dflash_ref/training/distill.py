@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..target.grouped_attention import GROUPED, UnsupportedAttention, register
+from ..loading.grouped_attention import GROUPED, UnsupportedAttention, register
 
 
 class DataFileError(ValueError):
@@ -104,7 +104,7 @@ def self_distill(
     None keeps its own). Batched decoding sends one query row per sequence, for which this torch's
     CPU SDPA kernel is slow, and "eager" copies every key/value head of the cache H/G times at every
     layer and token, a cost that grows with the response. So the default is eager's arithmetic without
-    the copies (target/grouped_attention.py), the same responses in less time. Each is the target's own
+    the copies (loading/grouped_attention.py), the same responses in less time. Each is the target's own
     greedy decoding; their roundings may differ in the last bits, and so, at a near tie, a text."""
     from transformers import GenerationConfig
 

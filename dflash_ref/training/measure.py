@@ -13,7 +13,8 @@ from __future__ import annotations
 from ..decoding import spec_generate
 from ..extensions import chosen_extensions
 from ..hooks import hooks
-from ..target.smollm2 import chat_ids
+from ..loading.smollm2 import chat_ids
+from ..trace import StepLog
 
 
 def acceptance_by_position(
@@ -40,7 +41,7 @@ def acceptance_by_position(
     b = block_size or draft.block_size
     steps, extensions = [], chosen_extensions(draft, target, verify_gate, lookup)
     for i, prompt in enumerate(prompt_list, 1):
-        mine = []
+        mine = StepLog()
         out = spec_generate(
             draft,
             target,
@@ -49,7 +50,7 @@ def acceptance_by_position(
             list(stop),
             block_size=b,
             extensions=extensions,
-            on_step=mine.append,
+            on_step=mine,
         )
         if outputs is not None:
             outputs.append(out)

@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from ..extensions import cache_folder
+from ..target.llama import LlamaTarget, from_transformers
 from .hf import HFTarget
-from .llama import LlamaTarget, from_transformers
 
 STOP_TOKEN_IDS = [2]  # <|im_end|>
 MASK_TOKEN_ID = 16  # <empty_output>, a special token chat text never contains

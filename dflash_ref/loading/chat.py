@@ -51,7 +51,7 @@ class ChatTarget:
 
 def open_chat_target(name: str) -> ChatTarget:
     """Load `smollm2` or a model folder in fp32 on the CPU; a folder that cannot serve ends the command
-    naming it (target/folder.py's open_target's checks, then its chat template, stop ids and output head)."""
+    naming it (loading/folder.py's open_target's checks, then its chat template, stop ids and output head)."""
     model, tokenizer = open_target(name, torch.float32, torch.device("cpu"), own=False)
     if name == SMOLLM2:
         return ChatTarget(name, model, tokenizer, list(STOP_TOKEN_IDS), MASK_TOKEN_ID)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ..config import DRAFT_ARCHITECTURES
-from .checkpoint import (
+from ..target.checkpoint import (
     CheckpointConfigError,
     CheckpointError,
     check_device,
@@ -34,9 +34,9 @@ from .checkpoint import (
     read_config,
     resolve_dtype,
 )
+from ..target.llama import load_llama_target
+from ..target.qwen3_5_checkpoint import is_hybrid_folder, load_hybrid_target
 from .hf import HFTarget
-from .llama import load_llama_target
-from .qwen3_5_checkpoint import is_hybrid_folder, load_hybrid_target
 from .smollm2 import load_smollm2, load_smollm2_own, load_smollm2_tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")

@@ -22,7 +22,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
-from .trace import StepRecord, Trace
+from . import StepRecord, Trace
 
 CONTEXT_COLOUR, BLOCK_COLOUR = "#1f77b4", "#d62728"
 

@@ -1,5 +1,7 @@
 """A trace of a whole decoding run: every hook point's tensor per step, plus the StepRecord of each
-step (positions, block, draft tokens, posterior, τ, bonus, cache lengths around each crop).
+step (positions, block, draft tokens, posterior, τ, bonus, cache lengths around each crop). The trace
+observes the loop from outside: its hooks read the models' hook points, and its `on_step` builds each
+record from the Step the loop hands its observers; `plots.py` draws figures from it, viewer/ a page.
 
 Modelled on TransformerLens's ActivationCache: look-up by hook name (`trace[name]` → one tensor per
 step, `trace[name, step]` → one tensor), `keys()`, a readable repr, `save` / `load` (safetensors +
@@ -25,8 +27,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from .hooks import HookPoint, hook_points, hooks
-from .viewer import write_html
+from ..decoding import DraftedProposal, Step
+from ..hooks import HookPoint, hook_points, hooks
+from ..viewer import write_html
 
 FORMAT = "dflash_ref.trace/3"  # /3: StepRecord.lookup (prompt lookup); /2: verify_size
 READABLE = ("dflash_ref.trace/1", "dflash_ref.trace/2", FORMAT)  # older ones load with lookup False, verify_size 0
@@ -60,45 +63,45 @@ class StepRecord:
     # draft pass, so no draft positions and no draft activations this step
 
     @classmethod
-    def of_step(
-        cls,
-        step: int,
-        start: int,
-        block_ids: torch.Tensor,
-        drafted: int,
-        proposals: list[int],
-        posterior: torch.Tensor | None,
-        tau: int,
-        bonus,
-        produced: int,
-        ctx_len: int,
-        caches: dict[str, int],
-        draft_cache,
-        target_cache,
-    ) -> StepRecord:
-        """The record of one step of spec_generate, `start` still the step's own (the position of its x_0);
-        `drafted` the draft's L_q, 0 where a lookup proposed instead."""
+    def of(cls, step: Step) -> StepRecord:
+        """The record of one step, from what its stages left (`Step`), read in the loop's `on_step` (the
+        caches as they stand after the crop). The lengths after each crop are read off the caches; those
+        around them follow from the crops: the draft cache grew by L_c + L_q in its pass and went back to
+        `start`, the target cache (every position before x_0) grew by the L verified tokens."""
+        proposal, start, drafted = step.proposal, step.block.start, isinstance(step.proposal, DraftedProposal)
+        q_len = proposal.drafted.shape[1] if drafted else int(step.block.size == 1)  # L_q of the draft's block
+        ctx_len = proposal.context_length if drafted else 0
+        draft_after = step.draft_cache.get_seq_length()
+        draft_before = draft_after - ctx_len
+        verify_size = proposal.block_ids.shape[1]
         return cls(
-            step=step,
+            step=step.index,
             start=start,
-            block_ids=block_ids[0].tolist(),
-            q_position_ids=list(range(start, start + drafted)),
-            k_position_ids=list(range(start + drafted)) if drafted > 1 else [],
-            draft_tokens=proposals,
-            verify_size=block_ids.shape[1],
-            posterior=posterior[0].tolist() if posterior is not None else [],
-            acceptance_length=tau,
-            bonus=int(bonus),
-            produced=produced,
+            block_ids=proposal.block_ids[0].tolist(),
+            q_position_ids=list(range(start, start + q_len)),
+            k_position_ids=list(range(start + q_len)) if q_len > 1 else [],
+            draft_tokens=(proposal.drafted if drafted else proposal.block_ids)[0, 1:].tolist(),
+            verify_size=verify_size,
+            posterior=step.posterior[0].tolist() if step.posterior is not None else [],
+            acceptance_length=step.acceptance_length,
+            bonus=step.bonus,
+            produced=step.produced,
             ctx_len=ctx_len,
-            draft_cache_before=caches["draft_cache_before"],
-            draft_cache_after_draft=caches.get("draft_cache_after_draft", caches["draft_cache_before"]),
-            draft_cache_after=draft_cache.get_seq_length(),
-            target_cache_before=caches["target_cache_before"],
-            target_cache_after_verify=caches["target_cache_after_verify"],
-            target_cache_after=target_cache.get_seq_length(),
-            lookup=drafted == 0,
+            draft_cache_before=draft_before,
+            draft_cache_after_draft=draft_before + ctx_len + q_len if drafted else draft_before,
+            draft_cache_after=draft_after,
+            target_cache_before=start,
+            target_cache_after_verify=start + verify_size,
+            target_cache_after=step.target_cache.get_seq_length(),
+            lookup=not drafted and step.block.size > 1,
         )
+
+
+class StepLog(list):
+    """The run's StepRecords, as `spec_generate(..., on_step=log)` makes them (a list, callable)."""
+
+    def __call__(self, step: Step) -> None:
+        self.append(StepRecord.of(step))
 
 
 NameFilter = Iterable[str] | Callable[[str], bool] | None
@@ -122,9 +125,9 @@ class Trace:
         self._pending: dict[str, torch.Tensor] = {}
 
     # -- recording ---------------------------------------------------------------------------
-    def on_step(self, record: StepRecord) -> None:
+    def on_step(self, step: Step) -> None:
         """Pass as `spec_generate(..., on_step=trace.on_step)`: closes the step's record."""
-        self.records.append(record)
+        self.records.append(StepRecord.of(step))
         self.activations.append(self._pending)
         self._pending = {}
 

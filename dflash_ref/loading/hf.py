@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ..target.qwen3 import TargetOutput
 from .grouped_attention import use_sdpa_grouped
 from .hf_guard import check_rollback
 from .hf_hybrid import ReplayCache, replayable
-from .qwen3 import TargetOutput
 
 
 class HFCache:
