@@ -8,6 +8,7 @@ The modules at the top follow the data's walk, one per equation (README.md besid
     attention       KV injection: Q from the block, K/V = concat[context, block], non-causal, GQA
     draft_layer     pre-norm decoder layer (attention + SwiGLU)
     draft_model     N layers + fc + hidden_norm + norm; the target's embedding and lm_head reused
+    dflash2         DFlash 2's layer (dynamic_conv) and model (candidate_selector), extending DFlash 1's
     acceptance      cumprod acceptance, bonus token, and the two lossless sampling verifiers
     cache           per-layer K/V with append / crop / length
     decoding        AR `generate`, and `spec_generate`: prefill → (draft → verify → accept → crop)*
@@ -31,6 +32,7 @@ _EXPORTS = {
     "config": ["ConfigError", "DraftConfig", "TargetConfig"],
     "decoding": ["GenerationOutput", "generate", "spec_generate"],
     "draft_model": ["DFlashDraftModel"],
+    "dflash2": ["DFlash2DraftModel", "make_draft"],
     "drafts.checkpoint": ["load_draft", "save_draft"],
     "layer_sampling": ["build_target_layer_ids", "extract_context_feature"],
     "extensions": ["DraftVocab", "PromptLookup", "VerifyGate"],
@@ -50,6 +52,7 @@ if TYPE_CHECKING:
     from .cache import KVCache
     from .config import ConfigError, DraftConfig, TargetConfig
     from .decoding import GenerationOutput, generate, spec_generate
+    from .dflash2 import DFlash2DraftModel, make_draft
     from .draft_model import DFlashDraftModel
     from .drafts.checkpoint import load_draft, save_draft
     from .extensions import DraftVocab, PromptLookup, VerifyGate

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .acceptance import check_sampling, sample, sample_probs, sampling_probs, verify_block
+from .acceptance import check_sampling, sample, verify_block
 from .compat import check_pair, check_request
 from .layer_sampling import extract_context_feature
 
@@ -141,9 +141,10 @@ class DraftedProposal(Proposal):
 
     drafted: torch.Tensor  # (1, L_q) the whole block as drafted, [x_0, d_1..d_γ] (a gate may verify fewer)
     context_length: int  # L_c, the context features the pass injected (Block.target_hidden's length)
+    cache_lengths: tuple[int, int]  # the draft cache's length before the pass, and after it (before its crop)
     hidden: torch.Tensor  # (1, γ, d) the draft's final hidden states at positions 1..γ
     logits: torch.Tensor  # (1, γ, V) their logits
-    selector: torch.nn.Module | None = None  # DFlash 2: the candidate selector that chose the path
+    draft: torch.nn.Module  # the draft that made it
 
 
 Proposer = Callable[[Block], Proposal]
@@ -260,24 +261,27 @@ def draft_block(
 ) -> Proposal:
     """Stage 2, the paper's: one parallel pass of the draft over [x_0, mask, …, mask], the new context
     features injected as K/V, then its cache cropped back to `start`; d_1..d_γ from the pass's
-    positions 1..γ (`_propose`). A block of 1 (b = 1) proposes nothing and needs no pass."""
+    positions 1..γ (`draft.propose`). A block of 1 (b = 1) proposes nothing and needs no pass."""
     block_ids = block.ids()  # (1, L_q)
     if block.size == 1:
         return Proposal(block_ids)
     start, ctx_len = block.start, block.target_hidden.shape[1]  # L_c new context positions
     noise = target.embed(block_ids) * draft.config.input_embedding_scale  # (1, L_q, d)
     positions = torch.arange(start - ctx_len, start + block.size, device=block_ids.device)[None]  # (1, L_c + L_q)
+    cached = draft_cache.get_seq_length()
     hidden = draft(positions, noise_embedding=noise, target_hidden=block.target_hidden, past_key_values=draft_cache)
     hidden = hidden[:, 1:]  # (1, γ, d): position 0 is x_0, known
+    cache_lengths = (cached, draft_cache.get_seq_length())
     draft_cache.crop(start)  # the block's K/V go; the context's stay
     draft_logits = draft.compute_logits(hidden, block.head)  # (1, γ, V)
-    block_ids[:, 1:], draft_probs, candidates = _propose(
-        draft, hidden, draft_logits, block_ids[:, 0], temperature, top_p, top_k, verifier
+    sampled = temperature > 0 and verifier == "rejection"  # "match" takes the draft's greedy proposals
+    block_ids[:, 1:], draft_probs, candidates = draft.propose(
+        hidden, draft_logits, block_ids[:, 0], temperature if sampled else 0.0, top_p, top_k
     )
-    selector = getattr(draft, "candidate_selector", None)
     return DraftedProposal(
         block_ids, draft_probs, candidates,
-        drafted=block_ids, context_length=ctx_len, hidden=hidden, logits=draft_logits, selector=selector,
+        drafted=block_ids, context_length=ctx_len, cache_lengths=cache_lengths, hidden=hidden, logits=draft_logits,
+        draft=draft,
     )  # fmt: skip
 
 
@@ -304,33 +308,6 @@ def _check_arguments(
     max_positions = min(target.config.max_position_embeddings, draft.config.max_position_embeddings)
     check_request(input_ids, max_new_tokens, max_positions, target.config.vocab_size, stop_token_ids)
     return block_size
-
-
-def _propose(
-    draft,
-    hidden: torch.Tensor,
-    draft_logits: torch.Tensor,
-    anchor: torch.Tensor,
-    temperature: float,
-    top_p: float,
-    top_k: int,
-    verifier: str,
-):
-    """d_1..d_γ (1, γ) from draft_logits (1, γ, V), the q they were drawn from, and the candidates q is
-    over: sampled for the rejection verifier at temperature > 0, else the argmax (q None). DFlash 1:
-    q (1, γ, V), no candidates; DFlash 2: the selector's path from the anchor x_0, q (1, γ, K) over its
-    candidates (1, γ, K); the draft side, like the official one, takes no top-p / top-k."""
-    sampled = temperature > 0 and verifier == "rejection"
-    selector = getattr(draft, "candidate_selector", None)
-    if selector is not None:
-        path, candidates, q = selector.select(
-            hidden, draft_logits, anchor, temperature if sampled else 0.0, sample_probs
-        )
-        return path, q, candidates
-    if sampled:
-        draft_probs = sampling_probs(draft_logits, temperature, top_p, top_k)
-        return sample_probs(draft_probs), draft_probs, None
-    return draft_logits.argmax(dim=-1), None, None
 
 
 def _committed(

@@ -6,8 +6,9 @@
     out = RMSNorm_final(H_N)            (B, L_q, d)         → target.lm_head outside → logits
     logits = cap · tanh(m · z / cap)  (z the head's logits, m = output_multiplier, cap the softcap if set)
 
-DFlash 2 (config.version 2) convolves around each sublayer (draft_layer.py, dynamic_conv.py) and
-proposes through its candidate selector (candidate_selector.py) instead of the argmax of the logits.
+    d_1..d_γ = argmax logits (greedy), or d_i ~ q_i = softmax(logits_i / T) (sampled, top-p/top-k applied)
+
+DFlash 2 (dflash2.py) extends this class: its layers and its proposals.
 
 No embedding and no lm_head of its own: the target's are reused. Parameter names are the official
 ones (`layers.{i}.…`, `fc`, `hidden_norm`, `norm`), so one `load_state_dict` moves weights between
@@ -19,9 +20,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .acceptance import sample_probs, sampling_probs
 from .cache import KVCache
-from .candidate_selector import CandidateSelector
-from .config import DraftConfig
+from .config import ConfigError, DraftConfig
 from .context import ContextHooks, project_context
 from .draft_layer import DFlashDecoderLayer
 from .hooks import HookPoint, name_hook_points
@@ -30,12 +31,20 @@ from .rope import RotaryEmbedding
 
 
 class DFlashDraftModel(nn.Module):
+    version = 1  # the config's `version` this class builds
+    decoder_layer = DFlashDecoderLayer
+
     def __init__(self, config: DraftConfig) -> None:
         super().__init__()
         config.validate()
+        if config.version != self.version:
+            raise ConfigError(
+                f"a DFlash {config.version} config cannot build a DFlash {self.version} draft: "
+                "make_draft(config) (dflash2.py) builds the class of the config's version"
+            )
         self.config = config
         d = config.hidden_size
-        self.layers = nn.ModuleList(DFlashDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(self.decoder_layer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(d, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
         self.fc = nn.Linear(len(config.target_layer_ids) * d, d, bias=False)
@@ -45,11 +54,6 @@ class DFlashDraftModel(nn.Module):
         self.hook_target_hidden = HookPoint()  # (B, L_c, k·d) the sampled target layers, concatenated
         self.hook_out = HookPoint()  # (B, L_q, d) after the final norm
         self.hook_logits = HookPoint()  # (B, L_q − 1, V) the proposals' logits (−∞ outside a draft vocabulary)
-        self.candidate_selector = (
-            CandidateSelector(config.vocab_size, d, config.selector_rank, config.selector_top_k)
-            if config.version == 2
-            else None
-        )
         name_hook_points(self, "draft")
         # the token ids its folder restricts its proposals to (draft_vocab.json), None = all V; not a weight (the
         # state dict stays the official one); spec_generate applies it only through extensions/draft_vocab.py
@@ -157,3 +161,12 @@ class DFlashDraftModel(nn.Module):
         logits = output_head(hidden) * self.config.output_multiplier
         cap = self.config.final_logit_softcapping
         return self.hook_logits(torch.tanh(logits / cap) * cap if cap else logits)
+
+    def propose(self, hidden, logits, anchor, temperature: float, top_p: float, top_k: int):
+        """d_1..d_γ (1, γ) from the block's logits (1, γ, V): drawn from q = sampling_probs(logits) at
+        T > 0, else the argmax → (tokens, q (1, γ, V) or None, None: q is over all V). `hidden` (1, γ, d)
+        and `anchor` x_0 (1,) are what a draft that proposes otherwise reads (dflash2.py)."""
+        if temperature == 0:
+            return logits.argmax(dim=-1), None, None
+        draft_probs = sampling_probs(logits, temperature, top_p, top_k)
+        return sample_probs(draft_probs), draft_probs, None

@@ -11,6 +11,7 @@ import torch
 from dflash_ref import DFlashDraftModel, DraftConfig, Qwen3Target, TargetConfig
 from dflash_ref.conformance.adapters import one_thread
 from dflash_ref.decoding import DraftedProposal
+from dflash_ref.dflash2 import make_draft
 from dflash_ref.drafts.random_draft import randomize_  # noqa: F401  (tests import it from here)
 from dflash_ref.fast_cpu.streamed import cpus_at_hand
 from dflash_ref.viewer import browser
@@ -171,7 +172,7 @@ def make_pair(
 ) -> tuple[Qwen3Target, DFlashDraftModel]:
     tc = target_config(**(target_overrides or {}))
     target = randomize_(Qwen3Target(tc), seed, std)
-    draft = randomize_(DFlashDraftModel(draft_config(tc, **(draft_overrides or {}))), seed + 10_000, std)
+    draft = randomize_(make_draft(draft_config(tc, **(draft_overrides or {}))), seed + 10_000, std)
     return target, draft
 
 

@@ -35,6 +35,7 @@ from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import STAGES, key_for, parse_key, walk_order
 from dflash_ref.conformance.golden import SCENARIOS, SLACK, TOLERANCE_RULE, Recorded, generate_golden, write_scenario
 from dflash_ref.decoding import spec_generate
+from dflash_ref.dflash2 import selector_of
 from dflash_ref.rope import RotaryEmbedding, rotate_half
 from dflash_ref.target import Qwen3_5Target
 from dflash_ref.target.hybrid_cache import HybridCache
@@ -341,7 +342,7 @@ class Wrapped(nn.Module):
         self.draft, self.config = draft, draft.config
 
     block_size = property(lambda self: self.draft.block_size)
-    candidate_selector = property(lambda self: self.draft.candidate_selector)  # DFlash 2's proposals
+    candidate_selector = property(lambda self: selector_of(self.draft))  # DFlash 2's (None: DFlash 1)
     mask_token_id = property(lambda self: self.draft.mask_token_id)
     target_layer_ids = property(lambda self: self.draft.target_layer_ids)
 
@@ -350,6 +351,9 @@ class Wrapped(nn.Module):
 
     def compute_logits(self, hidden, head):
         return self.draft.compute_logits(hidden, head)
+
+    def propose(self, *args):
+        return self.draft.propose(*args)
 
 
 class After(ReferenceAdapter):
@@ -663,7 +667,7 @@ def rank_projection_missing(mp):
             return torch.ones(*h.shape[:-1], 4)
 
     def change(target, draft):
-        if draft.candidate_selector is not None:
+        if selector_of(draft) is not None:
             draft.candidate_selector.hidden_projection = Ones()
 
     return After(change)
@@ -706,7 +710,7 @@ def codebooks_not_loaded(mp):
     checkpoints store `candidate_selector.*_codebook`, and, loading non-strictly, keeps its initial codebooks."""
 
     def change(target, draft):
-        if draft.candidate_selector is not None:
+        if selector_of(draft) is not None:
             generator = torch.Generator().manual_seed(0)
             for codebook in (
                 draft.candidate_selector.predecessor_codebook,

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import dflash_ref.acceptance as acceptance_module
-import dflash_ref.decoding as loop_module
+import dflash_ref.draft_model as draft_module
 from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import SHIPPED, find_bundles
 from dflash_ref.conformance.exact import ENGINE_SAMPLING, NEGLECT, reference_sampler, verify_sampling, write_sampling
@@ -119,8 +119,8 @@ def mutant_sampler(bundle, mp, which):
 
         mp.setattr(acceptance_module, "verify_rejection", keep_all)
     elif which == "draft_ignores_temperature":
-        probs = loop_module.sampling_probs
-        mp.setattr(loop_module, "sampling_probs", lambda logits, t, p=1.0, k=0: probs(logits, 1.0, p, k))
+        probs = draft_module.sampling_probs
+        mp.setattr(draft_module, "sampling_probs", lambda logits, t, p=1.0, k=0: probs(logits, 1.0, p, k))
     return reference_sampler(bundle)
 
 

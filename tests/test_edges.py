@@ -16,8 +16,9 @@ import pytest
 import torch
 from conftest import draft_config, make_pair, randomize_, target_config
 
-from dflash_ref import DFlashDraftModel, Qwen3Target, generate, spec_generate
+from dflash_ref import Qwen3Target, generate, spec_generate
 from dflash_ref.compat import IncompatibleModels
+from dflash_ref.dflash2 import make_draft
 from dflash_ref.drafts.oracle import OracleDraft
 from dflash_ref.trace import StepLog
 
@@ -131,7 +132,7 @@ def test_generation_up_to_the_position_limit():
     """prompt + max_new_tokens == max_position_embeddings is allowed (the last token is never fed)."""
     tc = target_config(vocab_size=VOCAB, max_position_embeddings=16)
     target = randomize_(Qwen3Target(tc), 0)
-    draft = randomize_(DFlashDraftModel(draft_config(tc, block_size=4)), 1)
+    draft = randomize_(make_draft(draft_config(tc, block_size=4)), 1)
     prompt = ids(1, 2, 3, 4)
     out = spec_generate(draft, target, prompt, 12)
     assert out.output_ids.shape[1] == 16
@@ -302,7 +303,7 @@ def test_draft_position_limit_applies():
     """The draft's own max_position_embeddings (smaller than the target's) bounds the request."""
     tc = target_config(max_position_embeddings=32)
     target = randomize_(Qwen3Target(tc), 0)
-    draft = randomize_(DFlashDraftModel(draft_config(tc, max_position_embeddings=10)), 1)
+    draft = randomize_(make_draft(draft_config(tc, max_position_embeddings=10)), 1)
     with pytest.raises(ValueError, match="max_position_embeddings = 10"):
         spec_generate(draft, target, ids(1, 2, 3), 8)
     assert spec_generate(draft, target, ids(1, 2, 3), 7).output_ids.shape[1] == 10
@@ -321,7 +322,7 @@ def _mismatched_draft(kind: str):
         dc = draft_config(tc, num_target_layers=6)  # ids [1, 3] fit, the count does not
     else:
         dc = draft_config(tc)
-    draft = randomize_(DFlashDraftModel(dc), 1)
+    draft = randomize_(make_draft(dc), 1)
     if kind == "mask token outside the target vocabulary":
         draft.config.mask_token_id = 12  # only reachable by editing a built config
     if kind == "dtype":

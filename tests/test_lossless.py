@@ -314,6 +314,9 @@ class MimicDraft(torch.nn.Module):
         self._x0 = {}  # spec_generate makes a fresh cache per run
         return self.draft.make_cache()
 
+    def propose(self, *args):
+        return self.draft.propose(*args)
+
     def forward(self, position_ids, attention_mask=None, **kwargs):
         hidden = self.draft(position_ids, attention_mask, **kwargs)
         noise = kwargs["noise_embedding"]  # (1, L_q, d)

@@ -477,3 +477,18 @@ def test_the_core_imports_only_torch_einops_safetensors_and_itself():
             if name not in CORE_DEPENDENCIES and name not in sys.stdlib_module_names and name != "__future__"
         ]
     assert not wrong, "the core reaches outside itself:\n" + "\n".join(wrong)
+
+
+def test_importing_the_core_loads_none_of_the_tools():
+    """At run time too: the loop, the DFlash 2 classes and the own targets, imported in a fresh process,
+    bring in no module outside the core."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, dflash_ref.decoding, dflash_ref.dflash2, dflash_ref.target\n"
+        "print('\\n'.join(m for m in sys.modules if m.startswith('dflash_ref.')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    tools = [m for m in loaded.stdout.split() if layer_of(m.removeprefix("dflash_ref.")) != "core"]
+    assert not tools, tools

@@ -22,6 +22,7 @@ from conftest import (
 )
 
 from dflash_ref import DFlashDraftModel, Qwen3Target, load_draft, load_target, save_draft
+from dflash_ref.dflash2 import make_draft
 
 transformers = pytest.importorskip("transformers")
 official = pytest.importorskip("dflash.model")
@@ -337,7 +338,7 @@ def random_draft(seed: int, **overrides) -> DFlashDraftModel:
         block_size=rng.randint(2, 8),
         **overrides,
     )
-    return randomize_(DFlashDraftModel(dc), seed)
+    return randomize_(make_draft(dc), seed)
 
 
 @pytest.mark.parametrize(

@@ -14,9 +14,10 @@ import pytest
 import torch
 from conftest import assert_close, draft_config, official_twins, randomize_, target_config
 
-from dflash_ref import DFlashDraftModel, Qwen3Target
+from dflash_ref import Qwen3Target
 from dflash_ref.config import ConfigError, DraftConfig, TargetConfig
 from dflash_ref.config_fields import normalise_scaling
+from dflash_ref.dflash2 import make_draft
 from dflash_ref.rope import RotaryEmbedding
 from dflash_ref.rope_scaling import linear_inv_freq, plain_inv_freq, yarn_attention_factor, yarn_inv_freq
 
@@ -520,7 +521,7 @@ def test_scaled_draft_matches_official(seed):
         block_size=4,
     )
     assert dc.rope_scaling == target.config.rope_scaling
-    draft = randomize_(DFlashDraftModel(dc), seed + 10_000)
+    draft = randomize_(make_draft(dc), seed + 10_000)
     _, off_draft = official_twins(target, draft)
     g = torch.Generator().manual_seed(seed)
     batch, ctx_len = 2, 5

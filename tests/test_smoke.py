@@ -59,7 +59,7 @@ def test_tiny_dflash2_smoke_checks_the_shapes_runs_the_selector_and_is_lossless(
 def test_full_dflash2_is_shaped_like_the_released_qwen3_8_27b_draft_and_skips_without_a_gpu():
     from dflash_ref.bench.smoke import DFLASH2_SIZES, check_dflash2_shapes
     from dflash_ref.config import DraftConfig, TargetConfig
-    from dflash_ref.draft_model import DFlashDraftModel
+    from dflash_ref.dflash2 import make_draft
     from dflash_ref.target import Qwen3Target
 
     full = DFLASH2_SIZES["full"]
@@ -80,7 +80,7 @@ def test_full_dflash2_is_shaped_like_the_released_qwen3_8_27b_draft_and_skips_wi
     assert (d["conv_kernel_size"], d["conv_group_size"], d["selector_rank"], d["selector_top_k"]) == (2, 16, 256, 16)
     with torch.device("meta"):  # the shapes, with no memory behind them
         target = Qwen3Target(TargetConfig(**t))
-        draft = DFlashDraftModel(
+        draft = make_draft(
             DraftConfig(
                 vocab_size=t["vocab_size"], hidden_size=t["hidden_size"], num_target_layers=t["num_hidden_layers"], **d
             )
@@ -147,14 +147,14 @@ def test_tiny_hybrid_smoke_rolls_gated_deltanet_back_and_is_lossless():
 def test_full_hybrid_is_shaped_like_qwen3_5_27b_and_its_draft_and_skips_without_a_gpu():
     from dflash_ref.bench.smoke_hybrid import HYBRID_SIZES
     from dflash_ref.config import DraftConfig
-    from dflash_ref.draft_model import DFlashDraftModel
+    from dflash_ref.dflash2 import make_draft
     from dflash_ref.target import HybridConfig, Qwen3_5Target
 
     full = HYBRID_SIZES["full"]
     t, d = full["target"], full["draft"]
     with torch.device("meta"):  # the shapes, with no memory behind them
         target = Qwen3_5Target(HybridConfig(**t))
-        draft = DFlashDraftModel(
+        draft = make_draft(
             DraftConfig(
                 vocab_size=t["vocab_size"], hidden_size=t["hidden_size"], num_target_layers=t["num_hidden_layers"], **d
             )

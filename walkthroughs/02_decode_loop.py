@@ -27,9 +27,9 @@
 # %%
 # %matplotlib inline
 
-from dflash_ref.trace.plots import plot_acceptance, plot_attention_grid, plot_attention_steps, plot_cache_timeline
 from dflash_ref.tour.demo import VOCAB, decode
 from dflash_ref.tour.story import decode_loop_example
+from dflash_ref.trace.plots import plot_acceptance, plot_attention_grid, plot_attention_steps, plot_cache_timeline
 
 ex = decode_loop_example()
 trace = ex.trace
@@ -107,8 +107,8 @@ show(write_viewer(trace, "../figures", "02_decode_loop"))
 # passes differs.
 
 # %%
-from dflash_ref.trace.plots import plot_attention_compare
 from dflash_ref.tour.story import tell_trained_vs_random, trained_vs_random_example
+from dflash_ref.trace.plots import plot_attention_compare
 
 pair = trained_vs_random_example(max_new_tokens=64)
 tell_trained_vs_random(pair)

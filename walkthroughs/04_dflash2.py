@@ -36,7 +36,6 @@ import numpy as np
 import torch
 
 from dflash_ref.hooks import hook_points
-from dflash_ref.trace.plots import plot_candidate_lattice
 from dflash_ref.tour.demo import VOCAB, decode
 from dflash_ref.tour.dflash2 import (
     block_labels,
@@ -45,6 +44,7 @@ from dflash_ref.tour.dflash2 import (
     path_vs_argmax,
     plot_conv_positions,
 )
+from dflash_ref.trace.plots import plot_candidate_lattice
 
 torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
 ex = dflash2_example()

@@ -43,6 +43,7 @@ import torch
 
 from ..config import DraftConfig, TargetConfig
 from ..decoding import generate, spec_generate
+from ..dflash2 import make_draft
 from ..draft_model import DFlashDraftModel
 from ..drafts.oracle import OracleDraft
 from ..drafts.random_draft import random_draft
@@ -192,7 +193,7 @@ def random_sized_draft(target, fields: dict, seed: int = 1, std: float = 0.02) -
         **fields,
     )
     with torch.device("meta"):
-        draft = DFlashDraftModel(config)
+        draft = make_draft(config)
     draft = _fill_(draft.to_empty(device=target.device), target.device, seed, std)
     return draft.to(target.dtype).eval()
 

@@ -10,6 +10,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..decoding import generate, spec_generate
+from ..dflash2 import selector_of
 from ..drafts.folder import SHIPPED_DRAFTS, check_fits, draft_folder, open_draft
 from ..extensions import chosen_extensions
 from ..extensions.verify_gate import draft_confidence
@@ -63,7 +64,7 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
     spec = _variants(opened)
     ar_out = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in every]
     own = _own_blocks(spec)
-    premise = next((name for name in own if spec[name][0].candidate_selector is None), None)  # gate's calibration
+    premise = next((name for name in own if selector_of(spec[name][0]) is None), None)  # gate's calibration
     stats, calibration, selector = {}, None, {}
     for name, (d, b, gate, lookup) in spec.items():  # one untimed pass each: the statistics and the lossless check
         outputs, records = [], []
@@ -89,7 +90,7 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
         if name == premise:  # whole blocks verified every step: what the gate relies on
             by_set, confidences = confidence_log(d, run_all)
             calibration = gate_calibration(confidences, outputs)
-        elif d.candidate_selector is not None and name in own:  # the path against the argmax of the same logits
+        elif selector_of(d) is not None and name in own:  # the path against the argmax of the same logits
             by_set, choices = selector_log(d, run_all)
             selector[name] = path_against_argmax(records, choices, outputs)
         else:

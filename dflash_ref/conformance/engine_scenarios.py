@@ -41,7 +41,7 @@ import torch
 
 from ..config import DraftConfig
 from ..decoding import spec_generate
-from ..draft_model import DFlashDraftModel
+from ..dflash2 import make_draft
 from ..drafts.checkpoint import load_draft
 from ..drafts.random_draft import randomize_
 from ..drafts.shipped import SHIPPED_DFLASH1, SHIPPED_DFLASH2
@@ -114,7 +114,7 @@ def engine_pair(
         rms_norm_eps=1e-5,
     )
     target = LlamaTarget(LlamaTargetConfig(num_hidden_layers=target_layers, tie_word_embeddings=tied, **shared))
-    draft = DFlashDraftModel(
+    draft = make_draft(
         DraftConfig(
             num_hidden_layers=2,
             num_target_layers=target_layers,

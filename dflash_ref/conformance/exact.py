@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..decoding import spec_generate
+from ..dflash2 import selector_of
 from ..drafts.checkpoint import load_draft, save_draft
 from ..layer_sampling import extract_context_feature
 from ..loading.folder import load_target
@@ -103,7 +104,7 @@ def _proposals(draft, hidden, logits, x0: int, temperature: float, first: int | 
     """[(token, q)] of proposal position 1 (first None), or of position 2 after proposing `first` at 1: the
     draft's distribution over its tokens (DFlash 1: softmax(z / T) over V; DFlash 2: the selector's q over
     its candidates, walked from x_0 through `first`; it computes q in float32)."""
-    selector = draft.candidate_selector
+    selector = selector_of(draft)
     if selector is None:
         return list(enumerate(_tempered(logits[0, 0 if first is None else 1], temperature).tolist()))
     forced = []  # the candidate index chosen at position 1, if any
@@ -146,8 +147,8 @@ def acceptance_distribution(
                 int(i)
                 for i in (
                     logits[0].argmax(dim=-1)
-                    if draft.candidate_selector is None
-                    else draft.candidate_selector.select(hidden, logits, torch.tensor([x0]), 0.0)[0][0]
+                    if selector_of(draft) is None
+                    else selector_of(draft).select(hidden, logits, torch.tensor([x0]), 0.0)[0][0]
                 )
             )
             first = float(p1[d1])

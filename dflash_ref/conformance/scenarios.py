@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from ..config import DraftConfig, TargetConfig
+from ..dflash2 import make_draft
 from ..draft_model import DFlashDraftModel
 from ..drafts.random_draft import randomize_
 from ..target import HybridConfig, Qwen3_5Target, Qwen3Target
@@ -81,7 +82,7 @@ def tiny_pair(
             **shared,
         )
     )
-    draft = DFlashDraftModel(
+    draft = make_draft(
         DraftConfig(
             num_hidden_layers=draft_layers,
             num_attention_heads=heads,
@@ -115,7 +116,7 @@ def hybrid_pair(seed: int) -> tuple[Qwen3_5Target, DFlashDraftModel]:
             **shared,
         )
     )
-    draft = DFlashDraftModel(
+    draft = make_draft(
         DraftConfig(
             num_hidden_layers=2,
             num_attention_heads=4,

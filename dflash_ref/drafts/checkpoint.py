@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..config import DRAFT_ARCHITECTURES, DraftConfig
+from ..dflash2 import make_draft
 from ..draft_model import DFlashDraftModel
 from ..extensions.draft_vocab import FILE as DRAFT_VOCAB_FILE
 from ..extensions.draft_vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
@@ -31,7 +32,7 @@ def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu
     if not folder.exists():
         names = ", ".join(SHIPPED_NAMES)
         raise CheckpointError(f"no folder {folder} (a draft folder, or a shipped draft's name: {names})")
-    model = load_folder(DFlashDraftModel, DraftConfig, folder, dtype, device, set(DRAFT_ARCHITECTURES))
+    model = load_folder(make_draft, DraftConfig, folder, dtype, device, set(DRAFT_ARCHITECTURES))
     state = model.state_dict()
     broken = [name for name, t in state.items() if not bool(torch.isfinite(t).all())]
     if broken:  # a damaged draft: its proposals would be NaN, sampling them fails in torch

@@ -41,6 +41,9 @@ class OracleDraft(nn.Module):
     def make_cache(self):
         return self.draft.make_cache()
 
+    def propose(self, *args):
+        return self.draft.propose(*args)  # the draft's own rule (argmax, a draw, a selector's path) on these logits
+
     def forward(self, position_ids, attention_mask=None, **kwargs):
         hidden = self.draft(position_ids, attention_mask, **kwargs)
         q_len = kwargs["noise_embedding"].shape[1]

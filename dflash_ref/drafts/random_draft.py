@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..config import DraftConfig, Qwen3Config
+from ..dflash2 import make_draft
 from ..draft_model import DFlashDraftModel
 from ..loading.smollm2 import MASK_TOKEN_ID as SMOLLM2_MASK_TOKEN_ID
 
@@ -48,7 +49,12 @@ def identity_convolutions_(draft) -> None:
 
 def convolutions(draft) -> list:
     """A DFlash 2 draft's dynamic convolutions, two a layer (none for DFlash 1)."""
-    return [conv for layer in draft.layers for conv in (layer.attention_conv, layer.mlp_conv) if conv is not None]
+    return [
+        conv
+        for layer in draft.layers
+        for conv in (getattr(layer, "attention_conv", None), getattr(layer, "mlp_conv", None))
+        if conv is not None
+    ]
 
 
 def _rope_theta(config) -> float:
@@ -93,7 +99,7 @@ def random_draft(
     """A random draft on the target's device and dtype (`fields`: more config, e.g. DFlash 2's)."""
     config = draft_config_for(target.config, num_hidden_layers, block_size, mask_token_id, **fields)
     with torch.device("meta"):
-        draft = DFlashDraftModel(config)
+        draft = make_draft(config)
     randomize_(draft.to_empty(device=target.device), seed, std, norm_jitter=None)
     return draft.to(target.dtype).eval()
 

@@ -41,6 +41,7 @@ import dataclasses
 import torch
 
 from ..decoding import Block, DraftedProposal, Proposal, Proposer
+from ..dflash2 import selector_of
 
 
 class VerifyGate:
@@ -65,7 +66,7 @@ class VerifyGate:
                 proposal.logits,
                 proposal.draft_probs,
                 proposal.candidates,
-                proposal.selector,
+                selector_of(proposal.draft),
                 proposal.hidden,
             )
             return dataclasses.replace(proposal, block_ids=block_ids, draft_probs=draft_probs, candidates=candidates)

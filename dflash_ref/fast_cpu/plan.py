@@ -25,7 +25,7 @@ read it instead of measuring again (fast_cpu/plan_store.py). DFLASH_REF_LINEAR (
 `set_linear_mode`) pins the plan: `measured` (the default), `linear` (F.linear everywhere), `rows-first`
 (duplicated-row for one row, rows-first for 2 … 64: the rule this project used before it measured).
 `measuring_seconds()`: what measuring and storing cost this process (bench.timing.Stopwatch leaves it out of a
-pass's time). Kernels tried and left out: ../../figures/bench/README.md, "The CPU linear".
+pass's time).
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def candidates(d_in: int, rows: int, with_copies: bool, d_out: int = 1) -> tuple
     """The kernels that may compute a product of `rows` rows, in the order `choose` walks them: F.linear,
     the C product, torch's other products, then those that read copies of W. The C product goes first among
     ties: timed alone, the duplicated row comes within a few per cent of it, while in a whole decoding step
-    the C product's products left more time to the rest (figures/bench/README.md)."""
+    the C product's products left more time to the rest (`bench steps`: figures/bench/bench.md)."""
     sizes_fit = max(d_in, d_out) <= streamed.MAX_SIZE  # the C code's sizes are ints
     names = [
         "linear",

@@ -1,6 +1,6 @@
 """y = x · Wᵀ, (N, d_in) × (d_out, d_in)ᵀ → (N, d_out) in fp32, by a product written here in C
 (`streamed.c`) for decoding's few rows: W is read from memory once for all N rows, which torch's
-kernels do not manage beyond one or two rows on the CPUs measured (figures/bench/README.md).
+kernels do not manage beyond one or two rows on some CPUs (`bench steps`: figures/bench/bench.md).
 
 A decoding forward of a small model is bound by reading its weights: an AR step and a verify of b
 tokens both read every weight once, so both could cost about the time that read takes. The C

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..config import DraftConfig, TargetConfig
+from ..dflash2 import make_draft
 from ..draft_model import DFlashDraftModel
 from ..drafts.random_draft import randomize_
 from ..target import Qwen3Target
@@ -41,7 +42,7 @@ def demo_models(seed: int = 0, block_size: int = 4) -> tuple[Qwen3Target, DFlash
         max_position_embeddings=256,
     )
     target = Qwen3Target(TargetConfig(num_hidden_layers=6, **shared))
-    draft = DFlashDraftModel(
+    draft = make_draft(
         DraftConfig(
             num_hidden_layers=2,
             num_target_layers=6,

@@ -28,7 +28,7 @@ import torch
 from matplotlib.figure import Figure
 
 from ..decoding import GenerationOutput, generate, spec_generate
-from ..draft_model import DFlashDraftModel
+from ..dflash2 import DFlash2DraftModel
 from ..drafts.random_draft import randomize_
 from ..dynamic_conv import convolve
 from ..trace import Trace, plots, tracing
@@ -48,7 +48,7 @@ TRACED = [
 @dataclass
 class DFlash2Example:
     target: torch.nn.Module
-    draft: DFlashDraftModel
+    draft: DFlash2DraftModel
     input_ids: torch.Tensor
     output: GenerationOutput  # the DFlash 2 draft's run, traced
     trace: Trace
@@ -60,7 +60,7 @@ def dflash2_models(seed: int = 0, block_size: int = 4):
     """(target, DFlash 2 draft, DFlash 1 draft): demo.py's pair, plus a DFlash 2 draft with the DFlash 1
     draft's config and DFLASH2_FIELDS, its weights N(0, 0.5²) from seed + 1 (norm weights 1)."""
     target, dflash1 = demo_models(seed, block_size)
-    draft = DFlashDraftModel(dataclasses.replace(dflash1.config, **DFLASH2_FIELDS))
+    draft = DFlash2DraftModel(dataclasses.replace(dflash1.config, **DFLASH2_FIELDS))
     return target, randomize_(draft, seed + 1, norm_jitter=None), dflash1
 
 

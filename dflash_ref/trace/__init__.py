@@ -65,14 +65,13 @@ class StepRecord:
     @classmethod
     def of(cls, step: Step) -> StepRecord:
         """The record of one step, from what its stages left (`Step`), read in the loop's `on_step` (the
-        caches as they stand after the crop). The lengths after each crop are read off the caches; those
-        around them follow from the crops: the draft cache grew by L_c + L_q in its pass and went back to
-        `start`, the target cache (every position before x_0) grew by the L verified tokens."""
+        caches as they stand after the crop). The lengths after each crop are read off the caches, the draft
+        cache's around its pass off the draft's proposal (no pass: unchanged); the target cache holds every
+        position before x_0, and grew by the L verified tokens."""
         proposal, start, drafted = step.proposal, step.block.start, isinstance(step.proposal, DraftedProposal)
         q_len = proposal.drafted.shape[1] if drafted else int(step.block.size == 1)  # L_q of the draft's block
-        ctx_len = proposal.context_length if drafted else 0
         draft_after = step.draft_cache.get_seq_length()
-        draft_before = draft_after - ctx_len
+        draft_before, draft_after_pass = proposal.cache_lengths if drafted else (draft_after, draft_after)
         verify_size = proposal.block_ids.shape[1]
         return cls(
             step=step.index,
@@ -86,9 +85,9 @@ class StepRecord:
             acceptance_length=step.acceptance_length,
             bonus=step.bonus,
             produced=step.produced,
-            ctx_len=ctx_len,
+            ctx_len=proposal.context_length if drafted else 0,
             draft_cache_before=draft_before,
-            draft_cache_after_draft=draft_before + ctx_len + q_len if drafted else draft_before,
+            draft_cache_after_draft=draft_after_pass,
             draft_cache_after=draft_after,
             target_cache_before=start,
             target_cache_after_verify=start + verify_size,

@@ -11,8 +11,10 @@ measure each alone (figures/training/README.md, "The levers").
 
 from __future__ import annotations
 
+import types
 from contextlib import contextmanager
 
+from ..draft_model import DFlashDraftModel
 from ..drafts.random_draft import convolutions
 
 
@@ -24,11 +26,16 @@ def freeze_convolutions_(draft) -> None:
 
 @contextmanager
 def proposing_by_argmax(draft, on: bool = True):
-    """Inside it, the draft proposes as a DFlash 1 draft does (no selector); its selector is back after."""
+    """Inside it, the draft proposes as a DFlash 1 draft does (DFlashDraftModel.propose, no selector, which
+    the measuring code then sees as None); its selector and its own proposals are back after."""
+    if not on:
+        yield draft
+        return
     selector = draft.candidate_selector
-    if on:
-        draft.candidate_selector = None
+    draft.candidate_selector = None
+    draft.propose = types.MethodType(DFlashDraftModel.propose, draft)
     try:
         yield draft
     finally:
+        del draft.propose
         draft.candidate_selector = selector

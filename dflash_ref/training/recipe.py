@@ -46,6 +46,7 @@ import torch
 from torch.nn import functional as F
 
 from ..attention import position_rule
+from ..dflash2 import selector_of
 from .sampled_softmax import positions_in, with_log_weight
 from .selector_loss import selector_loss
 from .soft_labels import block_soft_targets, soft_label_loss
@@ -245,7 +246,7 @@ def train_step(
             loss = (1 - soft_weight) * loss + soft_weight * soft_label_loss(
                 weighted, soft_ids, soft_probs, weights, vocab
             )
-        if draft.candidate_selector is not None:  # DFlash 2: and its selector (selector_loss.py)
+        if selector_of(draft) is not None:  # DFlash 2: and its selector (selector_loss.py)
             previous = token_ids[0, anchors[:, None] + torch.arange(draft.block_size - 1)[None]]  # (m, b − 1)
             inputs = (hidden.detach(), logits.detach()) if selector_detached else (hidden, logits)
             loss = loss + selector_loss(draft.candidate_selector, *inputs, previous, tokens, weights, vocab)

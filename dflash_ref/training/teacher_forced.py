@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 from matplotlib.figure import Figure
 
+from ..dflash2 import selector_of
 from ..layer_sampling import extract_context_feature
 from .recipe import output_logits, training_hidden
 
@@ -109,7 +110,7 @@ def draft_proposals(
         outside = torch.ones(logits.shape[-1], dtype=torch.bool)
         outside[vocab] = False
         logits = logits.masked_fill(outside, float("-inf"))
-    selector = draft.candidate_selector
+    selector = selector_of(draft)
     if paths is not None:
         check_paths(draft, paths)
         return selector.best_paths(hidden, logits, token_ids[0, anchors], paths)[0]  # (m, M, b − 1)
@@ -120,7 +121,7 @@ def draft_proposals(
 
 def check_paths(draft, paths: int) -> None:
     """A ValueError naming the problem unless the draft has a selector and 1 ≤ paths ≤ K^(b − 1)."""
-    selector = draft.candidate_selector
+    selector = selector_of(draft)
     if selector is None:
         raise ValueError(
             f"paths={paths!r}: a tree of the selector's paths needs a DFlash 2 draft; this one has no selector"
