@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         help="decode with prompt lookup beside the draft, "
         "as generate --lookup (extensions/prompt_lookup.py; default: off)",
     )
-    evaluate.add_argument("--out", help="write the results here as JSON")
+    evaluate.add_argument("--out", help="write the results here as JSON, and beside it their page (FILE.md)")
     evaluate.add_argument(
         "--by-template",
         action="store_true",

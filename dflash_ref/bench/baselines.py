@@ -40,7 +40,7 @@ from .suite import _draft_pass
 from .timing import measure, summarise
 
 PROMPTS, NEW_TOKENS = 8, 64  # the first 8 hand-written held-out prompts: 8 styles no training prompt has
-VERIFY_GATE = 0.5  # extensions/verify_gate.py's θ, chosen on held-out prompts 9…24 (figures/training/README.md)
+VERIFY_GATE = 0.5  # extensions/verify_gate.py's θ, chosen on held-out prompts 9…24 (figures/bench/README.md)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from .baselines import VERIFY_GATE, hf_generate, transformers_twin
 from .suite import _measure
 
 PROMPTS, NEW_TOKENS = 8, 96  # of each held-out set: the templates' held-out topics, the hand-written other styles
-LOOKUP = 2  # prompt lookup's shortest suffix (figures/training/README.md, "Prompt lookup beside the draft")
+LOOKUP = 2  # prompt lookup's shortest suffix (figures/training/levers.md, "Prompt lookup beside the draft")
 
 
 def prompt_sets() -> dict[str, list[str]]:

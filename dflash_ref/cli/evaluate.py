@@ -31,16 +31,24 @@ With `--paths M` (a DFlash 2 draft) it measures a tree instead of the selector's
 paths merged by their prefixes, τ the longest leading match of any, and the tree's mean nodes (a verify of that
 tree would take 1 + nodes tokens); decoding verifies one path, so this says what a tree verify could keep.
 `--lookup N` decodes with prompt lookup beside the draft (extensions/prompt_lookup.py): τ and a_k are then
-the decoder's, its lookup steps counted with the draft's, and each set also reports the two apart."""
+the decoder's, its lookup steps counted with the draft's, and each set also reports the two apart.
+
+`--out FILE.json` also writes FILE.md beside it: the same results as a Markdown page (`render`), headed by
+the command that regenerates both and the machine it ran on (figures/training/ holds such pages)."""
 
 from __future__ import annotations
 
 import json
+import platform
 import re
+import shlex
 import time
 from pathlib import Path
 
+import torch
+
 from ..drafts.folder import check_fits, draft_folder, open_draft
+from ..drafts.shipped import SHIPPED_NAMES
 from ..extensions.prompt_lookup import check_lookup
 from ..loading.chat import SMOLLM2, open_chat_target
 from ..loading.folder import check_target_name
@@ -51,7 +59,10 @@ from ..training.measure import acceptance_by_position, fractions, mean_of_prompt
 from ..training.prompt_file import SUFFIXES, read_prompts
 from ..training.prompt_sets import SPLITS, kind_of, split_prompts
 from ..training.teacher_forced import bin_label, check_paths, plot, teacher_forced
+from .bench import cpu_model
 from .folders import check_output_file, check_output_folder
+
+DEFAULT_TOKENS = 128  # __main__'s --tokens default: `command_line` leaves it out
 
 
 def parse_set(spec: str) -> tuple[str, int, int]:
@@ -131,6 +142,7 @@ def check_arguments(args) -> None:
     check_lookup(args.lookup)
     if args.out:
         check_output_file("--out", args.out, "eval.json", parents=False)  # Path.write_text: its folder must exist
+        check_page(args.out)
     if args.figures:
         check_output_folder("--figures", args.figures)
 
@@ -253,7 +265,7 @@ def run(args, say=print) -> dict:
     check_fits(draft, folder, target, "SmolLM2-135M" if chat.name == SMOLLM2 else chat.label)
     results = {
         "target": args.target,
-        "draft": str(folder),
+        "draft": shown_path(folder),
         "block_size": block_size,
         "lookup": args.lookup,
         "trained_block_size": draft.block_size,
@@ -316,4 +328,262 @@ def run(args, say=print) -> dict:
                 f"--out {args.out}: cannot write it ({e.strerror}); the results are printed above"
             ) from None
         say(f"wrote {args.out}")
+        page = page_path(args.out)
+        try:
+            page.write_text(render(results, command_line(args), machine()))
+        except OSError as e:  # the results are in the JSON already
+            raise SystemExit(
+                f"--out {args.out}: the results are written there, but not their page {page} ({e.strerror})"
+            ) from None
+        say(f"wrote {page}")
     return results
+
+
+# -- the results as a Markdown page, written beside --out's JSON ------------------------------------------
+
+
+def page_path(out: str | Path) -> Path:
+    """Where `run` writes the page of --out FILE.json: FILE.md (FILE.json.md if --out itself ends in .md)."""
+    out = Path(out)
+    return out.with_name(out.name + ".md") if out.suffix == ".md" else out.with_suffix(".md")
+
+
+def check_page(out: str | Path) -> None:
+    """The page beside --out can be written (its folder is --out's, checked already): a ValueError naming it
+    if a folder is in its way or an existing file there cannot be opened for writing."""
+    page = page_path(out)
+    if page.is_dir():
+        raise ValueError(f"--out {out}: its page {page} is a folder; move it or choose another --out")
+    if page.exists():
+        try:
+            with open(page, "ab"):  # appends nothing: the file stays as it is
+                pass
+        except OSError as e:
+            raise ValueError(f"--out {out}: its page {page} cannot be written ({e.strerror})") from None
+
+
+def command_line(args) -> str:
+    """The command that gives these results again, from the parsed arguments: every option given, --sets
+    always, --target and --tokens where not their defaults."""
+    words = ["python", "-m", "dflash_ref", "evaluate"]
+    if args.target != SMOLLM2:
+        words += ["--target", str(args.target)]
+    if args.draft:
+        words += ["--draft", str(args.draft)]
+    words += ["--sets", *args.sets]
+    if args.tokens != DEFAULT_TOKENS:
+        words += ["--tokens", str(args.tokens)]
+    for flag, value in (("--block-size", args.block_size), ("--lookup", args.lookup)):
+        if value is not None:
+            words += [flag, str(value)]
+    words += ["--by-template"] * bool(args.by_template) + ["--teacher-forced"] * bool(args.teacher_forced)
+    for flag, value in (("--paths", args.paths), ("--figures", args.figures), ("--out", args.out)):
+        if value is not None:
+            words += [flag, str(value)]
+    return shlex.join(words)
+
+
+def machine() -> str:
+    """The page's machine line: CPU (cli/bench.py's `cpu_model`), torch threads, torch, Python, date. τ does
+    not depend on the machine's speed, so unlike bench's footer it times nothing; its numbers can differ a
+    little between CPUs (fp32 sums in another order)."""
+    return (
+        f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, "
+        f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+    )
+
+
+def shown_path(folder) -> str:
+    """A folder as the results keep it: relative to the working directory where it lies below it (results
+    committed from the repository name no machine's paths), else absolute."""
+    folder = Path(folder).resolve()
+    try:
+        return folder.relative_to(Path.cwd().resolve()).as_posix()
+    except ValueError:
+        return str(folder)
+
+
+def draft_label(draft: str) -> str:
+    """The draft as the page names it: a shipped draft by its --draft name and its folder in the repository
+    (wherever the results found it), any other folder as the results give it."""
+    path = Path(draft)
+    for name, folder in SHIPPED_NAMES.items():
+        if path.parts[-3:] == folder.parts[-3:]:
+            return f"{name} (`{'/'.join(folder.parts[-3:])}`)"
+    return f"`{draft}`"
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
+
+
+def _positions(values) -> str:
+    """a_1 / a_2 / … as the page gives them (3 decimals, n/a where nothing was measured)."""
+    return " / ".join(number(a) for a in values) if values is not None else "n/a"
+
+
+def _a_header(values) -> str:
+    return " / ".join(f"a_{k}" for k in range(1, len(values) + 1)) if values else "a_k"
+
+
+def render(results: dict, command: str, machine: str) -> str:
+    """FILE.md of `evaluate --out FILE.json`: the run's results (`run`'s dict, as the JSON holds them) as a
+    Markdown page, numbers as the command prints them: the sets, then whichever of the by-template,
+    by-proposer (--lookup) and teacher-forced tables the results hold. `command` is the command that gives
+    them again (`command_line`), `machine` where it ran (`machine`)."""
+    sets = results["sets"]
+    b, trained = results["block_size"], results.get("trained_block_size", results["block_size"])
+    lines = [
+        f"# `evaluate`: {draft_label(results['draft'])}",
+        "",
+        "Generated, with the JSON beside it, by the command below (`dflash_ref/cli/evaluate.py`); rerun it "
+        "to regenerate both rather than editing this page.",
+        "",
+        "```bash",
+        command,
+        "```",
+        "",
+        f"- draft: {draft_label(results['draft'])}, target `{results['target']}`",
+        f"- block size: {b}"
+        + ("" if b == trained else f" (trained at {trained}: positions {trained} … {b - 1} never trained)"),
+        f"- tokens: at most {results['tokens']} per prompt, greedy, fp32",
+    ]
+    if results.get("lookup") is not None:
+        lines.append(f"- prompt lookup beside the draft: N = {results['lookup']} (`--lookup`)")
+    lines += [f"- machine: {machine}", ""]
+    decoded = {spec: r for spec, r in sets.items() if "by_confidence" not in r}
+    forced = {spec: r for spec, r in sets.items() if "by_confidence" in r}
+    if decoded:
+        lines += _decoded(decoded, b)
+    if forced:
+        lines += _teacher_forced(forced)
+    return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def _decoded(sets: dict, b: int) -> list[str]:
+    """The sets' decoding table, then each set's by-template table and the by-proposer table, where present."""
+    some = next((r["acceptance_by_position"] for r in sets.values() if r["acceptance_by_position"]), None)
+    lines = [
+        "## Decoding",
+        "",
+        "τ: tokens per target pass (accepted proposals + the bonus), pooled over all the set's steps; beside it the "
+        "mean of each prompt's τ (how dflash's benchmark.py averages). a_k: the share of whole-block steps in "
+        "which block position k was accepted.",
+        "",
+        *_table(
+            ["set", "prompts", "τ (pooled)", "τ mean of prompts", _a_header(some)],
+            [
+                [
+                    f"`{spec}`",
+                    str(len(r["prompts"])),
+                    number(r["tokens_per_step"]),
+                    number(r.get("tokens_per_step_mean_of_prompts")),
+                    _positions(r["acceptance_by_position"]),
+                ]
+                for spec, r in sets.items()
+            ],
+        ),
+    ]
+    if any(None in (r["acceptance_by_position"] or [None]) for r in sets.values()):
+        lines += ["", f"n/a: no step verified a whole block of {b}; raise --tokens."]
+    lines.append("")
+    for spec, r in sets.items():
+        if "by_template" not in r:
+            continue
+        groups = sorted(r["by_template"].items(), key=lambda item: -(item[1]["tokens_per_step"] or 0))
+        lines += [
+            f"### `{spec}` by template or style (`--by-template`), highest τ first",
+            "",
+            *_table(
+                ["template or style", "prompts", "τ", _a_header(some)],
+                [
+                    [
+                        t.replace("|", "\\|"),
+                        str(g["prompts"]),
+                        number(g["tokens_per_step"]),
+                        _positions(g["acceptance_by_position"]),
+                    ]
+                    for t, g in groups
+                ],
+            ),
+            "",
+        ]
+    proposers = {spec: r["by_proposer"] for spec, r in sets.items() if "by_proposer" in r}
+    if proposers:
+        lines += [
+            "### Steps by proposer (`--lookup`)",
+            "",
+            "Each step's block was proposed by prompt lookup or by the draft; τ of each kind's steps.",
+            "",
+            *_table(
+                ["set", "lookup: steps", "share", "τ", "draft: steps", "share", "τ"],
+                [
+                    [f"`{spec}`"]
+                    + [
+                        x
+                        for name in ("lookup", "draft")
+                        for x in (str(p[name]["steps"]), number(p[name]["share"]), number(p[name]["tokens_per_step"]))
+                    ]
+                    for spec, p in proposers.items()
+                ],
+            ),
+            "",
+        ]
+    return lines
+
+
+def _teacher_forced(sets: dict) -> list[str]:
+    """The sets' teacher-forced table (with the tree's paths and nodes where --paths gave them), then each
+    set's bins of the target's confidence c_a."""
+    some = next((r["acceptance_by_position"] for r in sets.values() if r["acceptance_by_position"]), None)
+    tree = any("paths" in r for r in sets.values())
+    lines = [
+        "## Teacher-forced (`--teacher-forced`)",
+        "",
+        "The draft at every anchor of the target's own greedy responses (`dflash_ref/training/teacher_forced.py`), "
+        "no decoding: τ_tf = 1 + the mean number of leading proposals equal to the target's greedy tokens, "
+        "a_k = the share of anchors whose first k proposals all are."
+        + (
+            " With `--paths M`: the longest match of a tree of the selector's M most probable paths, and the "
+            "tree's mean nodes (a verify would take 1 + nodes tokens)."
+            if tree
+            else ""
+        ),
+        "",
+        *_table(
+            ["set", "prompts", "anchors", "τ_tf", _a_header(some)] + (["paths", "mean nodes"] if tree else []),
+            [
+                [
+                    f"`{spec}`",
+                    str(len(r["prompts"])),
+                    str(r["anchors"]),
+                    number(r["tokens_per_step"]),
+                    _positions(r["acceptance_by_position"]),
+                ]
+                + ([str(r.get("paths", "")), number(r.get("mean_nodes"), 2)] if tree else [])
+                for spec, r in sets.items()
+            ],
+        ),
+        "",
+    ]
+    for spec, r in sets.items():
+        bins = [x for x in r["by_confidence"] if x["anchors"]]
+        lines += [
+            f"### `{spec}` by the target's confidence c_a in the token after the anchor",
+            "",
+            *_table(
+                ["c_a", "anchors", "share of anchors", "τ_tf", _a_header(some)],
+                [
+                    [
+                        bin_label(x),
+                        str(x["anchors"]),
+                        f"{100 * x['share']:.1f} %",
+                        number(x["tokens_per_step"]),
+                        _positions(x["acceptance_by_position"]),
+                    ]
+                    for x in bins
+                ],
+            ),
+            "",
+        ]
+    return lines

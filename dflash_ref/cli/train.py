@@ -71,7 +71,7 @@ def block_weights(block_size: int, gamma: float | None) -> torch.Tensor:
     """The loss weights w_k for the block size and γ; ValueError for a block size that cannot be
     trained or has no γ (checked before any work: `check_options`)."""
     # γ: the paper's for blocks 8, 10, 16; it trains no block 4, for which we take γ = 4 as for block 8.
-    # γ = 1 was measured against it (figures/training/README.md): better after 1000 steps, no better in a
+    # γ = 1 was measured against it (figures/training/levers.md): better after 1000 steps, no better in a
     # whole from-scratch run (held-out τ 1.648 against 1.659), so the default stays.
     return loss_weights(block_size, gamma if gamma is not None else {4: 4.0}.get(block_size))
 

@@ -1,7 +1,7 @@
 """Start a draft from its target's own decoder layers instead of noise (`train --init target`).
 
 Not in the paper (it trains its drafts from a random start); a departure for small data budgets, where
-a draft layer that already is a language-model layer has less to learn (measured: figures/training/README.md).
+a draft layer that already is a language-model layer has less to learn (measured: figures/training/levers.md).
 The draft's layers have the target's shapes, so its last N layers can be copied in:
 
     layers.i     ← target layer L_i (q/k/v/o, gate/up/down, input and post-attention norms)

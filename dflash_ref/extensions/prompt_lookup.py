@@ -14,7 +14,7 @@ so the output stays the target's own: greedy, equal to AR's; sampled, the propos
 function of the committed prefix, a q that puts all its mass on d_k (one candidate of probability 1 for
 the rejection verifier, acceptance.verify_rejection), so min(1, p/q) = p(d_k) and the residual is p
 without d_k. What it is for: a small model's greedy answers repeat their own phrases and the prompt's,
-which a draft trained on a few hundred thousand tokens predicts poorly (figures/training/README.md,
+which a draft trained on a few hundred thousand tokens predicts poorly (figures/training/levers.md,
 "Prompt lookup beside the draft"). Where a lookup proposes, the step needs no draft pass; the context
 features of its committed tokens wait for the next draft pass, which takes them all at once.
 """
@@ -27,7 +27,7 @@ import torch
 
 from ..decoding import Block, Proposal, Proposer
 
-MAX_NGRAM = 3  # the longest suffix looked up: measured against 2 and 4 in figures/training/README.md
+MAX_NGRAM = 3  # the longest suffix looked up: measured against 2 and 4 in figures/training/levers.md
 
 
 class PromptLookup:

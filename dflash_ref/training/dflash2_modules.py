@@ -1,5 +1,5 @@
 """`train --modules`: which of a DFlash 2 draft's two modules a run trains (dflash2_options.MODULES), to
-measure each alone (figures/training/README.md, "The levers").
+measure each alone (figures/training/levers.md, "The levers").
 
     both      the convolutions, the selector, and the layers through both losses (the recipe)
     conv      the selector's loss taken on the draft's detached hidden and logits: it learns beside the

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 VERSIONS = (1, 2)
-# which of DFlash 2's two modules a run trains (the levers of figures/training/README.md): both; the
+# which of DFlash 2's two modules a run trains (the levers of figures/training/levers.md): both; the
 # convolutions only (the selector learns beside them from detached inputs, and the run's evaluation
 # proposes by the argmax of the logits); the selector only (the convolutions stay the identity)
 MODULES = ("both", "conv", "selector")

@@ -1,7 +1,7 @@
 """Soft labels (`train --soft-labels α`): the target's own next-token distribution as a second target
 of the loss beside its greedy token (knowledge distillation, Hinton et al. 2015, as DistillSpec
 applies it to drafts, arXiv 2310.08461). A departure from the paper's recipe, which trains on the
-hard tokens alone; an option, measured in figures/training/README.md.
+hard tokens alone; an option, measured in figures/training/levers.md.
 
     q_p        = softmax(z^target_p), the target's distribution of token p + 1 after x_0 … x_p, kept as
                  its top K (ids, probabilities) from the feature pass (features.py: the same fp32 forward)
