@@ -127,7 +127,9 @@ class Block:
 
 @dataclass
 class Proposal:
-    """Stage 2's answer: the block the target verifies, and the q the rejection verifier reads."""
+    """Stage 2's answer: the block the target verifies, and the q the rejection verifier reads. An
+    extension that changes the draft's answer keeps it a DraftedProposal (`dataclasses.replace`): the
+    loop counts draft passes by it, and the trace reads it."""
 
     block_ids: torch.Tensor  # (1, L) [x_0, d_1, …, d_{L−1}], L ≤ L_q
     draft_probs: torch.Tensor | None = None  # (1, L − 1, V or K) q the d_i were drawn from (rejection, T > 0)
@@ -163,6 +165,7 @@ class Step:
     acceptance_length: int  # τ
     bonus: int  # the target's token after the accepted run
     produced: int  # tokens committed after x_0: τ + 1, clipped by the length limit or a stop token
+    verified_length: int  # the target cache's length after the verify pass, before its crop
     draft_cache: object
     target_cache: object
 
@@ -232,6 +235,7 @@ def spec_generate(
             output_hidden_states=block_size > 1,
         )
         result.num_target_passes += 1
+        verified_length = target_cache.get_seq_length()  # for observers: the cache as the verify left it
 
         # 4. accept: τ by cumprod, the bonus, and what is committed (a stop token ends the step)
         tau, bonus, posterior = verify_block(
@@ -249,7 +253,10 @@ def spec_generate(
         result.add_step(tau, produced)
         if on_step is not None:
             index = len(result.acceptance_lengths) - 1
-            on_step(Step(index, block, proposal, posterior, tau, int(bonus), produced, draft_cache, target_cache))
+            on_step(
+                Step(index, block, proposal, posterior, tau, int(bonus), produced, verified_length, draft_cache,
+                     target_cache)
+            )  # fmt: skip
         start += produced
 
     result.output_ids = output_ids[:, : min(start + 1, max_length)]
@@ -280,16 +287,30 @@ def draft_block(
     )
     return DraftedProposal(
         block_ids, draft_probs, candidates,
-        drafted=block_ids, context_length=ctx_len, cache_lengths=cache_lengths, hidden=hidden, logits=draft_logits,
-        draft=draft,
+        drafted=block_ids.clone(), context_length=ctx_len, cache_lengths=cache_lengths,
+        hidden=hidden, logits=draft_logits, draft=draft,
     )  # fmt: skip
 
 
 def _draft_proposer(draft, target, draft_cache, temperature, top_p, top_k, verifier) -> Proposer:
-    """`draft_block` with this run's draft, cache and sampling settings: the `propose` extensions wrap."""
+    """`draft_block` with this run's draft, cache and sampling settings: the `propose` extensions wrap. It
+    keeps where its cache's context ends, and refuses a block whose features do not start there (an
+    extension answered a step without the draft and dropped that step's features)."""
+    fed = 0  # the draft cache holds the context of positions 0 … fed − 1
 
     def propose(block: Block) -> Proposal:
-        return draft_block(draft, target, draft_cache, temperature, top_p, top_k, verifier, block)
+        nonlocal fed
+        if block.size > 1 and block.start - block.target_hidden.shape[1] != fed:
+            raise ValueError(
+                f"stage 2: the draft pass at position {block.start} was given context features from position "
+                f"{block.start - block.target_hidden.shape[1]}, but its cache holds the context up to {fed}: an "
+                "extension that answers a step without the draft must hand that step's features "
+                "(Block.target_hidden) on to the next draft pass, as extensions/prompt_lookup.py does"
+            )
+        proposal = draft_block(draft, target, draft_cache, temperature, top_p, top_k, verifier, block)
+        if isinstance(proposal, DraftedProposal):
+            fed = block.start
+        return proposal
 
     return propose
 
@@ -299,6 +320,11 @@ def _check_arguments(
 ) -> int:
     """Refuse what cannot be decoded, before any compute (compat.py); → the block size to use."""
     check_pair(draft, target)
+    if not callable(getattr(draft, "propose", None)):
+        raise TypeError(
+            f"{type(draft).__name__} has no propose(hidden, logits, anchor, temperature, top_p, top_k), the "
+            "rule that turns a draft pass's logits into proposals (DFlashDraftModel's; a wrapper passes it on)"
+        )
     check_sampling(temperature, top_p, top_k)
     if verifier not in VERIFIERS:
         raise ValueError(f"unknown verifier {verifier!r}; choose one of {VERIFIERS}")

@@ -5,6 +5,7 @@ rejection restricted to candidates, checked by hand, by their properties, agains
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -613,3 +614,20 @@ def test_the_candidate_lattice_figure(tmp_path):
     fig = plot_candidate_lattice(trace, 0, tokens=[f"t{i}" for i in range(draft.config.vocab_size)])
     assert save_figure(fig, tmp_path / "lattice.png").stat().st_size > 1000
     assert len(fig.axes[0].patches) == draft.block_size - 1  # one box per proposal position
+
+
+def test_each_class_builds_its_own_version_and_make_draft_and_load_draft_pick_it(tmp_path):
+    from dflash_ref.dflash2 import DFlash2DraftModel, make_draft, selector_of
+    from dflash_ref.draft_model import DFlashDraftModel
+
+    target, one = make_pair(0)
+    two = make_draft(dataclasses.replace(one.config, **dflash2()))
+    assert type(make_draft(one.config)) is DFlashDraftModel and type(two) is DFlash2DraftModel
+    assert selector_of(one) is None and selector_of(two) is two.candidate_selector
+    with pytest.raises(ConfigError, match="make_draft"):
+        DFlashDraftModel(two.config)
+    with pytest.raises(ConfigError, match="make_draft"):
+        DFlash2DraftModel(one.config)
+    for draft, kind in ((one, DFlashDraftModel), (two, DFlash2DraftModel)):
+        save_draft(draft, tmp_path / kind.__name__)
+        assert type(load_draft(tmp_path / kind.__name__)) is kind

@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import shlex
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +15,8 @@ from dflash_ref.__main__ import main
 from dflash_ref.cli import evaluate
 from dflash_ref.cli.evaluate import command_line, page_path, render
 from dflash_ref.drafts.shipped import SHIPPED_DFLASH1
+
+ROOT = Path(__file__).resolve().parents[1]
 
 COMMAND = "python -m dflash_ref evaluate --sets heldout:0:2 --out x.json"
 MACHINE = "Some CPU (x86_64), 2 torch threads, torch 2.x, Python 3.11, 2000-01-01"
@@ -205,3 +208,14 @@ def test_run_writes_the_json_and_its_page_rendered_from_it(tmp_path, capsys, mon
         f"--out {out}: the results are written there, but not their page {tmp_path / 'eval.md'} (Is a directory)"
     )
     assert json.loads(out.read_text())["sets"]["heldout:0:1"]["prompts"]
+
+
+@pytest.mark.parametrize("page", sorted((ROOT / "figures" / "training").glob("*.json")), ids=lambda p: p.stem)
+def test_each_committed_page_is_its_json_rendered(page):
+    """figures/training's tables are generated: each NAME.md is render() of NAME.json, under the command
+    and the machine line it names (a hand edit of either file fails here)."""
+    text = page.with_suffix(".md").read_text()
+    command = text.split("```bash\n", 1)[1].split("\n```", 1)[0]
+    machine = next(line for line in text.splitlines() if line.startswith("- machine: ")).removeprefix("- machine: ")
+    assert f"--out figures/training/{page.name}" in command
+    assert render(json.loads(page.read_text()), command, machine) == text

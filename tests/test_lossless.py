@@ -24,6 +24,7 @@ from conftest import gate_cuts, make_pair
 from scipy.stats import chisquare
 
 from dflash_ref import extract_context_feature, generate, sampling_probs, spec_generate
+from dflash_ref.draft_model import DFlashDraftModel
 from dflash_ref.drafts.oracle import OracleDraft
 from dflash_ref.extensions import chosen_extensions
 
@@ -315,7 +316,7 @@ class MimicDraft(torch.nn.Module):
         return self.draft.make_cache()
 
     def propose(self, *args):
-        return self.draft.propose(*args)
+        return DFlashDraftModel.propose(self.draft, *args)  # the argmax of its logits, or a draw (DFlash 1's)
 
     def forward(self, position_ids, attention_mask=None, **kwargs):
         hidden = self.draft(position_ids, attention_mask, **kwargs)

@@ -98,7 +98,7 @@ def load_models(args):
     if note:
         print(note, file=sys.stderr)
     target, tokenizer = open_target(args.target, dtype, device)  # a name or a folder (loading/folder.py)
-    if args.target == SMOLLM2:  # on the own Llama target; a chat turn ends with <|im_end|> (smollm2.py)
+    if args.target == SMOLLM2:  # on the own Llama target; a chat turn ends with <|im_end|> (loading/smollm2.py)
         stop, mask = STOP_TOKEN_IDS, MASK_TOKEN_ID
     else:
         stop = folder_stop_ids(Path(args.target), tokenizer)  # generation_config.json's, else the tokenizer's

@@ -42,7 +42,9 @@ class OracleDraft(nn.Module):
         return self.draft.make_cache()
 
     def propose(self, *args):
-        return self.draft.propose(*args)  # the draft's own rule (argmax, a draw, a selector's path) on these logits
+        """The oracle's tokens: the argmax of its logits, or a draw from them (DFlash 1's rule), whatever
+        the version of the draft it wraps."""
+        return DFlashDraftModel.propose(self.draft, *args)
 
     def forward(self, position_ids, attention_mask=None, **kwargs):
         hidden = self.draft(position_ids, attention_mask, **kwargs)

@@ -6,7 +6,7 @@ official `dflash` package and in transformers.
 Loading builds the model on the `meta` device (no memory), then reads each shard straight onto
 `device` in `dtype`, so no full float32 copy of a large model is ever held in host memory.
 The own Qwen3 loads here (`load_qwen3_target`), the own Llama and Qwen3.5 through the same reader
-(llama.py, qwen3_5_checkpoint.py), drafts too (drafts/checkpoint.py); `load_target` (folder.py) reads a
+(llama.py, qwen3_5_checkpoint.py), drafts too (drafts/checkpoint.py); `load_target` (loading/folder.py) reads a
 folder's architecture and picks among them.
 """
 

@@ -112,7 +112,7 @@ def trained_vs_random_example(max_new_tokens: int = 64, progress: bool = False) 
         ):
             outputs[name] = spec_generate(
                 draft, target, ids, max_new_tokens, STOP_TOKEN_IDS, extensions=vocabulary,
-                on_step=lambda r, trace=trace, bar=bar: (trace.on_step(r), bar.on_step(r)),
+                on_step=lambda step, trace=trace, bar=bar: (trace.on_step(step), bar.on_step(step)),
             )  # fmt: skip
         traces[name] = trace
     reference = generate(target, ids, max_new_tokens, STOP_TOKEN_IDS).output_ids

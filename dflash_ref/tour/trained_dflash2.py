@@ -71,7 +71,7 @@ def trained_dflash2_example(progress: bool = False) -> TrainedDFlash2:
     ):
         out = spec_generate(
             draft, target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS, extensions=draft_vocab_of(draft, target),
-            on_step=lambda r: (trace.on_step(r), bar.on_step(r)),
+            on_step=lambda step: (trace.on_step(step), bar.on_step(step)),
         )  # fmt: skip
     assert torch.equal(out.output_ids, generate(target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS).output_ids), (
         "speculative output must equal AR"

@@ -66,8 +66,9 @@ class StepRecord:
     def of(cls, step: Step) -> StepRecord:
         """The record of one step, from what its stages left (`Step`), read in the loop's `on_step` (the
         caches as they stand after the crop). The lengths after each crop are read off the caches, the draft
-        cache's around its pass off the draft's proposal (no pass: unchanged); the target cache holds every
-        position before x_0, and grew by the L verified tokens."""
+        cache's around its pass off the draft's proposal (no pass: unchanged), the target cache's after the
+        verify off the step; before it, the target cache holds every position before x_0 (the previous
+        record's `target_cache_after`)."""
         proposal, start, drafted = step.proposal, step.block.start, isinstance(step.proposal, DraftedProposal)
         q_len = proposal.drafted.shape[1] if drafted else int(step.block.size == 1)  # L_q of the draft's block
         draft_after = step.draft_cache.get_seq_length()
@@ -90,7 +91,7 @@ class StepRecord:
             draft_cache_after_draft=draft_after_pass,
             draft_cache_after=draft_after,
             target_cache_before=start,
-            target_cache_after_verify=start + verify_size,
+            target_cache_after_verify=step.verified_length,
             target_cache_after=step.target_cache.get_seq_length(),
             lookup=not drafted and step.block.size > 1,
         )

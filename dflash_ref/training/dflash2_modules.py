@@ -14,6 +14,7 @@ from __future__ import annotations
 import types
 from contextlib import contextmanager
 
+from ..dflash2 import selector_of
 from ..draft_model import DFlashDraftModel
 from ..drafts.random_draft import convolutions
 
@@ -28,10 +29,10 @@ def freeze_convolutions_(draft) -> None:
 def proposing_by_argmax(draft, on: bool = True):
     """Inside it, the draft proposes as a DFlash 1 draft does (DFlashDraftModel.propose, no selector, which
     the measuring code then sees as None); its selector and its own proposals are back after."""
-    if not on:
+    selector = selector_of(draft)
+    if not on or selector is None:
         yield draft
         return
-    selector = draft.candidate_selector
     draft.candidate_selector = None
     draft.propose = types.MethodType(DFlashDraftModel.propose, draft)
     try:
