@@ -142,7 +142,7 @@ def check_arguments(args) -> None:
     check_lookup(args.lookup)
     if args.out:
         check_output_file("--out", args.out, "eval.json", parents=False)  # Path.write_text: its folder must exist
-        check_page(args.out)
+        check_output_file(f"--out {args.out}: its page", page_path(args.out), "eval.md", parents=False)
     if args.figures:
         check_output_folder("--figures", args.figures)
 
@@ -346,20 +346,6 @@ def page_path(out: str | Path) -> Path:
     """Where `run` writes the page of --out FILE.json: FILE.md (FILE.json.md if --out itself ends in .md)."""
     out = Path(out)
     return out.with_name(out.name + ".md") if out.suffix == ".md" else out.with_suffix(".md")
-
-
-def check_page(out: str | Path) -> None:
-    """The page beside --out can be written (its folder is --out's, checked already): a ValueError naming it
-    if a folder is in its way or an existing file there cannot be opened for writing."""
-    page = page_path(out)
-    if page.is_dir():
-        raise ValueError(f"--out {out}: its page {page} is a folder; move it or choose another --out")
-    if page.exists():
-        try:
-            with open(page, "ab"):  # appends nothing: the file stays as it is
-                pass
-        except OSError as e:
-            raise ValueError(f"--out {out}: its page {page} cannot be written ({e.strerror})") from None
 
 
 def command_line(args) -> str:
