@@ -203,7 +203,7 @@ def bench_dflash2(repeats: int, out: Path, progress) -> dict:
                 )[:, 1:]  # (1, γ, d)
                 caches[v].crop(context)
                 logits = dr.compute_logits(h, target.output_head)  # (1, γ, V)
-                return selector.select(h, logits, anchor, 0.0) if v == 2 else logits.argmax(-1)
+                return dr.propose(h, logits, anchor, 0.0, 1.0, 0)  # the argmax, or DFlash 2's greedy path
 
         def walk(hidden=hidden, anchor=anchor):
             with torch.inference_mode():

@@ -156,8 +156,7 @@ def run(args) -> int:
     ids = prompt_ids(tokenizer, args)
     prompt_len, shown, new, cut, looked, steps = ids.shape[1], [""], [], [], [], []
 
-    def stream(step) -> None:  # print the text committed by each step as soon as it is accepted
-        record = StepRecord.of(step)
+    def stream(record) -> None:  # print the text committed by each step as soon as it is accepted
         steps.append(record)
         cut.append(record.verify_size < len(record.q_position_ids))  # the verify gate shut
         looked.append(record.lookup)  # proposed by prompt lookup
@@ -180,7 +179,10 @@ def run(args) -> int:
         )
     recording = tracing(draft, traced_target, names) if args.trace or args.figures else nullcontext()
     with recording as trace:
-        on_step = (lambda step: (trace.on_step(step), stream(step))) if trace is not None else stream
+        if trace is not None:  # the trace makes each step's record; the stream reads it there
+            on_step = lambda step: (trace.on_step(step), stream(trace.records[-1]))  # noqa: E731
+        else:
+            on_step = lambda step: stream(StepRecord.of(step))  # noqa: E731
         try:
             out = spec_generate(
                 draft,

@@ -27,16 +27,13 @@ def freeze_convolutions_(draft) -> None:
 
 @contextmanager
 def proposing_by_argmax(draft, on: bool = True):
-    """Inside it, the draft proposes as a DFlash 1 draft does (DFlashDraftModel.propose, no selector, which
-    the measuring code then sees as None); its selector and its own proposals are back after."""
-    selector = selector_of(draft)
-    if not on or selector is None:
+    """Inside it, the draft proposes as a DFlash 1 draft does (DFlashDraftModel.propose: the argmax of its
+    logits, no selector), in decoding and in teacher-forced measuring alike; its own proposals are back after."""
+    if not on or selector_of(draft) is None:
         yield draft
         return
-    draft.candidate_selector = None
     draft.propose = types.MethodType(DFlashDraftModel.propose, draft)
     try:
         yield draft
     finally:
         del draft.propose
-        draft.candidate_selector = selector

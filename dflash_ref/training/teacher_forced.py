@@ -110,13 +110,10 @@ def draft_proposals(
         outside = torch.ones(logits.shape[-1], dtype=torch.bool)
         outside[vocab] = False
         logits = logits.masked_fill(outside, float("-inf"))
-    selector = selector_of(draft)
     if paths is not None:
         check_paths(draft, paths)
-        return selector.best_paths(hidden, logits, token_ids[0, anchors], paths)[0]  # (m, M, b − 1)
-    return (
-        logits.argmax(-1) if selector is None else selector.select(hidden, logits, token_ids[0, anchors], 0.0)[0]
-    )  # DFlash 2: the greedy path
+        return selector_of(draft).best_paths(hidden, logits, token_ids[0, anchors], paths)[0]  # (m, M, b − 1)
+    return draft.propose(hidden, logits, token_ids[0, anchors], 0.0, 1.0, 0)[0]  # the argmax; DFlash 2's greedy path
 
 
 def check_paths(draft, paths: int) -> None:
