@@ -105,8 +105,8 @@ def verify_rejection(
     candidates: torch.Tensor | None = None,
 ):
     """Rejection sampling → (τ, bonus); draft_tokens (1, γ), target_probs (1, γ + 1, V),
-    draft_probs (1, γ, V) (the q the draft tokens were drawn from), or with `candidates` (1, γ, K)
-    (DFlash 2's selector) q over those K tokens only, (1, γ, K): q(v) = Σ_k q_k 1[c_k = v], zero on
+    draft_probs (1, γ, V) (the q the draft tokens were drawn from), or with `candidates` (1, γ, M)
+    (DFlash 2's selector) q over those M tokens only, (1, γ, M): q(v) = Σ_m q_m 1[c_m = v], zero on
     every other token, and the residual max(p − q, 0) subtracts q on the candidates' ids alone.
 
     Lossless with candidates too: the selector draws d_i ~ q_i given the path before it, so q_i is the
@@ -118,7 +118,7 @@ def verify_rejection(
     if candidates is None:
         q = draft_probs.gather(-1, index)[..., 0]  # (1, γ) q_i(d_i)
     else:
-        q = (draft_probs * (candidates == index)).sum(-1)  # (1, γ) Σ_k q_k 1[c_k = d_i]
+        q = (draft_probs * (candidates == index)).sum(-1)  # (1, γ) Σ_m q_m 1[c_m = d_i]
     accepted = torch.rand_like(q) * q < p  # u · q < p
     tau = int(accepted.int().cumprod(dim=1).sum(dim=1)[0])
     if tau == gamma:
@@ -145,7 +145,7 @@ def verify_block(
 ):
     """The verifier a request asks for → (τ, bonus, posterior or None); draft_tokens (1, γ) as verified,
     target_logits (1, γ + 1, V), draft_probs (1, γ, V) with the rejection verifier when sampling
-    ((1, γ, K) over `candidates` (1, γ, K) for a DFlash 2 draft)."""
+    ((1, γ, M) over `candidates` (1, γ, M) for a DFlash 2 draft)."""
     if temperature == 0:
         return verify_greedy(draft_tokens, target_logits)
     target_probs = sampling_probs(target_logits, temperature, top_p, top_k)  # (1, γ + 1, V)

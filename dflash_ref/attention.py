@@ -17,6 +17,10 @@ otherwise; its window W means one of three things (`position_rule`, config `wind
     rotating    context keys with q − k < W, every block key (k ≤ q if causal): the window bounds
                 only a context cache that evicts old positions          (the official MLX backend)
 
+# diff with official: the official PyTorch code knows the causal and the symmetric readings alone (by
+# is_causal); the rotating one, and naming either (`sliding_window_kind`), serve the conformance kit, whose
+# bundles hold each reading ports use.
+
 `attend` is the shared kernel: an explicit math path that returns the weights (used whenever a hook
 on the scores or pattern is active) and an SDPA path for speed; the target's causal attention uses
 it too.
@@ -145,21 +149,21 @@ class KVInjectionAttention(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        target_hidden: torch.Tensor,
+        context: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         past_key_values: KVCache | None = None,
         attention_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden_states H (B, L_q, d), target_hidden C (B, L_c, d) → (B, L_q, d), weights or None.
+        """hidden_states H (B, L_q, d), context C (B, L_c, d) → (B, L_q, d), weights or None.
         attention_mask: bool (L_q, L_k) of visible keys, replacing the layer's own rule (training, which
         folds that rule into it: training.block_masks)."""
         q_len = hidden_states.shape[1]
         heads = lambda x: rearrange(x, "b l (h d) -> b h l d", d=self.head_dim)  # noqa: E731
         q = self.hook_q(self.q_norm(heads(self.q_proj(hidden_states))))  # (B, H_q, L_q, d_h)
-        k_ctx = self.hook_k_ctx(self.k_norm(heads(self.k_proj(target_hidden))))  # (B, H_kv, L_c, d_h)
+        k_ctx = self.hook_k_ctx(self.k_norm(heads(self.k_proj(context))))  # (B, H_kv, L_c, d_h)
         k_noise = self.hook_k_noise(self.k_norm(heads(self.k_proj(hidden_states))))  # (B, H_kv, L_q, d_h)
         k = torch.cat([k_ctx, k_noise], dim=2)  # (B, H_kv, L_c + L_q, d_h)
-        v = torch.cat([heads(self.v_proj(target_hidden)), heads(self.v_proj(hidden_states))], dim=2)
+        v = torch.cat([heads(self.v_proj(context)), heads(self.v_proj(hidden_states))], dim=2)
         v = self.hook_v(v)  # (B, H_kv, L_c + L_q, d_h)
         cos, sin = position_embeddings
         q, k = apply_sliced_rope(q, k, cos, sin)

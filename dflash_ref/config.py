@@ -186,12 +186,14 @@ class DraftConfig(Qwen3Config):
     mask_token_id: int = 0
     target_layer_ids: list[int] = field(default_factory=list)  # empty: build_target_layer_ids
     is_causal: bool | None = None  # None: causal exactly on sliding-window layers (official rule)
+    # diff with official: sliding_window_kind is this project's key (the official code reads is_causal alone); the
+    # conformance kit's bundles declare with it the readings of a window that ports use (attention.py)
     sliding_window_kind: str | None = None  # None: "symmetric" when is_causal is false, else "causal"
     version: int = 1  # 1: DFlashDraftModel, 2: DFlash2DraftModel
-    conv_kernel_size: int | None = None  # K, the convolution's taps        (DFlash 2)
+    conv_kernel_size: int | None = None  # J, the convolution's taps        (DFlash 2)
     conv_group_size: int | None = None  # d / G, channels sharing a dynamic tap
     selector_rank: int | None = None  # r, the codebooks' rank
-    selector_top_k: int | None = None  # K candidates per proposal position
+    selector_top_k: int | None = None  # M candidates per proposal position
     input_embedding_scale: float = 1.0  # the block's embedding × this
     output_multiplier: float = 1.0  # the draft logits × this, then tanh-capped if a softcap is set
     final_logit_softcapping: float | None = None

@@ -132,8 +132,8 @@ class Proposal:
     loop counts draft passes by it, and the trace reads it."""
 
     block_ids: torch.Tensor  # (1, L) [x_0, d_1, …, d_{L−1}], L ≤ L_q
-    draft_probs: torch.Tensor | None = None  # (1, L − 1, V or K) q the d_i were drawn from (rejection, T > 0)
-    candidates: torch.Tensor | None = None  # (1, L − 1, K) the tokens q is over (DFlash 2, prompt lookup)
+    draft_probs: torch.Tensor | None = None  # (1, L − 1, V or M) q the d_i were drawn from (rejection, T > 0)
+    candidates: torch.Tensor | None = None  # (1, L − 1, M) the tokens q is over (DFlash 2, prompt lookup)
 
 
 @dataclass(kw_only=True)
@@ -268,7 +268,7 @@ def draft_block(
 ) -> Proposal:
     """Stage 2, the paper's: one parallel pass of the draft over [x_0, mask, …, mask], the new context
     features injected as K/V, then its cache cropped back to `start`; d_1..d_γ from the pass's
-    positions 1..γ (`draft.propose`). A block of 1 (b = 1) proposes nothing and needs no pass."""
+    positions 1..γ (`draft.choose_tokens`). A block of 1 (b = 1) proposes nothing and needs no pass."""
     block_ids = block.ids()  # (1, L_q)
     if block.size == 1:
         return Proposal(block_ids)
@@ -282,7 +282,7 @@ def draft_block(
     draft_cache.crop(start)  # the block's K/V go; the context's stay
     draft_logits = draft.compute_logits(hidden, block.head)  # (1, γ, V)
     sampled = temperature > 0 and verifier == "rejection"  # "match" takes the draft's greedy proposals
-    block_ids[:, 1:], draft_probs, candidates = draft.propose(
+    block_ids[:, 1:], draft_probs, candidates = draft.choose_tokens(
         hidden, draft_logits, block_ids[:, 0], temperature if sampled else 0.0, top_p, top_k
     )
     return DraftedProposal(
@@ -320,9 +320,9 @@ def _check_arguments(
 ) -> int:
     """Refuse what cannot be decoded, before any compute (compat.py); → the block size to use."""
     check_pair(draft, target)
-    if not callable(getattr(draft, "propose", None)):
+    if not callable(getattr(draft, "choose_tokens", None)):
         raise TypeError(
-            f"{type(draft).__name__} has no propose(hidden, logits, anchor, temperature, top_p, top_k), the "
+            f"{type(draft).__name__} has no choose_tokens(hidden, logits, anchor, temperature, top_p, top_k), the "
             "rule that turns a draft pass's logits into proposals (DFlashDraftModel's; a wrapper passes it on)"
         )
     check_sampling(temperature, top_p, top_k)

@@ -4,7 +4,7 @@ extends DFlash 1's, as the official `DFlash2DraftModel` extends its `DFlashDraft
     layer      each sublayer f inside its grouped dynamic causal convolution (dynamic_conv.py):
                H'  = H  + finish(Attn(prepare(RMSNorm_in(H)), C))
                H'' = H' + finish(MLP(prepare(RMSNorm_post(H'))))
-    proposals  a path through the top-K candidates of every block position, chosen by the candidate
+    proposals  a path through the top-M candidates of every block position, chosen by the candidate
                selector (candidate_selector.py), instead of the argmax (or a draw) of the logits
 
 Everything else (context, KV injection, the loop, the verifiers) is DFlash 1's. The config says which
@@ -31,15 +31,15 @@ class DFlash2DecoderLayer(DFlashDecoderLayer):
         self.attention_conv = GroupedDynamicCausalConv(d, k, g)
         self.mlp_conv = GroupedDynamicCausalConv(d, k, g)
 
-    def attend(self, x: torch.Tensor, context: tuple, blocks: int) -> torch.Tensor:
+    def attend(self, x, *attention_inputs, blocks: int = 1):
         """finish(Attn(prepare(x), C)), with the taps of x."""
         prepared, taps = self.attention_conv.prepare(x, blocks)
-        return self.attention_conv.finish(super().attend(prepared, context, blocks), taps, blocks)
+        return self.attention_conv.finish(super().attend(prepared, *attention_inputs, blocks=blocks), taps, blocks)
 
-    def feed_forward(self, x: torch.Tensor, blocks: int) -> torch.Tensor:
+    def feed_forward(self, x: torch.Tensor, *, blocks: int = 1) -> torch.Tensor:
         """finish(MLP(prepare(x))), with the taps of x."""
         prepared, taps = self.mlp_conv.prepare(x, blocks)
-        return self.mlp_conv.finish(super().feed_forward(prepared, blocks), taps, blocks)
+        return self.mlp_conv.finish(super().feed_forward(prepared, blocks=blocks), taps, blocks)
 
 
 class DFlash2DraftModel(DFlashDraftModel):
@@ -53,9 +53,9 @@ class DFlash2DraftModel(DFlashDraftModel):
         )
         name_hook_points(self, "draft")  # the selector's hook points too
 
-    def propose(self, hidden, logits, anchor, temperature: float, top_p: float, top_k: int):
-        """The selector's path from the anchor x_0: d_1..d_γ (1, γ), q (1, γ, K) over its candidates
-        (1, γ, K) when T > 0, else None (the greedy path). Like the official draft side, no top-p / top-k."""
+    def choose_tokens(self, hidden, logits, anchor, temperature: float, top_p: float, top_k: int):
+        """The selector's path from the anchor x_0: d_1..d_γ (1, γ), q (1, γ, M) over its candidates
+        (1, γ, M) when T > 0, else None (the greedy path). Like the official draft side, no top-p / top-k."""
         path, candidates, q = self.candidate_selector.select(hidden, logits, anchor, temperature, sample_probs)
         return path, q, candidates
 

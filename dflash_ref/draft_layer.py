@@ -6,6 +6,10 @@
 C is the already-projected context (fc + hidden_norm), shared by all layers; it is *not* normed
 again here, while H is. The two sublayers are methods (`attend`, `feed_forward`) so that a layer
 that changes what is around them (dflash2.py) extends this one without touching it.
+
+# diff with official: the keyword `blocks` says how many equal blocks the L_q query rows hold. Only
+# training passes it (many blocks side by side in one pass, training/recipe.py); a DFlash 1 layer ignores
+# it, and a DFlash 2 layer restarts its convolutions at each block (dynamic_conv.py).
 """
 
 from __future__ import annotations
@@ -34,23 +38,26 @@ class DFlashDecoderLayer(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        target_hidden: torch.Tensor,
+        context: torch.Tensor,
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
         past_key_values: KVCache | None = None,
         attention_mask: torch.Tensor | None = None,
+        *,
         blocks: int = 1,
     ) -> torch.Tensor:
-        """`blocks`: the L_q query rows are that many equal blocks side by side (training's one pass)."""
-        context = (target_hidden, position_embeddings, past_key_values, attention_mask)
-        attended = self.attend(self.input_layernorm(hidden_states), context, blocks)
+        """H (B, L_q, d), C (B, L_c, d) → H'' (B, L_q, d)."""
+        x = self.input_layernorm(hidden_states)
+        attended = self.attend(x, context, position_embeddings, past_key_values, attention_mask, blocks=blocks)
         hidden_states = self.hook_resid_mid(hidden_states + attended)
-        hidden_states = hidden_states + self.feed_forward(self.post_attention_layernorm(hidden_states), blocks)
+        x = self.post_attention_layernorm(hidden_states)
+        hidden_states = hidden_states + self.feed_forward(x, blocks=blocks)
         return self.hook_resid_post(hidden_states)
 
-    def attend(self, x: torch.Tensor, context: tuple, blocks: int) -> torch.Tensor:
-        """Attn(x, C), x (B, L_q, d) already normed; `context` = (C, RoPE cos/sin, cache, mask)."""
-        return self.self_attn(x, *context)[0]
+    def attend(self, x, context, position_embeddings, past_key_values, attention_mask, *, blocks: int = 1):
+        """Attn(x, C): x (B, L_q, d) already normed, C (B, L_c, d), RoPE's cos/sin, the draft cache and a
+        visibility mask (attention.py) → (B, L_q, d)."""
+        return self.self_attn(x, context, position_embeddings, past_key_values, attention_mask)[0]
 
-    def feed_forward(self, x: torch.Tensor, blocks: int) -> torch.Tensor:
+    def feed_forward(self, x: torch.Tensor, *, blocks: int = 1) -> torch.Tensor:
         """MLP(x), x (B, L_q, d) already normed."""
         return self.mlp(x)

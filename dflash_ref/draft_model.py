@@ -13,6 +13,7 @@ DFlash 2 (dflash2.py) extends this class: its layers and its proposals.
 No embedding and no lm_head of its own: the target's are reused. Parameter names are the official
 ones (`layers.{i}.…`, `fc`, `hidden_norm`, `norm`), so one `load_state_dict` moves weights between
 this model and the official `DFlashDraftModel` or any port. `forward` takes the official keywords.
+# diff with official: `forward` also takes `blocks`, training's alone (draft_layer.py says why).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ class DFlashDraftModel(nn.Module):
         )  # (B, L_c, d)
         position_embeddings = self.rotary_emb(position_ids, hidden_states.dtype)  # (B, L_c + L_q, d_h) ×2
         for layer, mask in zip(self.layers, masks):
-            hidden_states = layer(hidden_states, context, position_embeddings, past_key_values, mask, blocks)
+            hidden_states = layer(hidden_states, context, position_embeddings, past_key_values, mask, blocks=blocks)
         return self.hook_out(self.norm(hidden_states))
 
     def _layer_masks(self, attention_mask, q_len: int, ctx_len: int, past_key_values) -> list:
@@ -162,7 +163,7 @@ class DFlashDraftModel(nn.Module):
         cap = self.config.final_logit_softcapping
         return self.hook_logits(torch.tanh(logits / cap) * cap if cap else logits)
 
-    def propose(self, hidden, logits, anchor, temperature: float, top_p: float, top_k: int):
+    def choose_tokens(self, hidden, logits, anchor, temperature: float, top_p: float, top_k: int):
         """d_1..d_γ (1, γ) from the block's logits (1, γ, V): drawn from q = sampling_probs(logits) at
         T > 0, else the argmax → (tokens, q (1, γ, V) or None, None: q is over all V). `hidden` (1, γ, d)
         and `anchor` x_0 (1,) are what a draft that proposes otherwise reads (dflash2.py)."""

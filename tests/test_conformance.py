@@ -352,8 +352,8 @@ class Wrapped(nn.Module):
     def compute_logits(self, hidden, head):
         return self.draft.compute_logits(hidden, head)
 
-    def propose(self, *args):
-        return self.draft.propose(*args)
+    def choose_tokens(self, *args):
+        return self.draft.choose_tokens(*args)
 
 
 class After(ReferenceAdapter):

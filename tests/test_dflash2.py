@@ -23,6 +23,7 @@ from dflash_ref.drafts.checkpoint import load_draft, save_draft
 from dflash_ref.dynamic_conv import GroupedDynamicCausalConv, convolve
 from dflash_ref.extensions import chosen_extensions
 from dflash_ref.trace import StepLog
+from dflash_ref.training.teacher_forced import best_paths
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
@@ -107,12 +108,12 @@ def test_the_selectors_best_paths_by_hand():
         2: torch.log_softmax(torch.tensor([7.0, -4.5]), -1),
     }  # after 2 (E_pred 2):  1 + 6, 1.5 − 6
     by_hand = {(a, b): (lq1[a - 1] + lq2[a][b - 1]).item() for a in (1, 2) for b in (1, 2)}
-    paths, scores = selector.best_paths(hidden, logits, torch.tensor([0]), 4)
+    paths, scores = best_paths(selector, hidden, logits, torch.tensor([0]), 4)
     assert [tuple(p) for p in paths[0].tolist()] == [(1, 2), (2, 1), (1, 1), (2, 2)]
     assert scores[0].tolist() == pytest.approx([by_hand[tuple(p)] for p in paths[0].tolist()], abs=1e-6)
     assert paths[0, 0].tolist() == selector.select(hidden, logits, torch.tensor([0]), 0.0)[0][0].tolist()
     with pytest.raises(ValueError, match=r"count=5 must be 1 … K\^γ = 4"):
-        selector.best_paths(hidden, logits, torch.tensor([0]), 5)
+        best_paths(selector, hidden, logits, torch.tensor([0]), 5)
 
 
 @pytest.mark.parametrize("seed", range(4))
@@ -137,7 +138,7 @@ def test_the_selectors_best_paths_are_the_best_of_every_path(seed):
             every[tuple(tokens)] = total
         ranked = sorted(every.values(), reverse=True)
         for count in (1, 5, 27):
-            paths, scores = selector.best_paths(hidden, logits, anchors, count)
+            paths, scores = best_paths(selector, hidden, logits, anchors, count)
             assert scores[row].tolist() == pytest.approx(ranked[:count], abs=1e-5)
             assert [every[tuple(p)] for p in paths[row].tolist()] == pytest.approx(ranked[:count], abs=1e-5)
 
@@ -521,7 +522,7 @@ def test_teacher_forced_acceptance_of_a_dflash2_draft_follows_its_greedy_path():
             )[:, 1:]
             z = draft.compute_logits(h, target.output_head)
             path = draft.candidate_selector.select(h, z, block[:, 0], 0.0)[0]
-            paths = draft.candidate_selector.best_paths(h, z, block[:, 0], 5)[0][0]  # (5, b − 1)
+            paths = best_paths(draft.candidate_selector, h, z, block[:, 0], 5)[0][0]  # (5, b − 1)
         wanted = greedy[a : a + b - 1]
         assert int(leads[i]) == int((path[0] == wanted).long().cumprod(-1).sum()), (a, path, wanted)
         # the tree of the 5 best paths: the longest leading match of any, its distinct prefixes

@@ -315,8 +315,8 @@ class MimicDraft(torch.nn.Module):
         self._x0 = {}  # spec_generate makes a fresh cache per run
         return self.draft.make_cache()
 
-    def propose(self, *args):
-        return DFlashDraftModel.propose(self.draft, *args)  # the argmax of its logits, or a draw (DFlash 1's)
+    def choose_tokens(self, *args):
+        return DFlashDraftModel.choose_tokens(self.draft, *args)  # the argmax of its logits, or a draw (DFlash 1's)
 
     def forward(self, position_ids, attention_mask=None, **kwargs):
         hidden = self.draft(position_ids, attention_mask, **kwargs)

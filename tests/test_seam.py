@@ -122,5 +122,5 @@ def test_a_draft_without_a_proposal_rule_is_refused_before_any_work():
         mask_token_id = property(lambda self: self.draft.mask_token_id)
         target_layer_ids = property(lambda self: self.draft.target_layer_ids)
 
-    with pytest.raises(TypeError, match="has no propose"):
+    with pytest.raises(TypeError, match="has no choose_tokens"):
         spec_generate(NoRule(), target, torch.tensor([[1, 2]]), 4)

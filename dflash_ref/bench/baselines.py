@@ -89,8 +89,8 @@ def hf_generate(model, ids: torch.Tensor, n: int) -> torch.Tensor:
 
 def bench_baselines(repeats: int, out: Path, progress) -> dict:
     """The decoders above on PROMPTS hand-written held-out prompts (training/heldout_styles.py), NEW_TOKENS
-    tokens each: seconds, the ratio to transformers' generate, speed (its time / theirs), τ (tokens per
-    target pass), identical output."""
+    tokens each: seconds, the ratio to transformers' generate, speed (its time / theirs), τ + 1
+    (tokens per target pass), identical output."""
     target, tokenizer = load_smollm2_own()  # the own Llama target (target/llama.py)
     model = transformers_twin(load_smollm2()[0].model)
     draft, _ = open_draft(SHIPPED_DFLASH1, proposing=True)  # the official DFlashDraftModel's kind
@@ -138,7 +138,7 @@ def bench_baselines(repeats: int, out: Path, progress) -> dict:
     }
     expected = [generate(target, ids, n, STOP_TOKEN_IDS).output_ids for ids in inputs]
     taus = {}
-    for name, decode in decoders.items():  # one untimed pass: τ and the lossless check
+    for name, decode in decoders.items():  # one untimed pass: τ + 1 and the lossless check
         results = [decode(ids) for ids in inputs]
         if not all(torch.equal(o, e) for (o, _), e in zip(results, expected)):
             raise AssertionError(f"{name}: output differs from dflash_ref's AR (not token-identical)")
@@ -149,7 +149,7 @@ def bench_baselines(repeats: int, out: Path, progress) -> dict:
         row.update(
             {
                 "speed vs transformers generate": 1 / row["ratio"],
-                "τ (tokens/step)": taus[row["variant"]],
+                "τ + 1 (tokens/step)": taus[row["variant"]],
                 "identical output": True,
             }
         )
@@ -203,7 +203,7 @@ def bench_dflash2(repeats: int, out: Path, progress) -> dict:
                 )[:, 1:]  # (1, γ, d)
                 caches[v].crop(context)
                 logits = dr.compute_logits(h, target.output_head)  # (1, γ, V)
-                return dr.propose(h, logits, anchor, 0.0, 1.0, 0)  # the argmax, or DFlash 2's greedy path
+                return dr.choose_tokens(h, logits, anchor, 0.0, 1.0, 0)  # the argmax, or DFlash 2's greedy path
 
         def walk(hidden=hidden, anchor=anchor):
             with torch.inference_mode():

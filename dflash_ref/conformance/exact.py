@@ -143,7 +143,7 @@ def acceptance_distribution(
                 outside.extend([1 - float(p2[tokens].sum()), 1 - sum(q for e, q in then if e in keep)])
                 both += k * sum(min(float(p2[e]), q) for e, q in then if e in keep)
         else:  # match: greedy draft
-            d1, d2 = (int(i) for i in draft.propose(hidden, logits, torch.tensor([x0]), 0.0, 1.0, 0)[0][0])
+            d1, d2 = (int(i) for i in draft.choose_tokens(hidden, logits, torch.tensor([x0]), 0.0, 1.0, 0)[0][0])
             first = float(p1[d1])
             both = first * float(_next_probs(target, prompt + [x0, d1], temperature)[-1, d2])
         at_least += float(p0[x0]) * np.array([1.0, first, both])

@@ -41,10 +41,10 @@ class OracleDraft(nn.Module):
     def make_cache(self):
         return self.draft.make_cache()
 
-    def propose(self, *args):
+    def choose_tokens(self, *args):
         """The oracle's tokens: the argmax of its logits, or a draw from them (DFlash 1's rule), whatever
         the version of the draft it wraps."""
-        return DFlashDraftModel.propose(self.draft, *args)
+        return DFlashDraftModel.choose_tokens(self.draft, *args)
 
     def forward(self, position_ids, attention_mask=None, **kwargs):
         hidden = self.draft(position_ids, attention_mask, **kwargs)

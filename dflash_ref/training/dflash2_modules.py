@@ -27,13 +27,13 @@ def freeze_convolutions_(draft) -> None:
 
 @contextmanager
 def proposing_by_argmax(draft, on: bool = True):
-    """Inside it, the draft proposes as a DFlash 1 draft does (DFlashDraftModel.propose: the argmax of its
+    """Inside it, the draft proposes as a DFlash 1 draft does (DFlashDraftModel.choose_tokens: the argmax of its
     logits, no selector), in decoding and in teacher-forced measuring alike; its own proposals are back after."""
     if not on or selector_of(draft) is None:
         yield draft
         return
-    draft.propose = types.MethodType(DFlashDraftModel.propose, draft)
+    draft.choose_tokens = types.MethodType(DFlashDraftModel.choose_tokens, draft)
     try:
         yield draft
     finally:
-        del draft.propose
+        del draft.choose_tokens

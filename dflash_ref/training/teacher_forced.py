@@ -12,7 +12,8 @@ whose whole block fits (a + b − 1 ≤ T − 1):
                                                   draft vocabulary, if the draft has one; DFlash 2: the
                                                   selector's greedy path from x_a)
     L_a     = max{ℓ ≤ b − 1 : d_k = g_{a+k} for every k ≤ ℓ}    the proposals greedy verification keeps
-    τ_tf    = 1 + mean_a L_a,    a_k = share of anchors with L_a ≥ k
+    τ + 1   = 1 + mean_a L_a                      teacher-forced tokens per step (τ = mean_a L_a accepted)
+    a_k     = share of anchors with L_a ≥ k
 
 It asks what a greedy decoding step asks, but at every position of a fixed response instead of only
 where decoding's steps begin, so one target pass per response does it (no decoding loop), and it
@@ -20,7 +21,7 @@ can be split by c_a: where the target itself hesitates between tokens, a draft m
 tie. Its numbers are near decoding's, not equal: decoding never anchors inside an accepted run.
 
 With `paths` = M (a DFlash 2 draft), what a verify of a tree would keep: the selector's M most probable paths
-(CandidateSelector.best_paths) merged by their common prefixes, L_a the longest leading match of any of them,
+(best_paths) merged by their common prefixes, L_a the longest leading match of any of them,
 and N_a the tree's nodes (distinct non-empty prefixes), so such a verify would take 1 + N_a tokens. A
 measure only: decoding verifies one path.
 """
@@ -45,7 +46,7 @@ def bin_label(b: dict) -> str:
 
 
 def summary(leads: torch.Tensor, block_size: int) -> dict:
-    """τ_tf and a_k from the leading-match counts L_a (m,)."""
+    """τ + 1 (teacher-forced) and a_k from the leading-match counts L_a (m,)."""
     k = torch.arange(1, block_size)
     return {
         "anchors": len(leads),
@@ -112,8 +113,54 @@ def draft_proposals(
         logits = logits.masked_fill(outside, float("-inf"))
     if paths is not None:
         check_paths(draft, paths)
-        return selector_of(draft).best_paths(hidden, logits, token_ids[0, anchors], paths)[0]  # (m, M, b − 1)
-    return draft.propose(hidden, logits, token_ids[0, anchors], 0.0, 1.0, 0)[0]  # the argmax; DFlash 2's greedy path
+        return best_paths(selector_of(draft), hidden, logits, token_ids[0, anchors], paths)[0]  # (m, M, b − 1)
+    return draft.choose_tokens(hidden, logits, token_ids[0, anchors], 0.0, 1.0, 0)[0]  # argmax, or DFlash 2's path
+
+
+def best_paths(
+    selector, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor, count: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The `count` most probable paths through a DFlash 2 selector's candidates (a measure beside decoding,
+    which walks one):
+
+        log P(x_1..x_γ) = Σ_t log q_t(x_t | x_{t−1}),   q_t(· | x_{t−1}) = softmax_k score_{t,k}   (T = 1)
+
+    found exactly by keeping, at every position and for every candidate c, the `count` best paths that end
+    in c (q_t depends on the path only through x_{t−1}, so every best path's prefix is among them).
+    hidden (B, γ, d), logits (B, γ, V), anchor_ids (B,) → paths (B, count, γ), log P (B, count), best
+    first; count ≤ K^γ. count = 1 is the most probable path, which `select`'s greedy walk (the best next
+    token at every step) need not be."""
+    batch, gamma, k = hidden.shape[0], hidden.shape[1], selector.top_k
+    if not 1 <= count <= k**gamma:
+        raise ValueError(f"best_paths: count={count} must be 1 … K^γ = {k**gamma} (K={k}, γ={gamma})")
+    unary, candidates = torch.topk(logits, k, dim=-1, sorted=False)  # (B, γ, K) each
+    projected = selector.hidden_projection(hidden)  # (B, γ, r)
+    first = torch.log_softmax(
+        (unary[:, 0] + selector.pair_term(anchor_ids, projected[:, 0], candidates[:, 0])).float(), -1
+    )
+    # best[b, c, j]: log P of the j-th best path ending in candidate c; −inf where fewer than j + 1 exist
+    best = torch.full((batch, k, count), float("-inf"), dtype=first.dtype, device=first.device)
+    best[:, :, 0] = first  # (B, K) one path per c
+    back = []  # per t ≥ 2: (B, K, count)
+    for t in range(1, gamma):
+        pair = selector.pair_term(
+            candidates[:, t - 1],
+            projected[:, t, None].expand(batch, k, -1),
+            candidates[:, t, None].expand(batch, k, k),
+        )  # (B, K', K): x_{t−1} = c'
+        step = torch.log_softmax((unary[:, t][:, None, :] + pair).float(), -1)  # (B, K', K) log q_t(c | c')
+        extended = best[:, :, None, :] + step[..., None]  # (B, K', K, count)
+        extended = extended.permute(0, 2, 1, 3).reshape(batch, k, k * count)  # (B, K, K'·count)
+        best, index = extended.topk(count, dim=-1)  # (B, K, count) each
+        back.append(index)  # c' · count + j
+    scores, index = best.reshape(batch, k * count).topk(count, dim=-1)  # (B, count), c·count + j
+    state, rank = index // count, index % count  # (B, count) each
+    path = [candidates[:, gamma - 1].gather(-1, state)]
+    for t in range(gamma - 1, 0, -1):  # follow the back pointers
+        came = back[t - 1].reshape(batch, k * count).gather(-1, state * count + rank)  # (B, count)
+        state, rank = came // count, came % count
+        path.append(candidates[:, t - 1].gather(-1, state))
+    return torch.stack(path[::-1], dim=-1), scores  # (B, count, γ), (B, count)
 
 
 def check_paths(draft, paths: int) -> None:
@@ -131,9 +178,9 @@ def check_paths(draft, paths: int) -> None:
 
 
 def teacher_forced(draft, target, rows: list[dict], edges=CONFIDENCE_EDGES, paths: int | None = None) -> dict:
-    """τ_tf and a_k over all anchors of `rows` ({"ids", "prompt_len"}, as distill writes them), and
-    the same per bin of the target's confidence c_a, with each bin's share of the anchors; with `paths`,
-    of a tree of the selector's best paths, and "paths" and "mean_nodes" (the mean N_a) say so."""
+    """τ + 1 (teacher-forced) and a_k over all anchors of `rows` ({"ids", "prompt_len"}, as distill writes
+    them), and the same per bin of the target's confidence c_a, with each bin's share of the anchors; with
+    `paths`, of a tree of the selector's best paths, and "paths" and "mean_nodes" (the mean N_a) say so."""
     draft.eval()
     if paths is not None:
         check_paths(draft, paths)  # before any target pass
@@ -177,7 +224,7 @@ def plot(result: dict, title: str = ""):
     ax.set_xlabel("target's confidence c_a in the token after the anchor")
     ax.set_ylabel("fraction")
     ax.set_title(
-        title or f"teacher-forced τ {result['tokens_per_step']:.3f} over {result['anchors']} anchors", fontsize=9
+        title or f"teacher-forced τ + 1 = {result['tokens_per_step']:.3f} over {result['anchors']} anchors", fontsize=9
     )
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
