@@ -275,7 +275,7 @@ def test_bench_rollback_reports_blocks_4_and_16_against_a_verify(monkeypatch):
 
 def test_bench_trained_runs_every_decoder_side_by_side(tmp_path, monkeypatch):
     """One prompt of each held-out set, 8 tokens, one repeat (no timing is asserted): transformers' generate
-    first, then AR and each shipped draft, every output checked equal to AR inside; τ for both sets."""
+    first, then AR and each shipped draft, every output checked equal to AR inside; τ + 1 for both sets."""
     pytest.importorskip("gguf")
     from dflash_ref.bench import trained
     from dflash_ref.drafts.folder import SHIPPED_DRAFTS
@@ -292,5 +292,5 @@ def test_bench_trained_runs_every_decoder_side_by_side(tmp_path, monkeypatch):
         for label in SHIPPED_DRAFTS
     )
     assert rows[0]["speed vs transformers generate"] == 1.0
-    assert all({"τ template held-out", "τ other styles", "speed vs AR"} <= set(r) for r in rows)
+    assert all({"τ + 1, template held-out", "τ + 1, other styles", "speed vs AR"} <= set(r) for r in rows)
     assert (tmp_path / "trained.png").is_file()

@@ -66,7 +66,7 @@ def test_the_sets_table_alone_with_numbers_as_printed_and_n_a_where_nothing_was_
     assert page.startswith("# `evaluate`: shipped:dflash1 (`dflash_ref/drafts/smollm2`)\n")
     assert f"```bash\n{COMMAND}\n```" in page and f"- machine: {MACHINE}" in page
     assert "- block size: 4\n" in page and "- tokens: at most 128 per prompt" in page
-    assert "| set | prompts | τ (pooled) | τ mean of prompts | a_1 / a_2 / a_3 |" in page
+    assert "| set | prompts | τ + 1 (pooled) | τ + 1, mean of prompts | a_1 / a_2 / a_3 |" in page
     assert rows_of(page, "set") == [
         ["`heldout:0:2`", "2", "1.235", "1.400", "0.500 / 0.250 / 0.125"],
         ["`train:5:1`", "1", "1.000", "n/a", "n/a / n/a / n/a"],
@@ -132,7 +132,7 @@ def teacher_forced_set(paths=None) -> dict:
 
 def test_teacher_forced_tables_skip_empty_bins_and_show_the_tree_only_with_paths():
     page = render(results({"heldout:0:3": teacher_forced_set()}), COMMAND, MACHINE)
-    assert "## Teacher-forced" in page and "## Decoding" not in page and "τ (pooled)" not in page
+    assert "## Teacher-forced" in page and "## Decoding" not in page and "τ + 1 (pooled)" not in page
     assert rows_of(page, "set") == [["`heldout:0:3`", "3", "1000", "2.019", "0.700 / 0.200 / 0.100"]]
     assert "### `heldout:0:3` by the target's confidence c_a" in page
     assert rows_of(page, "c_a") == [
@@ -141,7 +141,7 @@ def test_teacher_forced_tables_skip_empty_bins_and_show_the_tree_only_with_paths
     ]  # the empty bin [0.3, 0.5) left out, as the command prints none
     assert "mean nodes" not in page and "--paths M" not in page
     tree = render(results({"heldout:0:3": teacher_forced_set(paths=4)}), COMMAND, MACHINE)
-    assert "| set | prompts | anchors | τ_tf | a_1 / a_2 / a_3 | paths | mean nodes |" in tree
+    assert "| set | prompts | anchors | τ + 1 (teacher-forced) | a_1 / a_2 / a_3 | paths | mean nodes |" in tree
     assert rows_of(tree, "set")[0][-2:] == ["4", "8.91"]
 
 

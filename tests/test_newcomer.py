@@ -48,13 +48,12 @@ def refusal(argv: list[str]) -> str:
 
 # per subcommand, what its --help says of an option known to have a default (None: it has no options)
 DEFAULT_SHOWN = {
-    "walkthrough": "folder for the figures (default: figures)",
+    "walkthrough": "folder for the figures (default: figures/, the notebooks' own setting)",
     "generate": "stop after this many new tokens (default: 64)",
     "smoke": "(default: full)",
     "bench": "timed runs of each variant (default: 7)",
     "train": "(default: 4400)",
     "evaluate": "(default: smollm2)",
-    "notebooks": None,
     "golden": "only these scenarios (default: all)",
     "verify": "(default: the one in the package)",
     "matrix": "(default: print it)",
@@ -335,7 +334,7 @@ def test_output_paths_nothing_can_be_written_at_are_usage_errors_before_any_work
 ):
     import importlib
 
-    for module in ("cli.bench", "cli.generate", "cli.evaluate", "tour.story"):
+    for module in ("cli.bench", "cli.generate", "cli.evaluate", "cli.walkthrough"):
         monkeypatch.setattr(importlib.import_module(f"dflash_ref.{module}"), "run", lambda *a, **k: pytest.fail("ran"))
     names = {"RO": str(unwritable), "TMP": str(tmp_path)}
     argv = [re.sub("RO|TMP", lambda m: names[m[0]], a) for a in argv]

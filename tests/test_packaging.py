@@ -369,14 +369,14 @@ def test_no_import_cycle():
 
 
 # function-local imports allowed in the package, each for a stated reason: optional heavy dependencies
-# (the hf, notebooks and mlx extras, the official package), __main__'s dispatch (each command's modules
-# import torch: `--help` and usage errors need not wait), and conformance/verify.py's adapters (a dump
-# is compared with numpy alone; torch comes only when an implementation is run)
-LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient", "mlx", "mlx_lm", "vllm"}
+# (the hf, notebooks and mlx extras, the official package), and where torch must wait: conformance/verify.py's
+# adapters and `verify --sampling`'s sampler (a dump is compared with numpy alone; torch comes only when an
+# implementation is run). (__main__ imports the one command named with importlib, so `--help` waits for none.)
+LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient", "nbformat", "mlx", "mlx_lm", "vllm"}
 # None: any. training/init_draft.py reads a draft's config.json through config.py only for `train --init DRAFT`:
 # config.py brings torch, which training's options otherwise never import (`train --help` stays cheap)
 LOCAL_IMPORT_OF = {
-    "__main__.py": None,
+    "cli/verify.py": {"conformance.exact"},
     "conformance/verify.py": {"conformance.ports"},
     "training/init_draft.py": {"config", "config_fields"},
     # the trace's payload imports torch; the kit's numpy-only page (conformance/page.py) imports the viewer's page

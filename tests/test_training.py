@@ -746,11 +746,11 @@ def test_tally_says_n_a_where_no_step_verified_a_whole_block():
         return SimpleNamespace(block_ids=[0] * block, acceptance_length=accepted, produced=accepted + 1)
 
     assert tally([step(4, 2), step(4, 0), step(2, 1)], 4) == ([0.5, 0.5, 0.0], 6 / 3)
-    # a block cut short by the token limit every time: τ is still known, the a_k are not
+    # a block cut short by the token limit every time: τ + 1 is still known, the a_k are not
     by_position, tau = tally([step(3, 2), step(2, 1)], 4)
     assert by_position == [None, None, None] and tau == 2.5
     assert fractions(by_position) == "n/a, n/a, n/a" and fractions([0.5, None], 2) == "0.50, n/a"
-    assert tally([], 4) == ([None, None, None], None)  # no step at all: no τ either, not 0
+    assert tally([], 4) == ([None, None, None], None)  # no step at all: no τ + 1 either, not 0
 
 
 def test_tally_counts_only_the_accepted_proposals_a_step_emitted():

@@ -9,8 +9,8 @@ time, every proposal over all V (the engines know no draft vocabulary). Each run
     vLLM         conformance/engines/vllm_run.py --bench, in vLLM's Python (DFLASH_REF_VLLM_PYTHON)
     llama.cpp    conformance/engines/llamacpp_run.cpp without --dump, in the tree of LLAMA_CPP_DIR
 
-Each reports the seconds of its generate calls (model loading, warm-up and start-up left out), τ by its own
-count (tokens per target pass, the bonus included), the peak resident memory of its process, and its
+Each reports the seconds of its generate calls (model loading, warm-up and start-up left out), τ + 1 by its
+own count (tokens per target pass, the bonus included), the peak resident memory of its process, and its
 outputs, which must be dflash_ref's AR output. Runs are one after another, not interleaved: compare them on
 one machine, in one run, as ratios to dflash_ref's AR. An engine not installed, or refusing a draft, is a row
 that says so.
@@ -74,7 +74,7 @@ def _row(name: str, result: dict, expected: list) -> dict:
     tokens = sum(len(o) for o in result["outputs"])
     row = {"decoder": name, "tokens/s": tokens / sum(result["seconds"])}
     if "steps" in result:
-        row["τ (tokens/step)"] = tokens / result["steps"]
+        row["τ + 1 (tokens/step)"] = tokens / result["steps"]
     row["peak RSS (MiB)"] = result["peak_rss_mb"]
     row["output = dflash_ref AR"] = result["outputs"] == expected
     return row

@@ -50,7 +50,7 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
     it (extensions/prompt_lookup.py, N = LOOKUP); the first draft
     also at the smaller blocks and proposing over all V instead of its vocabulary (extensions/draft_vocab.py).
     Every output is checked equal to AR's before anything is timed. Speed is over transformers' generate
-    and over AR; τ per prompt set; acceptance per block position; the gate's calibration (its premise)."""
+    and over AR; τ + 1 per prompt set; acceptance per block position; the gate's calibration (its premise)."""
     target, tokenizer = load_smollm2_own()  # the own Llama target (target/llama.py)
     model = transformers_twin(load_smollm2()[0].model)
     sets = prompt_sets()
@@ -124,8 +124,8 @@ def bench_trained(repeats: int, out: Path, progress, draft: str | Path | None = 
             {
                 "speed vs transformers generate": 1 / row["ratio"],
                 "speed vs AR": ar_ratio / row["ratio"],
-                **{f"τ {set_name}": (s["sets"][set_name][1] if s else 1.0) for set_name in sets},
-                "τ (tokens/step)": s["tau"] if s else 1.0,
+                **{f"τ + 1, {set_name}": (s["sets"][set_name][1] if s else 1.0) for set_name in sets},
+                "τ + 1 (tokens/step)": s["tau"] if s else 1.0,
                 "accepted/step": s["accepted"] if s else 0.0,
             }
         )
@@ -234,11 +234,11 @@ def gate_calibration(confidences: list[float | None], outputs: list) -> list[dic
 
 
 def _plot_trained(sweep: dict[int, tuple[dict, dict]], path):
-    """τ and speed against AR by block size (the first draft), and acceptance by block position per prompt set."""
+    """τ + 1 and speed against AR by block size (the first draft), and acceptance by block position per prompt set."""
     fig = Figure(figsize=(9, 3.2))
     left, right = fig.subplots(1, 2)
     blocks = sorted(sweep)
-    left.plot(blocks, [sweep[b][0]["τ (tokens/step)"] for b in blocks], "o-", label="τ (tokens/step)")
+    left.plot(blocks, [sweep[b][0]["τ + 1 (tokens/step)"] for b in blocks], "o-", label="τ + 1 (tokens/step)")
     left.plot(blocks, [sweep[b][0]["speed vs AR"] for b in blocks], "s-", label="wall-clock speedup vs AR")
     left.axhline(1.0, color="grey", lw=0.5)
     left.set_xscale("log", base=2)

@@ -22,14 +22,15 @@ and JSON, some a plot:
                b · t_step / (t_draft(b) + t_verify(b)), and the τ at which DFlash breaks even here
     memory     cache sizes and peak RSS against generated length (the draft cache stays at the context)
     trained    --draft DIR and the shipped SmolLM2 drafts (DFlash 2 and DFlash 1) on held-out prompts of both
-               kinds (template topics, hand-written other styles): τ and speed vs transformers' generate and
+               kinds (template topics, hand-written other styles): τ + 1 and speed vs transformers' generate and
                AR, per block size
-    engines    vLLM and llama.cpp beside dflash_ref on SmolLM2 and the shipped drafts: tokens/s, τ by each
-               one's own count, peak memory, output equal to AR (each in its own process and environment)
+    engines    vLLM and llama.cpp beside dflash_ref on SmolLM2 and the shipped drafts: tokens/s, τ + 1 by
+               each one's own count, peak memory, output equal to AR (each in its own process and environment)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import statistics
@@ -190,3 +191,32 @@ def render(report: dict) -> str:
         for title, rows in r["tables"].items()
     ]
     return "\n\n".join(texts) + "\n"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`bench`'s options."""
+    p.add_argument(
+        "names",
+        nargs="*",
+        help="baselines steps dflash2 rollback official tracing blocks ceiling memory trained engines (default: all)",
+    )
+    p.add_argument("--repeats", type=int, default=7, help="timed runs of each variant")
+    p.add_argument("--out", default="figures/bench", help="folder of the results: bench.json, bench.md, figures")
+    p.add_argument(
+        "--draft",
+        help="bench trained: this official-format SmolLM2 draft folder too, first, beside the "
+        "shipped ones (give --out elsewhere to keep figures/bench's results)",
+    )
+
+
+def main(args, parser: argparse.ArgumentParser) -> int:
+    args.names = args.names or list(BENCHES)
+    unknown = sorted(set(args.names) - set(BENCHES))
+    if unknown:
+        parser.error(f"unknown benchmark(s) {unknown}; choose from {sorted(BENCHES)}")
+    try:
+        check_options(args.names, args.repeats, args.out, args.draft)
+    except ValueError as e:
+        parser.error(str(e))
+    run(args.names, args.repeats, args.out, draft=args.draft)
+    return 0

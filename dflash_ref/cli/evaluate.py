@@ -2,15 +2,15 @@
 model's: loading/chat.py) acceptance on named sets of prompts, greedy, in fp32, by the procedure of a
 training run's held-out evaluation (`measure.acceptance_by_position`):
 
-    τ      = mean tokens per decode step (accepted draft tokens + the bonus), over all the set's steps
+    τ + 1  = mean tokens per decode step (τ accepted draft tokens + the bonus), over all the set's steps
     a_k    = fraction of whole-block steps in which block position k (1 … b − 1) was accepted
 
-τ pools the steps of all prompts; dflash's benchmark.py instead averages each prompt's tokens per step
+τ + 1 pools the steps of all prompts; dflash's benchmark.py instead averages each prompt's tokens per step
 ("Average Acceptance length"), printed beside it as "mean of prompts" (`measure.mean_of_prompts`).
 
 The draft is `--draft` (a folder, or shipped:dflash1 / shipped:dflash2), by default the shipped DFlash 2
 draft. (`DIR/eval.json` measures the fp32 draft `DIR/draft`; a bf16 folder such as `DIR/draft-bf16` or a
-shipped draft is read into fp32 from bf16-rounded weights, so its τ can differ slightly from the run's.)
+shipped draft is read into fp32 from bf16-rounded weights, so its τ + 1 can differ slightly from the run's.)
 
 A set is SPLIT:START:COUNT, the prompts prompt_sets.split_prompts(SPLIT)[START:START + COUNT]: `train` has
 7140 prompts over 595 topics (the shipped DFlash 1 draft was trained on the first 5580, the defaults on the
@@ -30,7 +30,7 @@ set's prompts, split by the target's confidence (training/teacher_forced.py), wi
 With `--paths M` (a DFlash 2 draft) it measures a tree instead of the selector's one path: its M most probable
 paths merged by their prefixes, τ the longest leading match of any, and the tree's mean nodes (a verify of that
 tree would take 1 + nodes tokens); decoding verifies one path, so this says what a tree verify could keep.
-`--lookup N` decodes with prompt lookup beside the draft (extensions/prompt_lookup.py): τ and a_k are then
+`--lookup N` decodes with prompt lookup beside the draft (extensions/prompt_lookup.py): τ + 1 and a_k are then
 the decoder's, its lookup steps counted with the draft's, and each set also reports the two apart.
 
 `--out FILE.json` also writes FILE.md beside it: the same results as a Markdown page (`render`), headed by
@@ -38,6 +38,7 @@ the command that regenerates both and the machine it ran on (figures/training/ h
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import re
@@ -148,8 +149,8 @@ def check_arguments(args) -> None:
 
 
 def by_template(chosen: list[str], records: list[list], block_size: int, say=print) -> dict:
-    """τ and a_k of each template's (or style's) prompts in a set (their steps pooled, as for the set), printed
-    from the highest τ down: which kinds of answer the draft predicts, and which it does not."""
+    """τ + 1 (tokens per step) and a_k of each template's (or style's) prompts in a set (their steps pooled, as
+    for the set), printed from the highest down: which kinds of answer the draft predicts, and which it does not."""
     groups: dict[str, list] = {}
     for prompt, steps in zip(chosen, records):
         groups.setdefault(kind_of(prompt), []).append(steps)
@@ -159,7 +160,7 @@ def by_template(chosen: list[str], records: list[list], block_size: int, say=pri
         found[template] = {"tokens_per_step": tau, "acceptance_by_position": by_position, "prompts": len(runs)}
     for template, r in sorted(found.items(), key=lambda item: -(item[1]["tokens_per_step"] or 0)):
         say(
-            f"{'':>22}τ {number(r['tokens_per_step'])}  {fractions(r['acceptance_by_position'])}"
+            f"{'':>22}tokens/step {number(r['tokens_per_step'])}  {fractions(r['acceptance_by_position'])}"
             f"  {r['prompts']:>3} × {template}"
         )
     return found
@@ -167,7 +168,7 @@ def by_template(chosen: list[str], records: list[list], block_size: int, say=pri
 
 def by_proposer(records: list[list], block_size: int, say=print) -> dict:
     """With --lookup: the steps whose proposals the lookup copied and those the draft made, each with its
-    share of the steps and its τ (tokens committed per step, `tally`'s)."""
+    share of the steps and its τ + 1 (tokens committed per step, `tally`'s)."""
     steps = [step for run in records for step in run]
     found = {}
     for name, mine in (("lookup", [r for r in steps if r.lookup]), ("draft", [r for r in steps if not r.lookup])):
@@ -179,7 +180,7 @@ def by_proposer(records: list[list], block_size: int, say=print) -> dict:
     say(
         f"{'':>22}"
         + ", ".join(
-            f"{name} proposed {number(f['share'])} of the steps, τ {number(f['tokens_per_step'])}"
+            f"{name} proposed {number(f['share'])} of the steps, τ + 1 = {number(f['tokens_per_step'])}"
             for name, f in found.items()
         )
     )
@@ -218,18 +219,18 @@ def measure_teacher_forced(
         )
     tree = "" if paths is None else f" of a tree of {paths} paths, {found['mean_nodes']:.2f} nodes on average,"
     say(
-        f"{spec:>20}  teacher-forced τ {found['tokens_per_step']:.3f}{tree} over {found['anchors']} anchors; "
+        f"{spec:>20}  teacher-forced τ + 1 = {found['tokens_per_step']:.3f}{tree} over {found['anchors']} anchors; "
         f"acceptance by block position {fractions(found['acceptance_by_position'])}"
     )
     for b in found["by_confidence"]:
         if b["anchors"]:
             say(
                 f"{'':>22}target confidence {bin_label(b)}: {100 * b['share']:4.1f} % "
-                f"of anchors, τ {b['tokens_per_step']:.3f}, {fractions(b['acceptance_by_position'])}"
+                f"of anchors, τ + 1 = {b['tokens_per_step']:.3f}, {fractions(b['acceptance_by_position'])}"
             )
     if figures:
         title = (
-            f"{folder.parent.name}/{folder.name}, {spec}: teacher-forced τ {found['tokens_per_step']:.3f}"
+            f"{folder.parent.name}/{folder.name}, {spec}: teacher-forced τ + 1 = {found['tokens_per_step']:.3f}"
             f"{tree} over {found['anchors']} anchors"
         )
         path = Path(figures) / (
@@ -309,7 +310,7 @@ def run(args, say=print) -> dict:
             "prompts": chosen,
         }
         say(
-            f"{spec:>20}  τ {number(tau)} tokens/step (mean of prompts {number(per_prompt)})  "
+            f"{spec:>20}  τ + 1 = {number(tau)} tokens/step (mean of prompts {number(per_prompt)})  "
             f"acceptance by block position {fractions(by_position)}"
         )
         if None in by_position:
@@ -370,8 +371,8 @@ def command_line(args) -> str:
 
 
 def machine() -> str:
-    """The page's machine line: CPU (cli/bench.py's `cpu_model`), torch threads, torch, Python, date. τ does
-    not depend on the machine's speed, so unlike bench's footer it times nothing; its numbers can differ a
+    """The page's machine line: CPU (cli/bench.py's `cpu_model`), torch threads, torch, Python, date. τ + 1
+    does not depend on the machine's speed, so unlike bench's footer it times nothing; its numbers can differ a
     little between CPUs (fp32 sums in another order)."""
     return (
         f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, "
@@ -452,12 +453,12 @@ def _decoded(sets: dict, b: int) -> list[str]:
     lines = [
         "## Decoding",
         "",
-        "τ: tokens per target pass (accepted proposals + the bonus), pooled over all the set's steps; beside it the "
-        "mean of each prompt's τ (how dflash's benchmark.py averages). a_k: the share of whole-block steps in "
-        "which block position k was accepted.",
+        "τ + 1: tokens per target pass (τ accepted proposals + the bonus), pooled over all the set's steps; "
+        "beside it the mean of each prompt's τ + 1 (how dflash's benchmark.py averages). a_k: the share of "
+        "whole-block steps in which block position k was accepted.",
         "",
         *_table(
-            ["set", "prompts", "τ (pooled)", "τ mean of prompts", _a_header(some)],
+            ["set", "prompts", "τ + 1 (pooled)", "τ + 1, mean of prompts", _a_header(some)],
             [
                 [
                     f"`{spec}`",
@@ -478,10 +479,10 @@ def _decoded(sets: dict, b: int) -> list[str]:
             continue
         groups = sorted(r["by_template"].items(), key=lambda item: -(item[1]["tokens_per_step"] or 0))
         lines += [
-            f"### `{spec}` by template or style (`--by-template`), highest τ first",
+            f"### `{spec}` by template or style (`--by-template`), highest τ + 1 first",
             "",
             *_table(
-                ["template or style", "prompts", "τ", _a_header(some)],
+                ["template or style", "prompts", "τ + 1", _a_header(some)],
                 [
                     [
                         t.replace("|", "\\|"),
@@ -499,10 +500,10 @@ def _decoded(sets: dict, b: int) -> list[str]:
         lines += [
             "### Steps by proposer (`--lookup`)",
             "",
-            "Each step's block was proposed by prompt lookup or by the draft; τ of each kind's steps.",
+            "Each step's block was proposed by prompt lookup or by the draft; τ + 1 of each kind's steps.",
             "",
             *_table(
-                ["set", "lookup: steps", "share", "τ", "draft: steps", "share", "τ"],
+                ["set", "lookup: steps", "share", "τ + 1", "draft: steps", "share", "τ + 1"],
                 [
                     [f"`{spec}`"]
                     + [
@@ -527,8 +528,8 @@ def _teacher_forced(sets: dict) -> list[str]:
         "## Teacher-forced (`--teacher-forced`)",
         "",
         "The draft at every anchor of the target's own greedy responses (`dflash_ref/training/teacher_forced.py`), "
-        "no decoding: τ_tf = 1 + the mean number of leading proposals equal to the target's greedy tokens, "
-        "a_k = the share of anchors whose first k proposals all are."
+        "no decoding: τ + 1 (teacher-forced) = 1 + the mean number of leading proposals equal to the target's "
+        "greedy tokens, a_k = the share of anchors whose first k proposals all are."
         + (
             " With `--paths M`: the longest match of a tree of the selector's M most probable paths, and the "
             "tree's mean nodes (a verify would take 1 + nodes tokens)."
@@ -537,7 +538,8 @@ def _teacher_forced(sets: dict) -> list[str]:
         ),
         "",
         *_table(
-            ["set", "prompts", "anchors", "τ_tf", _a_header(some)] + (["paths", "mean nodes"] if tree else []),
+            ["set", "prompts", "anchors", "τ + 1 (teacher-forced)", _a_header(some)]
+            + (["paths", "mean nodes"] if tree else []),
             [
                 [
                     f"`{spec}`",
@@ -558,7 +560,7 @@ def _teacher_forced(sets: dict) -> list[str]:
             f"### `{spec}` by the target's confidence c_a in the token after the anchor",
             "",
             *_table(
-                ["c_a", "anchors", "share of anchors", "τ_tf", _a_header(some)],
+                ["c_a", "anchors", "share of anchors", "τ + 1 (teacher-forced)", _a_header(some)],
                 [
                     [
                         bin_label(x),
@@ -573,3 +575,63 @@ def _teacher_forced(sets: dict) -> list[str]:
             "",
         ]
     return lines
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`evaluate`'s options."""
+    p.add_argument(
+        "--target",
+        default="smollm2",
+        help="smollm2, or the Hugging Face chat model folder the --draft was trained for",
+    )
+    p.add_argument(
+        "--draft",
+        help="an official-format draft folder, or shipped:dflash1 / shipped:dflash2 "
+        "(default: the shipped SmolLM2 DFlash 2 draft; needed with --target DIR)",
+    )
+    p.add_argument(
+        "--sets",
+        nargs="+",
+        default=["heldout:0:12"],
+        metavar="SPLIT:START:COUNT",
+        help="prompt sets, split train, heldout, varied, mixed or heldout-styles, or a prompts file "
+        "(default: heldout:0:12, the training run's held-out evaluation)",
+    )
+    p.add_argument("--tokens", type=int, default=128, help="tokens generated per prompt")
+    p.add_argument("--block-size", type=int, help="verify blocks of this size (default: the draft's)")
+    p.add_argument(
+        "--lookup",
+        type=int,
+        metavar="N",
+        help="decode with prompt lookup beside the draft, "
+        "as generate --lookup (extensions/prompt_lookup.py; default: off)",
+    )
+    p.add_argument("--out", help="write the results here as JSON, and beside it their page (FILE.md)")
+    p.add_argument(
+        "--by-template",
+        action="store_true",
+        help="also report each set split by the prompts' template or style (training/prompt_sets.py)",
+    )
+    p.add_argument(
+        "--teacher-forced",
+        action="store_true",
+        help="measure at every position of the target's own greedy responses instead of decoding, "
+        "split by the target's confidence (training/teacher_forced.py)",
+    )
+    p.add_argument(
+        "--paths",
+        type=int,
+        metavar="M",
+        help="with --teacher-forced and a DFlash 2 draft: measure "
+        "what verifying a tree of the selector's M most probable paths would keep (a measure only)",
+    )
+    p.add_argument("--figures", help="with --teacher-forced: write each set's plot to this folder")
+
+
+def main(args, parser: argparse.ArgumentParser) -> int:
+    try:
+        check_arguments(args)
+    except ValueError as e:
+        parser.error(str(e))
+    run(args)
+    return 0

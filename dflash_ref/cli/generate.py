@@ -10,6 +10,7 @@ steps done are printed and the trace of them saved, and the command ends with ex
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 import time
@@ -25,6 +26,8 @@ from ..decoding import GenerationOutput, spec_generate
 from ..drafts.folder import SHIPPED_DRAFT, check_fits, draft_folder, open_draft
 from ..drafts.random_draft import random_draft
 from ..extensions import DraftVocab, chosen_extensions
+from ..extensions.prompt_lookup import check_lookup
+from ..extensions.verify_gate import check_gate
 from ..fast_cpu import measuring_seconds, use_fast_cpu
 from ..hooks import hook_points
 from ..loading.folder import SMOLLM2, check_target_name, folder_stop_ids, open_target
@@ -316,3 +319,78 @@ def write_figures(trace, folder: Path) -> None:
     for name, fig in figures.items():
         plots.save_figure(fig, folder / name)
     print(f"figures written to {folder}: {', '.join(sorted(figures))}")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`generate`'s options."""
+    p.add_argument("--target", required=True, help="a Hugging Face model folder, or 'smollm2'")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--draft",
+        help="an official-format DFlash draft folder, or shipped:dflash1 / shipped:dflash2 "
+        "(default: for smollm2 the shipped DFlash 2 draft, otherwise a random draft)",
+    )
+    which.add_argument("--random-draft", action="store_true", help="use an untrained random draft")
+    prompt = p.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default="Explain speculative decoding in one paragraph.", help="the prompt")
+    prompt.add_argument(
+        "--prompt-file", metavar="FILE", help="the prompt: all of this UTF-8 file's text (its last line break dropped)"
+    )
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the tokenizer's chat template")
+    p.add_argument("--device", default="cpu", help="where the models run: cpu, cuda, cuda:1, …")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["bf16", "bfloat16", "float16", "float32", "fp16", "fp32"],
+        help="both models' dtype (float32: the output is the target's token for token)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=64, help="stop after this many new tokens")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; above 0: sampling, still lossless")
+    p.add_argument(
+        "--verifier",
+        default="rejection",
+        choices=["rejection", "match"],
+        help="with --temperature > 0: speculative sampling as dflash 0.1.0 (rejection), or the seed's cumprod match",
+    )
+    p.add_argument("--block-size", type=int, help="override the draft's block size")
+    p.add_argument(
+        "--verify-gate",
+        type=float,
+        metavar="θ",
+        help="verify the whole block only when the draft's c_1·c_2 ≥ θ, else its first proposal "
+        "alone (extensions/verify_gate.py; bench trained uses 0.5; default: off, every block verified whole)",
+    )
+    p.add_argument(
+        "--lookup",
+        type=int,
+        metavar="N",
+        help="where the last N or more committed tokens occurred before, propose what followed them "
+        "instead of drafting (extensions/prompt_lookup.py; 2 measured best; default: off, always draft)",
+    )
+    p.add_argument(
+        "--fast-cpu",
+        action="store_true",
+        help="an opt-in speed path: linear layers take the product measured fastest on this machine "
+        "(fast_cpu/; exact up to float rounding; default: plain nn.Linear)",
+    )
+    p.add_argument("--draft-layers", type=int, default=3, help="layers of a random draft")
+    p.add_argument("--seed", type=int, default=0, help="torch's seed (a random draft's weights, sampling)")
+    p.add_argument("--trace", help="save the trace (draft attention of every step) to this folder")
+    p.add_argument("--figures", help="write the trace's plots to this folder")
+    p.add_argument(
+        "--trace-target",
+        action="store_true",
+        help="with --trace: the target's attention weights at every verify too (this project's own "
+        "Qwen3 / Llama targets; large). `view DIR` shows them",
+    )
+
+
+def main(args, parser: argparse.ArgumentParser) -> int:
+    """Check the options (a usage error before any work), then decode."""
+    try:
+        check_gate(args.verify_gate)
+        check_lookup(args.lookup)
+        check_arguments(args)
+    except ValueError as e:
+        parser.error(str(e))
+    return run(args)

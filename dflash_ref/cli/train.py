@@ -20,6 +20,7 @@ official-format checkpoints, resume, and plot the loss and the acceptance per bl
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import time
@@ -35,6 +36,7 @@ from ..loading.smollm2 import longest_chat_prompt
 from ..trace.plots import save_figure
 from ..training import distill
 from ..training import options as train_options
+from ..training.arguments import add_train_arguments
 from ..training.dflash2_modules import proposing_by_argmax
 from ..training.dflash2_options import target_widths
 from ..training.features import target_features_batched
@@ -72,7 +74,7 @@ def block_weights(block_size: int, gamma: float | None) -> torch.Tensor:
     trained or has no γ (checked before any work: `check_options`)."""
     # γ: the paper's for blocks 8, 10, 16; it trains no block 4, for which we take γ = 4 as for block 8.
     # γ = 1 was measured against it (figures/training/levers.md): better after 1000 steps, no better in a
-    # whole from-scratch run (held-out τ 1.648 against 1.659), so the default stays.
+    # whole from-scratch run (held-out τ + 1 = 1.648 against 1.659), so the default stays.
     return loss_weights(block_size, gamma if gamma is not None else {4: 4.0}.get(block_size))
 
 
@@ -304,3 +306,16 @@ def _curves(losses, by_position, by_position_styles=None):
     b.set_ylabel("accepted fraction (held-out)")
     fig.tight_layout()
     return fig
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`train`'s options (training/arguments.py, which imports no torch)."""
+    add_train_arguments(p)
+
+
+def main(args, parser: argparse.ArgumentParser) -> int:
+    try:
+        options = check_options(train_options.resolve(args))
+    except ValueError as e:
+        parser.error(str(e))
+    return run(argparse.Namespace(out=args.out, resume=args.resume, **options))

@@ -3,6 +3,7 @@ trace (viewer/), and with `--screenshot PNG` how headless Chromium draws it."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from ..trace import Trace
@@ -40,3 +41,26 @@ def run(args) -> int:
         except RuntimeError as e:
             raise SystemExit(f"view --screenshot: {e}") from None
     return 0
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`view`'s options."""
+    p.add_argument("trace", help="a trace folder (generate --trace DIR, Trace.save)")
+    p.add_argument("--out", help="the HTML file to write (default: TRACE/trace.html)")
+    p.add_argument("--steps", type=int, nargs="+", metavar="STEP", help="only these steps (default: all)")
+    p.add_argument("--layers", type=int, nargs="+", metavar="L", help="only these draft layers (default: all)")
+    p.add_argument(
+        "--target-layers", type=int, nargs="+", metavar="L", help="only these target layers (default: all traced)"
+    )
+    p.add_argument(
+        "--precision",
+        choices=["float16", "float32"],
+        default="float16",
+        help="how the attention weights are stored in the file (float16: half the size, about 3 digits)",
+    )
+    p.add_argument("--title", help="the page's title")
+    p.add_argument("--screenshot", metavar="PNG", help="also write how headless Chromium draws the page")
+
+
+def main(args, parser: argparse.ArgumentParser) -> int:
+    return run(args)

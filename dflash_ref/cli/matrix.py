@@ -1,0 +1,45 @@
+"""`python -m dflash_ref matrix`: every shipped port on every greedy bundle (conformance/matrix.py)."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+from ..conformance.golden import generate_golden
+from ..conformance.matrix import PORTS, check_ports, matrix
+from .folders import check_output_file
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bundle", help="a folder of bundles (default: all scenarios, written to a temporary folder)")
+    p.add_argument("--out", help="write the Markdown here (default: print it)")
+    p.add_argument(
+        "--engines",
+        action="store_true",
+        help="with the engine-shaped bundles too (golden --engines), on which vLLM and llama.cpp can run",
+    )
+    p.add_argument(
+        "--ports", nargs="+", metavar="PORT", help="these ports only (default: every shipped port and engine)"
+    )
+
+
+def main(args, parser: argparse.ArgumentParser) -> int:
+    try:
+        check_ports(args.ports or PORTS)
+        if args.out:
+            check_output_file("--out", args.out, "MATRIX.md")  # now, not after the whole matrix has run
+    except ValueError as e:
+        parser.error(str(e))
+    with tempfile.TemporaryDirectory() as scratch:
+        if args.bundle is None:
+            generate_golden(scratch, engines=args.engines)
+        command = "python -m dflash_ref matrix" + " --engines" * args.engines
+        command += f" --ports {' '.join(args.ports)}" if args.ports else ""
+        text, clean = matrix(args.bundle or scratch, args.ports or PORTS, command)
+    if args.out is None:
+        print(text)
+    else:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+    return 0 if clean else 1  # a FAIL, or a port that raised or could not start

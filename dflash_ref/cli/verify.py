@@ -1,0 +1,113 @@
+"""`python -m dflash_ref verify`: check an implementation against golden bundles, stage by stage
+(conformance/verify.py), or a sampler by its output distribution (conformance/exact.py, --sampling)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..conformance.bundle import find_bundles
+from ..conformance.page import check_plotly, write_report_html
+from ..conformance.variants import parse_variant
+from ..conformance.verify import InputError, verify_dump
+from ..conformance.verify import verify as run_verify
+from .folders import check_output_file
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    candidate = p.add_mutually_exclusive_group(required=True)
+    candidate.add_argument(
+        "--impl",
+        help="reference | zlab | mlx | vllm | vllm-batch | vllm-serve | llamacpp | llama-server | "
+        "package.module:factory (an adapter)",
+    )
+    candidate.add_argument("--dump", help="a port's tensors: .npz or .safetensors keyed {bundle}/{key}")
+    p.add_argument("--bundle", help="a bundle or a folder of bundles (default: the one in the package)")
+    p.add_argument("--allow-missing", action="store_true", help="tensors a candidate lacks do not fail")
+    p.add_argument("-v", "--verbose", action="store_true", help="one line per tensor")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a design variant the port follows: draft_cache=crop-after-pass|context-only, "
+        "last_block=shrink|full-then-truncate, sliding_window=as-configured|causal|symmetric|rotating|block-start, "
+        "block_length=fixed|adaptive, draft_context_window=unbounded|N, proposals=draft|draft-or-lookup "
+        "(default: detected, else the reference's; conformance/variants.py)",
+    )
+    p.add_argument(
+        "--skip",
+        action="append",
+        default=[],
+        metavar="STAGE",
+        help="a stage the port knowingly does not produce or match (printed in the report)",
+    )
+    p.add_argument(
+        "--sampling",
+        action="store_true",
+        help="check the sampler instead: chi-square of its outputs against the exact distribution, and "
+        "its first-step τ against the exact mean (the sampling bundles, DFlash 1 and 2; "
+        "default: fresh ones)",
+    )
+    p.add_argument("--verifier", choices=["rejection", "match"], help="with --sampling: the verifier the sampler uses")
+    p.add_argument("--runs", type=int, help="with --sampling: how many sampled runs (default: the bundle's, 2000)")
+    p.add_argument(
+        "--profile",
+        help="with --dump: a JSON profile {variants, skip} (default: FILE.profile.json beside the dump, if there)",
+    )
+    p.add_argument(
+        "--html",
+        metavar="FILE",
+        help="also write the report as one self-contained HTML page (offline): each bundle's stages, and at the "
+        "first divergence the reference's and the port's tensors side by side, their difference and the hint",
+    )
+
+
+def main(args, parser: argparse.ArgumentParser) -> int:
+    if args.sampling:
+        if args.html:
+            raise SystemExit("verify: --html draws the greedy bundles' tensors; --sampling's report has none")
+        if args.dump or args.variant or args.skip or args.profile:
+            raise SystemExit(
+                "verify: --sampling runs a sampler (--impl); --dump, --variant, --skip and "
+                "--profile are for the greedy bundles"
+            )
+        from ..conformance.exact import verify_sampling  # torch: a dump is compared with numpy alone
+
+        try:
+            results = verify_sampling(args.impl, args.bundle, args.runs, args.verifier or "rejection")
+        except (ValueError, OSError) as e:
+            raise SystemExit(f"verify: {e}") from None
+        ran = [r for _, r in results if not isinstance(r, Exception)]
+        for name, result in results:
+            said = f"n/a: {result}" if isinstance(result, Exception) else result.text()
+            print(f"{name}: {args.impl}\n{said}")
+        if not ran:
+            print(f"verify: {args.impl} took none of the sampling bundles")
+        return 0 if ran and all(r.passed for r in ran) else 1
+    if args.runs is not None or args.verifier:
+        raise SystemExit("verify: --runs and --verifier go with --sampling")
+    if args.html:  # now, not after the verification has run
+        try:
+            check_output_file("--html", args.html, "report.html")
+            check_plotly()
+        except ValueError as e:
+            raise SystemExit(f"verify: {e}") from None
+    try:  # what cannot be read: the bundles, the dump, the implementation named or its declaration
+        # (a crashing implementation is a result in the report, not an error here)
+        variants = dict(parse_variant(v) for v in args.variant)
+        if args.profile and not args.dump:
+            raise InputError("--profile goes with --dump (an adapter declares its own `variants`)")
+        report = (
+            verify_dump(args.dump, args.bundle, args.allow_missing, variants, args.skip, args.profile)
+            if args.dump
+            else run_verify(args.impl, args.bundle, args.allow_missing, variants, args.skip)
+        )
+    except (InputError, ValueError) as e:
+        raise SystemExit(f"verify: {e}") from None
+    print(report.text(verbose=args.verbose))
+    if args.html:
+        try:
+            print("wrote", write_report_html(report, find_bundles(args.bundle), args.html))
+        except (OSError, ValueError, RuntimeError) as e:
+            raise SystemExit(f"verify: --html {args.html}: {e}") from None
+    return 0 if report.passed else 1
