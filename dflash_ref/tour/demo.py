@@ -3,14 +3,16 @@
 Target: a 6-layer Qwen3 with hidden size 8, 2 query heads sharing 1 KV head (GQA), head_dim 4, and a
 16-word vocabulary. Draft: 2 layers, block size 4, reading target layers
 build_target_layer_ids(6, 2) = [1, 3]. Weights are N(0, 0.5²) from a fixed seed (norm weights 1).
-The draft is untrained, so its own proposals are almost never accepted; the decode-loop example
-uses `OracleDraft` (the real draft network runs; its proposals are replaced) to show zero, partial
-and full acceptance.
+`trained=True` gives the draft trained for this target instead (toy_drafts.py), whose proposals are
+sometimes accepted; the random one's almost never are (the conformance kit's walkthrough bundle uses it).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+from safetensors.torch import load_file
 
 from ..config import DraftConfig, TargetConfig
 from ..dflash2 import make_draft
@@ -20,9 +22,26 @@ from ..target import Qwen3Target
 
 VOCAB = ["<s>", "the", "cat", "sat", "on", "a", "mat", ".", "dog", "ran", "to", "park", "and", "then", "</s>", "<mask>"]
 PROMPT = ["the", "cat", "sat"]
+HERE = Path(__file__).resolve().parent
 
 
-def encode(words: list[str]) -> torch.Tensor:
+def toy_weights_file(version: int) -> Path:
+    """The shipped weights of the toy draft of a DFlash version, trained for the seed-0 target (toy_drafts.py)."""
+    return HERE / f"toy_dflash{version}.safetensors"
+
+
+def load_toy_weights_(draft: torch.nn.Module) -> torch.nn.Module:
+    """The trained toy weights of the draft's version, loaded in place (its config must be the toy's)."""
+    draft.load_state_dict(load_file(str(toy_weights_file(draft.config.version))))
+    return draft.eval()
+
+
+def encode(words: list[str] | str) -> torch.Tensor:
+    """Words of VOCAB (a list, or one string split at spaces) → ids (1, n)."""
+    words = words.split() if isinstance(words, str) else list(words)
+    unknown = [w for w in words if w not in VOCAB]
+    if unknown or not words:
+        raise ValueError(f"{unknown or 'no words'}: a prompt is words of the toy vocabulary {VOCAB}")
     return torch.tensor([[VOCAB.index(w) for w in words]])
 
 
@@ -30,7 +49,11 @@ def decode(ids) -> list[str]:
     return [VOCAB[int(i)] for i in torch.as_tensor(ids).reshape(-1)]
 
 
-def demo_models(seed: int = 0, block_size: int = 4) -> tuple[Qwen3Target, DFlashDraftModel]:
+def demo_models(seed: int = 0, block_size: int = 4, trained: bool = False) -> tuple[Qwen3Target, DFlashDraftModel]:
+    """(target, draft): both random from `seed`, or with trained=True the draft trained for this target
+    (seed 0 only: the target it was trained for)."""
+    if trained and seed != 0:
+        raise ValueError("the trained toy draft was trained for the seed-0 target: trained=True needs seed=0")
     shared = dict(
         vocab_size=len(VOCAB),
         hidden_size=8,
@@ -51,4 +74,5 @@ def demo_models(seed: int = 0, block_size: int = 4) -> tuple[Qwen3Target, DFlash
             **shared,
         )
     )
-    return randomize_(target, seed, norm_jitter=None), randomize_(draft, seed + 1, norm_jitter=None)
+    target, draft = randomize_(target, seed, norm_jitter=None), randomize_(draft, seed + 1, norm_jitter=None)
+    return target, load_toy_weights_(draft) if trained else draft
