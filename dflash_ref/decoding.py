@@ -70,7 +70,8 @@ class GenerationOutput:
 
     @property
     def mean_tokens_per_step(self) -> float:
-        """Mean tokens committed per target verify (the paper's τ, bonus included)."""
+        """Mean tokens committed per step: τ + 1 averaged (the paper's acceptance length), less where the length
+        limit or a stop token cut a step."""
         return sum(self.tokens_per_step) / max(len(self.tokens_per_step), 1)
 
 

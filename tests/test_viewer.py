@@ -15,18 +15,33 @@ import numpy as np
 import pytest
 import torch
 
-from dflash_ref.tour import story
-from dflash_ref.tour.demo import VOCAB
-from dflash_ref.trace import Trace
+from dflash_ref.decoding import generate, spec_generate
+from dflash_ref.drafts.oracle import OracleDraft
+from dflash_ref.tour.demo import PROMPT, VOCAB, demo_models, encode
+from dflash_ref.tour.dflash2 import dflash2_models
+from dflash_ref.trace import Trace, tracing
 from dflash_ref.viewer import browser, name_tokens, payload, write_html
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def decode_loop() -> Trace:
+    """The demo pair on the seed's prompt, 16 tokens: 6 steps, τ forced to 1, 3, 0, 2, 3, 0 (the draft network
+    runs, OracleDraft replaces its proposals), draft and target attention traced."""
+    target, draft = demo_models()
+    ids = encode(PROMPT)
+    reference = generate(target, ids, 16).output_ids
+    with tracing(draft, target, ["*hook_pattern", "draft.hook_target_hidden"], meta={"vocab": VOCAB}) as trace:
+        out = spec_generate(
+            OracleDraft(draft, reference, accept=[1, 3, 0, 2, 3]), target, ids, 16, on_step=trace.on_step
+        )
+    trace.meta["output_ids"] = out.output_ids[0].tolist()  # the prompt's tokens too, for the labels
+    return trace
+
+
 @pytest.fixture(scope="module")
 def loop():
-    """The walkthrough's decode loop: 6 steps, τ 1, 3, 0, 2, 3, 0, draft and target attention traced."""
-    return story.decode_loop_example()
+    return decode_loop()
 
 
 def stored(array: dict, dtype) -> np.ndarray:
@@ -36,7 +51,7 @@ def stored(array: dict, dtype) -> np.ndarray:
 
 
 def test_the_payload_says_what_the_trace_holds(loop):
-    trace = loop.trace
+    trace = loop
     data = payload.build(trace, precision="float32")
     assert len(data["steps"]) == len(trace) == 6
     assert [s["tau"] for s in data["steps"]] == [r.acceptance_length for r in trace.records] == [1, 3, 0, 2, 3, 0]
@@ -46,7 +61,7 @@ def test_the_payload_says_what_the_trace_holds(loop):
     assert step["bonus"] == VOCAB[record.bonus] and step["produced"] == record.produced
     assert step["caches"]["draft"] == [record.draft_cache_before, record.draft_cache_after_draft, record.start]
     # every position of the sequence labelled by its token, the prompt's too (meta output_ids)
-    output = loop.output.output_ids[0].tolist()
+    output = loop.meta["output_ids"]
     assert data["positions"][: len(output)] == [VOCAB[t] for t in output]
     assert data["draft"]["layers"] == [0, 1] and data["target"]["layers"] == list(range(6))
     for s in range(len(trace)):  # float32: the trace's weights exactly; float16: as rounded
@@ -60,26 +75,26 @@ def test_the_payload_says_what_the_trace_holds(loop):
 
 
 def test_chosen_steps_and_layers_only(loop):
-    data = payload.build(loop.trace, steps=[4, 2], layers=[1], target_layers=[])
+    data = payload.build(loop, steps=[4, 2], layers=[1], target_layers=[])
     assert [s["step"] for s in data["steps"]] == [2, 4]
     assert sorted(data["draft"]["patterns"]) == ["0,1", "1,1"] and data["target"]["patterns"] == {}
 
 
 def test_a_dflash2_trace_carries_its_lattice_and_the_path_taken():
-    from dflash_ref.tour import dflash2
-
-    ex = dflash2.dflash2_example()
-    data = payload.build(ex.trace)
-    for i, record in enumerate(ex.trace.records):
+    target, draft, _ = dflash2_models()
+    with tracing(draft, names=["draft.candidate_selector.*", "*hook_pattern"], meta={"vocab": VOCAB}) as trace:
+        spec_generate(draft, target, encode(PROMPT), 16, on_step=trace.on_step)
+    data = payload.build(trace)
+    for i, record in enumerate(trace.records):
         lattice = data["lattice"][str(i)]
-        candidates = ex.trace["draft.candidate_selector.hook_candidates", i]
+        candidates = trace["draft.candidate_selector.hook_candidates", i]
         assert lattice["labels"] == [[VOCAB[t] for t in row] for row in candidates.tolist()]
         chosen = [candidates[j, k].item() for j, k in enumerate(lattice["path"])]
         assert chosen == record.draft_tokens  # the path is the proposals, found among the candidates
 
 
 def test_name_tokens_gives_the_labels_a_tokenizer_would():
-    trace = story.decode_loop_example().trace
+    trace = decode_loop()
     trace.meta.pop("vocab")
     name_tokens(trace, lambda i: f"<{i}>", stop_token_ids=[5])
     data = payload.build(trace)
@@ -88,7 +103,7 @@ def test_name_tokens_gives_the_labels_a_tokenizer_would():
 
 
 def test_viewing_changes_nothing_and_the_same_trace_gives_the_same_file(loop, tmp_path):
-    loop.trace.save(tmp_path / "trace")
+    loop.save(tmp_path / "trace")
     before = {f: (tmp_path / "trace" / f).read_bytes() for f in ("trace.json", "activations.safetensors")}
     loaded = Trace.load(tmp_path / "trace")
     one = loaded.to_html(tmp_path / "one.html")
@@ -101,7 +116,7 @@ def test_viewing_changes_nothing_and_the_same_trace_gives_the_same_file(loop, tm
 
 def damaged(tmp_path: Path, loop, how: str) -> Path:
     folder = tmp_path / how
-    loop.trace.save(folder)
+    loop.save(folder)
     doc = json.loads((folder / "trace.json").read_text())
     if how == "not-json":
         (folder / "trace.json").write_text('{"format": "dflash_ref.trace/3", "records": [')
@@ -144,14 +159,14 @@ def test_a_trace_the_viewer_cannot_show_is_refused_naming_the_problem(loop, tmp_
 
 def test_options_that_name_nothing_in_the_trace_are_refused(loop, tmp_path):
     with pytest.raises(ValueError, match=r"steps \[9\] are not in this trace, which has steps 0 … 5"):
-        payload.build(loop.trace, steps=[9])
+        payload.build(loop, steps=[9])
     with pytest.raises(ValueError, match=r"draft layers \[4\] have no attention weights in this trace"):
-        payload.build(loop.trace, layers=[4])
+        payload.build(loop, layers=[4])
     with pytest.raises(ValueError, match="precision 'int8'"):
-        payload.build(loop.trace, precision="int8")
+        payload.build(loop, precision="int8")
     with pytest.raises(ValueError, match="is a folder"):
-        write_html(loop.trace, tmp_path)
-    trace = loop.trace.filter()
+        write_html(loop, tmp_path)
+    trace = loop.filter()
     trace.activations[2][payload.DRAFT_PATTERN.format(0)] = torch.zeros(2, 3, 9)  # 3 queries where 4 were drafted
     with pytest.raises(ValueError, match=r"step 2's draft layer 0 attention weights have shape \(2, 3, 9\)"):
         payload.build(trace)
@@ -179,22 +194,22 @@ def test_the_page_steps_through_the_decode_in_a_browser(chrome, loop, tmp_path):
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select
 
-    path = loop.trace.to_html(tmp_path / "loop.html")
+    path = loop.to_html(tmp_path / "loop.html")
     chrome.get(path.resolve().as_uri())
     assert errors(chrome) == []
     assert chrome.find_element(By.ID, "step-number").text == "step 0 (1 of 6)"
     first = heatmap_z(chrome)
-    assert np.allclose(first, loop.trace.attention(0, 0)[0].numpy(), atol=5e-4)  # head 0, decoded from float16
+    assert np.allclose(first, loop.attention(0, 0)[0].numpy(), atol=5e-4)  # head 0, decoded from float16
     chrome.find_element(By.ID, "step-slider").send_keys(Keys.ARROW_RIGHT)  # the slider, moved as a user would
     assert chrome.find_element(By.ID, "step-number").text == "step 1 (2 of 6)"
     moved = heatmap_z(chrome)
-    assert moved != first and np.allclose(moved, loop.trace.attention(1, 0)[0].numpy(), atol=5e-4)
+    assert moved != first and np.allclose(moved, loop.attention(1, 0)[0].numpy(), atol=5e-4)
     assert "τ = 3" in chrome.find_element(By.ID, "step-panel").text
     Select(chrome.find_element(By.ID, "layer")).select_by_visible_text("draft layer 1")
     Select(chrome.find_element(By.ID, "head")).select_by_visible_text("head 1")
-    assert np.allclose(heatmap_z(chrome), loop.trace.attention(1, 1)[1].numpy(), atol=5e-4)
+    assert np.allclose(heatmap_z(chrome), loop.attention(1, 1)[1].numpy(), atol=5e-4)
     target = np.asarray(heatmap_z(chrome, "target-attention"))
-    assert np.allclose(target, loop.trace[payload.TARGET_PATTERN.format(0), 1][0].numpy(), atol=5e-4)
+    assert np.allclose(target, loop[payload.TARGET_PATTERN.format(0), 1][0].numpy(), atol=5e-4)
     hover = chrome.execute_script("return document.getElementById('attention').data[0].text[0][0];")
     assert hover.startswith("key 0 ")  # each cell says its key's position and token
     assert errors(chrome) == []
@@ -203,7 +218,7 @@ def test_the_page_steps_through_the_decode_in_a_browser(chrome, loop, tmp_path):
 def test_a_damaged_page_says_so_instead_of_a_blank_page(chrome, loop, tmp_path):
     from selenium.webdriver.common.by import By
 
-    path = loop.trace.to_html(tmp_path / "v.html")
+    path = loop.to_html(tmp_path / "v.html")
     text = path.read_text().replace('"format":"dflash_ref.view/1"', '"format":"dflash_ref.view/9"')
     (tmp_path / "newer.html").write_text(text)
     chrome.get((tmp_path / "newer.html").resolve().as_uri())
@@ -218,7 +233,7 @@ def test_screenshot_of_the_walkthrough_viewer(loop, tmp_path):
         pytest.skip("no Chromium here: apt-get install chromium (as the README says)")
     from matplotlib.image import imread
 
-    loop.trace.save(tmp_path / "trace")
+    loop.save(tmp_path / "trace")
     done = subprocess.run(
         [sys.executable, "-m", "dflash_ref", "view", str(tmp_path / "trace"), "--screenshot", str(tmp_path / "s.png")],
         capture_output=True, text=True, cwd=ROOT,
@@ -229,11 +244,3 @@ def test_screenshot_of_the_walkthrough_viewer(loop, tmp_path):
     viridis_dark = np.all(np.abs(pixels - np.array([0x44, 0x01, 0x54]) / 255) < 0.08, axis=-1)  # weight ≈ 0
     bluish = np.all(np.abs(pixels - np.array([0x00, 0x74, 0xD9]) / 255) < 0.08, axis=-1)  # the draft cache's line
     assert viridis_dark.sum() > 500 and bluish.sum() > 50
-
-
-def test_a_notebook_shows_the_file_in_an_iframe_and_keeps_the_same_text_on_every_run():
-    from dflash_ref.viewer import show
-
-    shown = show("../figures/02_decode_loop.html", height=700)
-    assert shown._repr_html_().startswith('<iframe src="../figures/02_decode_loop.html" width="100%" height="700"')
-    assert repr(shown) == "viewer: ../figures/02_decode_loop.html (open it in a browser)"

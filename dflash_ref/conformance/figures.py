@@ -53,9 +53,12 @@ def plot_walk(*reports: Report, bundle: str | None = None) -> Figure:
     return fig
 
 
-def plot_tensor_diff(expected: np.ndarray, got: np.ndarray, title: str = "") -> Figure:
-    """Expected, got and |got − expected| side by side (the first slice of a 3-d tensor, e.g. head 0)."""
+def plot_tensor_diff(expected: np.ndarray, got: np.ndarray, title: str = "", head: int = 0) -> Figure:
+    """Expected, got and |got − expected| side by side (of a 3-d tensor the slice `head` of its first axis,
+    e.g. one attention head)."""
     expected, got = np.asarray(expected, np.float64), np.asarray(got, np.float64)
+    if expected.ndim > 2:
+        expected, got = expected[head], got[head]
     while expected.ndim > 2:
         expected, got = expected[0], got[0]
     expected, got = np.atleast_2d(expected), np.atleast_2d(got)

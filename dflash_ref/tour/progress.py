@@ -1,56 +1,47 @@
-"""A progress line on stderr for the main job's longer loops, so that stdout stays the story alone.
+"""A progress bar for the walkthrough's decodes on SmolLM2, by tqdm, on stderr: the terminal redraws it in
+place, and so does a notebook's output (the walkthrough drops it from the notebooks it writes), while
+stdout keeps the story alone.
 
-Hand-made rather than tqdm: tqdm comes only with transformers (the hf extra), and parts 1, 2 and 4 of
-the walkthrough run without it. Every redraw starts with a carriage return and the line ends with a
-bare newline, the two shapes notebooks.py's `_without_progress_noise` drops from committed notebooks.
+The bar counts tokens over one or more decodes of `tokens` new tokens each: the prefill's token, then each
+step's τ + 1 as the step is committed. A decode that a stop token ends early takes the rest of its budget
+at its end, so the bar always ends at its total.
 """
 
 from __future__ import annotations
 
 import sys
-import time
+
+from tqdm import tqdm
 
 from ..decoding import Step
 
 
-class Progress:
-    """`   label [#####.....] done/total unit, elapsed`, redrawn in place (at most every `every` s and at
-    the end); `Progress(..., on=False)` draws nothing."""
+class DecodeProgress:
+    """`with DecodeProgress(label, tokens, decodes) as bar:` then `spec_generate(..., on_step=bar.on_step)`
+    and `bar.end_decode()` after each decode; `on=False` draws nothing (and still counts)."""
 
-    def __init__(self, label: str, total: int, unit: str = "", on: bool = True, every: float = 0.2) -> None:
-        self.label, self.total, self.unit, self.on, self.every = label, max(total, 1), unit, on, every
-        self.done, self.started, self.drawn = 0, time.perf_counter(), float("-inf")
-        self._draw(force=True)
-
-    def update(self, n: int = 1) -> None:
-        self.done = min(self.done + n, self.total)
-        self._draw(force=self.done == self.total)
+    def __init__(self, label: str, tokens: int, decodes: int = 1, on: bool = True) -> None:
+        self.tokens, self.done, self.prompt_len = tokens, 0, None  # done: the decodes before this one, in tokens
+        self.count = 0  # tokens counted so far (tqdm's own count stays 0 when the bar is off)
+        self.bar = tqdm(total=tokens * decodes, desc=f"   {label}", unit="tok", file=sys.stderr, disable=not on,
+                        mininterval=0.2, ncols=100)  # fmt: skip
 
     def on_step(self, step: Step) -> None:
-        """A decode step's committed tokens (τ accepted + the bonus), for `spec_generate(on_step=...)`."""
-        self.update(step.acceptance_length + 1)
+        """After step `step`: x_0 (the prefill's token) and every token committed since, in this decode."""
+        if step.index == 0:
+            self.prompt_len = step.block.start  # x_0 sits right after the prompt
+        self._count(self.done + step.block.start + step.produced + 1 - self.prompt_len)
 
-    def close(self) -> None:
-        if self.on:
-            self._draw(force=True)
-            sys.stderr.write("\n")
-            sys.stderr.flush()
-            self.on = False
+    def end_decode(self) -> None:
+        self.done += self.tokens
+        self._count(self.done)
 
-    def __enter__(self) -> Progress:
+    def _count(self, count: int) -> None:
+        self.bar.update(count - self.count)
+        self.count = count
+
+    def __enter__(self) -> DecodeProgress:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.close()
-
-    def _draw(self, force: bool = False) -> None:
-        now = time.perf_counter()
-        if not self.on or (not force and now - self.drawn < self.every):
-            return
-        self.drawn, filled = now, round(20 * self.done / self.total)
-        unit = f" {self.unit}" if self.unit else ""
-        sys.stderr.write(
-            f"\r   {self.label} [{'#' * filled}{'.' * (20 - filled)}] {self.done}/{self.total}{unit}, "
-            f"{now - self.started:.0f} s"
-        )
-        sys.stderr.flush()
+        self.bar.close()

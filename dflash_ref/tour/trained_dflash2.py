@@ -1,4 +1,4 @@
-"""Part 4 of the walkthrough, on a real pair: SmolLM2-135M and the shipped DFlash 2 draft.
+"""Notebook 04's last part, on a real pair: SmolLM2-135M and the shipped DFlash 2 draft.
 
 Greedy on held-out prompts of both kinds (the templates' held-out topics, the other styles): the
 candidate lattice of one step with real tokens, and over every step what the selector's path got
@@ -26,7 +26,7 @@ from ..training.measure import acceptance_by_position, best_candidate, path_agai
 from ..training.prompt_sets import split_prompts
 from ..training.prompts import eval_prompts
 from ..viewer import name_tokens
-from .progress import Progress
+from .progress import DecodeProgress
 
 
 class TokenTexts(Sequence):
@@ -59,7 +59,7 @@ def trained_dflash2_example(progress: bool = False) -> TrainedDFlash2:
     """The shipped SmolLM2 DFlash 2 draft (fp32, proposing among its draft vocabulary) greedy on the first
     TRAINED_PROMPTS prompts of both held-out sets: its path against the argmax of its own logits at every
     step, and the first prompt's selector traced (its output checked equal to the target's own).
-    `progress`: lines on stderr, the traced decode's tokens, then the prompts (progress.py)."""
+    `progress`: bars on stderr, token by token: the traced decode, then the prompts (progress.py)."""
     target, tokenizer = load_smollm2_own()  # the own Llama target: transformers' numbers, faster
     draft = load_draft(SHIPPED_DFLASH2, torch.float32)
     prompts = eval_prompts(TRAINED_PROMPTS) + split_prompts("heldout-styles")[:TRAINED_PROMPTS]
@@ -67,24 +67,25 @@ def trained_dflash2_example(progress: bool = False) -> TrainedDFlash2:
     names = ["draft.candidate_selector.*", "draft.layers.*.self_attn.hook_pattern"]  # the lattice; the viewer's
     with (
         tracing(draft, names=names, meta={"prompt": prompts[0]}) as trace,
-        Progress("traced decode", TRAINED_TOKENS, "tokens", on=progress) as bar,
+        DecodeProgress("traced decode", TRAINED_TOKENS, on=progress) as bar,
     ):
         out = spec_generate(
             draft, target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS, extensions=draft_vocab_of(draft, target),
             on_step=lambda step: (trace.on_step(step), bar.on_step(step)),
         )  # fmt: skip
+        bar.end_decode()
     assert torch.equal(out.output_ids, generate(target, ids, TRAINED_TOKENS, STOP_TOKEN_IDS).output_ids), (
         "speculative output must equal AR"
     )
     texts = TokenTexts(tokenizer)
     name_tokens(trace, lambda i: tokenizer.decode([i]), out.output_ids[0].tolist(), STOP_TOKEN_IDS)  # the viewer
     outputs, records = [], []
-    with Progress("held-out prompts", len(prompts), "prompts", on=progress) as bar:
+    with DecodeProgress(f"{len(prompts)} held-out prompts", TRAINED_TOKENS, len(prompts), on=progress) as bar:
         _, choices = selector_log(
             draft,
             lambda: acceptance_by_position(
                 draft, target, tokenizer, prompts, TRAINED_TOKENS, STOP_TOKEN_IDS, outputs=outputs,
-                records=records, done=lambda i: bar.update(),
+                records=records, done=lambda i: bar.end_decode(), on_step=bar.on_step,
             ),
         )  # fmt: skip
     return TrainedDFlash2(prompts[0], trace, texts, path_against_argmax(records, choices, outputs), len(prompts))
@@ -105,7 +106,7 @@ def first_moved_step(trace: Trace) -> int:
 def tell_trained_dflash2(ex: TrainedDFlash2, say: Callable[[str], None] = print) -> None:
     t = ex.tally
     say(
-        f"\n5. A trained DFlash 2 draft (shipped for SmolLM2-135M), greedy, {ex.prompts} held-out prompts, "
+        f"A trained DFlash 2 draft (shipped for SmolLM2-135M), greedy, {ex.prompts} held-out prompts, "
         f"{TRAINED_TOKENS} tokens each, {t['steps']} steps"
     )
     say(

@@ -2,13 +2,14 @@
 Figure; nothing is shown or saved here (`save_figure` writes deterministic PNGs).
 
     plot_attention            one step / layer / head: L_q × L_k, context | block boundary marked
+    plot_draft_and_verify     one step: the draft's non-causal pattern beside the target's causal verify
     plot_attention_grid       every layer × head of one step
     plot_attention_steps      one layer / head across steps (the context grows, the block slides)
     plot_attention_compare    the same head of several drafts side by side (trained vs random)
     plot_cache_timeline       target vs draft cache length around every verify / draft and crop
     plot_acceptance           τ per step, and its histogram
     plot_rope_alignment       which position each Q row and K column is rotated by
-    plot_candidate_lattice    DFlash 2: block positions × top-K candidates, the chosen path, the accepted prefix
+    plot_candidate_lattice    DFlash 2: block positions × top-M candidates, the chosen path, the accepted prefix
 """
 
 from __future__ import annotations
@@ -78,6 +79,49 @@ def plot_attention(
     return fig
 
 
+def plot_draft_and_verify(
+    trace: Trace, step: int, layer: int, head: int, target_layer: int, tokens: Sequence[str]
+) -> Figure:
+    """One step's two passes over its block, side by side: the draft's attention (layer, head: the block
+    [x_0, mask, …] reads every key, non-causal) and the target's at the verify (target_layer, head: the block
+    [x_0, d_1, …] as proposed, causal, so the cells above the diagonal are masked, drawn hatched). `tokens`:
+    the text of every position up to the block's end, the block as verified."""
+    record = trace.records[step]
+    target_name = f"target.model.layers.{target_layer}.self_attn.hook_pattern"
+    if target_name not in trace.activations[step]:
+        raise KeyError(f"the trace holds no {target_name} at step {step}: trace the target too")
+    panels = [
+        ("draft", trace.attention(step, layer)[head], trace.context_columns(step), f"draft layer {layer}", True),
+        ("verify", trace[target_name, step][head], record.start, f"target layer {target_layer} (the verify)", False),
+    ]
+    width = sum(w.shape[1] for _, w, *_ in panels)
+    fig = Figure(figsize=(2.4 + 0.5 * width, 2.2 + 0.45 * len(record.q_position_ids)), layout="constrained")
+    axes = fig.subplots(1, 2, width_ratios=[w.shape[1] for _, w, *_ in panels])
+    for ax, (kind, weights, ctx_cols, title, drafted) in zip(axes, panels):
+        weights = weights.float().numpy()
+        q_pos = list(range(record.start, record.start + weights.shape[0]))  # the block's positions
+        k_pos = list(range(weights.shape[1])) if kind == "verify" else record.k_position_ids
+        image = ax.imshow(weights, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
+        if kind == "verify":  # the causal mask: key position > query position
+            for i, qp in enumerate(q_pos):
+                for j, kp in enumerate(k_pos):
+                    if kp > qp:
+                        ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor="#dddddd", hatch="//", lw=0))
+        for (i, j), w in np.ndenumerate(weights):
+            if kind == "draft" or k_pos[j] <= q_pos[i]:
+                ax.text(j, i, f"{w:.2f}", ha="center", va="center", fontsize=6, color="black" if w > 0.5 else "white")
+        ax.axvline(ctx_cols - 0.5, color="white", linewidth=2)
+        names = [f"{p}:<mask>" if drafted and p > record.start else f"{p}:{tokens[p]}" for p in range(len(k_pos))]
+        ax.set_xticks(range(len(k_pos)), [names[p] for p in k_pos], rotation=90, fontsize=7)
+        ax.set_yticks(range(len(q_pos)), [names[p] for p in q_pos], fontsize=7)
+        ax.set_xlabel(f"key position ({'context' if drafted else 'cache'} | block)")
+        ax.set_title(f"{title}, head {head}: {'non-causal' if drafted else 'causal'}", fontsize=9)
+    axes[0].set_ylabel("query: the block's positions")
+    fig.colorbar(image, ax=axes, fraction=0.03, label="attention weight")
+    fig.suptitle(f"step {step}: the draft pass and the verify pass over the same positions", fontsize=10)
+    return fig
+
+
 def plot_attention_grid(trace: Trace, step: int, tokens: Sequence[str] | None = None) -> Figure:
     """Every draft layer (rows) × head (columns) at one step."""
     layers = sorted(
@@ -110,20 +154,21 @@ def plot_attention_steps(
     """One layer / head over several steps: the context columns grow as tokens are accepted."""
     steps = list(range(len(trace))) if steps is None else list(steps)
     steps = [s for s in steps if trace.activations[s].get(f"draft.layers.{layer}.self_attn.hook_pattern") is not None]
-    fig, axes = _subplots((3.0 * len(steps), 2.8), 1, len(steps), squeeze=False)
+    fig, axes = _subplots((3.0 * len(steps) + 0.8, 3.0), 1, len(steps), squeeze=False)
     for ax, s in zip(axes[0], steps):
         r = trace.records[s]
-        _heatmap(
+        im = _heatmap(
             ax,
             trace.attention(s, layer)[head].float().numpy(),
             r,
             trace.context_columns(s),
             tokens,
-            f"step {s}: τ={r.acceptance_length}",
+            f"step {s}: τ = {r.acceptance_length}",
             annotate=False,
         )
-    fig.suptitle(f"draft layer {layer}, head {head}, step by step", fontsize=10)
+    fig.suptitle(f"draft layer {layer}, head {head}, step by step (white line: context | block)", fontsize=10)
     fig.tight_layout()
+    fig.colorbar(im, ax=axes[0].tolist(), fraction=0.02, label="attention weight")
     return fig
 
 
@@ -169,12 +214,16 @@ def plot_cache_timeline(trace: Trace) -> Figure:
         x += [base, base + 1, base + 2]
         tgt += [r.target_cache_before, r.target_cache_after_verify, r.target_cache_after]
         drf += [r.draft_cache_before, r.draft_cache_after_draft, r.draft_cache_after]
-        ticks += [(base, f"s{i}"), (base + 1, "+blk"), (base + 2, "crop")]
+        ticks += [(base, f"step {i}"), (base + 1, "pass"), (base + 2, "crop")]
     ax.step(x, tgt, where="post", color=BLOCK_COLOUR, marker="o", label="target cache")
     ax.step(x, drf, where="post", color=CONTEXT_COLOUR, marker="s", label="draft cache")
     ax.set_xticks([t for t, _ in ticks], [lbl for _, lbl in ticks], fontsize=7, rotation=90)
     ax.set_ylabel("cached positions")
-    ax.set_title("KV cache lengths: grow by the block, crop back (draft → start, target → accepted)")
+    ax.set_title(
+        "KV cache lengths. draft: + L_c + L_q in its pass, cropped to start;\n"
+        "target: + L_q in the verify, cropped to the τ + 1 tokens it keeps (fewer where the run's length ends)",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
@@ -190,7 +239,7 @@ def plot_acceptance(trace: Trace) -> Figure:
     a.set_ylabel("accepted draft tokens τ")
     a.set_ylim(0, gamma + 0.5)
     mean = sum(r.produced for r in trace.records) / max(len(taus), 1)
-    a.set_title(f"acceptance per step (mean tokens/step {mean:.2f})", fontsize=9)
+    a.set_title(f"τ per step: mean τ + 1 = {sum(taus) / max(len(taus), 1) + 1:.2f}, committed {mean:.2f}", fontsize=9)
     b.hist(taus, bins=np.arange(-0.5, gamma + 1.5, 1.0), color=BLOCK_COLOUR, rwidth=0.85)
     b.set_xlabel("τ")
     b.set_ylabel("steps")
@@ -223,14 +272,14 @@ def plot_rope_alignment(record: StepRecord) -> Figure:
 
 
 def plot_candidate_lattice(trace: Trace, step: int = 0, tokens: Sequence[str] | None = None) -> Figure:
-    """DFlash 2's selector at one step: proposal positions 1..γ (columns) × their K candidates (rows,
+    """DFlash 2's selector at one step: proposal positions 1..γ (columns) × their M candidates (rows,
     best score first), each cell coloured by its score z + pair (the pair term with the predecessor
     the path chose) and labelled with its token; the chosen path boxed, the accepted prefix (τ) in red."""
     acts, record, name = trace.activations[step], trace.records[step], "draft.candidate_selector."
     if name + "hook_candidates" not in acts:
         raise ValueError(f"step {step} holds no candidate selector tensors (a DFlash 2 draft, traced)")
-    candidates = acts[name + "hook_candidates"].numpy()  # (γ, K)
-    scores = (acts[name + "hook_unary"].float() + acts[name + "hook_pair"].float()).numpy()  # (γ, K)
+    candidates = acts[name + "hook_candidates"].numpy()  # (γ, M)
+    scores = (acts[name + "hook_unary"].float() + acts[name + "hook_pair"].float()).numpy()  # (γ, M)
     order = np.argsort(-scores, axis=1, kind="stable")  # best first, per position
     candidates, scores = np.take_along_axis(candidates, order, 1), np.take_along_axis(scores, order, 1)
     gamma, k = scores.shape

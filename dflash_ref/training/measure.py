@@ -1,8 +1,8 @@
-"""Measuring a draft: the share of decode steps that accept block position k, and τ.
+"""Measuring a draft: the share of decode steps that accept block position k, and τ + 1 (tokens per step).
 
-    a_k = #{whole-block steps with ≥ k proposals accepted and emitted} / #{whole-block steps},  k = 1 … b − 1
-    τ   = tokens committed per step (bonus included), the steps pooled (`tally`) or per prompt, then
-          averaged over prompts (`mean_of_prompts`, as `dflash`'s benchmark.py reports it)
+    a_k   = #{whole-block steps with ≥ k proposals accepted and emitted} / #{whole-block steps},  k = 1 … b − 1
+    τ + 1 = tokens committed per step (τ accepted proposals + the bonus), the steps pooled (`tally`) or per
+            prompt, then averaged over prompts (`mean_of_prompts`, as `dflash`'s benchmark.py reports it)
     a DFlash 2 draft's path against the argmax of its own logits (`path_against_argmax`)
 
 What `train`'s held-out evaluation, `evaluate` and `bench trained` all report, and how they print it.
@@ -30,14 +30,16 @@ def acceptance_by_position(
     records: list | None = None,
     done=None,
     lookup: int | None = None,
+    on_step=None,
 ) -> tuple[list[float | None], float | None]:
     """Greedy on each prompt: the fraction of full-block decode steps (the whole block drafted and
     verified) in which block position k (1 … b − 1) was accepted, and the mean tokens per step over
-    all steps (the paper's τ): `tally` of every step (with `lookup`, extensions/prompt_lookup.py, its
-    steps count too: a_k and τ are then the decoder's, not the draft's alone). The draft proposes in its
-    own vocabulary where it has one, as the commands decode it (extensions.chosen_extensions). Each
-    prompt's GenerationOutput is appended to `outputs` and its list of step records to `records`, if
-    given; `done(i)` is called after the i-th."""
+    all steps (τ + 1, the paper's acceptance length): `tally` of every step (with `lookup`,
+    extensions/prompt_lookup.py, its steps count too: a_k and τ + 1 are then the decoder's, not the
+    draft's alone). The draft proposes in its own vocabulary where it has one, as the commands decode it
+    (extensions.chosen_extensions). Each prompt's GenerationOutput is appended to `outputs` and its list
+    of step records to `records`, if given; `done(i)` is called after the i-th, and `on_step(step)` after
+    each of its steps (spec_generate's)."""
     b = block_size or draft.block_size
     steps, extensions = [], chosen_extensions(draft, target, verify_gate, lookup)
     for i, prompt in enumerate(prompt_list, 1):
@@ -50,7 +52,7 @@ def acceptance_by_position(
             list(stop),
             block_size=b,
             extensions=extensions,
-            on_step=mine,
+            on_step=mine if on_step is None else lambda step, mine=mine: (mine(step), on_step(step)),
         )
         if outputs is not None:
             outputs.append(out)
@@ -65,9 +67,9 @@ def acceptance_by_position(
 def tally(steps, block_size: int) -> tuple[list[float | None], float | None]:
     """From spec_generate's step records: a_k = the share of whole-block steps (all b tokens verified)
     with at least k proposals accepted and emitted, k = 1 … b − 1 (None when no step verified a whole
-    block: too few tokens asked for one), and τ = tokens produced per step, the steps pooled (None: no
-    step). A proposal the target accepted after a stop token is never emitted, so it is not counted:
-    a step emits min(τ, produced) of its accepted proposals (`emitted`)."""
+    block: too few tokens asked for one), and τ + 1 = tokens produced per step, the steps pooled (None:
+    no step). A proposal the target accepted after a stop token is never emitted, so it is not counted:
+    a step emits min(τ, produced) of its τ accepted proposals (`emitted`)."""
     whole = [emitted(r.acceptance_length, r.produced) for r in steps if len(r.block_ids) == block_size]
     by_position = [sum(a >= k for a in whole) / len(whole) if whole else None for k in range(1, block_size)]
     return by_position, sum(r.produced for r in steps) / len(steps) if steps else None
@@ -80,7 +82,7 @@ def emitted(accepted: int, produced: int) -> int:
 
 
 def mean_of_prompts(records: list[list]) -> float | None:
-    """τ as dflash's benchmark.py averages it ("Average Acceptance length"): each prompt's tokens per
+    """τ + 1 as dflash's benchmark.py averages it ("Average Acceptance length"): each prompt's tokens per
     step, then the mean over prompts (those with no step left out; None if none has one). `tally`
     pools the steps instead, so a prompt decoded in many short steps weighs more there."""
     per_prompt = [sum(r.produced for r in steps) / len(steps) for steps in records if steps]

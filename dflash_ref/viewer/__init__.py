@@ -7,13 +7,12 @@
     viewer.js    the page: a step slider, layer and head pickers, the panels
     browser.py   headless Chromium: a screenshot of a viewer (`view --screenshot`), and for the tests
 
-In a notebook, `show(path)` displays a written file inline (an iframe: the notebook keeps a line, not the
-file's megabytes).
+The walkthrough notebooks write their viewers and show how a browser draws them (a committed screenshot): an
+iframe of a file that a clone does not hold would be a dead link.
 """
 
 from __future__ import annotations
 
-import html
 from pathlib import Path
 
 from . import page  # payload (torch) is imported where a trace is drawn: the kit's page needs page alone
@@ -58,22 +57,3 @@ def name_tokens(trace, decode, output_ids=None, stop_token_ids=None) -> None:
         trace.meta["output_ids"] = list(output_ids)
     if stop_token_ids is not None:
         trace.meta["stop_token_ids"] = list(stop_token_ids)
-
-
-class Shown:
-    """A written viewer in a notebook: an iframe of the file, relative to the notebook (`show(path)`)."""
-
-    def __init__(self, path: str | Path, height: int = 900) -> None:
-        self.path, self.height = Path(path), height
-
-    def _repr_html_(self) -> str:
-        source = html.escape(self.path.as_posix(), quote=True)
-        return f'<iframe src="{source}" width="100%" height="{self.height}" style="border: 1px solid #ddd"></iframe>'
-
-    def __repr__(self) -> str:  # what a notebook keeps as text: the same on every run
-        return f"viewer: {self.path.as_posix()} (open it in a browser)"
-
-
-def show(path: str | Path, height: int = 900) -> Shown:
-    """A written viewer, displayed inline in a notebook."""
-    return Shown(path, height)
