@@ -1,7 +1,8 @@
 """Does this draft fit this target, and is this request decodable? Clear errors before any compute.
 
 A draft reuses the target's embedding and lm_head and reads its hidden states, so:
-    hidden sizes equal · vocabularies equal · every target_layer_id < the target's layers ·
+    hidden sizes equal · vocabularies equal (where the draft records one) · every target_layer_id < the target's
+    layers ·
     mask_token_id inside the vocabulary · the same dtype and device for both.
 """
 
@@ -20,7 +21,7 @@ def check_pair(draft, target) -> None:
     dc, tc = draft.config, target.config
     if dc.hidden_size != tc.hidden_size:
         raise IncompatibleModels(f"draft hidden_size {dc.hidden_size} != target hidden_size {tc.hidden_size}")
-    if dc.vocab_size != tc.vocab_size:
+    if dc.vocab_size is not None and dc.vocab_size != tc.vocab_size:  # None: the draft's format records none
         raise IncompatibleModels(f"draft vocab_size {dc.vocab_size} != target vocab_size {tc.vocab_size}")
     bad = [i for i in dc.target_layer_ids if not 0 <= i < tc.num_hidden_layers]
     if bad:
@@ -28,7 +29,7 @@ def check_pair(draft, target) -> None:
             f"draft target_layer_ids {dc.target_layer_ids} include {bad}, beyond "
             f"the target's {tc.num_hidden_layers} layers"
         )
-    if dc.num_target_layers != tc.num_hidden_layers:
+    if dc.num_target_layers is not None and dc.num_target_layers != tc.num_hidden_layers:
         raise IncompatibleModels(
             f"draft was built for a {dc.num_target_layers}-layer target "
             f"(num_target_layers); this target has {tc.num_hidden_layers} layers"

@@ -28,6 +28,17 @@ from .config_fields import (
 from .layer_sampling import build_target_layer_ids
 
 
+def read_json(path: str | Path) -> dict:
+    """A folder's config.json (or that file) as parsed JSON; a FileNotFoundError or a ConfigError naming it."""
+    path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)  # a folder or its config.json
+    if not path.is_file():
+        raise FileNotFoundError(f"no config.json at {path}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON: {e}") from None
+
+
 @dataclass
 class Qwen3Config:
     """The fields of a Qwen3 decoder stack that this project reads (target or draft)."""
@@ -52,8 +63,8 @@ class Qwen3Config:
         self.validate()
 
     def validate(self) -> None:
+        self._validate_vocab()
         for name in (
-            "vocab_size",
             "hidden_size",
             "intermediate_size",
             "num_hidden_layers",
@@ -85,6 +96,9 @@ class Qwen3Config:
             raise ConfigError(f"unknown layer_types {bad}")
         if self.sliding_window is not None:  # None on a sliding layer: causal, no window (official)
             int_field({"sliding_window": self.sliding_window}, "sliding_window")
+
+    def _validate_vocab(self) -> None:
+        int_field({"vocab_size": self.vocab_size}, "vocab_size")
 
     def layer_type(self, i: int) -> str:
         return self.layer_types[i]
@@ -128,14 +142,7 @@ class Qwen3Config:
 
     @classmethod
     def from_json(cls, path: str | Path):
-        path = Path(path) / "config.json" if Path(path).is_dir() else Path(path)  # a folder or its config.json
-        if not path.is_file():
-            raise FileNotFoundError(f"no config.json at {path}")
-        try:
-            d = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path} is not valid JSON: {e}") from None
-        return cls.from_dict(d)
+        return cls.from_dict(read_json(path))
 
     def to_dict(self) -> dict:
         d = {k: v for k, v in dataclasses.asdict(self).items() if k not in ("rope_theta", "rope_scaling")}
@@ -179,10 +186,14 @@ SCALES = {"input_embedding_scale": 1.0, "output_multiplier": 1.0, "final_logit_s
 @dataclass
 class DraftConfig(Qwen3Config):
     """The DFlash draft: Qwen3 fields + block_size, num_target_layers, mask_token_id, target_layer_ids;
-    version 2 (architectures: DFlash2DraftModel) adds the convolution's and the selector's sizes."""
+    version 2 (architectures: DFlash2DraftModel) adds the convolution's and the selector's sizes.
+
+    vocab_size and num_target_layers may be None where a draft's format does not record them (a Muse Glimmer
+    assistant's: muse_glimmer.py): they are its target's, checked when the two are paired (compat.py), and a
+    DFlash folder cannot be written without them."""
 
     block_size: int = 16
-    num_target_layers: int = 36
+    num_target_layers: int | None = 36
     mask_token_id: int = 0
     target_layer_ids: list[int] = field(default_factory=list)  # empty: build_target_layer_ids
     is_causal: bool | None = None  # None: causal exactly on sliding-window layers (official rule)
@@ -201,10 +212,16 @@ class DraftConfig(Qwen3Config):
     def validate(self) -> None:
         super().validate()
         int_field({"block_size": self.block_size}, "block_size")
-        int_field({"num_target_layers": self.num_target_layers}, "num_target_layers")
+        depth = self.num_target_layers
+        if depth is not None:
+            int_field({"num_target_layers": depth}, "num_target_layers")
         bool_field(self.is_causal, "is_causal", allow_none=True)
         if not isinstance(self.target_layer_ids, list):
             raise ConfigError(f"config field 'target_layer_ids' must be a list of ids, got {self.target_layer_ids!r}")
+        if not self.target_layer_ids and depth is None:
+            raise ConfigError(
+                "a draft that does not record its target's depth (num_target_layers) needs target_layer_ids"
+            )
         if not self.target_layer_ids:
             ids = build_target_layer_ids(self.num_target_layers, self.num_hidden_layers)
             if not all(0 <= i < self.num_target_layers for i in ids):
@@ -215,20 +232,24 @@ class DraftConfig(Qwen3Config):
                 )
             self.target_layer_ids = ids
         for i in self.target_layer_ids:
-            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < self.num_target_layers:
+            if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < (depth if depth is not None else i + 1):
                 raise ConfigError(
                     f"target_layer_ids {self.target_layer_ids}: each id must be an integer in "
-                    f"0..{self.num_target_layers - 1} (num_target_layers={self.num_target_layers})"
+                    + (f"0..{depth - 1} (num_target_layers={depth})" if depth is not None else "0, 1, …")
                 )
         kind = self.sliding_window_kind
         if kind is not None and kind not in WINDOW_KINDS:
             raise ConfigError(f"dflash_config.sliding_window_kind {kind!r} is not one of {list(WINDOW_KINDS)}")
         if (kind, self.is_causal) in (("causal", False), ("symmetric", True)):
             raise ConfigError(f"dflash_config.sliding_window_kind {kind!r} contradicts is_causal={self.is_causal}")
-        m = self.mask_token_id
-        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < self.vocab_size:
-            raise ConfigError(f"mask_token_id {m!r} is outside the vocabulary 0..{self.vocab_size - 1}")
+        m, vocab = self.mask_token_id, self.vocab_size
+        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m < (vocab if vocab is not None else m + 1):
+            raise ConfigError(f"mask_token_id {m!r} is outside the vocabulary 0..{(vocab or 0) - 1}")
         self._validate_version()
+
+    def _validate_vocab(self) -> None:
+        if self.vocab_size is not None:  # None: the target's (a Muse Glimmer assistant records none)
+            super()._validate_vocab()
 
     def _validate_version(self) -> None:
         given = [k for k in DFLASH2_FIELDS if getattr(self, k) is not None]
@@ -239,6 +260,8 @@ class DraftConfig(Qwen3Config):
             )
         for key in DFLASH2_FIELDS if self.version == 2 else ():
             int_field({f"dflash_config.{key}": getattr(self, key)}, f"dflash_config.{key}")
+        if self.version == 2 and self.vocab_size is None:
+            raise ConfigError("a DFlash 2 draft needs vocab_size: its selector's codebooks have a row per token")
         if self.version == 2 and self.hidden_size % self.conv_group_size:
             raise ConfigError(
                 f"dflash_config.conv_group_size {self.conv_group_size} does not divide hidden_size {self.hidden_size}"
@@ -282,6 +305,12 @@ class DraftConfig(Qwen3Config):
         )
 
     def to_dict(self) -> dict:
+        unsaid = [k for k in ("vocab_size", "num_target_layers") if getattr(self, k) is None]
+        if unsaid:
+            raise ConfigError(
+                f"a DFlash folder records {' and '.join(unsaid)}, which this draft's format did not: set them "
+                "(its target's) before writing it in the DFlash format"
+            )
         d = {"architectures": ["DFlash2DraftModel" if self.version == 2 else "DFlashDraftModel"], **super().to_dict()}
         for key in (
             "mask_token_id",

@@ -305,9 +305,11 @@ def test_passes_via_the_api(golden, impl, tmp_path):
     assert report.first_failure is None and len({c.bundle for c in report.checks}) == len(SCENARIOS) - (impl == "zlab")
     evicted = [c for c in report.checks if c.note]
     assert (impl == "zlab") == bool(evicted)  # the official cache evicts keys outside a sliding window
-    # the official code knows the causal and symmetric windows: the rotating bundle is not applicable to it
+    # the official code knows the causal and symmetric windows: the rotating bundle is not applicable to it,
+    # nor are the bundles whose draft is in transformers' Muse Glimmer format
     skipped = [c for c in report.checks if c.key == "bundle"]
-    assert [c.bundle for c in skipped] == (["window_rotating"] if impl == "zlab" else []), skipped
+    expected = ["window_rotating", "muse_glimmer", "muse_glimmer_window"] if impl == "zlab" else []
+    assert [c.bundle for c in skipped] == expected, skipped
     assert impl == "reference" or "not applicable: the port's sliding windows are causal or symmetric" in report.text()
 
 
@@ -1207,6 +1209,21 @@ def target_reads_rope_theta_alone(mp):
     return After(lambda target, draft: setattr(target, "rotary_emb", RotaryEmbedding(target.config.head_dim, 1e4)))
 
 
+def prompt_ending_in_a_stop_ends_the_output(mp):
+    """transformers 5.15.0 (reports/transformers-dflash-prompt-ends-in-stop-token.md): a prompt that ends with a stop
+    token comes back alone, its target's prefill run and nothing decoded."""
+    reference = ReferenceAdapter()
+
+    def run(bundle):
+        produced, prompt = reference.run(bundle), bundle.inputs["input_ids"]
+        if prompt[-1] not in (bundle.inputs.get("stop_token_ids") or ()):
+            return produced
+        kept = ("prefill_logits", "layer_ids")
+        return {**{key_for(k): produced[key_for(k)] for k in kept}, key_for("output_ids"): np.asarray(prompt)}
+
+    return run
+
+
 # matrix.CAUSES, each named bug → (its tensors reproduced here, the bundle, what the first divergence then says)
 CAUSE_HINTS = {
     ("zlab [0.1.0 code]", "recurrent_state"): (
@@ -1217,6 +1234,11 @@ CAUSE_HINTS = {
     ("zlab [github code]", "pattern"): (sliding_window_ignored, "gqa_sliding", "window (3) is not applied"),
     ("zlab [github code]", "extra_step"): (first_token_never_stops, "stop_first", "after the stop at the first token"),
     ("mlx", "k_rot"): (keys_in_ring_order, "window_rotating", "the right keys in the wrong order"),
+    ("transformers 5.15.0", "first_token"): (
+        prompt_ending_in_a_stop_ends_the_output,
+        "stop_inside",
+        "the prompt ends with the stop token 3, which the port took for the end of its output",
+    ),
     ("mlx", "prefill_logits"): (target_reads_rope_theta_alone, "rope_linear", "its RoPE read from one spelling"),
     ("vllm", "k_ctx"): (context_k_with_layer_0_norm, "multiround", "another layer's"),
     ("vllm-serve", "k_ctx"): (context_k_with_layer_0_norm, "multiround", "another layer's"),
@@ -1248,8 +1270,9 @@ def test_each_named_cause_gets_its_hint(golden, cause, tmp_path):
     if bundle.startswith("engine_"):  # an engine-shaped bundle (SmolLM2's tokenizer): written here
         generate_golden(tmp_path / "engine", [bundle])
         golden = tmp_path / "engine"
+    missing_is_the_bug = cause[1] == "first_token"  # a port that decodes nothing: what it lacks is the finding
     with pytest.MonkeyPatch.context() as mp:
-        report = verify(reproduce(mp), only(golden, bundle, tmp_path / "one"), allow_missing=True)
+        report = verify(reproduce(mp), only(golden, bundle, tmp_path / "one"), allow_missing=not missing_is_the_bug)
     first = report.first_failure
     assert first is not None and first.stage == cause[1], report.text()
     assert says in (first.hint or first.detail), report.text()
@@ -1288,3 +1311,18 @@ def test_the_hints_read_off_the_tensors_stay_silent_on_odd_input():
                 assert isinstance(hint(stage, x, y, {}, 0), str)
             said = hint(stage, x, x, {"inputs": {"input_ids": [1, 2, 3]}}, 0)
             assert said == BY_STAGE.get(stage, ""), (stage, said)
+
+
+def test_the_output_readers_name_a_prompt_taken_for_the_end_and_tokens_past_the_limit():
+    from dflash_ref.conformance.hints import hint
+
+    inputs = {"input_ids": [5, 6, 3], "stop_token_ids": [3], "max_new_tokens": 4}
+    context = {"inputs": inputs}
+    dflash = np.array([5, 6, 3, 7, 8, 9, 10])
+    said = hint("output_ids", dflash, np.array([5, 6, 3]), context)
+    assert "the prompt ends with the stop token 3, which the port took for the end of its output" in said
+    said = hint("output_ids", dflash, np.array([5, 6, 3, 7, 8, 9, 10, 11, 12]), context)
+    assert said.startswith("6 new tokens where max_new_tokens is 4, DFlash's output first")
+    # a stop ends DFlash's output early: tokens after it are the stop's reader's, not the limit's
+    stopped = {"inputs": {**inputs, "input_ids": [5, 6], "max_new_tokens": 6}}
+    assert "after the stop token" in hint("output_ids", np.array([5, 6, 7, 3]), np.array([5, 6, 7, 3, 9]), stopped)

@@ -377,6 +377,8 @@ LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient", "nbformat",
 # config.py brings torch, which training's options otherwise never import (`train --help` stays cheap)
 LOCAL_IMPORT_OF = {
     "cli/verify.py": {"conformance.exact"},
+    # reading a bundle imports no torch; asking whether its draft is a Muse folder does (config.py)
+    "conformance/bundle.py": {"muse_glimmer"},
     "conformance/verify.py": {"conformance.ports"},
     "training/init_draft.py": {"config", "config_fields"},
     # the trace's payload imports torch; the kit's numpy-only page (conformance/page.py) imports the viewer's page

@@ -7,7 +7,7 @@ import argparse
 
 from ..conformance.bundle import find_bundles
 from ..conformance.page import check_plotly, write_report_html
-from ..conformance.variants import parse_variant
+from ..conformance.variants import VARIANTS, parse_variant
 from ..conformance.verify import InputError, verify_dump
 from ..conformance.verify import verify as run_verify
 from .folders import check_output_file
@@ -17,7 +17,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     candidate = p.add_mutually_exclusive_group(required=True)
     candidate.add_argument(
         "--impl",
-        help="reference | zlab | mlx | vllm | vllm-batch | vllm-serve | llamacpp | llama-server | "
+        help="reference | zlab | mlx | transformers | vllm | vllm-batch | vllm-serve | llamacpp | llama-server | "
         "package.module:factory (an adapter)",
     )
     candidate.add_argument("--dump", help="a port's tensors: .npz or .safetensors keyed {bundle}/{key}")
@@ -29,10 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="a design variant the port follows: draft_cache=crop-after-pass|context-only, "
-        "last_block=shrink|full-then-truncate, sliding_window=as-configured|causal|symmetric|rotating|block-start, "
-        "block_length=fixed|adaptive, draft_context_window=unbounded|N, proposals=draft|draft-or-lookup "
-        "(default: detected, else the reference's; conformance/variants.py)",
+        help="a design variant the port follows: "
+        + ", ".join(f"{key}={'|'.join(choices)}" for key, choices in VARIANTS.items())
+        + " (default: detected, else the reference's; conformance/variants.py)",
     )
     p.add_argument(
         "--skip",

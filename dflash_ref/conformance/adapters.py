@@ -44,10 +44,11 @@ TRACED = list(MODEL_STAGES.values()) + [f"draft.layers.*.{name}" for name in LAY
 
 
 def to_numpy(x) -> np.ndarray:
-    """A tensor (any dtype; bf16 becomes float32, exactly), list or number → numpy."""
+    """A tensor (any dtype; bf16 becomes float32, exactly), list or number → numpy, a copy: a port's buffer (a cache
+    it updates in place, as transformers 5.2x does its recurrent states) must not change what was recorded."""
     if isinstance(x, torch.Tensor):
         x = x.detach().cpu()
-        return (x.float() if x.is_floating_point() else x.long()).numpy()
+        return (x.float() if x.is_floating_point() else x.long()).numpy().copy()
     return np.asarray(x, dtype=np.int64 if isinstance(x, (int, list)) else None)
 
 

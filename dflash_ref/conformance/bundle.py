@@ -133,6 +133,13 @@ class Bundle:
     def config(self, which: str) -> dict:
         return json.loads((self.path / which / "config.json").read_text())
 
+    def draft_is_muse(self) -> bool:
+        """Whether the draft folder is transformers' Muse Glimmer assistant (muse_glimmer.py) rather than a DFlash
+        checkpoint: only transformers' own DFlash and the reference read it."""
+        from ..muse_glimmer import is_muse  # here, not above: reading a bundle imports no torch
+
+        return is_muse(self.config("draft"))
+
 
 def checksums(path: Path) -> dict[str, str]:
     """sha256 of every file a bundle's manifest vouches for: expected.safetensors and the files of target/ and

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..drafts.checkpoint import save_draft
+from ..drafts.checkpoint import save_draft, save_muse_glimmer
+from ..muse_glimmer import MODEL_TYPE as MUSE
 from ..target import Qwen3_5Target
 from ..target.checkpoint import save_target
 from ..target.qwen3_5_checkpoint import save_hybrid_target
@@ -164,7 +165,7 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
             write_tokenizer_folder(
                 folder / "target", _stub_tokens(scenario, draft), draft.mask_token_id, scenario.stop_token_ids or []
             )
-    save_draft(draft, folder / "draft", dtype)
+    (save_muse_glimmer if scenario.draft_format == MUSE else save_draft)(draft, folder / "draft", dtype)
     if scenario.rope_spelling:
         _keep_one_spelling(folder, scenario.rope_spelling)
     tolerance = TOLERANCE[scenario.dtype]

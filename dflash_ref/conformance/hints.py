@@ -746,6 +746,35 @@ def _logits_rows_shifted(expected, got, context) -> str | None:
 # ------------------------------------------------------------------------------------------ the loop
 
 
+def prompt_taken_for_the_end(inputs: dict, output) -> str | None:
+    """A port that returned its prompt alone, where the prompt ends with a stop token: it took that token for the
+    end of its own output (said where x_0 is missing)."""
+    prompt, stops = list(inputs.get("input_ids") or ()), set(inputs.get("stop_token_ids") or ())
+    output = None if output is None else np.asarray(output).reshape(-1).tolist()
+    if output != prompt or not prompt or prompt[-1] not in stops:
+        return None
+    return (
+        f"the port returned the prompt alone: the prompt ends with the stop token {prompt[-1]}, which the port took "
+        "for the end of its output. A stop token ends a decode when it is generated, never in the prompt (DFlash "
+        "and the target alone both decode this prompt)"
+    )
+
+
+def _tau_of_what_is_committed(expected, got, context) -> str | None:
+    """At a step the length limit or a stop token cuts, τ = the tokens it commits − 1: a counter of committed tokens,
+    not a bug."""
+    cut = (context.get("cut") or {}).get(context.get("step"))
+    if cut is None or got.size != 1 or int(got.reshape(-1)[0]) != cut[0] - 1:
+        return None
+    return (
+        f"τ = {cut[0] - 1} where DFlash's is {int(expected.reshape(-1)[0])}, at a step whose tokens max_new_tokens or "
+        f"a stop token cuts to {cut[0]}: the port counts only the accepted tokens it commits (as vLLM and transformers "
+        "do); "
+        "DFlash counts every accepted draft token, then commits what fits. A counting choice: declare "
+        "`--variant accepted_count=committed`"
+    )
+
+
 def _tau_not_the_run(expected, got, context) -> str | None:
     """τ larger than DFlash's: matches after the first mismatch were counted (a sum, where DFlash's cumulative
     product stops at it); smaller: the run stops early, d_i compared with another posterior token."""
@@ -795,6 +824,26 @@ def _past_the_stop(expected, got, context) -> str | None:
     return None
 
 
+def _prompt_alone(expected, got, context) -> str | None:
+    """The output is the prompt, which ends with a stop token (a missing x_0 says the same, verify.compare)."""
+    return prompt_taken_for_the_end(context.get("inputs") or {}, got) if got.ndim == 1 else None
+
+
+def _past_max_new_tokens(expected, got, context) -> str | None:
+    """More new tokens than max_new_tokens, DFlash's output first: the length limit is not applied to the last step."""
+    inputs = context.get("inputs") or {}
+    if got.ndim != 1 or expected.ndim != 1 or "max_new_tokens" not in inputs or "input_ids" not in inputs:
+        return None
+    limit = len(inputs["input_ids"]) + inputs["max_new_tokens"]
+    if len(got) <= limit or len(expected) > limit or not np.array_equal(got[: len(expected)], expected):
+        return None
+    return (
+        f"{len(got) - len(inputs['input_ids'])} new tokens where max_new_tokens is {inputs['max_new_tokens']}, "
+        "DFlash's output first: the port commits a whole step past the limit (the last step's τ + 1 tokens kept, "
+        "or another step run), where a step commits at most what is left of max_new_tokens"
+    )
+
+
 READERS: dict[str, tuple[Callable, ...]] = {
     "layer_ids": (_ids_shifted,),
     "target_hidden": (_only_first_row_agrees, _features_one_layer_early, _features_before_a_norm, _features_not_sliced),
@@ -816,8 +865,8 @@ READERS: dict[str, tuple[Callable, ...]] = {
     ),
     "logits": (_logits_rows_shifted,),
     "pair": (_predecessor_not_chosen, _pair_free_of_position),
-    "acceptance_length": (_tau_not_the_run,),
-    "output_ids": (_mask_tokens_stripped, _past_the_stop),
+    "acceptance_length": (_tau_of_what_is_committed, _tau_not_the_run),
+    "output_ids": (_prompt_alone, _mask_tokens_stripped, _past_the_stop, _past_max_new_tokens),
 }
 for _stage in BLOCK_AXIS:  # last: a block of another length, where nothing above read the shapes
     READERS[_stage] = (*READERS.get(_stage, ()), _block_length(_stage))

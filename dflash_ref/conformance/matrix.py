@@ -22,13 +22,13 @@ from .exact import verify_sampling
 from .report import NotApplicable, Report, title
 from .verify import verify
 
-PORTS = ("reference", "zlab", "mlx", "vllm", "vllm-batch", "vllm-serve", "llamacpp", "llama-server")
+PORTS = ("reference", "zlab", "mlx", "transformers", "vllm", "vllm-batch", "vllm-serve", "llamacpp", "llama-server")
 ALONE = "one sequence"  # the condition of a bundle of no serving scenario
 SAMPLED_CONDITION = "sampled"  # the conditions' column of the sampling bundles
 # the ports that sample, and their verifiers (sampling.py): dflash 0.1.0 rejects by q; llama.cpp's server keeps a
 # greedy proposal while it equals the target's sample; vLLM does either (its draft_sample_method)
-SAMPLED = {"reference": ("rejection", "match"), "zlab": ("rejection",), "vllm": ("match", "rejection"),
-           "llama-server": ("match",)}  # fmt: skip
+SAMPLED = {"reference": ("rejection", "match"), "zlab": ("rejection",), "transformers": ("rejection",),
+           "vllm": ("match", "rejection"), "llama-server": ("match",)}  # fmt: skip
 
 # Every FAIL the matrix has shown, followed to its cause: (port as its report names it, stage of the first
 # divergence), or (port, stage, bundle) where the stage alone would not tell the cause → the cause.
@@ -45,6 +45,9 @@ CAUSES = {
     ("mlx", "prefill_logits"): "a bug of mlx-lm 0.32.2's Llama, the MLX backend's target: it reads `rope_theta` "
     "alone, so a config in transformers 5's spelling runs at θ = 10⁴ and the target's own logits differ first "
     "(reports/mlx-lm-llama-rope-parameters.md)",
+    ("transformers 5.15.0", "first_token"): "a bug of transformers 5.15.0's assisted decoding (fixed in 5.18.0): "
+    "a prompt that ends with a stop token is returned alone, the stop taken for the end of the output "
+    "(reports/transformers-dflash-prompt-ends-in-stop-token.md)",
     ("vllm", "k_ctx"): "a bug of vLLM on a CPU: every draft layer's context K normalised with layer 0's k_norm "
     "(reports/vllm-cpu-context-k-norm.md)",
     # the batch compares the loop's observables only: the proposals are off by the bug `verify vllm` names at its

@@ -21,7 +21,7 @@ import torch
 from ..target.qwen3_5_checkpoint import is_hybrid_folder
 from .adapters import check_path, loop_values, one_thread, pair_scores, to_numpy
 from .bundle import Bundle, key_for
-from .report import NotApplicable
+from .report import NotApplicable, refuse_muse_draft
 
 DFLASH_HINT = "the official dflash is not installed: pip install --no-deps dflash==0.1.0"
 
@@ -261,6 +261,7 @@ class ZLabAdapter:
     variants = {"sliding_window": "causal,symmetric"}  # it reads is_causal, not sliding_window_kind
 
     def load(self, bundle: Bundle):
+        refuse_muse_draft(bundle, "dflash")
         with warnings.catch_warnings():  # tqdm's notebook warning when transformers is first imported
             warnings.simplefilter("ignore")
             import transformers

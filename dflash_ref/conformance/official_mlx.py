@@ -21,7 +21,7 @@ from .adapters import check_path, loop_values, pair_scores
 from .bundle import Bundle, key_for
 from .mlx_states import cache_length, linear_states
 from .official import official_module
-from .report import NotApplicable
+from .report import NotApplicable, refuse_muse_draft
 
 MLX_HINT = "the official MLX backend needs MLX: pip install 'dflash-ref[mlx]'"
 
@@ -249,6 +249,7 @@ class MLXAdapter:
     variants = {"sliding_window": "rotating"}
 
     def load(self, bundle: Bundle):
+        refuse_muse_draft(bundle, "dflash.model_mlx")
         official = _official()
         from mlx_lm.utils import load_model
 

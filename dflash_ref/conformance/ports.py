@@ -10,11 +10,13 @@ from .engines.llamacpp_server import LlamaServerPort
 from .engines.vllm import VLLMBatchPort, VLLMPort, VLLMServePort
 from .official import ZLabAdapter
 from .official_mlx import MLXAdapter
+from .transformers_port import TransformersPort
 
 ADAPTERS = {
     "reference": ReferenceAdapter,
     "zlab": ZLabAdapter,
     "mlx": MLXAdapter,
+    "transformers": TransformersPort,
     "vllm": VLLMPort,
     "vllm-batch": VLLMBatchPort,
     "vllm-serve": VLLMServePort,
@@ -24,8 +26,8 @@ ADAPTERS = {
 
 
 def resolve(spec: str):
-    """A name of ADAPTERS ("reference", "zlab", "mlx", "vllm", "vllm-batch", "vllm-serve", "llamacpp",
-    "llama-server") or
+    """A name of ADAPTERS ("reference", "zlab", "mlx", "transformers", "vllm", "vllm-batch", "vllm-serve",
+    "llamacpp", "llama-server") or
     "package.module:factory" (factory() returns an adapter or a run function)."""
     if spec in ADAPTERS:
         return ADAPTERS[spec]()

@@ -19,6 +19,15 @@ class NotApplicable(Exception):
     report says "not applicable" and why, neither a pass nor a failure."""
 
 
+def refuse_muse_draft(bundle, port: str) -> None:
+    """NotApplicable where the bundle's draft is a Muse Glimmer folder: `port` reads DFlash checkpoints only."""
+    if bundle.draft_is_muse():
+        raise NotApplicable(
+            f"{port} reads DFlash checkpoints; this bundle's draft is transformers' muse_glimmer_assistant format "
+            "(`verify --impl transformers` runs it)"
+        )
+
+
 # what a check that is no manifest tensor is about (verify.py): a step the port ran and DFlash does not
 TITLES_BEYOND = {
     "extra_step": "a step DFlash does not run",

@@ -24,11 +24,17 @@ and checking that property on the reference's own run, so that a change that los
                           the candidate selector (top 3 of 8, rank 4) choosing the proposals
     16_hybrid_target      a Qwen3.5-style hybrid target (3 Gated DeltaNet layers, then gated attention): its
                           linear layers' states after every crop, rejected tokens undone (target/hybrid_cache.py)
-(04, 11 and 12 are the three meanings of a sliding window: attention.py.)
+    17_muse_glimmer       the walkthrough's target with its trained draft written as a Muse Glimmer assistant
+                          (transformers' own DFlash drafter, muse_glimmer.py): every layer Muse's default window,
+                          |q − k| ≤ 2048, which no key leaves here
+    18_muse_glimmer_window  the same as a Muse folder with layer 0 windowed |q − k| ≤ 2 and layer 1 full, on a
+                          6-token prompt: the window bites on the context and on the block
+(04, 11 and 12 are the three meanings of a sliding window: attention.py; 17 and 18 a Muse window, 11's kind.)
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +45,7 @@ from ..config import DraftConfig, TargetConfig
 from ..dflash2 import make_draft
 from ..draft_model import DFlashDraftModel
 from ..drafts.random_draft import randomize_
+from ..muse_glimmer import FULL, MODEL_TYPE, SLIDING
 from ..target import HybridConfig, Qwen3_5Target, Qwen3Target
 from ..tour.demo import PROMPT, VOCAB, demo_models, encode
 from .bundle import walk_order
@@ -98,6 +105,23 @@ def tiny_pair(
     return randomize_(target, seed), randomize_(draft, seed + 1000)
 
 
+def muse_pair(windows: list[int | None]) -> tuple[Qwen3Target, DFlashDraftModel]:
+    """The walkthrough's target and its trained toy draft (tour/toy_drafts.py) with a Muse Glimmer assistant's
+    attention: per layer a bidirectional window |q − k| ≤ W (a number: DFlash's symmetric window of W + 1), or
+    full attention (None). One W for every windowed layer, as Muse's config has one."""
+    target, draft = demo_models(trained=True)
+    sizes = {w for w in windows if w is not None}
+    config = dataclasses.replace(
+        draft.config,
+        layer_types=[FULL if w is None else SLIDING for w in windows],
+        sliding_window=(sizes.pop() + 1) if sizes else None,
+        is_causal=False,
+    )
+    muse = make_draft(config)
+    muse.load_state_dict(draft.state_dict())
+    return target, muse.eval()
+
+
 def hybrid_pair(seed: int) -> tuple[Qwen3_5Target, DFlashDraftModel]:
     """A tiny Qwen3.5 hybrid target (layers linear, linear, linear, full: mlx-lm's every-4th layout; partial
     RoPE on half of head_dim 8) and a DFlash 1 draft reading layers 0 and 2 (both Gated DeltaNet)."""
@@ -147,6 +171,7 @@ class Scenario:
     tokenizer: Callable[[], object] | None = None  # a real tokenizer, saved beside the target (engine_scenarios.py)
     target_folder: Callable[[], Path] | None = None  # an existing target folder, linked instead of written
     serving: dict | None = None  # a request of a serving scenario: how an engine submits it (engine_scenarios.py)
+    draft_format: str = "dflash"  # or muse_glimmer.MODEL_TYPE: the draft folder as a Muse Glimmer assistant's
 
 
 def _steps(p: dict, what: str) -> list:
@@ -429,5 +454,26 @@ SCENARIOS = [
         [1, 2, 3, 4, 5],
         16,
         check=_check_hybrid,
+    ),
+    Scenario(
+        "muse_glimmer",
+        "transformers' own DFlash drafter: the walkthrough's target and trained toy draft, the draft folder a Muse "
+        "Glimmer assistant's (its names, its config) with Muse's default attention, every layer windowed "
+        "|q − k| ≤ 2048 both ways (no key leaves it here); accepted, partial and rejected steps",
+        lambda: muse_pair([2048, 2048]),
+        encode("a cat sat")[0].tolist(),
+        12,
+        tokens=list(VOCAB),
+        draft_format=MODEL_TYPE,
+    ),
+    Scenario(
+        "muse_glimmer_window",
+        "the same draft as a Muse folder with layer 0 windowed |q − k| ≤ 2 both ways (DFlash's symmetric window "
+        "of 3) and layer 1 full attention, a 6-token prompt: the window leaves out context keys and block keys",
+        lambda: muse_pair([2, None]),
+        encode("the dog ran to the park")[0].tolist(),
+        12,
+        tokens=list(VOCAB),
+        draft_format=MODEL_TYPE,
     ),
 ]

@@ -6,6 +6,9 @@ checked by its own invariant instead of by the reference's numbers.
                   context-only      the MLX ports: only context K/V are cached; the block's K/V are
                                     concatenated fresh in every pass. Invariant: the draft cache holds
                                     exactly `start` positions after every pass (and so after its crop)
+                  crop-at-next-pass  transformers' DFlashCache: the block's K/V stay in the cache until the
+                                    next pass crops them first, so a step ends with the cache as its pass left it.
+                                    Invariant: after the step the draft cache holds what it held after its pass
     last_block    shrink            the reference and `dflash` 0.1.0: the last block is cut to
                                     L_q = max_length − start
                   full-then-truncate  the official repository's current code: every block is drafted
@@ -25,6 +28,12 @@ checked by its own invariant instead of by the reference's numbers.
                   N                 a port whose draft cache keeps the last N context positions only
     proposals     draft             the reference: every step's proposals come from a draft pass
                   draft-or-lookup   a port that proposes by copy or lookup (no draft pass) at some steps
+    accepted_count  drafted         the reference: τ counts every accepted draft token, and the bonus is
+                                    posterior[τ], also at a step whose tokens max_new_tokens or a stop token cuts
+                  committed         vLLM's and transformers' counters: a step the length limit or a stop token
+                                    cuts reports only what it commits (τ = its committed tokens − 1, the bonus its
+                                    last committed token). Invariant: at such a step, exactly those; elsewhere
+                                    DFlash's
 
 The last three part a port's run from the reference's at some step (a block of another length, a context
 cut short, proposals from a lookup): up to that step everything is compared; at it, for the first two,
@@ -52,12 +61,13 @@ from .stages import stage_of
 from .tensorfile import array_or_none, as_array
 
 VARIANTS = {
-    "draft_cache": ("crop-after-pass", "context-only"),
+    "draft_cache": ("crop-after-pass", "context-only", "crop-at-next-pass"),
     "last_block": ("shrink", "full-then-truncate"),
     "sliding_window": ("as-configured", "causal", "symmetric", "rotating", "block-start"),
     "block_length": ("fixed", "adaptive"),
     "draft_context_window": ("unbounded", "N"),  # N: a number of context positions
     "proposals": ("draft", "draft-or-lookup"),
+    "accepted_count": ("drafted", "committed"),
 }
 REFERENCE = {key: choices[0] for key, choices in VARIANTS.items()}
 
@@ -115,7 +125,14 @@ def context_only_lengths(expected: np.ndarray) -> np.ndarray:
 
 
 def expected_lengths(variant: str, expected: np.ndarray) -> np.ndarray:
-    return context_only_lengths(expected) if variant == "context-only" else expected
+    """The reference's six cache lengths as a draft cache of this variant has them."""
+    if variant == "context-only":
+        return context_only_lengths(expected)
+    if variant == "crop-at-next-pass":  # no crop within the step: it ends with the pass's length
+        lengths = expected.copy()
+        lengths[2] = lengths[1]
+        return lengths
+    return expected
 
 
 def block_size(bundle) -> int | None:
@@ -173,6 +190,31 @@ def context_keys(bundle, step: int) -> int:
 
 def reference_steps(bundle) -> list[int]:
     return sorted({e["step"] for e in bundle.entries if e["stage"] == "posterior"})
+
+
+def cut_steps(bundle) -> dict[int, tuple[int, int]]:
+    """{step: (tokens it commits, the last of them)} of the reference's steps that commit fewer than their τ + 1:
+    the length limit, or a stop token among its accepted drafts, cut them."""
+    output, inputs = bundle.expected["output_ids"], bundle.inputs
+    stops = set(inputs.get("stop_token_ids") or ())
+    end = len(inputs["input_ids"]) + inputs["max_new_tokens"]
+    at, cut = len(inputs["input_ids"]) + 1, {}  # the prefill committed x_0
+    for step in reference_steps(bundle):
+        tau = int(bundle.expected[f"step{step}/acceptance_length"])
+        window = output[at : at + min(tau + 1, end - at)].tolist()
+        committed = next((i + 1 for i, t in enumerate(window) if t in stops), len(window))
+        if committed < tau + 1:
+            cut[step] = (committed, int(output[at + committed - 1]))
+        at += committed
+    return cut
+
+
+def committed_count(stage: str, expected: np.ndarray, cut: tuple[int, int] | None) -> np.ndarray:
+    """A step's τ or bonus as accepted_count=committed has them (`cut`: what the length limit left of it)."""
+    if cut is None or stage not in ("acceptance_length", "bonus"):
+        return expected
+    committed, last = cut
+    return np.asarray(committed - 1 if stage == "acceptance_length" else last, dtype=expected.dtype)
 
 
 # a draft pass's own stages: a step where a port produced none of them ran no draft pass

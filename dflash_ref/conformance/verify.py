@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .bundle import KINDS, LOOP_STAGES, STAGES, Bundle, candidates_in_id_order, find_bundles, key_for, parse_key
-from .hints import hint
+from .hints import hint, prompt_taken_for_the_end
 from .report import Check, NotApplicable, Report
 from .stages import CACHED_PREFIX, DRAFT_ACCEPTED, RESTORED_ROWS, SERVED, stage_of
 from .tensorfile import array_or_none, as_array, read_arrays
@@ -30,6 +30,8 @@ from .variants import (
     DRAFT_PASS,
     block_size,
     check_variants,
+    committed_count,
+    cut_steps,
     departure,
     expected_lengths,
     read_profile,
@@ -147,6 +149,9 @@ def compare(
         "block_size": block_size(bundle),
     }
     checks, last = [], max((e["step"] for e in bundle.entries if e["stage"] == "cache_lengths"), default=None)
+    cut = cut_steps(bundle)
+    context["cut"] = cut
+    counting = variants["accepted_count"]
     cached = _cached_prefix(bundle, produced)
     if report is not None and cached:
         report.cached[bundle.name] = cached
@@ -201,6 +206,8 @@ def compare(
                 )
             )
             continue
+        if counting[0] == "committed":
+            expected = committed_count(e["stage"], expected, cut.get(step))
         choice, how = variants["draft_cache"] if e["stage"] == "cache_lengths" else (None, None)
         if choice:
             expected = _final_crop_free(expected_lengths(choice, expected), got, step == last)
@@ -221,9 +228,13 @@ def compare(
                 check.status = "note"  # an undeclared implementation choice: reported, not a failure
             elif check.status == "missing" and how == "declared":
                 check.status = "FAIL"  # Report.failed excuses a missing observable: not a declared one
+        if counting[0] == "committed" and step in cut and e["stage"] in ("acceptance_length", "bonus"):
+            check.note = check.note or "accepted_count=committed: what this step commits"
         if check.status == "FAIL":
-            check.hint = hint(e["stage"], expected, array_or_none(got), context, e.get("layer"))
+            check.hint = hint(e["stage"], expected, array_or_none(got), {**context, "step": step}, e.get("layer"))
             check.expected, check.got = expected, array_or_none(got)
+        if check.status == "missing" and e["stage"] == "first_token":
+            check.hint = prompt_taken_for_the_end(bundle.inputs, array_or_none(produced.get("output_ids"))) or ""
         if check.status == "missing" and step is not None and f"step{step}/posterior" in produced:
             if not any(k.startswith(f"step{step}/") and stage_of(k) in DRAFT_PASS for k in produced):
                 check.hint = (
@@ -552,6 +563,8 @@ def verify(
         report.checks += compare(b, produced, report, declared, skip)
     if getattr(adapter, "layout", None):  # which code of the port it found (official.py)
         report.impl += f" [{adapter.layout} code]"
+    if getattr(adapter, "version", None):  # which release of the port ran (a library the user upgrades)
+        report.impl += f" {adapter.version}"
     return report
 
 

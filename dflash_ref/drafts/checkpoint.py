@@ -1,6 +1,8 @@
 """DFlash draft folders in the official format: `config.json` (`architectures: ["DFlashDraftModel"]`)
 + safetensors, read and written by the Hugging Face layout reader of target/checkpoint.py, with the
-official parameter names, so one folder loads here, in `dflash` and in any port.
+official parameter names, so one folder loads here, in `dflash` and in any port. A Muse Glimmer assistant's
+folder (transformers' own DFlash drafter, muse_glimmer.py) loads too, as the DFlash 1 draft it is, and a
+DFlash 1 draft is written as one with `save_muse_glimmer`.
 
 A draft folder may also hold `draft_vocab.json` (extensions/draft_vocab.py): the token ids the draft
 proposes among; the official loader ignores the file and proposes over all V.
@@ -8,16 +10,19 @@ proposes among; the official loader ignores the file and proposes over all V.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
+from .. import muse_glimmer
 from ..config import DRAFT_ARCHITECTURES, DraftConfig
 from ..dflash2 import make_draft
 from ..draft_model import DFlashDraftModel
 from ..extensions.draft_vocab import FILE as DRAFT_VOCAB_FILE
 from ..extensions.draft_vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
-from ..target.checkpoint import CheckpointError, load_folder, save_folder
+from ..target.checkpoint import SINGLE, CheckpointError, config_architectures, load_folder, save_folder
 from .shipped import SHIPPED_NAMES, shipped_or_folder
 
 
@@ -32,7 +37,13 @@ def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu
     if not folder.exists():
         names = ", ".join(SHIPPED_NAMES)
         raise CheckpointError(f"no folder {folder} (a draft folder, or a shipped draft's name: {names})")
-    model = load_folder(make_draft, DraftConfig, folder, dtype, device, set(DRAFT_ARCHITECTURES))
+    if (folder / "config.json").is_file() and muse_glimmer.ARCHITECTURE in config_architectures(folder):
+        model = load_folder(
+            make_draft, muse_glimmer.MuseGlimmerConfig, folder, dtype, device, {muse_glimmer.ARCHITECTURE},
+            rename=muse_glimmer.dflash_name,
+        )  # fmt: skip
+    else:
+        model = load_folder(make_draft, DraftConfig, folder, dtype, device, set(DRAFT_ARCHITECTURES))
     state = model.state_dict()
     broken = [name for name, t in state.items() if not bool(torch.isfinite(t).all())]
     if broken:  # a damaged draft: its proposals would be NaN, sampling them fails in torch
@@ -56,3 +67,18 @@ def save_draft(model: DFlashDraftModel, folder: str | Path, dtype: torch.dtype |
         save_draft_vocab(check_draft_vocab(model.draft_vocab, model.config.vocab_size), folder)
     else:
         (Path(folder) / DRAFT_VOCAB_FILE).unlink(missing_ok=True)
+
+
+def save_muse_glimmer(model: DFlashDraftModel, folder: str | Path, dtype: torch.dtype | None = None) -> None:
+    """Write a DFlash 1 draft as a Muse Glimmer assistant's folder (config.json + model.safetensors, Muse's names),
+    the drafter transformers' own DFlash loads; a ConfigError names what Muse cannot say (muse_glimmer.py)."""
+    config = muse_glimmer.muse_config(model.config)
+    state = {
+        muse_glimmer.muse_name(k): v.detach().to(dtype or v.dtype).contiguous().cpu()
+        for k, v in model.state_dict().items()
+    }
+    config["dtype"] = str(next(iter(state.values())).dtype).removeprefix("torch.")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(state, str(folder / SINGLE), metadata={"format": "pt"})

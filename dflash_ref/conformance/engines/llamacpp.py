@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..report import NotApplicable
+from ..report import NotApplicable, refuse_muse_draft
 from ..stages import key_for
 
 VARIABLE = "LLAMA_CPP_DIR"
@@ -101,6 +101,7 @@ def failure(stderr: str) -> str:
 
 def convert(root: Path, bundle, out: Path) -> tuple[Path, Path]:
     """(target.gguf, draft.gguf): the bundle's folders through llama.cpp's own converter, f32."""
+    refuse_muse_draft(bundle, "llama.cpp")
     env = {"PYTHONPATH": os.pathsep.join([str(root / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
     target, draft = out / "target.gguf", out / "draft.gguf"
     converter = [sys.executable, root / "convert_hf_to_gguf.py"]

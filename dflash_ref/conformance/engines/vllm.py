@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle import STAGES, find_bundles
-from ..report import NotApplicable
+from ..report import NotApplicable, refuse_muse_draft
 from ..tensorfile import read_arrays
 from . import REFUSAL_MARK, REFUSED, engine_python, run_program, serving
 
@@ -152,6 +152,8 @@ class VLLMServePort:
 def run_bundles(bundles: list, serve: bool = False) -> dict[str, dict]:
     """vllm_run.py on these bundles (one: its tensors; several: one batch; `serve`: one serving scenario's requests)
     → bundle name → {key: array}."""
+    for b in bundles:
+        refuse_muse_draft(b, "vLLM")
     python = engine_python(VARIABLE, "vllm", "vLLM")
     with tempfile.TemporaryDirectory() as scratch:
         dump = Path(scratch) / "vllm.npz"
