@@ -220,7 +220,7 @@ def test_a_port_that_raised_is_said_without_tensors(reports, pages):
     text = pages["raises"].read_text()
     assert reports["raises"].first_failure.status == "error"
     assert "First divergence: walkthrough · " in text and "RuntimeError: the port fell over" in text
-    assert "adapter raised: RuntimeError: the port fell over" in text  # in the bundle's summary too
+    assert "crashed: RuntimeError: the port fell over" in text  # in the bundle's summary too
     assert "divergence-data" not in text and 'class="chip' not in text
 
 

@@ -38,7 +38,7 @@ def test_official_mlx_backend(golden):
     # its bug: after a one-position update its rotating cache hands the keys over in ring order, while
     # the window's mask counts positions in temporal order
     rotating = rows["window_rotating"]
-    assert rotating["verdict"] == "FAIL" and rotating["first"].startswith("step 1 · layer 0 · K after RoPE")
+    assert rotating["verdict"] == "fail" and rotating["first"].startswith("step 1 · layer 0 · K after RoPE")
     assert "the right keys in the wrong order" in rotating["first"]
     assert rotating["cause"].startswith("a bug of the official MLX backend")
 
@@ -88,14 +88,14 @@ def test_official_pytorch_github_layout(golden, github_code):
     # its bug: stop tokens are looked for only after a decode step, so a stop token as x_0 still costs a whole
     # draft and verify step (its tokens then cut away)
     assert (
-        rows["stop_first"]["verdict"] == "FAIL" and "after the stop at the first token" in rows["stop_first"]["first"]
+        rows["stop_first"]["verdict"] == "fail" and "after the stop at the first token" in rows["stop_first"]["first"]
     )
     assert rows["stop_first"]["cause"].startswith("a bug of the official GitHub code"), rows["stop_first"]
     assert "full-then-truncate" in rows["walkthrough"]["variants"]  # detected from its shapes
-    assert rows["dflash2"]["verdict"] == "raised" and "no DFlash2DraftModel" in rows["dflash2"]["first"]
+    assert rows["dflash2"]["verdict"] == "crash" and "no DFlash2DraftModel" in rows["dflash2"]["first"]
     # its bug: the sliding window goes to the attention kernel as a keyword that SDPA ignores
     for name in ("gqa_sliding", "window_symmetric"):
-        assert rows[name]["verdict"] == "FAIL" and "is not applied" in rows[name]["first"], rows[name]
+        assert rows[name]["verdict"] == "fail" and "is not applied" in rows[name]["first"], rows[name]
         assert rows[name]["cause"].startswith("a bug of the official GitHub code"), rows[name]
     assert rows["window_rotating"]["verdict"] == "n/a"
 
@@ -110,7 +110,7 @@ def test_the_matrix_command_writes_every_port(golden, tmp_path, monkeypatch):
     done = run_cli("matrix", "--bundle", str(tmp_path / "bundles"), "--out", str(out))
     text = out.read_text()
     # a row fails (the MLX backend's rotating-cache bug): the command says so by its exit code, after writing
-    assert done.returncode == 1 and "| window_rotating | FAIL |" in text, done.stderr
+    assert done.returncode == 1 and "| window_rotating | fail |" in text, done.stderr
     for port in ("reference", "zlab", "mlx", "vllm", "vllm-batch", "vllm-serve", "llamacpp", "llama-server"):
         assert f"## {port}\n" in text
     assert "| walkthrough | n/a | not a request of a serving scenario" in text

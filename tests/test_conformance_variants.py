@@ -142,8 +142,17 @@ def test_waived_stages_are_skipped_and_said(golden):
         return {k: v for k, v in ReferenceAdapter().run(bundle).items() if parse_key(k)[0] != "pattern"}
 
     assert not verify(no_patterns, golden).passed
-    report = verify(no_patterns, golden, skip=["pattern"])
-    assert report.passed and "waived by the port (--skip): attention weights" in report.text()
+    report = verify(no_patterns, golden, skip=["pattern"])  # the user's --skip: said as the user's
+    assert report.passed and "skipped by the user (--skip): attention weights" in report.text()
+    assert "waived by the port" not in report.text() and report.coverage().user_skipped > 0
+
+    class Waiving:  # the port's own declaration: said as the port's
+        skip = ("pattern",)
+        run = staticmethod(no_patterns)
+
+    report = verify(Waiving(), golden)
+    assert report.passed and "waived by the port (its skip): attention weights" in report.text()
+    assert report.coverage().waived == report.coverage(None).waived > 0 and not report.coverage().user_skipped
     with pytest.raises(ValueError, match="no such stage"):
         verify(no_patterns, golden, skip=["patterns"])
 

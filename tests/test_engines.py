@@ -40,7 +40,7 @@ def test_an_engine_not_installed_is_not_applicable_and_says_what_to_set(monkeypa
     ):
         report = verify(impl, SHIPPED)
         assert not report.passed and f"not applicable: {said}" in report.text(), report.text()
-        assert "NOTHING COMPARED" in report.text()
+        assert "NOT APPLICABLE" in report.text()
     monkeypatch.setenv("LLAMA_CPP_DIR", "/nonexistent")
     assert "is not a llama.cpp source tree" in verify("llamacpp", SHIPPED).text()
 

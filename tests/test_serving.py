@@ -364,15 +364,15 @@ def test_the_matrix_gives_each_port_a_column_per_serving_condition():
     from dflash_ref.conformance.matrix import conditions
 
     rows = {
-        "vllm-serve": [{"bundle": "a.r0", "verdict": "FAIL"}, {"bundle": "a.r1", "verdict": "pass"},
+        "vllm-serve": [{"bundle": "a.r0", "verdict": "fail"}, {"bundle": "a.r1", "verdict": "pass"},
                        {"bundle": "b.r0", "verdict": "pass"}, {"bundle": "plain", "verdict": "n/a"}],
         "llama-server": [{"bundle": "a.r0", "verdict": "pass"}, {"bundle": "a.r1", "verdict": "n/a"},
-                         {"bundle": "b.r0", "verdict": "raised"}, {"bundle": "plain", "verdict": "pass"}],
+                         {"bundle": "b.r0", "verdict": "crash"}, {"bundle": "plain", "verdict": "pass"}],
     }  # fmt: skip
     lines = conditions(rows, {"a.r0": "prefix-cache hit", "a.r1": "prefix-cache hit", "b.r0": "chunked prefill"})
     assert "| port | one sequence | prefix-cache hit | chunked prefill |" in lines
-    assert "| vllm-serve | n/a | FAIL (1 of 2) | pass |" in lines
-    assert "| llama-server | pass | pass (1 of 2; the rest n/a) | raised (1 of 1) |" in lines
+    assert "| vllm-serve | n/a | fail (1 of 2) | pass |" in lines
+    assert "| llama-server | pass | pass (1 of 2; the rest n/a) | crash (1 of 1) |" in lines
 
 
 class _SamplingBundle:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 from ..conformance.bundle import find_bundles
 from ..conformance.page import check_plotly, write_report_html
@@ -17,7 +19,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     candidate = p.add_mutually_exclusive_group(required=True)
     candidate.add_argument(
         "--impl",
-        help="reference | zlab | mlx | transformers | vllm | vllm-batch | vllm-serve | llamacpp | llama-server | "
+        help="reference | zlab | mlx | transformers | dflash-mlx | mlx-dspark | speculators | vllm | vllm-batch | "
+        "vllm-serve | llamacpp | llama-server | "
         "package.module:factory (an adapter)",
     )
     candidate.add_argument("--dump", help="a port's tensors: .npz or .safetensors keyed {bundle}/{key}")
@@ -54,6 +57,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --dump: a JSON profile {variants, skip} (default: FILE.profile.json beside the dump, if there)",
     )
     p.add_argument(
+        "--json",
+        metavar="FILE",
+        help="also write the report as JSON: each bundle's status (pass, fail, n/a, crash, timeout) and reason, its "
+        "independent divergences and coverage, and the run's divergences by cause",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        metavar="SECONDS",
+        help="a bundle whose run takes longer is a timeout (an in-process port: checked on the main thread)",
+    )
+    p.add_argument(
         "--html",
         metavar="FILE",
         help="also write the report as one self-contained HTML page (offline): each bundle's stages, and at the "
@@ -63,6 +78,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args, parser: argparse.ArgumentParser) -> int:
     if args.sampling:
+        if args.json or args.timeout is not None:
+            raise SystemExit("verify: --json and --timeout go with the greedy bundles' report, not --sampling's")
         if args.html:
             raise SystemExit("verify: --html draws the greedy bundles' tensors; --sampling's report has none")
         if args.dump or args.variant or args.skip or args.profile:
@@ -85,6 +102,13 @@ def main(args, parser: argparse.ArgumentParser) -> int:
         return 0 if ran and all(r.passed for r in ran) else 1
     if args.runs is not None or args.verifier:
         raise SystemExit("verify: --runs and --verifier go with --sampling")
+    if args.timeout is not None and (args.dump or args.timeout <= 0):
+        raise SystemExit("verify: --timeout takes seconds > 0, for a port run with --impl (a dump has run already)")
+    if args.json:  # now, not after the verification has run
+        try:
+            check_output_file("--json", args.json, "report.json", parents=False)
+        except ValueError as e:
+            raise SystemExit(f"verify: {e}") from None
     if args.html:  # now, not after the verification has run
         try:
             check_output_file("--html", args.html, "report.html")
@@ -99,11 +123,17 @@ def main(args, parser: argparse.ArgumentParser) -> int:
         report = (
             verify_dump(args.dump, args.bundle, args.allow_missing, variants, args.skip, args.profile)
             if args.dump
-            else run_verify(args.impl, args.bundle, args.allow_missing, variants, args.skip)
+            else run_verify(args.impl, args.bundle, args.allow_missing, variants, args.skip, args.timeout)
         )
     except (InputError, ValueError) as e:
         raise SystemExit(f"verify: {e}") from None
     print(report.text(verbose=args.verbose))
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(report.to_dict(), indent=1, ensure_ascii=False) + "\n")
+        except OSError as e:
+            raise SystemExit(f"verify: --json {args.json}: {e}") from None
+        print("wrote", args.json)
     if args.html:
         try:
             print("wrote", write_report_html(report, find_bundles(args.bundle), args.html))

@@ -97,6 +97,74 @@ def hint(
     return told or BY_STAGE.get(stage, "")
 
 
+# ------------------------------------------------------------------------------------------ crashes
+
+
+def crash_hint(error: BaseException, configs: dict[str, dict]) -> str:
+    """What a port's crash says about the bundle it crashed on, read off the error and the bundle's configs
+    (`configs`: "target" and "draft" config.json): repeated or last-layer target_layer_ids where sizes clash, a
+    config key read from a place this bundle's config does not have it; "" where nothing is read."""
+    message = str(error)
+    draft, target = configs.get("draft") or {}, configs.get("target") or {}
+    ids = list((draft.get("dflash_config") or {}).get("target_layer_ids") or draft.get("target_layer_ids") or [])
+    layers = (target.get("text_config") or target).get("num_hidden_layers")
+    sizes = any(word in message.lower() for word in ("shape", "size", "dimension", "matmul", "broadcast"))
+    if sizes and len(set(ids)) < len(ids):
+        return (
+            f"this bundle's target_layer_ids repeat ({ids}): DFlash concatenates one block of features per id, a "
+            "repeated id twice (k·d columns for k ids); a port that taps each layer once (a set, or a dict by layer) "
+            "hands fc fewer columns than its weight has"
+        )
+    if sizes and layers is not None and layers - 1 in ids:
+        return (
+            f"this bundle's target_layer_ids {ids} include the target's last layer ({layers - 1}, of "
+            f"num_hidden_layers {layers}): a port that drops or clamps an id equal to the last layer (a range(L − 1), "
+            "an id < L − 1 test) builds fc for fewer features than the checkpoint holds"
+        )
+    key = _missing_key(error)
+    if key is None:
+        return ""
+    for which, config in (("draft", draft), ("target", target)):
+        where = _nested(config, key)
+        if where:
+            return (
+                f"the port reads `{key}` at the top level of the {which}'s config.json, where this bundle has it "
+                f"under `{where}`" + _SPELLINGS.get(where.split(".")[0], "")
+            )
+    return ""
+
+
+_SPELLINGS = {
+    "rope_parameters": " (transformers 5's spelling of RoPE: rope_parameters alone, no rope_theta or rope_scaling)",
+    "text_config": " (a Qwen3.5 / 3.6 folder as released: the text model's settings under text_config)",
+    "dflash_config": " (the official DFlash format: the draft's own settings under dflash_config)",
+}
+
+
+def _missing_key(error: BaseException) -> str | None:
+    """The config key a KeyError or an AttributeError names, else None."""
+    if isinstance(error, KeyError) and error.args and isinstance(error.args[0], str):
+        return error.args[0]
+    if isinstance(error, AttributeError):
+        name = getattr(error, "name", None)
+        return name if isinstance(name, str) else None
+    return None
+
+
+def _nested(config: dict, key: str, path: str = "") -> str | None:
+    """Where `key` sits below the top level of `config` ("rope_parameters", "text_config.rope_parameters"), None
+    where it is at the top or nowhere."""
+    for name, value in config.items():
+        if isinstance(value, dict):
+            inside = f"{path}.{name}" if path else name
+            if key in value:
+                return inside
+            deeper = _nested(value, key, inside)
+            if deeper:
+                return deeper
+    return None
+
+
 def _numeric(x) -> bool:
     return isinstance(x, np.ndarray) and (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_)
 
@@ -391,6 +459,33 @@ def _rope_theta(expected, got, context) -> str | None:
     )
 
 
+def _rope_scaling_not_applied(expected, got, context) -> str | None:
+    """Norms kept, every row p rotated by θ_j · p · (1 − 1/s) off DFlash's in every frequency j: the plain RoPE
+    where the config asks for linear scaling by s (positions divided by s). Said with where the config gives the
+    scaling: a config in transformers 5's spelling (`rope_parameters` alone) read for `rope_scaling` drops it."""
+    rope, start = context.get("rope") or {}, context.get("start")
+    found = _rotation(expected, got)
+    if rope.get("type") != "linear" or start is None or found is None or abs(found[0] - 1) > 2e-3:
+        return None
+    factor, theta, half = float(rope["factor"]), float(rope["theta"]), got.shape[-1] // 2
+    inverse = theta ** (-np.arange(half) / half)  # (d_h/2,): θ_j
+    positions = start + np.arange(got.shape[1])  # (L_q,): the block's positions
+    turns = positions[:, None] * inverse[None, :] * (1 - 1 / factor)  # (L_q, d_h/2)
+    angle = found[1]
+    if not np.all(np.isnan(angle) | (np.abs(angle - np.exp(1j * turns)) < 2e-3)):
+        return None
+    where = (
+        " This config gives it in `rope_parameters` alone (transformers 5's spelling): a port that reads "
+        "`rope_scaling` (or `rope_theta` alone) never sees it"
+        if rope.get("spelled") == "rope_parameters"
+        else ""
+    )
+    return (
+        f"Q is rotated at p · θ_j where DFlash rotates it at (p / {factor:g}) · θ_j: the config's linear RoPE "
+        f"scaling (factor {factor:g}) is not applied.{where}"
+    )
+
+
 # ------------------------------------------------------------------------------------------ keys and weights
 
 
@@ -537,12 +632,12 @@ def _heads_tiled(expected, got, context) -> str | None:
 def window_readings(q_len: int, k_len: int, window: int) -> dict[str, np.ndarray]:
     """Which keys each reading of a sliding window lets the block's queries see: bool (L_q, L_k) each,
     queries being the last L_q keys (attention.py states the three meanings; the block-start one is a port's:
-    the window measured once, from the block's first position, for every query)."""
+    the window measured once, from the block's first position, for every query: the W positions before it)."""
     q = np.arange(k_len - q_len, k_len)[:, None]  # (L_q, 1)
     k = np.arange(k_len)[None, :]  # (1, L_k)
     start = k_len - q_len
     context = (k < start) & (q - k < window)
-    from_start = (k < start) & (start - k < window)
+    from_start = (k < start) & (start - k <= window)  # the W positions before x_0: kv_pos ≥ start − W
     return {
         "causal": (k <= q) & (q - k < window),
         "symmetric": np.abs(q - k) < window,
@@ -570,7 +665,7 @@ def _window_read(expected, got, context) -> str | None:
     if found[0].startswith("measured from the block start"):
         return (
             f"the window is measured from the block's start, not from each query: every block query sees the "
-            f"context keys within {window['size']} of the block's first position (and the block), where this "
+            f"{window['size']} context keys before the block's first position (and the block), where this "
             f"bundle's config means {window['kind']}; if that is by design, declare "
             "`--variant sliding_window=block-start`"
         )
@@ -853,7 +948,7 @@ READERS: dict[str, tuple[Callable, ...]] = {
     "q": (_other_norm_weight, _not_normalised("q_norm", "Q")),
     "k_ctx": (_other_norm_weight, _not_normalised("k_norm", "K")),
     "k_noise": (_other_norm_weight, _not_normalised("k_norm", "K")),
-    "q_rot": (_rope_attention_factor, _rope_positions_shifted, _rope_theta),
+    "q_rot": (_rope_attention_factor, _rope_scaling_not_applied, _rope_positions_shifted, _rope_theta),
     "k_rot": (_keys_out_of_order, _keys_not_cropped(-2), _context_window_in_k),
     "pattern": (
         _window_read,

@@ -21,7 +21,7 @@ import torch
 from ..target.qwen3_5_checkpoint import is_hybrid_folder
 from .adapters import check_path, loop_values, one_thread, pair_scores, to_numpy
 from .bundle import Bundle, key_for
-from .report import NotApplicable, refuse_muse_draft
+from .report import NotApplicable
 
 DFLASH_HINT = "the official dflash is not installed: pip install --no-deps dflash==0.1.0"
 
@@ -258,10 +258,11 @@ class ZLabAdapter:
     found, after a run."""
 
     name, layout = "zlab", None
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
+    package = "dflash"  # a crash is located at this package's innermost frame (crash.py)
     variants = {"sliding_window": "causal,symmetric"}  # it reads is_causal, not sliding_window_kind
 
     def load(self, bundle: Bundle):
-        refuse_muse_draft(bundle, "dflash")
         with warnings.catch_warnings():  # tqdm's notebook warning when transformers is first imported
             warnings.simplefilter("ignore")
             import transformers

@@ -21,7 +21,7 @@ from .adapters import check_path, loop_values, pair_scores
 from .bundle import Bundle, key_for
 from .mlx_states import cache_length, linear_states
 from .official import official_module
-from .report import NotApplicable, refuse_muse_draft
+from .report import NotApplicable
 
 MLX_HINT = "the official MLX backend needs MLX: pip install 'dflash-ref[mlx]'"
 
@@ -246,10 +246,11 @@ class MLXAdapter:
     (context-only) is detected from its lengths; its sliding window is declared."""
 
     name = "mlx"
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
+    package = "dflash"  # a crash is located at this package's innermost frame (crash.py)
     variants = {"sliding_window": "rotating"}
 
     def load(self, bundle: Bundle):
-        refuse_muse_draft(bundle, "dflash.model_mlx")
         official = _official()
         from mlx_lm.utils import load_model
 

@@ -241,7 +241,8 @@ def _summary(report: Report, first: Check | None) -> str:
         variants = {k: (v, how) for k, (v, how) in report.variants.get(bundle, {}).items() if how != "reference"}
         if variants:  # declared or detected (the others are the reference's), as the report prints them
             lines.append("variants: " + ", ".join(f"{k} = {v} ({how})" for k, (v, how) in variants.items()))
-        lines += [f"adapter raised: {c.detail}" for c in checks if c.status == "error"]
+        lines += [f"crashed: {c.detail}" for c in checks if c.key == "adapter" and c.status == "error"]
+        lines += [f"timed out: {c.detail}" for c in checks if c.key == "adapter" and c.status == "timeout"]
         lines += [f"not applicable: {c.detail}" for c in checks if c.key == "bundle"]
         if report.ignored.get(bundle):
             lines.append(f"ignored {len(report.ignored[bundle])} key(s) that name no tensor of this bundle")

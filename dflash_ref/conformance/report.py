@@ -19,14 +19,35 @@ class NotApplicable(Exception):
     report says "not applicable" and why, neither a pass nor a failure."""
 
 
-def refuse_muse_draft(bundle, port: str) -> None:
-    """NotApplicable where the bundle's draft is a Muse Glimmer folder: `port` reads DFlash checkpoints only."""
-    if bundle.draft_is_muse():
-        raise NotApplicable(
-            f"{port} reads DFlash checkpoints; this bundle's draft is transformers' muse_glimmer_assistant format "
-            "(`verify --impl transformers` runs it)"
-        )
+# A bundle's status, one of these words, printed and in the JSON (`Report.status`): pass (something compared, and
+# nothing failed), fail (a tensor differs or is missing, a check of the port's own steps fails, or nothing was
+# compared), n/a (the port does not take this bundle, in its words), crash (the port raised), timeout (it did not
+# finish in the time given). ("tie" belongs to the endpoint checks, not to a bundle's tensors.)
+STATUSES = ("pass", "fail", "n/a", "crash", "timeout")
 
+# Independent divergences (Report.divergences): each failing stage belongs to one part of the walk; a failure is a
+# consequence, not a finding of its own, where a part upstream of it failed at the same step or earlier, or where
+# the run had already parted from DFlash's (other proposals or other committed tokens at an earlier step: every
+# later step sees another context). The port's own steps (a step DFlash does not run, an invariant) are a part of
+# their own, upstream of nothing.
+PARTS = {
+    **dict.fromkeys(("prefill_logits", "first_token", "verify_logits", "posterior", "conv_state", "recurrent_state"),
+                    "target"),
+    **dict.fromkeys(("layer_ids", "target_hidden"), "features"),
+    **dict.fromkeys(("acceptance_length", "bonus", "cache_lengths"), "loop"),
+    "output_ids": "output",
+}  # fmt: skip
+# the parts whose failure explains a part's (the loop and the output are also explained by a step's decision that
+# differs: other proposals at the same step or earlier; a draft whose tokens all agree explains neither)
+UPSTREAM = {
+    "target": (),
+    "features": ("target",),
+    "draft": ("target", "features"),
+    "loop": ("target",),
+    "output": ("target", "loop"),
+    "steps": (),
+}
+PARTING = {"draft_tokens", "posterior", "acceptance_length", "bonus"}  # a step's decision: later steps follow it
 
 # what a check that is no manifest tensor is about (verify.py): a step the port ran and DFlash does not
 TITLES_BEYOND = {
@@ -48,7 +69,7 @@ class Check:
     stage: str
     step: int | None
     layer: int | None
-    status: str  # "pass" | "FAIL" | "missing" | "error" | "note" | "skipped"
+    status: str  # "pass" | "FAIL" | "missing" | "error" | "timeout" | "note" | "skipped"
     max_abs: float = 0.0
     rel: float = 0.0  # max_abs / max(1, max|expected|)
     tolerance: float = 0.0
@@ -59,7 +80,9 @@ class Check:
     # (verify drops the others), for `verify --html`: numpy arrays as compared, or None
     expected: object = field(default=None, repr=False, compare=False)
     got: object = field(default=None, repr=False, compare=False)
-    skipped_by: str = ""  # a skipped check: "waived" (--skip), the variant it is not compared under, or "n/a"
+    # a skipped check: "waived" (the port's own `skip`, or its profile's), "user" (--skip given on the command line),
+    # the variant it is not compared under, or "n/a"
+    skipped_by: str = ""
     manifest: bool = True  # False: a check of the port's own steps (one DFlash does not run, or an invariant)
     serving: str = ""  # a serving scenario's request: "scenario · condition · request r1" (said instead of the bundle)
 
@@ -75,6 +98,14 @@ class Check:
             + ([f"layer {self.layer}"] if self.layer is not None else [])
         )
         return " · ".join(parts)
+
+    @property
+    def place(self) -> str:
+        """Where within its bundle: "step 2 · layer 1 · " (empty for the prefill's and the output's checks)."""
+        parts = ([f"step {self.step}"] if self.step is not None else []) + (
+            [f"layer {self.layer}"] if self.layer is not None else []
+        )
+        return "".join(p + " · " for p in parts)
 
     @property
     def differs(self) -> str:
@@ -96,8 +127,10 @@ class Coverage:
     passed: int = 0
     failed: int = 0
     noted: int = 0  # observables that differ from the reference's choice, the port having declared none
-    missing: int = 0
-    waived: int = 0  # --skip
+    missing: int = 0  # not produced, and not failing: under --allow-missing, or an observable with no variant
+    failed_missing: int = 0  # not produced, and failing (counted in `failed` too): a semantic tensor the port lacks
+    waived: int = 0  # the port's own `skip` (or its profile's)
+    user_skipped: int = 0  # --skip given by the user
     not_compared: dict[str, int] = field(default_factory=dict)  # variant → tensors not compared under it
     not_applicable: int = 0  # tensors of bundles the port does not take (n/a)
     raised: int = 0  # tensors of bundles whose adapter raised
@@ -106,7 +139,7 @@ class Coverage:
 
     @property
     def compared(self) -> int:
-        return self.passed + self.failed + self.noted
+        return self.passed + self.failed - self.failed_missing + self.noted
 
     def add(self, other: Coverage) -> None:
         for name in (
@@ -115,7 +148,9 @@ class Coverage:
             "failed",
             "noted",
             "missing",
+            "failed_missing",
             "waived",
+            "user_skipped",
             "not_applicable",
             "raised",
             "own_steps",
@@ -128,9 +163,11 @@ class Coverage:
     def apart(self, allow_missing: bool) -> list[str]:
         """What of the total was not compared and agreed, each part with its reason."""
         parts = [f"{n:,} not compared under {v}" for v, n in self.not_compared.items()]
-        parts += [f"{self.waived:,} waived by the port (--skip)"] if self.waived else []
-        # not allowed, a missing tensor fails, but for an observable whose variant the port did not declare
-        why = " (--allow-missing)" if allow_missing else " (observables, no variant declared)"
+        parts += [f"{self.waived:,} waived by the port (its skip)"] if self.waived else []
+        parts += [f"{self.user_skipped:,} skipped by the user (--skip)"] if self.user_skipped else []
+        # not allowed, a missing tensor fails (counted in `failed`), but for an observable whose variant the port did
+        # not declare
+        why = " (--allow-missing)" if allow_missing else " observables (no variant declared)"
         parts += [f"{self.missing:,} missing{why}"] if self.missing else []
         parts += (
             [f"{self.noted:,} observables unlike the reference's (notes: no variant declared)"] if self.noted else []
@@ -147,7 +184,8 @@ class Coverage:
             else ""
         )
         apart = self.apart(allow_missing)
-        return f"compared {self.compared:,} of {self.total:,} tensors, {self.failed:,} failed{own}" + (
+        lacking = f" ({self.failed_missing:,} of them missing: not produced)" if self.failed_missing else ""
+        return f"compared {self.compared:,} of {self.total:,} tensors, {self.failed:,} failed{lacking}{own}" + (
             "; " + "; ".join(apart) if apart else ""
         )
 
@@ -160,12 +198,13 @@ class Report:
     ignored: dict[str, list[str]] = field(default_factory=dict)  # bundle → keys that name no stage of it
     variants: dict[str, dict] = field(default_factory=dict)  # bundle → {variant: (choice, how)}
     cached: dict[str, int] = field(default_factory=dict)  # bundle → prompt positions its port took from a prefix cache
-    skip: list[str] = field(default_factory=list)  # stages the port waived
+    skip: list[str] = field(default_factory=list)  # stages the port waived (its own `skip`, its profile's)
+    user_skip: list[str] = field(default_factory=list)  # stages the user skipped (--skip)
     totals: dict[str, int] = field(default_factory=dict)  # bundle → the tensors its manifest lists
 
     def failed(self, check: Check) -> bool:
         missing = check.status == "missing" and not self.allow_missing and check.kind != "observable"
-        return check.status in ("FAIL", "error") or missing
+        return check.status in ("FAIL", "error", "timeout") or missing
 
     @property
     def passed(self) -> bool:
@@ -200,7 +239,7 @@ class Report:
         if any(c.key == "bundle" for c in checks):  # not applicable to the port
             cov.not_applicable = cov.total
             return cov
-        if any(c.key == "adapter" for c in checks):  # the adapter raised: nothing of it compared
+        if any(c.key == "adapter" for c in checks):  # the adapter raised or timed out: nothing of it compared
             cov.raised = cov.total
             return cov
         for c in checks:
@@ -211,14 +250,127 @@ class Report:
                 cov.own_failed += c.status == "FAIL"
                 continue
             if c.status == "skipped":
-                if c.skipped_by == "waived":
-                    cov.waived += 1
+                if c.skipped_by in ("waived", "user"):
+                    cov.waived += c.skipped_by == "waived"
+                    cov.user_skipped += c.skipped_by == "user"
                 else:
                     cov.not_compared[c.skipped_by] = cov.not_compared.get(c.skipped_by, 0) + 1
+            elif c.status == "missing" and self.failed(c):  # a semantic tensor the port lacks: a failure
+                cov.failed += 1
+                cov.failed_missing += 1
             else:
                 name = {"pass": "passed", "FAIL": "failed", "note": "noted", "missing": "missing"}[c.status]
                 setattr(cov, name, getattr(cov, name) + 1)
         return cov
+
+    def status(self, bundle: str) -> str:
+        """The bundle's status, a word of STATUSES."""
+        checks = [c for c in self.checks if c.bundle == bundle]
+        if any(c.key == "bundle" for c in checks):
+            return "n/a"
+        adapter = next((c for c in checks if c.key == "adapter"), None)
+        if adapter is not None:
+            return "timeout" if adapter.status == "timeout" else "crash"
+        compared = any(c.status == "pass" and c.manifest for c in checks)
+        return "pass" if compared and not any(self.failed(c) for c in checks) else "fail"
+
+    def reason(self, bundle: str) -> str:
+        """One line for the bundle's status: what it covers (pass), its first divergence with the hint (fail),
+        the port's words (n/a, crash, timeout)."""
+        checks = [c for c in self.checks if c.bundle == bundle]
+        status = self.status(bundle)
+        if status == "n/a":
+            return next(c.detail for c in checks if c.key == "bundle")
+        if status in ("crash", "timeout"):
+            crashed = next(c for c in checks if c.key == "adapter")
+            return crashed.detail + (f" (hint: {crashed.hint})" if crashed.hint else "")
+        first = self.first_failure_in(checks)
+        if first is None:
+            cov = self.coverage(bundle)
+            apart = cov.apart(self.allow_missing)
+            if not cov.compared:
+                return "nothing compared: " + "; ".join(apart)
+            return f"{cov.passed:,} of {cov.total:,} tensors agree" + (f" ({'; '.join(apart)})" if apart else "")
+        said = f"hint: {first.hint}" if first.hint else first.detail
+        return f"{first.place}{title(first.stage)}" + (f" ({said})" if said else "")
+
+    def divergences(self, bundle: str) -> list[Check]:
+        """The bundle's independent divergences, in walk order: per part of the walk (PARTS) its first failing
+        check that no failure upstream of it explains (so a step run after the output is complete does not hide
+        a wrong stop, nor a wrong RoPE the draft's head)."""
+        crashed = [c for c in self.checks if c.bundle == bundle and c.key == "adapter"]
+        if crashed:  # the port crashed or timed out: that is a finding, after what failed before it
+            before = [c for c in self.checks if c.bundle == bundle and c.status == "FAIL" and c.key != "adapter"]
+            return before[:1] + crashed
+        failing = [c for c in self.checks if c.bundle == bundle and self.failed(c) and c.key != "bundle"]
+
+        def part(c: Check) -> str:
+            return PARTS.get(c.stage, "draft") if c.manifest else "steps"
+
+        def at(c: Check) -> float:  # the prefill before step 0, a step's verify after its draft, the output last
+            if c.stage == "output_ids":
+                return float("inf")
+            return -1 if c.step is None else c.step + 0.5 * (part(c) in ("target", "loop"))
+
+        decided = {c.step for c in failing if c.stage in PARTING and c.manifest}  # steps whose decision differs
+        proposed = {c.step for c in failing if c.stage == "draft_tokens" and c.manifest}  # other blocks verified
+        parted = min((at(c) for c in failing if c.stage in PARTING and c.manifest), default=float("inf"))
+        found: dict[str, Check] = {}
+        for c in failing:
+            if part(c) in found or at(c) > parted:
+                continue
+            if part(c) in ("loop", "output") and c.stage not in PARTING and c.step in decided:
+                continue
+            if part(c) == "target" and c.step in proposed:  # the target verified other proposals at this step
+                continue
+            if any(part(o) in UPSTREAM[part(c)] and at(o) <= at(c) for o in failing):
+                continue
+            found[part(c)] = c
+        return [c for c in failing if c in found.values()]
+
+    def by_cause(self) -> list[tuple[Check, list[str]]]:
+        """Every bundle's independent divergences, grouped by what they say (stage and hint, or detail): (the
+        first such check, the bundles that show it), in the order first seen."""
+        groups: dict[tuple[str, str], tuple[Check, list[str]]] = {}
+        for b in self.bundles():
+            for c in self.divergences(b):
+                said = c.hint or c.detail
+                groups.setdefault((c.stage, said), (c, []))[1].append(b)
+        return list(groups.values())
+
+    def to_dict(self) -> dict:
+        """The report as JSON-ready data (`verify --json`): each bundle's status (STATUSES) and reason, its
+        independent divergences and coverage, the run's divergences by cause."""
+
+        def said(c: Check) -> dict:
+            return {"where": c.where, "stage": c.stage, "key": c.key, "status": c.status, "detail": c.detail,
+                    "hint": c.hint}  # fmt: skip
+
+        def counts(cov: Coverage) -> dict:
+            return {**{k: v for k, v in vars(cov).items() if k != "not_compared"}, "compared": cov.compared,
+                    "not_compared": dict(cov.not_compared)}  # fmt: skip
+
+        return {
+            "impl": self.impl,
+            "passed": self.passed,
+            "statuses": list(STATUSES),
+            "allow_missing": self.allow_missing,
+            "waived_by_the_port": self.skip,
+            "skipped_by_the_user": self.user_skip,
+            "bundles": [
+                {
+                    "bundle": b,
+                    "status": self.status(b),
+                    "reason": self.reason(b),
+                    "variants": {k: list(v) for k, v in self.variants.get(b, {}).items()},
+                    "divergences": [said(c) for c in self.divergences(b)],
+                    "coverage": counts(self.coverage(b)),
+                }
+                for b in self.bundles()
+            ],
+            "by_cause": [{**said(c), "bundles": where} for c, where in self.by_cause()],
+            "coverage": counts(self.coverage()),
+        }
 
     def stage_rows(self, bundle: str) -> list[dict]:
         """Per stage of one bundle, in walk order: the checks compared, passed, failing (as `failed` judges
@@ -253,6 +405,9 @@ class Report:
     def verdict(self) -> str:
         """The last line: PASS with what it covers, or that nothing was compared (FIRST DIVERGENCE: text())."""
         cov = self.coverage()
+        bundles = self.bundles()
+        if bundles and all(self.status(b) == "n/a" for b in bundles):
+            return f"NOT APPLICABLE: the port took none of the {len(bundles)} bundle(s): {self.reason(bundles[0])}"
         if not self.passed:
             return "NOTHING COMPARED: every tensor was skipped, waived, missing or a note."
         own = f" (and {cov.own_steps:,} checks of the port's own steps)" if cov.own_steps else ""
@@ -266,21 +421,28 @@ class Report:
         cov = self.coverage()
         lines = [f"verify {self.impl} on {len(bundles)} bundle(s), {cov.total:,} tensors"]
         if self.skip:
-            lines.append(f"waived by the port (--skip): {', '.join(title(s) for s in self.skip)}")
+            lines.append(f"waived by the port (its skip): {', '.join(title(s) for s in self.skip)}")
+        if self.user_skip:
+            lines.append(f"skipped by the user (--skip): {', '.join(title(s) for s in self.user_skip)}")
         for b in bundles:
-            lines.append(f"\n{b}:")
+            lines.append(f"\n{b}: {self.status(b)}")
             variants = {k: (v, how) for k, (v, how) in self.variants.get(b, {}).items() if how != "reference"}
             if variants:  # the ones the port declared or showed (the others: the reference's)
                 lines.append("  variants: " + ", ".join(f"{k} = {v} ({how})" for k, (v, how) in variants.items()))
             if self.cached.get(b):  # a serving engine's prefix-cache hit: what it restored rather than computed
                 lines.append(f"  served: prompt positions 0–{self.cached[b] - 1} restored from the prefix cache")
             for c in self.checks:
-                if c.bundle == b and c.status == "error":
-                    lines.append(f"  adapter raised: {c.detail}")
+                if c.bundle == b and c.key == "adapter":
+                    lines.append(f"  {'timed out' if c.status == 'timeout' else 'crashed'}: {c.detail}")
+                    lines += [f"  hint: {c.hint}"] if c.hint else []
             for row in self.stage_rows(b):
                 lines.append("  " + _stage_line(row))
             lines += [f"  not applicable: {c.detail}" for c in self.checks if c.bundle == b and c.key == "bundle"]
             lines.append("  " + self.coverage(b).line(self.allow_missing))
+            found = self.divergences(b)
+            if len(found) > 1:  # more than the first: each its own finding
+                lines.append(f"  {len(found)} independent divergences:")
+                lines += [f"    {c.place}{title(c.stage)}: {c.hint or c.detail}" for c in found]
             if self.ignored.get(b):  # most often a misspelt key, whose tensor then shows as missing
                 keys = self.ignored[b]
                 lines.append(
@@ -294,8 +456,16 @@ class Report:
             lines.append("\n" + self.verdict())
         else:
             lines.append("\n" + cov.line(self.allow_missing))
-            if first.status == "error":
-                lines.append(f"FIRST DIVERGENCE: {first.bundle} · adapter raised\n  {first.detail}")
+            causes = self.by_cause()
+            if len(causes) > 1:  # the run's findings, each once, with the bundles that show it
+                lines.append(f"DIVERGENCES BY CAUSE ({len(causes)}):")
+                for c, where in causes:
+                    shown = ", ".join(where[:6]) + (f" and {len(where) - 6} more" if len(where) > 6 else "")
+                    lines.append(f"  {title(c.stage)}: {c.hint or c.detail}  [{shown}]")
+            if first.key == "adapter":
+                how = "timed out" if first.status == "timeout" else "crashed"
+                lines.append(f"FIRST DIVERGENCE: {first.bundle} · the port {how}\n  {first.detail}")
+                lines += [f"  hint: {first.hint}"] if first.hint else []
             else:
                 lines.append(
                     f"FIRST DIVERGENCE: {first.where} · {title(first.stage)}\n  "
@@ -306,9 +476,10 @@ class Report:
 
     def __repr__(self) -> str:
         first = self.first_failure
+        said = "PASS" if self.passed else "nothing compared"
         return (
             f"Report({self.impl!r}, {len(self.checks)} checks, "
-            f"{'PASS' if first is None else 'first divergence: ' + first.where + ' · ' + first.stage})"
+            f"{said if first is None else 'first divergence: ' + first.where + ' · ' + first.stage})"
         )
 
 

@@ -17,17 +17,31 @@ checked by its own invariant instead of by the reference's numbers.
                                     reference shrank its block are not compared, the output ids are
     sliding_window  as-configured   the reference: each bundle's config says which of the three meanings
                                     its window has (attention.py), and the port follows it
-                  causal | symmetric | rotating | block-start   a port that knows only these readings
-                                    (comma-separated, e.g. causal,symmetric; block-start: the window
-                                    measured from the block's first position for every query, a reading no
-                                    bundle's config means): the bundles whose config means another are not
+                  causal | symmetric | rotating   a port that knows only these readings (comma-separated,
+                                    e.g. causal,symmetric): the bundles whose config means another are not
                                     compared (not applicable)
+                  block-start       a port that measures every sliding window from the block's start: each
+                                    query of a sliding layer attends the W context positions before x_0
+                                    (kv_pos ≥ start − W) and the whole block; a reading no config means, so
+                                    from the first step where it attends other keys than the config's, the
+                                    port's own steps are held to the loop's invariants, its attended keys
+                                    DFlash's last W
     block_length  fixed             the reference: every block has the draft's block size (the last shrunk)
                   adaptive          a port whose blocks change length from step to step
     draft_context_window  unbounded  the reference: the draft attends every context position
-                  N                 a port whose draft cache keeps the last N context positions only
+                  N                 a port whose draft cache keeps the last N context positions only (and may
+                                    compute the new context's features, C and K/V for those alone)
+    draft_context_sinks  0          the reference, and a windowed cache without sinks
+                  S                 with draft_context_window=N: the cache also keeps the first S context
+                                    positions (attention sinks): S + N keys attended once the context is longer
     proposals     draft             the reference: every step's proposals come from a draft pass
                   draft-or-lookup   a port that proposes by copy or lookup (no draft pass) at some steps
+    decoding      loop              the reference and every serving port: the port decodes, its own loop
+                                    deciding each step
+                  teacher-forced    a training library (no loop): at each step of the reference's walk its draft
+                                    is fed what DFlash feeds it (the committed context, x_0, the positions) and
+                                    its draft's stages are compared, its proposals too; the target's and the
+                                    loop's stages (TEACHER_FORCED) are not the port's: not compared
     accepted_count  drafted         the reference: τ counts every accepted draft token, and the bonus is
                                     posterior[τ], also at a step whose tokens max_new_tokens or a stop token cuts
                   committed         vLLM's and transformers' counters: a step the length limit or a stop token
@@ -35,14 +49,16 @@ checked by its own invariant instead of by the reference's numbers.
                                     last committed token). Invariant: at such a step, exactly those; elsewhere
                                     DFlash's
 
-The last three part a port's run from the reference's at some step (a block of another length, a context
-cut short, proposals from a lookup): up to that step everything is compared; at it, for the first two,
-what comes before the block (features, fc, C, context K); from it on, the port's own steps are held to
-what stays true of every DFlash step (verify.py, the loop's invariants: τ the leading run of matches, the
-bonus posterior[τ] and the posterior the argmax of the port's own verify logits, the committed tokens the
-target's own, no step after the output; a windowed cache attends exactly min(start, N) context keys and the
-block, DFlash's own). Its output ids are always compared. All three are declared, never detected (a port
-that loses context keys by mistake must not pass for a windowed one): the hints offer them.
+block_length, draft_context_window (with its sinks), proposals and the block-start window part a port's run
+from the reference's at some step (a block of another length, a context cut short, proposals from a lookup,
+other keys attended): up to that step everything is compared; at it, but for a lookup, what comes before the
+block (features, fc, C, context K: under a context cut, the rows the port kept, S first and the last ones); from
+it on, the port's own steps are held to what stays true of every DFlash step (verify.py, the loop's invariants: τ
+the leading run of matches, the bonus posterior[τ] and the posterior the argmax of the port's own verify logits,
+the committed tokens the target's own, no step after the output; a cut context attends exactly min(start, S + N)
+context keys, the first S and the last ones, DFlash's own). Its output ids are always compared. All are
+declared, never detected (a port that loses context keys by mistake must not pass for a windowed one): the hints
+offer them.
 
 A port declares a variant (an adapter's `variants` attribute, `verify --variant KEY=VALUE`, or a
 profile `{"variants": {...}, "skip": [...]}` beside a dump); what it leaves undeclared is detected
@@ -57,7 +73,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .stages import stage_of
+from .stages import key_for, stage_of
 from .tensorfile import array_or_none, as_array
 
 VARIANTS = {
@@ -66,9 +82,17 @@ VARIANTS = {
     "sliding_window": ("as-configured", "causal", "symmetric", "rotating", "block-start"),
     "block_length": ("fixed", "adaptive"),
     "draft_context_window": ("unbounded", "N"),  # N: a number of context positions
+    "draft_context_sinks": ("0", "S"),  # S: a number of leading context positions kept (with a window)
     "proposals": ("draft", "draft-or-lookup"),
     "accepted_count": ("drafted", "committed"),
+    "decoding": ("loop", "teacher-forced"),
 }
+# what a teacher-forced port does not compute: the target's stages and the loop's decisions, which DFlash's walk
+# gives it (the draft's proposals are still its own)
+TEACHER_FORCED = frozenset(
+    ("prefill_logits", "first_token", "verify_logits", "posterior", "acceptance_length", "bonus", "cache_lengths",
+     "conv_state", "recurrent_state", "output_ids")
+)  # fmt: skip
 REFERENCE = {key: choices[0] for key, choices in VARIANTS.items()}
 
 
@@ -86,10 +110,21 @@ def check_variants(variants: dict) -> dict[str, str]:
                                  "port's draft cache keeps (a whole number ≥ 1), or 'unbounded'")  # fmt: skip
             checked[key] = str(int(value))
             continue
+        if key == "draft_context_sinks":
+            if not str(value).isdigit():
+                raise ValueError(f"draft_context_sinks = {value!r}: give the number of leading context positions "
+                                 "the port's windowed cache keeps (a whole number ≥ 0)")  # fmt: skip
+            checked[key] = str(int(value))
+            continue
         parts = value.split(",") if key == "sliding_window" and isinstance(value, str) else [value]
         if not all(part in VARIANTS[key] for part in parts) or (len(parts) > 1 and "as-configured" in parts):
             raise ValueError(f"{key} = {value!r} is no variant; choose one of {list(VARIANTS[key])}")
         checked[key] = value
+    if (
+        checked.get("draft_context_sinks", "0") != "0"
+        and checked.get("draft_context_window", "unbounded") == "unbounded"
+    ):
+        raise ValueError("draft_context_sinks goes with draft_context_window=N: the sinks a windowed cache keeps")
     return checked
 
 
@@ -221,6 +256,40 @@ def committed_count(stage: str, expected: np.ndarray, cut: tuple[int, int] | Non
 DRAFT_PASS = {"noise_embedding", "logits", "final_hidden", "q", "k_rot", "pattern"}
 
 
+def reads_block_start(bundle, variants: dict) -> bool:
+    """Whether a port declared to measure sliding windows from the block's start reads this bundle's so."""
+    window, readings = bundle.manifest.get("sliding_window"), variants["sliding_window"][0].split(",")
+    return bool(window) and "block-start" in readings and window["kind"] not in readings
+
+
+def context_kept(bundle, variants: dict) -> dict[int, tuple[int, int]]:
+    """{draft layer: (S, N)} where a declared variant cuts the context a layer attends to its first S and last N
+    positions: draft_context_window=N (with draft_context_sinks=S) on every layer; sliding_window=block-start on
+    the bundle's sliding layers, N its window W. A layer not listed attends the whole context."""
+    layers = sorted({e["layer"] for e in bundle.entries if e["stage"] == "k_rot"})
+    window, kept = variants["draft_context_window"][0], {}
+    if window != "unbounded":
+        kept = dict.fromkeys(layers, (int(variants["draft_context_sinks"][0]), int(window)))
+    if reads_block_start(bundle, variants):
+        sliding = bundle.manifest["sliding_window"]
+        for layer in sliding["layers"]:
+            sinks, n = kept.get(layer, (0, sliding["size"]))
+            kept[layer] = (sinks, min(n, sliding["size"]))
+    return kept
+
+
+def _block_start_differs(bundle, step: int, layer: int, window: int) -> bool:
+    """Whether DFlash's weights at this step and sliding layer attend other context keys than the block-start
+    reading, whose every query sees the W context positions before the block."""
+    pattern = bundle.expected[key_for("pattern", step, layer)]  # (H_q, L_q, L_k)
+    q_len = pattern.shape[1]
+    start = pattern.shape[2] - q_len
+    seen = (pattern[:, :, :start] != 0).any(axis=0)  # (L_q, start): context keys each query attends
+    meant = np.zeros_like(seen)
+    meant[:, max(0, start - window) :] = True
+    return not np.array_equal(seen, meant)
+
+
 def departure(bundle, produced: dict, variants: dict) -> tuple[int | None, str]:
     """The first step from which a port following a departing variant runs otherwise than the reference
     (None: it never does on this bundle), and which variant it follows there."""
@@ -239,16 +308,27 @@ def departure(bundle, produced: dict, variants: dict) -> tuple[int | None, str]:
             for s in steps
             if f"step{s}/posterior" in produced and f"step{s}" not in drafted
         ][:1]
-    window = variants["draft_context_window"][0]
+    window, sinks = variants["draft_context_window"][0], variants["draft_context_sinks"][0]
     if window != "unbounded":
-        found += [(s, f"draft_context_window={window}") for s in steps if context_keys(bundle, s) > int(window)][:1]
+        said = f"draft_context_window={window}" + (f", draft_context_sinks={sinks}" if sinks != "0" else "")
+        found += [(s, said) for s in steps if context_keys(bundle, s) > int(window) + int(sinks)][:1]
+    if reads_block_start(bundle, variants):
+        sliding = bundle.manifest["sliding_window"]
+        found += [
+            (s, "sliding_window=block-start")
+            for s in steps
+            if any(_block_start_differs(bundle, s, layer, sliding["size"]) for layer in sliding["layers"])
+        ][:1]
     return min(found) if found else (None, "")
 
 
 def window_mismatch(bundle, declared: dict) -> str | None:
-    """Why a bundle is not applicable to a port that reads every sliding window one way; None if it is."""
+    """Why a bundle is not applicable to a port that reads every sliding window one way; None if it is (a
+    block-start port takes every windowed bundle: its own steps are held to their invariants)."""
     readings, window = declared.get("sliding_window", "as-configured"), bundle.manifest.get("sliding_window")
     if readings == "as-configured" or not window or window["kind"] in readings.split(","):
+        return None
+    if "block-start" in readings.split(","):
         return None
     return (
         f"the port's sliding windows are {readings.replace(',', ' or ')}; this bundle's config means "

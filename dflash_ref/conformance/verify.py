@@ -16,21 +16,24 @@ candidate is either an adapter (`run(bundle) -> {key: array}`, see adapters.py) 
 
 from __future__ import annotations
 
-import traceback
 from pathlib import Path
 
 import numpy as np
 
+from . import crash
 from .bundle import KINDS, LOOP_STAGES, STAGES, Bundle, candidates_in_id_order, find_bundles, key_for, parse_key
-from .hints import hint, prompt_taken_for_the_end
+from .hints import crash_hint, hint, prompt_taken_for_the_end
 from .report import Check, NotApplicable, Report
 from .stages import CACHED_PREFIX, DRAFT_ACCEPTED, RESTORED_ROWS, SERVED, stage_of
 from .tensorfile import array_or_none, as_array, read_arrays
 from .variants import (
     DRAFT_PASS,
+    TEACHER_FORCED,
     block_size,
     check_variants,
     committed_count,
+    context_kept,
+    context_keys,
     cut_steps,
     departure,
     expected_lengths,
@@ -130,6 +133,7 @@ def compare(
     port's steps past the reference's are failures; keys that name no stage, and the variants used, go to
     `report`. Under a variant after which the port's run parts from the reference's (block_length,
     draft_context_window, proposals), its own steps from there on are held to the loop's invariants."""
+    skip = skip if isinstance(skip, dict) else dict.fromkeys(skip, "waived")  # stage → who: "waived" (the port), "user"
     unread = window_mismatch(bundle, declared or {})
     if unread:
         return [Check(bundle.name, "bundle", "sliding_window", None, None, "skipped", detail=unread, skipped_by="n/a")]
@@ -147,10 +151,19 @@ def compare(
         "mask_token_id": draft.get("dflash_config", draft).get("mask_token_id"),
         "sliding_window": bundle.manifest.get("sliding_window"),
         "block_size": block_size(bundle),
+        "rope": _rope_of(draft),
     }
+    starts = {s: context_keys(bundle, s) for s in reference_steps(bundle)}  # each step's block start
     checks, last = [], max((e["step"] for e in bundle.entries if e["stage"] == "cache_lengths"), default=None)
     cut = cut_steps(bundle)
     context["cut"] = cut
+    drafted = departed is not None and any(  # did the port run a draft pass where its run departs?
+        k.startswith(f"step{departed}/") and stage_of(k) in DRAFT_PASS for k in produced
+    )
+    teacher = variants["decoding"][0] == "teacher-forced"
+    kept = context_kept(bundle, variants)  # {layer: (S, N)} where a declared variant cuts the context attended
+    layers = {e["layer"] for e in bundle.entries if e["stage"] == "k_rot"}
+    whole = next(iter(set(kept.values()))) if set(kept) == layers and len(set(kept.values())) == 1 else None
     counting = variants["accepted_count"]
     cached = _cached_prefix(bundle, produced)
     if report is not None and cached:
@@ -162,7 +175,7 @@ def compare(
         if e["stage"] == "output_ids":  # after every step: the port's own steps past DFlash's, or under a
             # departing variant all of its steps from the departure on, come first
             checks += (
-                _loop_invariants(bundle, produced, departed, departing)
+                _loop_invariants(bundle, produced, departed, departing, variants)
                 if departed is not None
                 else _extra_steps(
                     bundle,
@@ -184,7 +197,7 @@ def compare(
                 )
             )
             continue
-        not_compared = _not_compared(e, skip, truncated, departed, departing)
+        not_compared = _not_compared(e, skip, truncated, departed, departing, drafted, teacher)
         if not_compared:
             checks.append(
                 Check(
@@ -194,9 +207,8 @@ def compare(
                     step,
                     e.get("layer"),
                     "skipped",
-                    detail="waived by the port"
-                    if not_compared == "waived"
-                    else f"not compared under {not_compared}"
+                    detail={"waived": "waived by the port", "user": "skipped by the user (--skip)"}.get(not_compared)
+                    or f"not compared under {not_compared}"
                     + (
                         ""
                         if "full-then-truncate" in not_compared
@@ -215,7 +227,18 @@ def compare(
         if restored:
             axis = RESTORED_ROWS[e["stage"]]
             expected = np.take(expected, range(restored, expected.shape[axis]), axis=axis)
+        left_out = 0
+        if (
+            step is not None
+            and (step == departed or teacher and departed is not None and step > departed)
+            and (_cuts_context(departing))
+        ):
+            cut = kept.get(e.get("layer")) if e.get("layer") is not None else whole
+            q_len = bundle.expected[f"step{step}/posterior"].shape[0]
+            expected, left_out = _kept_rows(e["stage"], cut, expected, got, q_len)
         check = compare_one(bundle.name, e, expected, got)
+        if left_out:
+            check.note = f"{left_out} context rows the port's cut context never attends left out ({departing})"
         if restored:
             check.note = (
                 f"positions 0–{restored - 1} restored from the prefix cache, not computed by this request: the keys "
@@ -231,7 +254,10 @@ def compare(
         if counting[0] == "committed" and step in cut and e["stage"] in ("acceptance_length", "bonus"):
             check.note = check.note or "accepted_count=committed: what this step commits"
         if check.status == "FAIL":
-            check.hint = hint(e["stage"], expected, array_or_none(got), {**context, "step": step}, e.get("layer"))
+            check.hint = hint(
+                e["stage"], expected, array_or_none(got), {**context, "step": step, "start": starts.get(step)},
+                e.get("layer"),
+            )  # fmt: skip
             check.expected, check.got = expected, array_or_none(got)
         if check.status == "missing" and e["stage"] == "first_token":
             check.hint = prompt_taken_for_the_end(bundle.inputs, array_or_none(produced.get("output_ids"))) or ""
@@ -247,6 +273,19 @@ def compare(
     for c in checks if served else []:  # where in a serving scenario: its condition and request
         c.serving = f"{served['scenario']} · {served['condition']} · request {served['request']}"
     return checks
+
+
+def _rope_of(config: dict) -> dict:
+    """A config's RoPE as the hints read it: θ, the scaling's type and factor, and which spelling gives the
+    scaling ("rope_parameters" alone, "rope_scaling", or None: no scaling)."""
+    parameters, scaling = config.get("rope_parameters") or {}, config.get("rope_scaling")
+    given = scaling or (parameters if parameters.get("rope_type", "default") != "default" else None)
+    return {
+        "theta": config.get("rope_theta", parameters.get("rope_theta", 10000.0)),
+        "type": (given or {}).get("rope_type", (given or {}).get("type")),
+        "factor": (given or {}).get("factor"),
+        "spelled": None if given is None else "rope_scaling" if scaling else "rope_parameters",
+    }
 
 
 def _draft_accepted(bundle: Bundle, value) -> Check:
@@ -300,23 +339,54 @@ def _restored(entry: dict, expected: np.ndarray, got, cached: int) -> int:
     return cached if list(got.shape) == rest else 0
 
 
-def _not_compared(entry: dict, skip, truncated: set[int], departed: int | None, departing: str) -> str | None:
-    """Why an entry is not compared ("waived", or the variant it is not compared under), None if it is: a
+def _not_compared(
+    entry: dict, skip: dict, truncated: set[int], departed: int | None, departing: str, drafted: bool, teacher: bool
+) -> str | None:
+    """Why an entry is not compared ("waived", "user", or the variant it is not compared under), None if it is: a
     waived stage; a step whose block full-then-truncate drafts whole (its first still compares what comes
     before the block); a step at or after a departing variant's departure (the departure's own step still
-    compares what comes before the block, but where the port ran no draft pass there)."""
+    compares what comes before the block, but where the port ran no draft pass there: `drafted` False, a
+    proposal by lookup or a step of x_0 alone). A teacher-forced port (`teacher`) computes no target or loop
+    stage, and every step of it is fed DFlash's context: each compares what the departure's step does."""
     stage, step = entry["stage"], entry.get("step")
     if stage in skip:
-        return "waived"
+        return skip[stage]  # "waived" (the port's) or "user" (--skip)
+    if teacher and stage in TEACHER_FORCED:
+        return "decoding=teacher-forced"
     if step in truncated and not (stage in BLOCK_FREE and step == min(truncated)):
         return "last_block=full-then-truncate"
     if departed is not None and step is not None and step >= departed:
-        kept = BLOCK_FREE | (WINDOW_FREE if departing.startswith("draft_context_window") else set())
-        if not (step == departed and stage in kept and "proposals" not in departing):
+        kept = BLOCK_FREE | (WINDOW_FREE if _cuts_context(departing) else set())
+        at_departure = step == departed or teacher  # teacher-forced, every step starts from DFlash's context
+        if not (at_departure and stage in kept and drafted):
             return departing
-        if step == departed and stage in WINDOW_FREE and entry.get("layer") not in (0, None):
+        if at_departure and stage in WINDOW_FREE and entry.get("layer") not in (0, None):
             return departing  # past layer 0 the block's rows come from attention over the cut context
     return None
+
+
+def _cuts_context(departing: str) -> bool:
+    """Whether the departing variant is one that attends only part of the context (context_kept)."""
+    return departing.startswith(("draft_context_window", "sliding_window=block-start"))
+
+
+def _kept_rows(
+    stage: str, cut: tuple[int, int] | None, expected: np.ndarray, got, q_len: int
+) -> tuple[np.ndarray, int]:
+    """At the step a cut context departs (`cut`: the S first and N last positions kept, context_kept), the rows
+    of a new-context stage a port kept (one that caches only those may compute only those): (the reference's
+    same rows, how many the port left out), or (expected, 0) where its rows are not such a cut."""
+    axis = {**RESTORED_ROWS, "v": 1}.get(stage)
+    got = array_or_none(got)
+    if cut is None or axis is None or got is None or got.ndim != expected.ndim or got.shape == expected.shape:
+        return expected, 0
+    sinks, window = cut
+    dropped = expected.shape[axis] - got.shape[axis]
+    context = expected.shape[axis] - (q_len if stage == "v" else 0)  # V holds the block's rows after the context's
+    if dropped <= 0 or context - dropped < min(context, sinks + window):
+        return expected, 0
+    rows = [*range(sinks), *range(sinks + dropped, expected.shape[axis])]
+    return np.take(expected, rows, axis=axis), dropped
 
 
 def _unlisted(bundle: Bundle, produced: dict) -> tuple[dict[int, list[str]], list[str]]:
@@ -355,6 +425,7 @@ def _extra_steps(bundle: Bundle, extra: dict[int, list[str]], truncating: bool, 
     Where the port's run `parted` from DFlash's at an earlier step (other proposals, so other steps), the extra
     steps follow from that divergence, and are said to."""
     why = _why_the_reference_ended(bundle) if extra else ""
+    said = _why_the_port_went_on(bundle) if extra and not parted else ""
     if parted:
         why = "that DFlash does not: its run parted from DFlash's at an earlier step (the first divergence)"
     steps = reference_steps(bundle)
@@ -374,20 +445,61 @@ def _extra_steps(bundle: Bundle, extra: dict[int, list[str]], truncating: bool, 
                 + ("; under last_block=full-then-truncate its tokens are all cut away" if cut else ""),
                 skipped_by="last_block=full-then-truncate" if cut else "",
                 manifest=False,
+                hint="" if cut else said,
             )
         )
     return checks
 
 
-def _loop_invariants(bundle: Bundle, produced: dict, departed: int, departing: str) -> list[Check]:
+def _why_the_port_went_on(bundle: Bundle) -> str:
+    """The hint of a step run after DFlash's output was complete: where DFlash's end came from (x_0, a step's
+    bonus, an accepted draft token, or the length limit), so what the port's loop did not check."""
+    output, inputs = bundle.expected["output_ids"], bundle.inputs
+    steps, last = reference_steps(bundle), int(output[-1])
+    if last in set(inputs.get("stop_token_ids") or ()):
+        if not steps:
+            return (
+                f"x_0, the token the prefill commits, is the stop token {last}: DFlash ends there and runs no step. "
+                "The port looks for a stop only in what a step commits, not in x_0"
+            )
+        s = steps[-1]
+        if int(bundle.expected[f"step{s}/bonus"]) == last and len(output) - 1 == _end_of(bundle, s):
+            return (
+                f"step {s}'s bonus token (posterior[τ], the target's own after the accepted run) is the stop token "
+                f"{last}: DFlash ends there. The port looks for a stop among the accepted draft tokens only, not in "
+                "the bonus it commits"
+            )
+        return (
+            f"the stop token {last} is among step {s}'s accepted draft tokens: DFlash commits up to it and ends. "
+            "The port looks for a stop only after a further step"
+        )
+    return (
+        f"DFlash's output is complete after step {steps[-1] if steps else 'the prefill'}: max_new_tokens "
+        f"({inputs['max_new_tokens']}) is reached. The port ran another draft and verify pass: its loop counts its "
+        "bound otherwise (x_0 not counted, positions for tokens), or it verifies once more to commit a token it "
+        "already has"
+    )
+
+
+def _end_of(bundle: Bundle, step: int) -> int:
+    """The output position of the last token `step` commits (x_0 at len(prompt), then each step's τ + 1)."""
+    at = len(bundle.inputs["input_ids"])
+    for s in reference_steps(bundle):
+        at += int(bundle.expected[f"step{s}/acceptance_length"]) + 1
+        if s == step:
+            return at
+    return at
+
+
+def _loop_invariants(bundle: Bundle, produced: dict, departed: int, departing: str, variants: dict) -> list[Check]:
     """The port's own steps from `departed` on, where a declared variant parts its run from the reference's,
     held to what stays true of every DFlash step: τ is the leading run of proposals equal to the posterior,
     the bonus is posterior[τ], the posterior is the argmax of the port's own verify logits and (DFlash 1)
     the proposals the argmax of its own draft logits, where it gives them; the tokens a step commits
     (posterior[:τ + 1], cut at a stop token or at max_new_tokens) are the target's own (the reference's output
-    there), and no step runs after the output is complete. A windowed draft cache (draft_context_window=N)
-    attends min(start, N) context keys and the block in every layer (fewer on a sliding layer, which may evict),
-    and at its first cut step those N context keys are DFlash's last N, value for value."""
+    there), and no step runs after the output is complete. A cut context (context_kept: draft_context_window=N
+    with its sinks S, a block-start window) attends min(start, S + N) context keys and the block in each layer it
+    cuts (_attended_keys), the whole context in the others."""
     output, inputs = bundle.expected["output_ids"], bundle.inputs
     stops = set(inputs.get("stop_token_ids") or ())
     at = (
@@ -397,7 +509,7 @@ def _loop_invariants(bundle: Bundle, produced: dict, departed: int, departing: s
             int(bundle.expected[f"step{s}/acceptance_length"]) + 1 for s in reference_steps(bundle) if s < departed
         )
     )
-    window = int(departing.split("=")[1]) if departing.startswith("draft_context_window") else None
+    kept = context_kept(bundle, variants) if _cuts_context(departing) else {}
     layers = sorted({e["layer"] for e in bundle.entries if e["stage"] == "k_rot"})
     evicting = {e["layer"] for e in bundle.entries if e["stage"] == "k_rot" and "evictable_axis" in e}
     selector = any(e["stage"] == "candidates" for e in bundle.entries)  # DFlash 2: proposals are the path
@@ -419,6 +531,17 @@ def _loop_invariants(bundle: Bundle, produced: dict, departed: int, departing: s
             return None
         return value.astype(np.int64)
 
+    def ran_a_draft_pass() -> bool:  # a step proposed by lookup, or of x_0 alone, attends no keys
+        return any(k.startswith(f"step{step}/") and stage_of(k) in DRAFT_PASS for k in produced)
+
+    if variants["decoding"][0] == "teacher-forced":  # no loop of its own: each step fed DFlash's context
+        for step in (s for s in reference_steps(bundle) if s >= departed):
+            q_len = bundle.expected[f"step{step}/posterior"].shape[0]
+            for layer in layers if kept and ran_a_draft_pass() else ():
+                _attended_keys(check, bundle, produced, step, layer, context_keys(bundle, step), q_len,
+                               kept.get(layer), layer in evicting, first=True)  # fmt: skip
+        return checks
+
     while f"step{step}/posterior" in produced:
         drafted, posterior, tau, bonus = (
             ids("draft_tokens", 1),
@@ -426,9 +549,19 @@ def _loop_invariants(bundle: Bundle, produced: dict, departed: int, departing: s
             ids("acceptance_length", 0),
             ids("bonus", 0),
         )
+        if (
+            drafted is None
+            and posterior is not None
+            and len(posterior) == 1
+            and f"step{step}/draft_tokens" not in produced
+        ):
+            drafted = np.zeros(0, np.int64)  # an empty step: the block is x_0 alone, nothing to draft or propose
         if drafted is None or posterior is None or tau is None or bonus is None:
-            check("posterior", False, "a step needs its draft tokens (γ,), posterior (L_q,), τ and bonus, whole "
-                  "numbers, to be checked: one is missing or not so")  # fmt: skip
+            lacking = [n for n, v in (("draft tokens (γ,)", drafted), ("posterior (L_q,)", posterior), ("τ", tau),
+                                      ("bonus", bonus)) if v is None]  # fmt: skip
+            check("posterior", False, f"a step is checked by its draft tokens (γ,), posterior (L_q,), τ and bonus, "
+                  f"whole numbers (a step of x_0 alone may give no draft tokens): {', '.join(lacking)} missing or "
+                  "not so")  # fmt: skip
             break
         tau, bonus = int(tau), int(bonus)
         if at >= len(output):
@@ -455,32 +588,59 @@ def _loop_invariants(bundle: Bundle, produced: dict, departed: int, departing: s
         check("posterior", committed == output[at : at + len(committed)].tolist(),
               f"it commits {committed} at positions {at}…, where the target's own decoding has "
               f"{output[at : at + len(committed)].tolist()}")  # fmt: skip
-        if window is not None:
-            context = min(at - 1, window)  # x_0 sits at position at − 1: the block's start
-            for layer in layers:
-                k_rot = array_or_none(produced.get(key_for("k_rot", step, layer)))
-                keys = None if k_rot is None or k_rot.ndim != 3 else k_rot.shape[1] - len(posterior)
-                ok = keys is not None and (keys == context or (layer in evicting and 0 <= keys < context))
-                check("k_rot", ok, f"{keys} context keys attended, where a cache of the last {window} context "
-                      f"positions holds {context} before a block of {len(posterior)}", layer)  # fmt: skip
-                if ok and step == departed and keys:  # the kept context keys are DFlash's last ones, value for value
-                    entry = next(e for e in bundle.entries if e["key"] == key_for("k_rot", step, layer))
-                    expected = bundle.expected[entry["key"]]
-                    start = expected.shape[1] - len(posterior)  # DFlash's context keys at this step
-                    tail = expected[:, start - keys : start].astype(np.float64)
-                    got = k_rot[:, :keys].astype(np.float64)
-                    err = (
-                        np.abs(got - tail).max() / max(1.0, float(np.abs(tail).max()))
-                        if got.shape == tail.shape
-                        else np.inf
-                    )
-                    check("k_rot", err <= entry["tolerance"], f"its {keys} context keys are not DFlash's last {keys} "
-                          f"(rel {err:.1e})", layer)  # fmt: skip
+        for layer in layers if kept and ran_a_draft_pass() else ():  # a cut context: what each layer attends
+            _attended_keys(check, bundle, produced, step, layer, at - 1, len(posterior), kept.get(layer),
+                           layer in evicting, first=step == departed)  # fmt: skip
         at += len(committed)
         step += 1
     if at < len(output):
         check("posterior", False, f"the port's steps commit up to position {at}, its output runs to {len(output)}")
     return checks
+
+
+def _attended_keys(check, bundle, produced, step, layer, start, q_len, cut, evicting: bool, first: bool) -> None:
+    """One layer's keys at one step of a cut context: it attends exactly the first S and the last context keys,
+    min(start, S + N) in all (`cut` (S, N); None: the whole context, fewer on a sliding layer that evicts), read
+    off its weights where it gives them (a port may hold more keys than it attends, masking the rest), else off
+    its K after RoPE; at the first cut step those keys are DFlash's own, value for value."""
+    sinks, window = cut if cut is not None else (0, None)
+    want = start if window is None else min(start, sinks + window)
+    k_rot = array_or_none(produced.get(key_for("k_rot", step, layer)))  # (H_kv, L_k, d_h)
+    keys = None if k_rot is None or k_rot.ndim != 3 else k_rot.shape[1] - q_len
+    pattern = array_or_none(produced.get(key_for("pattern", step, layer)))  # (H_q, L_q, L_k)
+    if keys is not None and pattern is not None and pattern.ndim == 3 and pattern.shape[2] == keys + q_len:
+        seen = np.flatnonzero((pattern[:, :, :keys] != 0).any(axis=(0, 1)))  # the context keys attended
+        head = min(sinks, want)
+        meant = np.r_[np.arange(head), np.arange(keys - (want - head), keys)] if keys >= want else None
+        ok = meant is not None and np.array_equal(seen, meant)
+        said = f"it attends context keys {_spans(seen)} of its {keys}"
+    else:
+        seen = np.arange(keys or 0)  # every key it holds
+        ok = keys is not None and (keys == want or (cut is None and evicting and 0 <= keys < want))
+        said = f"{keys} context keys attended"
+    cache = f"the first {sinks} and the last {window}" if sinks else f"the last {window}"
+    where = f"a cache of {cache} context positions" if window else "the whole context"
+    check("k_rot", ok, f"{said}, where {where} holds {want} of {start} before a block of {q_len}", layer)
+    if not (ok and first and want):
+        return
+    entry = next(e for e in bundle.entries if e["key"] == key_for("k_rot", step, layer))
+    expected = bundle.expected[entry["key"]]  # DFlash's keys at this step: its context, then the block
+    context = expected.shape[1] - q_len
+    head = min(sinks, want)
+    rows = np.r_[np.arange(head), np.arange(context - (want - head), context)]
+    tail = expected[:, rows].astype(np.float64)
+    got = k_rot[:, seen].astype(np.float64)
+    err = np.abs(got - tail).max() / max(1.0, float(np.abs(tail).max())) if got.shape == tail.shape else np.inf
+    check("k_rot", err <= entry["tolerance"], f"its {want} context keys are not DFlash's (rel {err:.1e})", layer)
+
+
+def _spans(index: np.ndarray) -> str:
+    """0 1 2 7 8 → '0–2, 7–8'."""
+    runs, out = np.split(index, np.flatnonzero(np.diff(index) != 1) + 1), []
+    for run in runs:
+        if run.size:
+            out.append(f"{run[0]}" if run.size == 1 else f"{run[0]}–{run[-1]}")
+    return ", ".join(out) or "none"
 
 
 def _keep_first_tensors(checks: list[Check]) -> None:
@@ -520,47 +680,55 @@ def verify(
     allow_missing: bool = False,
     variants: dict | None = None,
     skip: list[str] = (),
+    timeout: float | None = None,
 ) -> Report:
     """Run a candidate on the bundles at `bundle` (default: the shipped one) and compare. `variants`
-    (or the adapter's own `variants` attribute) declares its design variants; `skip` (and the adapter's
-    own `skip`: stages its port computes inside fused kernels, never as a tensor) waives stages.
+    (or the adapter's own `variants` attribute) declares its design variants; the adapter's own `skip` (stages
+    its port computes inside fused kernels, never as a tensor) waives stages, and `skip` (the user's) skips more,
+    each said as whose. `timeout`: seconds a bundle's run may take before it is a timeout (None: no limit).
     What cannot be read (the bundles, the implementation, the declaration) is an InputError before
     anything runs."""
     adapter, bundles = _read_inputs(lambda: resolve(impl), bundle)
-    skip = [*getattr(adapter, "skip", ()), *skip]
-    declared = _declaration({**getattr(adapter, "variants", {}), **(variants or {})}, skip)
-    report = Report(getattr(adapter, "name", str(impl)), allow_missing=allow_missing, skip=list(skip))
+    own = list(getattr(adapter, "skip", ()))
+    declared = _declaration({**getattr(adapter, "variants", {}), **(variants or {})}, [*own, *skip])
+    users = [s for s in dict.fromkeys(skip) if s not in own]
+    waivers = {**dict.fromkeys(own, "waived"), **dict.fromkeys(users, "user")}
+    report = Report(getattr(adapter, "name", str(impl)), allow_missing=allow_missing, skip=own, user_skip=users)
     report.totals = {b.name: len(b.entries) for b in bundles}
     for b in bundles:
+        if not getattr(adapter, "reads_muse", True) and b.draft_is_muse():  # not applicable: not even run
+            said = f"{report.impl} reads DFlash checkpoints; this bundle's draft is transformers' Muse Glimmer format"
+            said += " (`verify --impl transformers` runs it)"
+            report.checks.append(
+                Check(b.name, "bundle", "adapter", None, None, "skipped", detail=said, skipped_by="n/a")
+            )
+            continue
         if window_mismatch(b, declared):  # not applicable: not even run
-            report.checks += compare(b, {}, report, declared, skip)
+            report.checks += compare(b, {}, report, declared, waivers)
             continue
         try:
-            produced = adapter.run(b)
+            with crash.time_limit(timeout):
+                produced = adapter.run(b)
         except NotApplicable as e:  # the port (an engine) refuses this bundle: said, neither a pass nor a failure
             report.checks.append(
                 Check(b.name, "bundle", "adapter", None, None, "skipped", detail=str(e), skipped_by="n/a")
             )
             continue
-        except Exception as e:  # noqa: BLE001 - a crashing port is a result to report, not to hide
-            where = traceback.extract_tb(e.__traceback__)[-1]
-            report.checks.append(
-                Check(
-                    b.name,
-                    "adapter",
-                    "adapter",
-                    None,
-                    None,
-                    "error",
-                    detail=f"{type(e).__name__}: {e} ({Path(where.filename).name}:{where.lineno})",
-                )
-            )
+        except (Exception, crash.OutOfTime) as e:  # noqa: BLE001 - a crashing port is a result to report, not to hide
+            status = "timeout" if crash.timed_out(e) else "error"
+            detail = crash.timeout_detail(e, timeout) if status == "timeout" else crash.where(e, adapter)
+            said = crash_hint(e, {"target": b.config("target"), "draft": b.config("draft")})
+            report.checks.append(Check(b.name, "adapter", "adapter", None, None, status, detail=detail, hint=said))
+            partial = getattr(e, "produced", None)  # what the adapter recorded before the port crashed
+            if isinstance(partial, dict) and partial:  # compared too: a crash must not hide an earlier divergence
+                done = compare(b, partial, None, declared, waivers)
+                report.checks += [c for c in done if c.status not in ("missing", "skipped") and c.manifest]
             continue
         if not isinstance(produced, dict) or not all(isinstance(k, str) for k in produced):
             detail = f"run() returned {type(produced).__name__}, not a mapping of manifest keys (str) to arrays"
             report.checks.append(Check(b.name, "adapter", "adapter", None, None, "error", detail=detail))
             continue
-        report.checks += compare(b, produced, report, declared, skip)
+        report.checks += compare(b, produced, report, declared, waivers)
     if getattr(adapter, "layout", None):  # which code of the port it found (official.py)
         report.impl += f" [{adapter.layout} code]"
     if getattr(adapter, "version", None):  # which release of the port ran (a library the user upgrades)
@@ -580,21 +748,43 @@ def verify_dump(
     (`profile`, or FILE.profile.json beside the dump) declares variants and waivers, which `variants`
     and `skip` extend."""
     arrays, bundles = _read_inputs(lambda: read_arrays(path), bundle)
+    _check_dump_keys(path, arrays, bundles)
     beside = Path(path).with_suffix(".profile.json")
     try:
         found = read_profile(profile or beside) if profile or beside.is_file() else {"variants": {}, "skip": []}
     except ValueError as e:
         raise InputError(str(e)) from None
-    skip = [*found["skip"], *skip]
-    declared = _declaration({**found["variants"], **(variants or {})}, skip)
-    report = Report(f"dump {Path(path).name}", allow_missing=allow_missing, skip=skip)
+    own = list(found["skip"])  # the profile is the port's declaration; --skip is the user's
+    declared = _declaration({**found["variants"], **(variants or {})}, [*own, *skip])
+    users = [s for s in dict.fromkeys(skip) if s not in own]
+    waivers = {**dict.fromkeys(own, "waived"), **dict.fromkeys(users, "user")}
+    report = Report(f"dump {Path(path).name}", allow_missing=allow_missing, skip=own, user_skip=users)
     report.totals = {b.name: len(b.entries) for b in bundles}
     for b in bundles:
         prefix = b.name + "/"
         report.checks += compare(
-            b, {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}, report, declared, skip
+            b, {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}, report, declared, waivers
         )
     return report
+
+
+def _check_dump_keys(path, arrays: dict, bundles: list[Bundle]) -> None:
+    """A dump none of whose keys names a bundle it is compared with: an InputError saying how its keys should
+    start (most often the bundle's folder, `01_walkthrough/…`, where the key is its name, `walkthrough/…`)."""
+    prefixes = {k.split("/", 1)[0] for k in arrays}
+    if not arrays or prefixes & {b.name for b in bundles}:
+        return
+    folders = {b.path.name: b.name for b in bundles if b.path.name in prefixes}
+    example = next(iter(folders.items()), (None, bundles[0].name))
+    said = (
+        f"its keys start with the bundles' folder names ({example[0]}/…): key each tensor by its bundle's name, "
+        f'{example[1]}/KEY (the manifest\'s "name")'
+        if folders
+        else f"none of its {len(arrays)} keys starts with the name of a bundle here ({', '.join(sorted(prefixes)[:3])}"
+        f"{' …' if len(prefixes) > 3 else ''}): key each tensor {bundles[0].name}/KEY, the bundle's name then "
+        "the manifest key"
+    )
+    raise InputError(f"dump {path}: {said}")
 
 
 class InputError(ValueError):

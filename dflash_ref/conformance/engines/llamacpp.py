@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..report import NotApplicable, refuse_muse_draft
+from ..crash import EngineFailed
+from ..report import NotApplicable
 from ..stages import key_for
 
 VARIABLE = "LLAMA_CPP_DIR"
@@ -70,7 +71,7 @@ def _run(args: list, what: str, cwd: Path | None = None, env: dict | None = None
     )
     if proc.returncode != 0:
         said = (proc.stderr.strip().splitlines() or proc.stdout.strip().splitlines() or ["(no message)"])[-1]
-        raise RuntimeError(f"{what} failed (exit {proc.returncode}): {said}")
+        raise EngineFailed(f"{what} failed (exit {proc.returncode}): {said}")
     return proc
 
 
@@ -101,7 +102,6 @@ def failure(stderr: str) -> str:
 
 def convert(root: Path, bundle, out: Path) -> tuple[Path, Path]:
     """(target.gguf, draft.gguf): the bundle's folders through llama.cpp's own converter, f32."""
-    refuse_muse_draft(bundle, "llama.cpp")
     env = {"PYTHONPATH": os.pathsep.join([str(root / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
     target, draft = out / "target.gguf", out / "draft.gguf"
     converter = [sys.executable, root / "convert_hf_to_gguf.py"]
@@ -147,6 +147,7 @@ class LlamaCppPort:
     the reference is a design variant, `last_block=full-then-truncate`."""
 
     name = "llamacpp"
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
     skip = SKIP
     variants = {"last_block": "full-then-truncate"}
 
@@ -178,7 +179,7 @@ class LlamaCppPort:
                 raise NotApplicable(f"llama.cpp refuses this bundle: {said}")
             if proc.returncode != 0:
                 told = failure(proc.stderr)
-                raise RuntimeError(f"llama.cpp failed on {bundle.name} (exit {proc.returncode}): {told}")
+                raise EngineFailed(f"llama.cpp failed on {bundle.name} (exit {proc.returncode}): {told}")
             return keyed(read_dump(dump), draft_config)
 
 

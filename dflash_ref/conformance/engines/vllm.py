@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle import STAGES, find_bundles
-from ..report import NotApplicable, refuse_muse_draft
+from ..crash import EngineFailed
+from ..report import NotApplicable
 from ..tensorfile import read_arrays
 from . import REFUSAL_MARK, REFUSED, engine_python, run_program, serving
 
@@ -33,6 +34,7 @@ class VLLMPort:
     and the prefill's logits, not read yet."""
 
     name = "vllm"
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
     engine_shaped = True  # it takes the engine-shaped bundles only (verify --sampling writes ENGINE_SAMPLING)
     # prefill_logits: not read yet (the prefill's sample is not the rejection sampler's, which vllm_run.py reads;
     # x_0 is: its first output id)
@@ -67,7 +69,7 @@ class VLLMSampler:
             proc = run_runner(python, args, "sampling bundle")
             if proc.returncode != 0:
                 said = last_error(proc.stderr)
-                raise RuntimeError(f"vLLM failed on {self.bundle.name} (exit {proc.returncode}): {said}")
+                raise EngineFailed(f"vLLM failed on {self.bundle.name} (exit {proc.returncode}): {said}")
             with np.load(dump) as d:
                 ids, tau, given, divided = d["output_ids"], d["tau"], d["draft_probs"], d["temperatures"]
         if (tau < 0).any():  # every run's τ or none: a run missing from the z-test could bias it
@@ -107,6 +109,7 @@ class VLLMBatchPort:
     posterior, τ and bonus must be what the reference decodes for it alone. Only those are compared."""
 
     name = "vllm-batch"
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
     skip = tuple(
         s[0] for s in STAGES if s[0] not in ("draft_tokens", "posterior", "acceptance_length", "bonus", "output_ids")
     )
@@ -129,6 +132,7 @@ class VLLMServePort:
     reference computes for it alone. A bundle of no serving scenario is not this port's: `vllm` runs it."""
 
     name = "vllm-serve"
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
     skip = VLLMPort.skip
 
     def __init__(self) -> None:
@@ -152,8 +156,6 @@ class VLLMServePort:
 def run_bundles(bundles: list, serve: bool = False) -> dict[str, dict]:
     """vllm_run.py on these bundles (one: its tensors; several: one batch; `serve`: one serving scenario's requests)
     → bundle name → {key: array}."""
-    for b in bundles:
-        refuse_muse_draft(b, "vLLM")
     python = engine_python(VARIABLE, "vllm", "vLLM")
     with tempfile.TemporaryDirectory() as scratch:
         dump = Path(scratch) / "vllm.npz"
@@ -162,7 +164,7 @@ def run_bundles(bundles: list, serve: bool = False) -> dict[str, dict]:
         proc = run_runner(python, args, "bundle")
         if proc.returncode != 0:
             names = ", ".join(b.name for b in bundles)
-            raise RuntimeError(f"vLLM failed on {names} (exit {proc.returncode}): {last_error(proc.stderr)}")
+            raise EngineFailed(f"vLLM failed on {names} (exit {proc.returncode}): {last_error(proc.stderr)}")
         arrays = read_arrays(dump)
     out: dict[str, dict] = {b.name: {} for b in bundles}
     for name, value in arrays.items():

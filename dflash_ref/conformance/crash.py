@@ -1,0 +1,136 @@
+"""Where a port crashed, in its author's terms, and a time limit on a port's run.
+
+A traceback's innermost frame is most often a library's (an MLX `linear.py`, torch's `functional.py`): true, and
+no help to the port's author, whose own line called it with the wrong shapes. So a crash is located at the
+innermost frame of the port's own package, with the library frame beside it:
+
+    ValueError: [matmul] shapes (1,4,64) and (96,64) … — in the port at dflash_mlx/model.py:212 (__call__);
+    raised inside mlx/nn/layers/linear.py:55
+
+The port's package is the adapter's `package` (its top-level module names), else every frame that is neither
+the kit's, Python's own nor a known library's. A crash raised on the kit's own line, or with no frame of the port
+in its traceback, is said to be the adapter's: a bug of the adapter or of the kit, not of the port (an adapter's
+pass-through tap between the port's line and the library does not count).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sysconfig
+import threading
+import traceback
+from pathlib import Path
+
+KIT = Path(__file__).resolve().parents[1]  # dflash_ref/
+# libraries a port calls into: a frame of theirs is where an error surfaced, rarely where it was made
+LIBRARIES = {"torch", "numpy", "mlx", "mlx_lm", "safetensors", "einops", "scipy", "tokenizers", "huggingface_hub"}
+STDLIB = {Path(sysconfig.get_paths()[k]).resolve() for k in ("stdlib", "platstdlib")}
+
+
+class EngineFailed(RuntimeError):
+    """Raised by an adapter that runs its port as a process of its own (an engine) when that process fails: the
+    crash is the port's, located in its process (the exit code and its last error lines in the message), not at
+    the adapter's line that noticed it."""
+
+
+class OutOfTime(BaseException):
+    """Raised into a port's run when its time is up: a BaseException, so the port's own `except Exception` does
+    not swallow it."""
+
+
+def _package_path(filename: str) -> tuple[str, str] | None:
+    """(top-level module, path from site-packages) of an installed package's file, else None."""
+    parts = Path(filename).parts
+    for marker in ("site-packages", "dist-packages"):
+        if marker in parts:
+            rest = parts[parts.index(marker) + 1 :]
+            return (rest[0].removesuffix(".py"), "/".join(rest)) if rest else None
+    return None
+
+
+def _kind(filename: str, package: tuple[str, ...]) -> str:
+    """ "kit", "port", "library" or "python" for a frame's file."""
+    path = Path(filename).resolve()
+    installed = _package_path(filename)
+    top = installed[0] if installed else None
+    if package:
+        if top in package or any(p in path.parts for p in package):
+            return "port"
+    if KIT in path.parents:
+        return "kit"
+    if any(root in path.parents for root in STDLIB) and installed is None:
+        return "python"
+    if top in LIBRARIES:
+        return "library"
+    return "library" if package else "port"  # a port that named its package: every other frame is a library's
+
+
+def _short(frame: traceback.FrameSummary) -> str:
+    installed = _package_path(frame.filename)
+    path = Path(frame.filename)
+    if installed:
+        shown = installed[1]
+    elif KIT in path.resolve().parents:
+        shown = path.resolve().relative_to(KIT.parent).as_posix()
+    else:
+        shown = path.name
+    return f"{shown}:{frame.lineno} ({frame.name})"
+
+
+def where(error: BaseException, adapter=None) -> str:
+    """The error and where it was made: `Type: message — in the port at FILE:LINE (function); raised inside
+    LIBRARY_FILE:LINE` where a library raised it, or `— in the adapter at …` where the kit's own code did."""
+    package = getattr(adapter, "package", None) or ()
+    package = (package,) if isinstance(package, str) else tuple(package)
+    frames = traceback.extract_tb(error.__traceback__)
+    said = f"{type(error).__name__}: {error}"
+    if not frames:
+        return said
+    if isinstance(error, EngineFailed):
+        return f"{said} — in the port's own process"
+    kinds = [_kind(f.filename, package) for f in frames]
+    innermost = frames[-1]
+    # the kit's own line raised it: the adapter's; else the port's innermost line (an adapter's pass-through tap
+    # may sit between it and the library that raised), else the adapter's that called the library
+    inside = [f for f, k in zip(frames, kinds) if k == "port"] if kinds[-1] != "kit" else []
+    own = (inside or [f for f, k in zip(frames, kinds) if k == "kit"] or [None])[-1]
+    if own is None:
+        return f"{said} — raised inside {_short(innermost)}"
+    whose = "in the port at" if inside else "in the adapter (the kit's code) at"
+    beside = f"; raised inside {_short(innermost)}" if own is not innermost else ""
+    return f"{said} — {whose} {_short(own)}{beside}"
+
+
+def timed_out(error: BaseException) -> bool:
+    return isinstance(error, (OutOfTime, subprocess.TimeoutExpired, TimeoutError))
+
+
+def timeout_detail(error: BaseException, seconds: float | None) -> str:
+    if isinstance(error, OutOfTime):
+        return f"the port's run did not finish in {seconds:g} s (verify --timeout)"
+    return f"{type(error).__name__}: {error}"
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None):
+    """Raise OutOfTime into the body after `seconds` (None: no limit). A timer signal, so only on the main thread
+    of a POSIX system; elsewhere the limit is not applied."""
+    usable = (
+        seconds is not None and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    )
+    if not usable:
+        yield
+        return
+
+    def expire(signum, frame):
+        raise OutOfTime()
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
