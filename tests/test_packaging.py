@@ -372,7 +372,13 @@ def test_no_import_cycle():
 # (the hf, notebooks and mlx extras, the official package), and where torch must wait: conformance/verify.py's
 # adapters and `verify --sampling`'s sampler (a dump is compared with numpy alone; torch comes only when an
 # implementation is run). (__main__ imports the one command named with importlib, so `--help` waits for none.)
-LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient", "nbformat", "mlx", "mlx_lm", "vllm"}
+# The PyPI ports the kit reads (conformance/pypi/) are optional too, and so is loguru, speculators' logger.
+LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient", "nbformat", "mlx", "mlx_lm", "vllm"} | {
+    "dflash_mlx",
+    "mlx_dspark",
+    "speculators",
+    "loguru",
+}
 # None: any. training/init_draft.py reads a draft's config.json through config.py only for `train --init DRAFT`:
 # config.py brings torch, which training's options otherwise never import (`train --help` stays cheap)
 LOCAL_IMPORT_OF = {
@@ -413,8 +419,9 @@ def test_tooling_lives_in_the_named_subpackages():
     # stage shares, and target/ the targets written out here: the core; everything else is in one of
     # these (dflash_ref/README.md maps them)
     subpackages = sorted(p.parent.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("**/__init__.py"))
-    assert subpackages == [".", "bench", "cli", "conformance", "conformance/engines", "drafts", "extensions",
-                           "fast_cpu", "loading", "target", "tour", "trace", "training", "viewer"]  # fmt: skip
+    assert subpackages == [".", "bench", "cli", "conformance", "conformance/engines", "conformance/pypi", "drafts",
+                           "extensions", "fast_cpu", "loading", "target", "tour", "trace", "training",
+                           "viewer"]  # fmt: skip
 
 
 def test_readme_links_resolve():

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import importlib
 
+from . import crash
 from .adapters import ReferenceAdapter
 from .engines.llamacpp import LlamaCppPort
 from .engines.llamacpp_server import LlamaServerPort
 from .engines.vllm import VLLMBatchPort, VLLMPort, VLLMServePort
 from .official import ZLabAdapter
 from .official_mlx import MLXAdapter
+from .pypi.dflash_mlx import DFlashMLXPort
+from .pypi.mlx_dspark import MLXDSparkPort
+from .pypi.speculators import SpeculatorsPort
 from .transformers_port import TransformersPort
 
 ADAPTERS = {
@@ -17,6 +21,9 @@ ADAPTERS = {
     "zlab": ZLabAdapter,
     "mlx": MLXAdapter,
     "transformers": TransformersPort,
+    "dflash-mlx": DFlashMLXPort,
+    "mlx-dspark": MLXDSparkPort,
+    "speculators": SpeculatorsPort,
     "vllm": VLLMPort,
     "vllm-batch": VLLMBatchPort,
     "vllm-serve": VLLMServePort,
@@ -26,8 +33,8 @@ ADAPTERS = {
 
 
 def resolve(spec: str):
-    """A name of ADAPTERS ("reference", "zlab", "mlx", "transformers", "vllm", "vllm-batch", "vllm-serve",
-    "llamacpp", "llama-server") or
+    """A name of ADAPTERS ("reference", "zlab", "mlx", "transformers", "dflash-mlx", "mlx-dspark", "speculators",
+    "vllm", "vllm-batch", "vllm-serve", "llamacpp", "llama-server") or
     "package.module:factory" (factory() returns an adapter or a run function)."""
     if spec in ADAPTERS:
         return ADAPTERS[spec]()
@@ -38,4 +45,7 @@ def resolve(spec: str):
         factory = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
         raise ValueError(f"implementation {spec!r}: no factory {attr!r} in module {module!r} ({e})") from None
-    return factory()
+    try:
+        return factory()
+    except Exception as e:  # noqa: BLE001 - the user's factory: said in one line, where it raised
+        raise ValueError(f"implementation {spec!r}: its factory {attr}() raised {crash.where(e)}") from None

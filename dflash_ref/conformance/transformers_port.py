@@ -30,6 +30,7 @@ from ..target.qwen3_5_checkpoint import is_hybrid_folder
 from .adapters import loop_values, one_thread, to_numpy
 from .bundle import Bundle, key_for
 from .official import linear_states
+from .pypi.torch_taps import Taps, per_head
 from .report import NotApplicable
 
 # two softmaxes of the same float32 logits agree to a few ulps; a q computed from other logits differs by far more
@@ -67,28 +68,16 @@ def _output_cache(output):
     return getattr(output, "cache", None) or output.past_key_values
 
 
-class _Recorder:
-    """Scoped hooks and patches around one `generate` call; fills `out` keyed as the manifest."""
+class _Recorder(Taps):
+    """Scoped hooks and patches around one `generate` call (torch_taps.Taps); fills `out` keyed as the manifest."""
 
     def __init__(self, target, draft, candidates, muse) -> None:
+        super().__init__()
         self.target, self.draft, self.candidates, self.muse = target, draft, candidates, muse
-        self.out: dict[str, np.ndarray] = {}
         self.step, self.prefilled, self.ctx_len = 0, False, 0
         self.target_lengths: list[int] = []  # before and after the pass under way
         self.draft_lengths: list[int] = []
-        self._undo: list = []
-
-    def put(self, name: str, tensor: torch.Tensor) -> None:
-        self.out[f"step{self.step}/{name}"] = to_numpy(tensor)
-
-    def hook(self, module, fn, pre: bool = False) -> None:
-        handle = module.register_forward_pre_hook(fn, with_kwargs=True) if pre else module.register_forward_hook(fn)
-        self._undo.append(handle.remove)
-
-    def patch(self, owner, name: str, value) -> None:
-        old = getattr(owner, name)
-        setattr(owner, name, value)
-        self._undo.append(lambda: setattr(owner, name, old))
+        self.at(0)
 
     def __enter__(self) -> _Recorder:
         d, t = self.draft, self.target
@@ -100,22 +89,19 @@ class _Recorder:
             self.put("draft.hook_target_hidden", context)
             self.put("draft.hook_noise_embedding", kwargs["noise_embeds"][0])
 
-        self.hook(d, draft_inputs, pre=True)
-        handle = d.register_forward_hook(
-            lambda m, a, kw, o: self.draft_lengths.append(int(_cache(kw).get_seq_length())), with_kwargs=True
-        )
-        self._undo.append(handle.remove)
-        self.hook(d.encoder.fc, lambda m, a, o: self.put("draft.context.hook_fc", o[0]))
-        self.hook(d.encoder.output_norm_enc, lambda m, a, o: self.put("draft.context.hook_context", o[0]))
-        self.hook(d.norm, lambda m, a, o: self.put("draft.hook_out", o[0]))
+        self.call(d, draft_inputs, pre=True)
+        self.call(d, lambda m, a, kw, o: self.draft_lengths.append(int(_cache(kw).get_seq_length())))
+        self.output(d.encoder.fc, "draft.context.hook_fc", lambda o: o[0])
+        self.output(d.encoder.output_norm_enc, "draft.context.hook_context", lambda o: o[0])
+        self.output(d.norm, "draft.hook_out", lambda o: o[0])
         for i, layer in enumerate(d.layers):
             p = f"draft.layers.{i}."
             attn = layer.self_attn
-            self.hook(attn.q_norm, lambda m, a, o, p=p: self.put(p + "self_attn.hook_q", o[0]))  # (H_q, L_q, d_h)
-            self.hook(attn.k_norm, lambda m, a, o, p=p: self.put_k(p, o[0]))  # (H_kv, L_c + L_q, d_h)
-            self.hook(attn.v_proj, lambda m, a, o, p=p, a_=attn: self.put_v(p, o[0], a_.head_dim))
-            self.hook(attn.o_proj, lambda m, a, o, p=p: self.put(p + "self_attn.hook_out", o[0]))
-            self.hook(layer, lambda m, a, o, p=p: self.put(p + "hook_resid_post", o[0]))
+            self.output(attn.q_norm, p + "self_attn.hook_q", lambda o: o[0])  # (H_q, L_q, d_h)
+            self.call(attn.k_norm, lambda m, a, kw, o, p=p: self.put_k(p, o[0]))  # (H_kv, L_c + L_q, d_h)
+            self.call(attn.v_proj, lambda m, a, kw, o, p=p, a_=attn: self.put_v(p, o[0], a_.head_dim))
+            self.output(attn.o_proj, p + "self_attn.hook_out", lambda o: o[0])
+            self.output(layer, p + "hook_resid_post", lambda o: o[0])
         kernel = self.muse.eager_attention_forward
 
         def attention(module, query, key, value, attention_mask, **kwargs):
@@ -141,9 +127,8 @@ class _Recorder:
                 self.out[key_for("verify_logits", self.step)] = to_numpy(logits)
             self.target_lengths.append(int(_output_cache(output).get_seq_length()))
 
-        self.hook(t, target_inputs, pre=True)
-        handle = t.register_forward_hook(target_output, with_kwargs=True)
-        self._undo.append(handle.remove)
+        self.call(t, target_inputs, pre=True)
+        self.call(t, target_output)
         generator = self.candidates.DFlashTokenCandidateGenerator
         get_candidates, update = generator.get_candidates, generator.update_candidate_strategy
         recorder = self
@@ -152,7 +137,7 @@ class _Recorder:
             ids, logits = get_candidates(gen, input_ids, *args, **kwargs)
             if logits is not None:  # a draft pass: its proposals, and the logits they are the argmax of
                 recorder.put("draft.hook_logits", logits[0])  # (γ, V)
-                recorder.out[f"step{recorder.step}/draft_tokens"] = to_numpy(ids[0, input_ids.shape[1] :])
+                recorder.put("draft_tokens", ids[0, input_ids.shape[1] :])
             return ids, logits
 
         def verified(gen, input_ids, scores, num_matches):
@@ -163,16 +148,12 @@ class _Recorder:
         self.patch(generator, "update_candidate_strategy", verified)
         return self
 
-    def __exit__(self, *exc) -> None:
-        while self._undo:
-            self._undo.pop()()
-
     def put_k(self, prefix: str, k: torch.Tensor) -> None:  # KNorm ran on [k_ctx; k_noise] at once
         self.put(prefix + "self_attn.hook_k_ctx", k[:, : self.ctx_len])
         self.put(prefix + "self_attn.hook_k_noise", k[:, self.ctx_len :])
 
     def put_v(self, prefix: str, v: torch.Tensor, head_dim: int) -> None:
-        self.put(prefix + "self_attn.hook_v", v.view(v.shape[0], -1, head_dim).transpose(0, 1))  # (H_kv, L, d_h)
+        self.put(prefix + "self_attn.hook_v", per_head(v, head_dim))  # (L, H_kv·d_h) → (H_kv, L, d_h)
 
     def after_verify(self, loop: dict, generator) -> None:
         """After `_assisted_decoding` has taken its verdict and cropped the target's cache: the prefill's first
@@ -197,6 +178,7 @@ class _Recorder:
         )
         self.out.update(linear_states(cache, self.step))
         self.step, self.draft_lengths = self.step + 1, []
+        self.at(self.step)
 
 
 class TransformersPort:
@@ -204,6 +186,7 @@ class TransformersPort:
     drafter a Muse Glimmer assistant (the bundle's, or its DFlash 1 draft under Muse's names), eager attention."""
 
     name = "transformers"
+    package = "transformers"  # a crash is located at this package's innermost frame (crash.py)
     # its candidate generator drafts every block whole (block_size − 1 candidates), `_assisted_decoding` cuts what
     # passes max_new_tokens and counts n_matches after that cut; its DFlashCache crops the last block's K/V at the
     # start of the next draft pass
