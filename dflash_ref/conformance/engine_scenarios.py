@@ -16,6 +16,8 @@ weights, and a DFlash draft in the official format:
     engine_sliding      a draft with a sliding-window layer (window 6, causal) beside a full one
     smollm2_dflash1     the real SmolLM2-135M-Instruct (its converted folder, linked, not copied) with the
     smollm2_dflash2     shipped DFlash 1 / DFlash 2 draft, greedy on a chat prompt
+    smollm2_muse        the same target with the shipped DFlash 1 draft written as a Muse Glimmer assistant
+                        (transformers' own DFlash drafter, muse_glimmer.py): the other ports call it n/a
 
 Then the serving scenarios (SERVINGS), one bundle per request (named scenario.request), where engines' DFlash bugs
 live: a prefix-cache hit (serve_prefix_cache), a chunked prefill (serve_chunked_prefill) and requests arriving
@@ -46,8 +48,9 @@ from ..drafts.checkpoint import load_draft
 from ..drafts.random_draft import randomize_
 from ..drafts.shipped import SHIPPED_DFLASH1, SHIPPED_DFLASH2
 from ..loading.smollm2 import MASK_TOKEN_ID, STOP_TOKEN_IDS, chat_ids, converted_folder, load_smollm2_own
+from ..muse_glimmer import MODEL_TYPE as MUSE
 from ..target.llama import LlamaTarget, LlamaTargetConfig
-from .scenarios import Scenario, check_rounds, check_stop_bonus, check_stop_inside
+from .scenarios import Scenario, as_muse, check_rounds, check_stop_bonus, check_stop_inside
 
 ACTIVE = (" the", " cat", " sat", " on", " mat", ".")  # the tokens an engine-shaped target can emit
 # DFlash 2's candidates are the K largest draft logits. Over 6 active rows fewer than K are often above the
@@ -65,6 +68,7 @@ ENGINE_NAMES = (
     "engine_sliding",
     "smollm2_dflash1",
     "smollm2_dflash2",
+    "smollm2_muse",
 )
 
 
@@ -180,16 +184,23 @@ def chat_prompt() -> list[int]:
     return chat_ids(tokenizer(), "What is the capital of France?")[0].tolist()
 
 
-def _shipped(name: str, folder: Path, description: str) -> Scenario:
+def _shipped(name: str, folder: Path, description: str, muse: bool = False) -> Scenario:
+    def models():
+        draft = load_draft(folder, torch.float32)
+        if muse:  # Muse's default attention: every layer windowed |q − k| ≤ 2048 both ways (no key leaves it here)
+            draft = as_muse(draft, [2048] * draft.config.num_hidden_layers)
+        return load_smollm2_own()[0], draft
+
     return Scenario(
         name,
         description,
-        lambda: (load_smollm2_own()[0], load_draft(folder, torch.float32)),
+        models,
         chat_prompt(),
         24,
         stop_token_ids=STOP_TOKEN_IDS,
         tokenizer=tokenizer,
         target_folder=converted_folder,
+        **({"draft_format": MUSE} if muse else {}),
     )
 
 
@@ -270,6 +281,13 @@ def engine_scenarios() -> list[Scenario]:
         ),
         _shipped("smollm2_dflash1", SHIPPED_DFLASH1, "SmolLM2-135M-Instruct with the shipped DFlash 1 draft"),
         _shipped("smollm2_dflash2", SHIPPED_DFLASH2, "SmolLM2-135M-Instruct with the shipped DFlash 2 draft"),
+        _shipped(
+            "smollm2_muse",
+            SHIPPED_DFLASH1,
+            "SmolLM2-135M-Instruct with the shipped DFlash 1 draft written as a Muse Glimmer assistant "
+            "(transformers' own DFlash drafter), Muse's default attention: every layer windowed |q − k| ≤ 2048",
+            muse=True,
+        ),
     ]
     assert tuple(s.name for s in scenarios) == ENGINE_NAMES
     return scenarios

@@ -106,10 +106,16 @@ def tiny_pair(
 
 
 def muse_pair(windows: list[int | None]) -> tuple[Qwen3Target, DFlashDraftModel]:
-    """The walkthrough's target and its trained toy draft (tour/toy_drafts.py) with a Muse Glimmer assistant's
-    attention: per layer a bidirectional window |q − k| ≤ W (a number: DFlash's symmetric window of W + 1), or
-    full attention (None). One W for every windowed layer, as Muse's config has one."""
+    """The walkthrough's target and its trained toy draft (tour/toy_drafts.py) as a Muse Glimmer assistant
+    (as_muse)."""
     target, draft = demo_models(trained=True)
+    return target, as_muse(draft, windows)
+
+
+def as_muse(draft: DFlashDraftModel, windows: list[int | None]) -> DFlashDraftModel:
+    """A DFlash 1 draft with a Muse Glimmer assistant's attention, its weights unchanged: per layer a
+    bidirectional window |q − k| ≤ W (a number: DFlash's symmetric window of W + 1), or full attention (None).
+    One W for every windowed layer, as Muse's config has one."""
     sizes = {w for w in windows if w is not None}
     config = dataclasses.replace(
         draft.config,
@@ -119,7 +125,7 @@ def muse_pair(windows: list[int | None]) -> tuple[Qwen3Target, DFlashDraftModel]
     )
     muse = make_draft(config)
     muse.load_state_dict(draft.state_dict())
-    return target, muse.eval()
+    return muse.eval()
 
 
 def hybrid_pair(seed: int) -> tuple[Qwen3_5Target, DFlashDraftModel]:
