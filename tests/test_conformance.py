@@ -34,6 +34,7 @@ from dflash_ref.conformance import SHIPPED, find_bundles, read_safetensors, veri
 from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import STAGES, key_for, parse_key, walk_order
 from dflash_ref.conformance.golden import SCENARIOS, SLACK, TOLERANCE_RULE, Recorded, generate_golden, write_scenario
+from dflash_ref.conformance.variants import cut_steps
 from dflash_ref.decoding import spec_generate
 from dflash_ref.dflash2 import selector_of
 from dflash_ref.rope import RotaryEmbedding, rotate_half
@@ -323,7 +324,7 @@ def test_the_three_window_meanings_are_three_bundles(golden):
     assert rotating.config("draft")["dflash_config"]["sliding_window_kind"] == "rotating"
     assert find_bundles(golden / "11_window_symmetric")[0].config("draft")["is_causal"] is False
     report = verify("reference", golden / "12_window_rotating", variants={"sliding_window": "causal,symmetric"})
-    assert not report.passed and "not applicable" in report.text() and "NOTHING COMPARED" in report.text()
+    assert not report.passed and "not applicable" in report.text() and "NOT APPLICABLE" in report.text()
     with pytest.raises(ValueError, match="is no variant"):
         verify("reference", golden / "12_window_rotating", variants={"sliding_window": "as-configured,causal"})
 
@@ -795,15 +796,15 @@ def blocks_adapt_in_length(mp):
 
 
 def window_from_the_block_start(mp):
-    """A sliding window measured once, from the block's first position s: every block query sees the context
-    keys k with s − k < W, and every block key."""
+    """A sliding window measured once, from the block's first position s: every block query sees the W context
+    keys before it (k ≥ s − W), and every block key."""
     rule = attention_module.visibility_mask
 
     def from_the_start(q_len, k_len, *, is_causal, sliding_window, device, rotating=False):
         if sliding_window is None:
             return rule(q_len, k_len, is_causal=is_causal, sliding_window=None, device=device, rotating=rotating)
         k, start = torch.arange(k_len, device=device), k_len - q_len
-        return (((k < start) & (start - k < sliding_window)) | (k >= start)).expand(q_len, k_len)
+        return (((k < start) & (start - k <= sliding_window)) | (k >= start)).expand(q_len, k_len)
 
     mp.setattr(attention_module, "visibility_mask", from_the_start)
     return ReferenceAdapter()
@@ -871,7 +872,7 @@ HINTS = {  # mutant → what the first divergence's hint says: its own cause (hi
     context_not_sliced: "the features of every verified position fed back",
     mask_tokens_stripped: "lacks the tokens equal to mask_token_id",
     commits_past_the_stop: "after the stop token",
-    first_token_never_stops: "after the stop at the first token",
+    first_token_never_stops: "x_0, the token the prefill commits, is the stop token",
     rope_table_of_4096: "a RoPE table (or a cache of cos/sin) of 4096 positions",
     yarn_factor_dropped: "rope_scaling (YaRN) is not applied",
     rope_read_from_rope_parameters_only: "read from one spelling of the config alone",
@@ -1056,8 +1057,8 @@ def test_a_crashing_port_is_reported_not_raised(golden):
 
     report = verify(crash, golden)
     assert not report.passed and report.first_failure.status == "error"
-    assert "adapter raised: RuntimeError: shape mismatch in my kernel" in report.text()
-    assert "FIRST DIVERGENCE: walkthrough · adapter raised" in report.text()
+    assert "crashed: RuntimeError: shape mismatch in my kernel" in report.text()
+    assert "FIRST DIVERGENCE: walkthrough · the port crashed" in report.text()
     assert "FAIL  adapter" not in report.text()
 
 
@@ -1224,6 +1225,87 @@ def prompt_ending_in_a_stop_ends_the_output(mp):
     return run
 
 
+class BlockCommittedPastTheStop:
+    """transformers 5.15.0 (reports/transformers-dflash-eos-inside-accepted-block.md): at a step whose accepted run
+    holds a stop token with more accepted tokens after it, the port commits one of those too; it counts τ by what
+    it commits (accepted_count=committed, declared), so its τ there is one more than DFlash's committed count."""
+
+    variants = {"accepted_count": "committed"}
+
+    def __init__(self, mp):
+        self.reference = ReferenceAdapter()
+
+    def run(self, bundle):
+        produced = self.reference.run(bundle)
+        stops = set(bundle.inputs.get("stop_token_ids") or ())
+        for step, (committed, last) in cut_steps(bundle).items():
+            run = produced[key_for("draft_tokens", step)][: int(produced[key_for("acceptance_length", step)])]
+            if last in stops and committed < len(run):  # the token after the stop, in the same accepted run
+                produced[key_for("acceptance_length", step)] = np.asarray(committed)
+                produced[key_for("bonus", step)] = np.asarray(run[committed])
+                produced[key_for("output_ids")] = np.append(produced[key_for("output_ids")], run[committed])
+        return produced
+
+
+def one_step_more(mp):
+    """dflash-mlx 0.1.8 (reports/dflash-mlx-extra-verify-after-last-token.md, …-stop-token-checked-late.md): the
+    port runs one more step after DFlash's output is complete (its last step's tensors again, as the next step)."""
+    reference = ReferenceAdapter()
+
+    def run(bundle):
+        produced = reference.run(bundle)
+        steps = sorted({parse_key(k)[1] for k in produced if parse_key(k)[1] is not None})
+        last = steps[-1] if steps else None
+        source = [k for k in produced if parse_key(k)[1] == last] if steps else []
+        if not steps:  # x_0 ended it: a step of the noise block's shapes, as any first step
+            return {**produced, "step0/acceptance_length": np.array(0), "step0/posterior": np.zeros(1, np.int64)}
+        return {**produced, **{k.replace(f"step{last}/", f"step{last + 1}/", 1): produced[k] for k in source}}
+
+    return run
+
+
+def tokens_after_the_stop(mp):
+    """dflash-mlx 0.1.8 (reports/dflash-mlx-stop-token-checked-late.md): tokens emitted after an accepted stop."""
+    reference = ReferenceAdapter()
+
+    def run(bundle):
+        produced = reference.run(bundle)
+        return {**produced, "output_ids": np.append(produced["output_ids"], [1, 2])}
+
+    return run
+
+
+def a_round_committed_whole(mp):
+    """mlx-dspark 0.20.3 (reports/mlx-dspark-max-new-tokens-overshoot.md): the last round's tokens all kept, past
+    max_new_tokens."""
+    reference = ReferenceAdapter()
+
+    def run(bundle):
+        produced = reference.run(bundle)
+        return {**produced, "output_ids": np.append(produced["output_ids"], produced["output_ids"][-1])}
+
+    return run
+
+
+def linear_scaling_dropped(mp):
+    """mlx-dspark 0.20.3 (reports/mlx-dspark-draft-rope-parameters.md): the draft's RoPE built plain where its
+    config gives a linear scaling in rope_parameters (the target's is right)."""
+
+    def change(target, draft):
+        draft.rotary_emb = RotaryEmbedding(draft.config.head_dim, draft.config.rope_theta)
+
+    return After(change)
+
+
+def crashes_with(error: BaseException):
+    """A port that raises `error` from its own code on every bundle (a crash the kit must locate and read)."""
+
+    def run(bundle):
+        raise error
+
+    return lambda mp: run
+
+
 # matrix.CAUSES, each named bug → (its tensors reproduced here, the bundle, what the first divergence then says)
 CAUSE_HINTS = {
     ("zlab [0.1.0 code]", "recurrent_state"): (
@@ -1232,14 +1314,63 @@ CAUSE_HINTS = {
         "leaves S with the rejected tokens in",
     ),
     ("zlab [github code]", "pattern"): (sliding_window_ignored, "gqa_sliding", "window (3) is not applied"),
-    ("zlab [github code]", "extra_step"): (first_token_never_stops, "stop_first", "after the stop at the first token"),
+    ("zlab [github code]", "extra_step"): (first_token_never_stops, "stop_first", "x_0, the token the prefill commits"),
     ("mlx", "k_rot"): (keys_in_ring_order, "window_rotating", "the right keys in the wrong order"),
+    ("transformers 5.15.0", "acceptance_length"): (
+        BlockCommittedPastTheStop,
+        "stop_inside",
+        "the port committed 1 token(s) of the same run after it",
+    ),
     ("transformers 5.15.0", "first_token"): (
         prompt_ending_in_a_stop_ends_the_output,
         "stop_inside",
         "the prompt ends with the stop token 3, which the port took for the end of its output",
     ),
     ("mlx", "prefill_logits"): (target_reads_rope_theta_alone, "rope_linear", "its RoPE read from one spelling"),
+    ("dflash-mlx 0.1.8", "extra_step"): (one_step_more, "walkthrough", "max_new_tokens (4) is reached"),
+    ("dflash-mlx 0.1.8", "extra_step", "stop_token"): (one_step_more, "stop_token", "the stop token 2"),
+    ("dflash-mlx 0.1.8", "extra_step", "stop_bonus"): (one_step_more, "stop_bonus", "bonus token"),
+    ("dflash-mlx 0.1.8", "extra_step", "stop_first"): (one_step_more, "stop_first", "x_0, the token the prefill"),
+    ("dflash-mlx 0.1.8", "output_ids", "stop_inside"): (tokens_after_the_stop, "stop_inside", "after the stop token"),
+    ("dflash-mlx 0.1.8", "adapter", "rope_linear"): (
+        crashes_with(KeyError("rope_theta")),
+        "rope_linear",
+        "where this bundle has it under `rope_parameters` (transformers 5's spelling",
+    ),
+    ("dflash-mlx 0.1.8", "adapter", "hybrid_target"): (
+        crashes_with(ValueError("[broadcast_shapes] Shapes (1,2,4,4) and (1,4,4,4) cannot be broadcast.")),
+        "hybrid_target",
+        "— in the port at test_conformance.py",
+    ),
+    ("mlx-dspark 0.20.3", "adapter", "multiround"): (
+        crashes_with(ValueError("[matmul] Last dimension of first input with shape (1,5,16) must match second")),
+        "multiround",
+        "target_layer_ids repeat ([1, 1])",
+    ),
+    ("mlx-dspark 0.20.3", "k_rot"): (keys_in_ring_order, "window_rotating", "the right keys in the wrong order"),
+    ("mlx-dspark 0.20.3", "output_ids"): (a_round_committed_whole, "walkthrough", "new tokens where max_new_tokens"),
+    ("mlx-dspark 0.20.3", "q_rot"): (linear_scaling_dropped, "rope_linear", "linear RoPE scaling (factor 2) is not"),
+    ("mlx-dspark 0.20.3", "target_hidden"): (
+        last_layer_before_the_final_norm,
+        "engine_layer_ids_last",
+        "before an RMSNorm",
+    ),
+    ("mlx-dspark 0.20.3", "prefill_logits"): (
+        target_reads_rope_theta_alone,
+        "rope_linear",
+        "its RoPE read from one spelling",
+    ),
+    ("speculators 0.9.0", "pattern"): (window_from_the_block_start, "gqa_sliding", "measured from the block's start"),
+    ("speculators 0.9.0", "adapter", "hybrid_target"): (
+        crashes_with(KeyError("num_hidden_layers")),
+        "hybrid_target",
+        "under `text_config` (a Qwen3.5 / 3.6 folder as released",
+    ),
+    ("speculators 0.9.0", "adapter", "engine_layer_ids_last"): (
+        crashes_with(RuntimeError("size mismatch for fc.weight: copying a param with shape [64, 256]")),
+        "engine_layer_ids_last",
+        "include the target's last layer",
+    ),
     ("vllm", "k_ctx"): (context_k_with_layer_0_norm, "multiround", "another layer's"),
     ("vllm-serve", "k_ctx"): (context_k_with_layer_0_norm, "multiround", "another layer's"),
     ("vllm-batch", "draft_tokens"): (

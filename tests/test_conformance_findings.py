@@ -24,6 +24,7 @@ from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import find_bundles, key_for, parse_key
 from dflash_ref.conformance.crash import EngineFailed
 from dflash_ref.conformance.golden import generate_golden
+from dflash_ref.conformance.matrix import CAUSES, cells
 from dflash_ref.conformance.report import STATUSES, NotApplicable
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
@@ -122,6 +123,19 @@ def test_an_engine_process_that_fails_is_the_ports_crash(bundles):
 
     said = verify(engine, bundles["walkthrough"]).reason("walkthrough")
     assert said.endswith("GGML_ASSERT(t != nullptr) failed — in the port's own process"), said
+
+
+def test_a_crash_the_matrix_knows_gets_its_cause(bundles, monkeypatch):
+    def converter(bundle):  # a converter that reads a key where the config does not keep it
+        raise KeyError("num_hidden_layers")
+
+    cause = "a bug of someport 1.0's converter: num_hidden_layers read at the top of the config"
+    monkeypatch.setitem(CAUSES, ("someport 1.0", "adapter", "walkthrough"), cause)
+    report = verify(converter, bundles["walkthrough"])
+    report.impl = "someport 1.0"
+    assert cells(report)[0]["verdict"] == "crash" and cells(report)[0]["cause"] == cause, cells(report)
+    report.impl = "another port"
+    assert cells(report)[0]["cause"].startswith("unexplained"), cells(report)
 
 
 # --------------------------------------------------------------------------- every bug, not only the first

@@ -6,8 +6,9 @@ import argparse
 import tempfile
 from pathlib import Path
 
+from ..conformance.bundle import find_bundles
 from ..conformance.golden import generate_golden
-from ..conformance.matrix import PORTS, check_ports, matrix
+from ..conformance.matrix import PORTS, check_ports, matrix, merge
 from .folders import check_output_file
 
 
@@ -22,24 +23,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ports", nargs="+", metavar="PORT", help="these ports only (default: every shipped port and engine)"
     )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --out: put these ports into the matrix already there (a run in a port's own environment: "
+        "its sections and table rows replace their own, the rest stays)",
+    )
 
 
 def main(args, parser: argparse.ArgumentParser) -> int:
     try:
         check_ports(args.ports or PORTS)
+        if args.merge and not args.out:
+            raise ValueError("--merge puts this run into the matrix at --out FILE: give --out")
         if args.out:
             check_output_file("--out", args.out, "MATRIX.md")  # now, not after the whole matrix has run
-    except ValueError as e:
+        if args.bundle is not None:
+            find_bundles(args.bundle)  # a missing or empty folder is said now, in one line
+    except (ValueError, OSError) as e:
         parser.error(str(e))
     with tempfile.TemporaryDirectory() as scratch:
         if args.bundle is None:
             generate_golden(scratch, engines=args.engines)
         command = "python -m dflash_ref matrix" + " --engines" * args.engines
         command += f" --ports {' '.join(args.ports)}" if args.ports else ""
+        command += " --merge" if args.merge else ""
         text, clean = matrix(args.bundle or scratch, args.ports or PORTS, command)
     if args.out is None:
         print(text)
     else:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+        out = Path(args.out)
+        if args.merge and out.is_file():
+            text = merge(out.read_text(), text)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text + "\n")
     return 0 if clean else 1  # a FAIL, or a port that raised or could not start

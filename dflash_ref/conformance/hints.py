@@ -870,6 +870,25 @@ def _tau_of_what_is_committed(expected, got, context) -> str | None:
     )
 
 
+def _committed_past_the_stop(expected, got, context) -> str | None:
+    """A port that counts τ by what it commits (DFlash's τ here: the tokens to the stop, less one) and whose τ is
+    larger: it committed tokens past a stop token inside the step's accepted run."""
+    step = context.get("step")
+    cut = (context.get("cut") or {}).get(step)
+    stops = set((context.get("inputs") or {}).get("stop_token_ids") or ())
+    if cut is None or cut[1] not in stops or got.size != 1 or expected.size != 1:
+        return None
+    ours, theirs = int(got.reshape(-1)[0]), int(expected.reshape(-1)[0])
+    if theirs != cut[0] - 1 or ours <= theirs:
+        return None
+    return (
+        f"τ = {ours} where DFlash's is {theirs}: step {step}'s accepted run reaches the stop token {cut[1]} at its "
+        f"token {cut[0]}, where DFlash commits it and ends; the port committed {ours - theirs} token(s) of the same "
+        "run after it. A stop token inside a step's committed block ends the output there: a stop looked for at "
+        "the last committed token alone goes past it"
+    )
+
+
 def _tau_not_the_run(expected, got, context) -> str | None:
     """τ larger than DFlash's: matches after the first mismatch were counted (a sum, where DFlash's cumulative
     product stops at it); smaller: the run stops early, d_i compared with another posterior token."""
@@ -960,7 +979,7 @@ READERS: dict[str, tuple[Callable, ...]] = {
     ),
     "logits": (_logits_rows_shifted,),
     "pair": (_predecessor_not_chosen, _pair_free_of_position),
-    "acceptance_length": (_tau_of_what_is_committed, _tau_not_the_run),
+    "acceptance_length": (_tau_of_what_is_committed, _committed_past_the_stop, _tau_not_the_run),
     "output_ids": (_prompt_alone, _mask_tokens_stripped, _past_the_stop, _past_max_new_tokens),
 }
 for _stage in BLOCK_AXIS:  # last: a block of another length, where nothing above read the shapes

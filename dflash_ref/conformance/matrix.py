@@ -19,16 +19,17 @@ from pathlib import Path
 
 from .bundle import find_bundles
 from .exact import verify_sampling
-from .report import NotApplicable, Report, title
-from .verify import verify
+from .report import NotApplicable, Report
+from .verify import resolve, verify
 
-PORTS = ("reference", "zlab", "mlx", "transformers", "vllm", "vllm-batch", "vllm-serve", "llamacpp", "llama-server")
+PORTS = ("reference", "zlab", "mlx", "transformers", "dflash-mlx", "mlx-dspark", "speculators", "vllm", "vllm-batch",
+         "vllm-serve", "llamacpp", "llama-server")  # fmt: skip
 ALONE = "one sequence"  # the condition of a bundle of no serving scenario
 SAMPLED_CONDITION = "sampled"  # the conditions' column of the sampling bundles
 # the ports that sample, and their verifiers (sampling.py): dflash 0.1.0 rejects by q; llama.cpp's server keeps a
 # greedy proposal while it equals the target's sample; vLLM does either (its draft_sample_method)
 SAMPLED = {"reference": ("rejection", "match"), "zlab": ("rejection",), "transformers": ("rejection",),
-           "vllm": ("match", "rejection"), "llama-server": ("match",)}  # fmt: skip
+           "mlx-dspark": ("rejection",), "vllm": ("match", "rejection"), "llama-server": ("match",)}  # fmt: skip
 
 # Every FAIL the matrix has shown, followed to its cause: (port as its report names it, stage of the first
 # divergence), or (port, stage, bundle) where the stage alone would not tell the cause → the cause.
@@ -48,6 +49,46 @@ CAUSES = {
     ("transformers 5.15.0", "first_token"): "a bug of transformers 5.15.0's assisted decoding (fixed in 5.18.0): "
     "a prompt that ends with a stop token is returned alone, the stop taken for the end of the output "
     "(reports/transformers-dflash-prompt-ends-in-stop-token.md)",
+    ("transformers 5.15.0", "acceptance_length"): "a bug of transformers 5.15.0's assisted decoding (fixed in "
+    "5.16.0): a drafted block is committed whole and the stopping criteria read its last token alone, so an EOS "
+    "accepted inside the block does not end the output (reports/transformers-dflash-eos-inside-accepted-block.md)",
+    ("dflash-mlx 0.1.8", "extra_step"): "a bug of dflash-mlx 0.1.8: once its output is complete it runs one more "
+    "target verify to commit a token it already has (reports/dflash-mlx-extra-verify-after-last-token.md)",
+    **dict.fromkeys(
+        [("dflash-mlx 0.1.8", "extra_step", b) for b in ("stop_token", "stop_bonus", "stop_first")]
+        + [("dflash-mlx 0.1.8", "output_ids", "stop_inside")],
+        "a bug of dflash-mlx 0.1.8: it looks for a stop token among the accepted draft tokens only and after they "
+        "are emitted, not in x_0 or the bonus (reports/dflash-mlx-stop-token-checked-late.md)",
+    ),
+    ("dflash-mlx 0.1.8", "adapter", "rope_linear"): "a bug of dflash-mlx 0.1.8: its draft config is read for "
+    "`rope_theta` alone, so a config in transformers 5's spelling (rope_parameters) fails to load, and a scaling "
+    "beside rope_theta is dropped (reports/dflash-mlx-draft-rope-parameters.md)",
+    ("dflash-mlx 0.1.8", "adapter", "hybrid_target"): "a bug of dflash-mlx 0.1.8 on a CPU: its Gated DeltaNet "
+    "rollback does not repeat the key heads for more value heads (and replays from the state before the block); "
+    "behind it, mlx-lm ≥ 0.32's Qwen3.5 read with the embedding as its head (reports/dflash-mlx-cpu-gated-delta-"
+    "rollback.md, reports/dflash-mlx-qwen35-untied-lm-head.md)",
+    ("mlx-dspark 0.20.3", "adapter", "multiround"): "a bug of mlx-dspark 0.20.3: its target tap merges repeated "
+    "target_layer_ids into one block of features (reports/mlx-dspark-repeated-target-layer-ids.md)",
+    ("mlx-dspark 0.20.3", "k_rot"): "a bug of mlx-dspark 0.20.3: after a round that accepts no draft token, a "
+    "sliding layer's context keys come back in ring order (reports/mlx-dspark-sliding-window-ring-order.md)",
+    ("mlx-dspark 0.20.3", "output_ids"): "a bug of mlx-dspark 0.20.3: its last round is committed whole, past "
+    "max_new_tokens (reports/mlx-dspark-max-new-tokens-overshoot.md)",
+    ("mlx-dspark 0.20.3", "q_rot"): "a bug of mlx-dspark 0.20.3: `load_dflash` reads RoPE scaling from "
+    "`rope_scaling` alone, so a factor given in rope_parameters is dropped (reports/mlx-dspark-draft-rope-"
+    "parameters.md)",
+    ("mlx-dspark 0.20.3", "target_hidden"): "a bug of mlx-dspark 0.20.3: a tapped last target layer is read before "
+    "the target's final norm (reports/mlx-dspark-last-target-layer-before-norm.md)",
+    ("mlx-dspark 0.20.3", "prefill_logits"): "a bug of mlx-lm 0.32.2's Llama, mlx-dspark's target: it reads "
+    "`rope_theta` alone (reports/mlx-lm-llama-rope-parameters.md)",
+    ("speculators 0.9.0", "pattern"): "a bug of speculators 0.9.0: on a sliding layer every block query sees the W "
+    "context keys before x_0, not a window per query, and its converter drops `is_causal: false` "
+    "(reports/speculators-sliding-window-from-anchor.md)",
+    ("speculators 0.9.0", "adapter", "hybrid_target"): "a bug of speculators 0.9.0's DFlash converter: it reads "
+    "`num_hidden_layers` at the top of a Qwen3.5 config, which keeps it under text_config "
+    "(reports/speculators-convert-qwen3_5-text-config.md)",
+    ("speculators 0.9.0", "adapter", "engine_layer_ids_last"): "a bug of speculators 0.9.0's DFlash converter: it "
+    "drops a layer id equal to the target's last layer, so fc no longer fits (reports/speculators-convert-drops-"
+    "last-target-layer.md)",
     ("vllm", "k_ctx"): "a bug of vLLM on a CPU: every draft layer's context K normalised with layer 0's k_norm "
     "(reports/vllm-cpu-context-k-norm.md)",
     # the batch compares the loop's observables only: the proposals are off by the bug `verify vllm` names at its
@@ -71,39 +112,113 @@ CAUSES = {
 
 
 def cells(report: Report) -> list[dict]:
-    """Per bundle of one report: verdict (pass | FAIL | raised | n/a), first divergence, its cause (a FAIL's,
-    from CAUSES), variants."""
+    """Per bundle of one report: its status (report.STATUSES: pass, fail, n/a, crash, timeout), its reason (the
+    first divergence with the hint, the port's words, or what a pass covers), a fail's cause (from CAUSES), the
+    variants."""
     rows = []
-    for bundle in dict.fromkeys(c.bundle for c in report.checks):
+    for bundle in report.bundles():
         checks = [c for c in report.checks if c.bundle == bundle]
-        first = report.first_failure_in(checks)
-        variants = {k: v for k, (v, how) in report.variants.get(bundle, {}).items() if how != "reference"}
-        if any(c.key == "bundle" for c in checks):
-            verdict, where = "n/a", next(c.detail for c in checks if c.key == "bundle")
-        elif first is None:
-            cov = report.coverage(bundle)
-            apart = cov.apart(report.allow_missing)
-            verdict, where = "pass", f"{cov.passed} of {cov.total} tensors agree"
-            where += f" ({'; '.join(apart)})" if apart else ""
-        elif first.status == "error":
-            verdict, where = "raised", first.detail
-        else:
-            verdict = "FAIL"
-            said = f"hint: {first.hint}" if first.hint else first.detail
-            where = f"{first.where.split(' · ', 1)[-1]} · {title(first.stage)}" + (f" ({said})" if said else "")
-            cause = CAUSES.get((report.impl, first.stage, bundle)) or CAUSES.get(
-                (report.impl, first.stage), "unexplained: a new finding, to follow to its cause"
+        status = report.status(bundle)
+        cause = ""
+        if status != "pass" and status != "n/a":  # a fail's first divergence, a crash's or a timeout's raise
+            crashed = [c for c in checks if c.key == "adapter"]
+            first = crashed[0] if crashed else report.first_failure_in(checks)
+            stage = first.stage if first is not None else ""
+            cause = CAUSES.get((report.impl, stage, bundle)) or CAUSES.get(
+                (report.impl, stage), "unexplained: a new finding, to follow to its cause"
             )
+        variants = {k: v for k, (v, how) in report.variants.get(bundle, {}).items() if how != "reference"}
         rows.append(
             {
                 "bundle": bundle,
-                "verdict": verdict,
-                "first": where,
-                "cause": cause if verdict == "FAIL" else "",
+                "verdict": status,
+                "first": report.reason(bundle),
+                "cause": cause,
                 "variants": ", ".join(f"{k}={v}" for k, v in variants.items()),
             }
         )
     return rows
+
+
+def label(port: str) -> str:
+    """A port as the matrix names it: with the release that ran where the port says one (a library the user
+    upgrades: `transformers 5.15.0`), so that runs in several environments merge (`merge`)."""
+    try:
+        version = getattr(resolve(port), "version", None)
+    except Exception:  # noqa: BLE001 - a port that cannot be made is named plainly; its run says why
+        version = None
+    return f"{port} {version}" if version else port
+
+
+def _sections(text: str) -> tuple[list[str], dict[str, list[str]]]:
+    """A matrix's lines before its first section, and its sections by title, each its lines (title included)."""
+    head, sections, current = [], {}, None
+    for line in text.rstrip("\n").split("\n"):
+        if line.startswith("## "):
+            current = line[3:]
+            sections[current] = []
+        (sections[current] if current is not None else head).append(line)
+    return head, sections
+
+
+def _cells(row: str) -> list[str]:
+    """A Markdown table row's cells."""
+    return [c.strip() for c in row.strip().strip("|").split("|")]
+
+
+def _merge_table(old: list[str], new: list[str]) -> list[str]:
+    """A table section of rows keyed by their first cell (the port): the new rows replace the old ones of the same
+    ports (every old row of a port the new table has), the other old rows stay; columns are the union, old first."""
+
+    old_table, new_table = [x for x in old if x.startswith("|")], [x for x in new if x.startswith("|")]
+    if len(old_table) < 2 or len(new_table) < 2:
+        return new if len(new_table) >= 2 else old
+    old_columns, new_columns = _cells(old_table[0]), _cells(new_table[0])
+    columns = old_columns + [c for c in new_columns if c not in old_columns]
+    new_rows = [dict(zip(new_columns, _cells(r))) for r in new_table[2:]]
+    ports = {r[new_columns[0]] for r in new_rows}
+    rows = [dict(zip(old_columns, _cells(r))) for r in old_table[2:]]
+    rows = [r for r in rows if r[old_columns[0]] not in ports] + new_rows
+    prose = [x for x in new if not x.startswith("|")]  # the title and what it says, blank lines between
+    while prose and not prose[-1].strip():
+        prose.pop()
+    table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    return [*prose, "", *table, *("| " + " | ".join(r.get(c, "") for c in columns) + " |" for r in rows), ""]
+
+
+TABLES = ("Sampled decoding", "Serving conditions")
+
+
+def merge(old: str, new: str) -> str:
+    """`matrix --merge`: the ports of `new` (a run in another environment: a port's own venv, another release)
+    put into the matrix `old`: their sections replace those of the same title, their rows of the shared tables
+    replace their own; everything else of `old` stays, and its header says both runs."""
+    old_head, old_sections = _sections(old)
+    new_head, new_sections = _sections(new)
+    said = next((line for line in new_head if line.startswith("`")), "")
+    command = said.split(" on ", 1)[0]  # the same command run again replaces its own line
+    head = [line for line in old_head if line.strip() and not line.startswith(f"Merged with {command} on ")]
+    head += [f"Merged with {said}"] if said else []
+    head = [head[0], "", *head[1:], ""] if head else new_head
+    # a port run here with its release named replaces its row of a run where it was not installed (no release)
+    named = {t.split(" ", 1)[0] for t in new_sections if " " in t and t not in TABLES}
+    old_sections = {t: body for t, body in old_sections.items() if t not in named}
+    for title in TABLES:
+        if title in old_sections:
+            old_sections[title] = [x for x in old_sections[title] if not x.startswith("|") or _cells(x)[0] not in named]
+    titles = [t for t in old_sections if t not in TABLES] + [
+        t for t in new_sections if t not in TABLES and t not in old_sections
+    ]
+    out = list(head)
+    for title in titles:
+        body = new_sections.get(title) or old_sections[title]
+        out += body if body[-1] == "" else [*body, ""]
+    for title in TABLES:
+        if title in old_sections or title in new_sections:
+            both = (old_sections.get(title), new_sections.get(title))
+            body = _merge_table(*both) if all(both) else (both[1] or both[0])
+            out += body if body[-1] == "" else [*body, ""]
+    return "\n".join(out).rstrip("\n")
 
 
 def check_ports(ports) -> None:
@@ -114,8 +229,8 @@ def check_ports(ports) -> None:
 
 
 def conditions(rows_by_port: dict[str, list[dict]], condition_of: dict[str, str]) -> list[str]:
-    """The serving conditions as columns: per port, each condition's verdict over its bundles (pass, FAIL k of
-    n, raised, n/a), a bundle of no serving scenario under "one sequence"."""
+    """The serving conditions as columns: per port, each condition's verdict over its bundles (pass, fail k of
+    n, crash, n/a), a bundle of no serving scenario under "one sequence"."""
     columns = list(dict.fromkeys([ALONE, *condition_of.values()]))
     lines = ["## Serving conditions", "", "| port | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for port, rows in rows_by_port.items():
@@ -125,9 +240,10 @@ def conditions(rows_by_port: dict[str, list[dict]], condition_of: dict[str, str]
             ran = [v for v in verdicts if v != "n/a"]
             if not ran:
                 cells.append("n/a" if verdicts else "")
-            elif "FAIL" in ran or "raised" in ran:
+            elif any(v != "pass" for v in ran):
                 failed = sum(v != "pass" for v in ran)
-                cells.append(f"{'FAIL' if 'FAIL' in ran else 'raised'} ({failed} of {len(ran)})")
+                worst = next(v for v in ("fail", "crash", "timeout") if v in ran)
+                cells.append(f"{worst} ({failed} of {len(ran)})")
             else:
                 cells.append(
                     "pass" + (f" ({len(ran)} of {len(verdicts)}; the rest n/a)" if len(ran) < len(verdicts) else "")
@@ -138,7 +254,7 @@ def conditions(rows_by_port: dict[str, list[dict]], condition_of: dict[str, str]
 
 def sampled(bundle: str | Path, ports) -> tuple[list[str], dict[str, list[str]], bool]:
     """The sampling bundles at `bundle` through each port of SAMPLED, each verifier it takes → (the table's lines,
-    port → its verdicts, whether none failed or raised)."""
+    port → its verdicts, whether none failed or crashed)."""
     lines = [
         "## Sampled decoding",
         "",
@@ -151,30 +267,32 @@ def sampled(bundle: str | Path, ports) -> tuple[list[str], dict[str, list[str]],
     verdicts: dict[str, list[str]] = {}
     clean = True
     for port in (p for p in ports if p in SAMPLED):
+        named = label(port)
         for verifier in SAMPLED[port]:
             try:
                 results = verify_sampling(port, bundle, verifier=verifier)
             except Exception as e:  # noqa: BLE001 - a port that cannot sample is a row, not a crash
-                lines.append(f"| {port} | | {verifier} | | | raised: {' '.join(str(e).split())} |")
-                verdicts.setdefault(port, []).append("raised")
+                lines.append(f"| {named} | | {verifier} | | | crash: {' '.join(str(e).split())} |")
+                verdicts.setdefault(named, []).append("crash")
                 clean = False
                 continue
             for name, r in results:
                 if isinstance(r, NotApplicable):
-                    lines.append(f"| {port} | {name} | {verifier} | | | n/a: {' '.join(str(r).split())} |")
-                    verdicts.setdefault(port, []).append("n/a")
+                    lines.append(f"| {named} | {name} | {verifier} | | | n/a: {' '.join(str(r).split())} |")
+                    verdicts.setdefault(named, []).append("n/a")
                     continue
                 tau = (
                     f"{r.mean_tau:.3f} vs {r.expected_tau:.3f}, z = {r.z:+.2f}"
                     if not math.isnan(r.z)
                     else "not reported"
                 )
-                verdict = "pass" if r.passed else "FAIL" + (f": {r.note}" if r.note else "")
+                verdict = "pass" if r.passed else "fail"
+                verdict += f": {r.note}" if r.note else ""
                 lines.append(
-                    f"| {port} | {name} | {verifier} | χ² {r.chi2:.1f} on {r.df} df, p = {r.p_value:.3g} | {tau} "
+                    f"| {named} | {name} | {verifier} | χ² {r.chi2:.1f} on {r.df} df, p = {r.p_value:.3g} | {tau} "
                     f"| {verdict} |"
                 )
-                verdicts.setdefault(port, []).append("pass" if r.passed else "FAIL")
+                verdicts.setdefault(named, []).append("pass" if r.passed else "fail")
                 clean = clean and r.passed
     return lines + [""], verdicts, clean
 
@@ -182,7 +300,7 @@ def sampled(bundle: str | Path, ports) -> tuple[list[str], dict[str, list[str]],
 def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dflash_ref matrix") -> tuple[str, bool]:
     """The matrix as Markdown: one table per port, then the serving conditions as columns where the bundles have
     serving scenarios; `command` is what its header says made it. → (the text, whether every row passed or is
-    n/a: no FAIL, no port that raised)."""
+    n/a: no fail, no port that crashed)."""
     check_ports(ports)
     clean = True
     lines = [
@@ -195,7 +313,7 @@ def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dfl
     ]
     rows_by_port: dict[str, list[dict]] = {}
     for port in ports:
-        lines += [f"## {port}", ""]
+        lines += [f"## {label(port)}", ""]
         try:
             report = verify(port, bundle)
         except Exception as e:  # noqa: BLE001 - a port that cannot start is a row of the matrix, not a crash
@@ -208,7 +326,7 @@ def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dfl
             "| bundle | verdict | first divergence | cause | variants (declared or detected) |",
             "|---|---|---|---|---|",
         ]
-        rows = rows_by_port[port] = cells(report)
+        rows = rows_by_port[label(port)] = cells(report)
         clean = clean and all(r["verdict"] in ("pass", "n/a") for r in rows)
         lines += [
             f"| {r['bundle']} | {r['verdict']} | {r['first'].replace('|', '/')} | {r['cause']} | {r['variants']} |"
