@@ -20,16 +20,11 @@ if not hasattr(transformers, "MuseGlimmerAssistantModel"):
     pytest.skip("transformers' DFlash needs transformers 5.15 or newer", allow_module_level=True)
 PINNED = transformers.__version__ == "5.15.0"  # the project's pin: its two bugs are asserted there
 
-# smollm2_muse: the real SmolLM2-135M-Instruct (a Llama) and the shipped DFlash 1 draft as a Muse folder
-TAKES = [
-    "walkthrough",
-    "stop_token",
-    "stop_inside",
-    "stop_first",
-    "muse_glimmer",
-    "muse_glimmer_window",
-    "smollm2_muse",
-]
+TAKES = ["walkthrough", "stop_token", "stop_inside", "stop_first", "muse_glimmer", "muse_glimmer_window"]
+# smollm2_muse: the real SmolLM2-135M-Instruct (a Llama) and the shipped DFlash 1 draft as a Muse folder. Its target
+# is converted from SmolLM2's GGUF by the pinned transformers; later ones load a GGUF as a quantized model they will
+# not save, so there the bundle is verified as .ci/ports writes it (with the pinned release), not written here.
+TAKES += ["smollm2_muse"] if PINNED else []
 REFUSED = {"gqa_sliding": "a causal sliding window", "dflash2": "a DFlash 2 draft"}
 # 5.15's assisted decoding refuses a stateful target; later ones roll Qwen3.5's recurrent state back
 HYBRID = "hybrid_target"
@@ -55,7 +50,7 @@ def test_what_it_takes_passes_stage_by_stage(rows):
     # a Muse folder as the bundle's draft, windows and all, under the variants transformers declares
     assert "crop-at-next-pass" in rows["muse_glimmer_window"]["variants"]
     assert rows["muse_glimmer_window"]["first"] == "214 of 214 tensors agree"
-    assert rows["smollm2_muse"]["first"] == "184 of 184 tensors agree"
+    assert not PINNED or rows["smollm2_muse"]["first"] == "184 of 184 tensors agree"
 
 
 def test_what_it_cannot_take_is_said_in_its_words(rows):
