@@ -1264,6 +1264,26 @@ def one_step_more(mp):
     return run
 
 
+class AdaptiveBlocksOneStepMore:
+    """dflash-mlx 0.1.8 on block16 (reports/dflash-mlx-extra-verify-after-last-token.md): under its declared
+    adaptive block length its first step drafts a shorter block (the same τ, bonus and commit), so its run parts
+    from DFlash's and its own steps are checked; after the last it runs one more."""
+
+    variants = {"block_length": "adaptive"}
+
+    def __init__(self, mp):
+        self.more = one_step_more(mp)
+
+    def run(self, bundle):
+        produced = self.more(bundle)
+        tau = int(produced[key_for("acceptance_length", 0)])
+        block = produced[key_for("posterior", 0)].shape[0]
+        if tau + 2 < block:  # a block of τ + 2: the accepted run, the first mismatch and the bonus stay
+            for stage, rows in (("posterior", 2), ("verify_logits", 2), ("draft_tokens", 1), ("logits", 1)):
+                produced[key_for(stage, 0)] = produced[key_for(stage, 0)][: tau + rows]  # (L_q, …) or (γ, …)
+        return produced
+
+
 def tokens_after_the_stop(mp):
     """dflash-mlx 0.1.8 (reports/dflash-mlx-stop-token-checked-late.md): tokens emitted after an accepted stop."""
     reference = ReferenceAdapter()
@@ -1316,6 +1336,11 @@ CAUSE_HINTS = {
     ("zlab [github code]", "pattern"): (sliding_window_ignored, "gqa_sliding", "window (3) is not applied"),
     ("zlab [github code]", "extra_step"): (first_token_never_stops, "stop_first", "x_0, the token the prefill commits"),
     ("mlx", "k_rot"): (keys_in_ring_order, "window_rotating", "the right keys in the wrong order"),
+    ("dflash-mlx 0.1.8", "posterior", "block16"): (
+        AdaptiveBlocksOneStepMore,
+        "block16",
+        "after its output was complete",
+    ),
     ("transformers 5.15.0", "acceptance_length"): (
         BlockCommittedPastTheStop,
         "stop_inside",
