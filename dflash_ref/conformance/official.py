@@ -18,9 +18,9 @@ import warnings
 import numpy as np
 import torch
 
-from ..target.qwen3_5_checkpoint import is_hybrid_folder
 from .adapters import check_path, loop_values, one_thread, pair_scores, to_numpy
 from .bundle import Bundle, key_for
+from .pypi.torch_taps import bundle_dtype, load_target, quiet_transformers
 from .report import NotApplicable
 
 DFLASH_HINT = "the official dflash is not installed: pip install --no-deps dflash==0.1.0"
@@ -265,31 +265,14 @@ class ZLabAdapter:
     def load(self, bundle: Bundle):
         with warnings.catch_warnings():  # tqdm's notebook warning when transformers is first imported
             warnings.simplefilter("ignore")
-            import transformers
-
             official = official_module()
-
-        dtype = torch.bfloat16 if bundle.config("draft").get("dtype") == "bfloat16" else torch.float32
-        log = transformers.utils.logging
-        verbosity, bars = log.get_verbosity(), log.is_progress_bar_enabled()
-        log.set_verbosity_error()
-        log.disable_progress_bar()
-        try:
-            kind = (  # the target as its folder says (Qwen3, or a Llama: the engine-shaped bundles)
-                transformers.Qwen3_5ForCausalLM
-                if is_hybrid_folder(bundle.target_dir)
-                else transformers.AutoModelForCausalLM
-            )
-            target = kind.from_pretrained(bundle.target_dir, dtype=dtype).eval()
-            architecture = (bundle.config("draft").get("architectures") or ["DFlashDraftModel"])[0]
-            if not hasattr(official, architecture):  # the GitHub code has no DFlash 2
-                raise NotImplementedError(f"this dflash.model has no {architecture}")
-            draft = getattr(official, architecture).from_pretrained(bundle.draft_dir, dtype=dtype).eval()
-        finally:
-            log.set_verbosity(verbosity)
-            if bars:
-                log.enable_progress_bar()
-        return target, draft
+        target = load_target(bundle)  # as its folder says: Qwen3, Qwen3.5, or the engine-shaped bundles' Llama
+        architecture = (bundle.config("draft").get("architectures") or ["DFlashDraftModel"])[0]
+        if not hasattr(official, architecture):  # the GitHub code has no DFlash 2
+            raise NotImplementedError(f"this dflash.model has no {architecture}")
+        with quiet_transformers():
+            draft = getattr(official, architecture).from_pretrained(bundle.draft_dir, dtype=bundle_dtype(bundle))
+        return target, draft.eval()
 
     def run(self, bundle: Bundle) -> dict[str, np.ndarray]:
         official = official_module()

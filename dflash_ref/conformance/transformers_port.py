@@ -26,11 +26,10 @@ from .. import muse_glimmer
 from ..config import ConfigError
 from ..drafts.checkpoint import load_draft, save_muse_glimmer
 from ..target.checkpoint import config_architectures
-from ..target.qwen3_5_checkpoint import is_hybrid_folder
 from .adapters import loop_values, one_thread, to_numpy
 from .bundle import Bundle, key_for
 from .official import linear_states
-from .pypi.torch_taps import Taps, per_head
+from .pypi.torch_taps import Taps, load_target, per_head, quiet_transformers
 from .report import NotApplicable
 
 # two softmaxes of the same float32 logits agree to a few ulps; a q computed from other logits differs by far more
@@ -208,22 +207,9 @@ class TransformersPort:
         else:
             folder = bundle.draft_dir
         dtype = torch.bfloat16 if bundle.config("target").get("dtype") == "bfloat16" else torch.float32
-        log = transformers.utils.logging
-        verbosity, bars = log.get_verbosity(), log.is_progress_bar_enabled()
-        log.set_verbosity_error()
-        log.disable_progress_bar()
-        try:
-            kind = (
-                transformers.Qwen3_5ForCausalLM
-                if is_hybrid_folder(bundle.target_dir)
-                else transformers.AutoModelForCausalLM
-            )
-            target = kind.from_pretrained(bundle.target_dir, dtype=dtype, attn_implementation="eager").eval()
+        target = load_target(bundle, dtype, attn_implementation="eager")  # eager: its softmax is the pattern
+        with quiet_transformers():
             draft = muse.MuseGlimmerAssistantModel.from_pretrained(folder, dtype=dtype, attn_implementation="eager")
-        finally:
-            log.set_verbosity(verbosity)
-            if bars:
-                log.enable_progress_bar()
         return transformers, target, draft.eval()
 
     def sampler(self, bundle: Bundle, verifier: str = "rejection"):

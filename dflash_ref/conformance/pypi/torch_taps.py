@@ -104,17 +104,18 @@ def quiet_transformers():
             log.enable_progress_bar()
 
 
-def load_target(bundle: Bundle):
+def load_target(bundle: Bundle, dtype: torch.dtype | None = None, **options):
     """The bundle's target with transformers, as its folder says (a Qwen3.5 folder as Qwen3_5ForCausalLM, else
-    AutoModelForCausalLM), in the bundle's dtype, eval mode: the input a training library is given, not a stage
-    of the port."""
+    AutoModelForCausalLM: Qwen3, or the engine-shaped bundles' Llama), in `dtype` (default the bundle's), eval
+    mode, quietly: the input a training library is given, not a stage of the port. `options` go to
+    from_pretrained (e.g. attn_implementation)."""
     with quiet_transformers() as transformers:
         kind = (
             transformers.Qwen3_5ForCausalLM
             if is_hybrid_folder(bundle.target_dir)
             else transformers.AutoModelForCausalLM
         )
-        return kind.from_pretrained(bundle.target_dir, dtype=bundle_dtype(bundle)).eval()
+        return kind.from_pretrained(bundle.target_dir, dtype=dtype or bundle_dtype(bundle), **options).eval()
 
 
 @torch.no_grad()
