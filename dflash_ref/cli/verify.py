@@ -24,7 +24,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "package.module:factory (an adapter)",
     )
     candidate.add_argument("--dump", help="a port's tensors: .npz or .safetensors keyed {bundle}/{key}")
+    candidate.add_argument(
+        "--endpoint",
+        metavar="URL",
+        help="an OpenAI-compatible server (http://host:port): the requests of --bundle, or of --prompts on "
+        "--target and --draft, each held to the reference's run of it alone (conformance/endpoint/)",
+    )
+    candidate.add_argument(
+        "--outputs",
+        metavar="FILE.jsonl",
+        help="outputs a user has (one JSON object a line: prompt_ids, output_ids, optionally logprobs), each "
+        "position held to --target's float64 argmax: pass, tie or FAIL, no server needed",
+    )
     p.add_argument("--bundle", help="a bundle or a folder of bundles (default: the one in the package)")
+    served = p.add_argument_group("with --endpoint or --outputs")
+    served.add_argument("--target", help="the target folder the server runs (with --prompts; --outputs: the replay's)")
+    served.add_argument("--draft", help="the DFlash draft folder the server runs (with --prompts)")
+    served.add_argument(
+        "--prompts",
+        metavar="FILE",
+        help="one prompt a line: JSON {prompt_ids | prompt, max_tokens, name} or plain text (the target's tokenizer)",
+    )
+    served.add_argument("--model", help="the server's model id to ask for (default: the only one it serves)")
+    served.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16", "float16"],
+        help="the engine's dtype: what a tie is (a float64 margin below its resolution) and whether the acceptance "
+        "is held exactly (float32) or reported as a ratio (default float32)",
+    )
+    served.add_argument("--device", default="cpu", help="where the reference and the float64 replay run (cpu, cuda)")
+    served.add_argument(
+        "--serving",
+        default="alone",
+        metavar="LIST",
+        help="with --prompts, the conditions to send them under, comma-separated: "
+        "alone, repeat, shared-prefix, long, concurrent (default alone)",
+    )
+    served.add_argument("--max-new-tokens", type=int, default=64, help="with --prompts: per prompt (default 64)")
+    served.add_argument("--strict", action="store_true", help="a tie fails too (exit 1)")
     p.add_argument("--allow-missing", action="store_true", help="tensors a candidate lacks do not fail")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per tensor")
     p.add_argument(
@@ -76,7 +114,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+SERVED = ("target", "draft", "prompts", "model", "strict")
+
+
 def main(args, parser: argparse.ArgumentParser) -> int:
+    if args.endpoint or args.outputs:
+        return _served(args, parser)
+    given = [f"--{k}" for k in SERVED if getattr(args, k)]
+    if given or args.dtype != "float32" or args.device != "cpu" or args.serving != "alone":
+        parser.error(f"{' '.join(given) or '--dtype, --device and --serving'} go with --endpoint or --outputs")
     if args.sampling:
         if args.json or args.timeout is not None:
             raise SystemExit("verify: --json and --timeout go with the greedy bundles' report, not --sampling's")
@@ -140,3 +186,45 @@ def main(args, parser: argparse.ArgumentParser) -> int:
         except (OSError, ValueError, RuntimeError) as e:
             raise SystemExit(f"verify: --html {args.html}: {e}") from None
     return 0 if report.passed else 1
+
+
+def _served(args, parser: argparse.ArgumentParser) -> int:
+    """--endpoint URL / --outputs FILE (conformance/endpoint/)."""
+    from ..conformance.endpoint import EndpointError, RequestsError, UsageError, verify_endpoint, verify_outputs
+
+    if args.sampling or args.variant or args.skip or args.profile or args.html or args.allow_missing:
+        parser.error("--endpoint and --outputs take neither --sampling, --variant, --skip, --profile, --html nor "
+                     "--allow-missing")  # fmt: skip
+    if args.max_new_tokens < 1:
+        parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    if args.timeout is not None and args.timeout <= 0:
+        parser.error("--timeout takes seconds > 0 (per request)")
+    if args.json:
+        try:
+            check_output_file("--json", args.json, "report.json", parents=False)
+        except ValueError as e:
+            parser.error(str(e))
+    progress = lambda line: print(line, flush=True)  # noqa: E731
+    try:
+        if args.outputs:
+            if args.bundle or args.prompts or args.draft or args.serving != "alone":
+                parser.error("--outputs replays the --target alone: no --bundle, --prompts, --draft or --serving")
+            report = verify_outputs(args.outputs, args.target, args.dtype, args.device, progress)
+        else:
+            report = verify_endpoint(
+                args.endpoint, args.bundle, args.target, args.draft, args.prompts, args.model, args.dtype,
+                args.device, [c.strip() for c in args.serving.split(",") if c.strip()], args.max_new_tokens,
+                args.timeout, progress,
+            )  # fmt: skip
+    except UsageError as e:
+        parser.error(str(e))
+    except (EndpointError, RequestsError) as e:
+        raise SystemExit(f"verify: {e}") from None
+    print(report.text())
+    if args.json:
+        try:
+            Path(args.json).write_text(report.json())
+        except OSError as e:
+            raise SystemExit(f"verify: --json {args.json}: {e}") from None
+        print("wrote", args.json)
+    return 0 if report.passed(args.strict) else 1

@@ -19,6 +19,7 @@ exactly representable bf16 values (the manifest says `"source_dtype": "bfloat16"
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass, field
@@ -139,6 +140,18 @@ class Bundle:
         from ..muse_glimmer import is_muse  # here, not above: reading a bundle imports no torch
 
         return is_muse(self.config("draft"))
+
+
+@functools.lru_cache(maxsize=64)
+def _file_digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def model_digest(bundle: Bundle) -> tuple[str, ...]:
+    """What identifies a bundle's target and draft (bundles of one model pair share it, as an engine serves them):
+    their configs' and weights' digests."""
+    files = [d / f for d in (bundle.target_dir, bundle.draft_dir) for f in ("config.json", "model.safetensors")]
+    return tuple(_file_digest(f.resolve()) for f in files if f.exists())
 
 
 def checksums(path: Path) -> dict[str, str]:

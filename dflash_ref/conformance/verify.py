@@ -288,16 +288,21 @@ def _rope_of(config: dict) -> dict:
     }
 
 
-def _draft_accepted(bundle: Bundle, value) -> Check:
-    """A serving engine's own count of the request's draft tokens accepted, against DFlash's: with DFlash's draft
-    every step but the last proposes and accepts as the reference's (Σ τ over them); the last step is where engines
-    cut the block to what is left to generate, each its own way (the reference drafts a shorter block; an engine
-    that drafts it whole may accept the tokens it then commits), so it adds 0 to max(τ, the tokens it committed)."""
-    taus = [int(bundle.expected[e["key"]]) for e in bundle.entries if e["stage"] == "acceptance_length"]
-    produced = len(bundle.expected["output_ids"]) - len(bundle.inputs["input_ids"])
+def accepted_bounds(taus: list[int], produced: int) -> tuple[int, int]:
+    """The draft tokens a serving engine may count as accepted for a request whose reference run took steps of
+    τ = `taus` and produced `produced` new tokens: every step but the last accepts as DFlash's (Σ τ over them); the
+    last is where engines cut the block to what is left to generate, each its own way (the reference drafts a
+    shorter block; an engine that drafts it whole may accept the tokens it then commits), so it adds 0 to
+    max(τ, the tokens it committed) → (low, high)."""
     committed = produced - 1 - sum(t + 1 for t in taus[:-1])  # the last step's tokens (after x_0 and the others)
     low = sum(taus[:-1])
-    high = low + max(taus[-1:] + [committed, 0])
+    return low, low + max(taus[-1:] + [committed, 0])
+
+
+def _draft_accepted(bundle: Bundle, value) -> Check:
+    """A serving engine's own count of the request's draft tokens accepted, against DFlash's (accepted_bounds)."""
+    taus = [int(bundle.expected[e["key"]]) for e in bundle.entries if e["stage"] == "acceptance_length"]
+    low, high = accepted_bounds(taus, len(bundle.expected["output_ids"]) - len(bundle.inputs["input_ids"]))
     check = Check(bundle.name, DRAFT_ACCEPTED, "draft_accepted", None, None, "pass", manifest=False)
     got = array_or_none(value)
     if got is None or got.ndim != 0 or not np.issubdtype(got.dtype, np.integer):

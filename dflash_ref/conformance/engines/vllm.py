@@ -9,15 +9,13 @@ needs Triton: on a CPU vLLM refuses them, and the report says so in vLLM's words
 
 from __future__ import annotations
 
-import functools
-import hashlib
 import os
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from ..bundle import STAGES, find_bundles
+from ..bundle import STAGES, find_bundles, model_digest
 from ..crash import EngineFailed
 from ..report import NotApplicable
 from ..tensorfile import read_arrays
@@ -118,7 +116,7 @@ class VLLMBatchPort:
         self._done: dict[tuple, dict] = {}
 
     def run(self, bundle) -> dict:
-        group = [b for b in find_bundles(bundle.path.parent) if _models(b) == _models(bundle)]
+        group = [b for b in find_bundles(bundle.path.parent) if model_digest(b) == model_digest(bundle)]
         key = tuple(sorted(str(b.path) for b in group))
         if key not in self._done:
             self._done[key] = run_bundles(group)
@@ -171,17 +169,6 @@ def run_bundles(bundles: list, serve: bool = False) -> dict[str, dict]:
         bundle, _, key = name.partition("/")  # a key of its own may hold "/" (served/cached_prefix)
         out[bundle][key] = value
     return out
-
-
-@functools.lru_cache(maxsize=64)
-def _digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _models(bundle) -> tuple[str, ...]:
-    """What identifies a bundle's target and draft: their configs' and weights' digests."""
-    files = [d / f for d in (bundle.target_dir, bundle.draft_dir) for f in ("config.json", "model.safetensors")]
-    return tuple(_digest(f.resolve()) for f in files if f.exists())
 
 
 def openmp(python: str) -> dict:

@@ -1,0 +1,227 @@
+"""A deployment checked from outside, over its OpenAI-compatible HTTP API (`verify --endpoint URL`), and a file of
+outputs a user already has checked with no server at all (`verify --outputs FILE --target DIR`).
+
+    client.py     the protocol: /v1/models, /v1/completions (token-id prompts), /metrics; each engine's fields
+    expected.py   the requests and their reference runs (a bundle's, or spec_generate on the user's folders),
+                  and the serving conditions they are sent under
+    ties.py       the float64 replay: a divergence at a numeric tie told from a bug
+    check.py      sending (alone, or streamed as a scenario says) and judging each request
+    report.py     the verdict
+
+The kit only sends ordinary requests; it never changes the server's configuration. Every expectation is the
+reference's single-sequence run; no tolerance is widened for serving.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+from pathlib import Path
+
+from .check import Result, Runner
+from .client import Endpoint, EndpointError
+from .expected import CONDITIONS, Request, RequestsError, from_bundles, from_folders, read_prompts, with_conditions
+from .report import EndpointReport
+from .ties import DTYPES, replay
+
+__all__ = ["CONDITIONS", "DTYPES", "Endpoint", "EndpointError", "RequestsError", "verify_endpoint", "verify_outputs"]
+
+
+class UsageError(ValueError):
+    """What the command line got wrong, found before any model loads or any request is sent (exit code 2)."""
+
+
+def check_folders(target, draft, prompts) -> list[dict]:
+    """What can be refused before the target loads: the prompt file (read, its prompts not empty), the draft
+    folder (there, its config and weights load) and the target folder's being there → the prompts (text still
+    untokenized)."""
+    from ...drafts.checkpoint import load_draft
+    from ...target.checkpoint import CheckpointError
+
+    if not (target and draft and prompts):
+        raise UsageError("--target DIR, --draft DIR and --prompts FILE go together (or --bundle DIR)")
+    try:
+        entries = read_prompts(prompts)
+    except RequestsError as e:
+        raise UsageError(str(e)) from None
+    if not Path(target).is_dir() or not (Path(target) / "config.json").is_file():
+        raise UsageError(f"--target {target}: no model folder there (a folder with config.json)")
+    try:
+        load_draft(draft)
+    except CheckpointError as e:
+        raise UsageError(f"--draft {e}") from None
+    return entries
+
+
+def _tokenizer(folder):
+    """The target folder's tokenizer, or None where it has none (ids are then said as numbers)."""
+    from ...loading.folder import load_tokenizer
+    from ...target.checkpoint import CheckpointError
+
+    try:
+        return load_tokenizer(folder)
+    except (CheckpointError, ImportError):
+        return None
+
+
+def _words(tokenizer):
+    if tokenizer is None:
+        return lambda t: f"#{t}"
+    return lambda t: f"{tokenizer.decode([int(t)])!r} (#{t})"
+
+
+class _Replayer:
+    """ties.replay on the target loaded in float64 once, at its first use."""
+
+    def __init__(self, folder, device: str, dtype: str) -> None:
+        self.folder, self.device, self.dtype, self.target = folder, device, dtype, None
+
+    def __call__(self, prompt_ids: list[int], output_ids: list[int]):
+        import torch
+
+        from ...loading.folder import load_target
+
+        if self.target is None:
+            self.target = load_target(self.folder, dtype=torch.float64, device=self.device)
+        return replay(self.target, prompt_ids, output_ids, self.dtype)
+
+
+def verify_endpoint(
+    url: str,
+    bundle=None,
+    target=None,
+    draft=None,
+    prompts=None,
+    model: str | None = None,
+    dtype: str = "float32",
+    device: str = "cpu",
+    conditions: list[str] | None = None,
+    max_new_tokens: int = 64,
+    timeout: float | None = None,
+    progress=print,
+) -> EndpointReport:
+    """The requests of `bundle` (a folder of bundles of one model pair), or of `prompts` on the folders `target` and
+    `draft`, through the server at `url`, each held to the reference's run of it alone (module docstring).
+    UsageError: the arguments; EndpointError: the server; RequestsError: the bundles."""
+    import torch
+
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype}: choose from {', '.join(DTYPES)}")
+    conditions = conditions or ["alone"]
+    if bundle is None:
+        entries = check_folders(target, draft, prompts)
+    elif target or draft or prompts:
+        raise UsageError("--bundle carries its own target, draft and prompts: give it, or --target/--draft/--prompts")
+    elif conditions != ["alone"]:
+        raise UsageError("--serving goes with --prompts: a bundle folder's serving scenarios say how they are sent")
+    try:
+        with_conditions([{"name": "p", "prompt_ids": [0], "max_tokens": 1}], conditions)
+    except RequestsError as e:
+        raise UsageError(str(e)) from None
+    endpoint = Endpoint(url, model, **({"timeout": timeout} if timeout else {}))
+    progress(f"{endpoint.url}: {endpoint.engine}, model {endpoint.model}")
+    if bundle is not None:
+        requests = from_bundles(bundle, list(endpoint.models))
+        folder = Path(requests and _bundle_target(bundle, requests[0].name))
+    else:
+        from ...drafts.checkpoint import load_draft
+        from ...loading.folder import folder_stop_ids, load_target
+
+        folder = Path(target)
+        tokenizer = _tokenizer(folder)
+        if tokenizer is None and any(e["prompt_ids"] is None for e in entries):
+            raise UsageError(f"--prompts has text, and --target {target} has no tokenizer: give prompt_ids")
+        entries = read_prompts(prompts, tokenizer, max_new_tokens)
+        progress(f"loading the reference: target {target}, draft {draft}, float32 on {device}")
+        draft_model = load_draft(draft, torch.float32, device)
+        target_model = load_target(folder, dtype=torch.float32, device=device)
+        stops = folder_stop_ids(folder, tokenizer) if tokenizer is not None else []
+        requests = from_folders(target_model, draft_model, with_conditions(entries, conditions), stops, progress)
+        del draft_model, target_model
+        gc.collect()
+    tokenizer = _tokenizer(folder)
+    retokenize = (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]) if tokenizer else None
+    runner = Runner(endpoint, _Replayer(folder, device, dtype), _words(tokenizer), dtype, retokenize, progress)
+    results = runner.run(requests)
+    reported = runner.counting or any(r.completion is not None and r.completion.accepted is not None for r in results)
+    header = [
+        f"endpoint {endpoint.url} ({endpoint.engine}), model {endpoint.model}; engine dtype {dtype}",
+        f"reference: {'the bundles at ' + str(bundle) if bundle else f'target {target}, draft {draft}'} "
+        f"(float32, each request alone); acceptance from "
+        + ("the server's counters around each request" if runner.counting else "each response, where it has it"),
+    ]
+    return EndpointReport(header, results, runner.shared, reported)
+
+
+def _bundle_target(path, name: str) -> Path:
+    from ..bundle import find_bundles
+
+    return next(b.target_dir for b in find_bundles(path) if b.name == name)
+
+
+def verify_outputs(path, target, dtype: str = "float32", device: str = "cpu", progress=print) -> EndpointReport:
+    """A file of outputs (one JSON object a line: prompt_ids, output_ids, optionally logprobs, name, max_tokens,
+    stop_token_ids) against the target's float64 argmax at every position: pass, tie or FAIL, as for a server."""
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype}: choose from {', '.join(DTYPES)}")
+    if not target:
+        raise UsageError("--outputs needs --target DIR: the target the outputs came from")
+    lines = _read_outputs(path)
+    if not Path(target).is_dir() or not (Path(target) / "config.json").is_file():
+        raise UsageError(f"--target {target}: no model folder there (a folder with config.json)")
+    tokenizer = _tokenizer(target)
+    words = _words(tokenizer)
+    replayer = _Replayer(target, device, dtype)
+    results = []
+    for line in lines:
+        progress(f"replaying {line['name']} ({len(line['output_ids'])} tokens) in float64")
+        request = Request(line["name"], line["prompt_ids"], line.get("max_tokens") or len(line["output_ids"]),
+                          line.get("stop_token_ids") or [], [], [])  # fmt: skip
+        try:
+            divergences = replayer(line["prompt_ids"], line["output_ids"])
+        except ValueError as e:
+            raise UsageError(f"--outputs {path}, {line['name']}: {e}") from None
+        bugs = [d for d in divergences if not d.tie]
+        first = (bugs or divergences or [None])[0]
+        status = "FAIL" if bugs else "tie" if divergences else "pass"
+        said = "the target's float64 argmax at every position" if first is None else first.said(words)
+        logprobs = line.get("logprobs")
+        note = ""
+        if first is not None and isinstance(logprobs, list) and first.index < len(logprobs):
+            note = f"its own logprob of its token there: {logprobs[first.index]}"
+        if len(line["output_ids"]) > request.max_new_tokens:
+            status, said = "FAIL", f"{len(line['output_ids'])} tokens, more than max_tokens {request.max_new_tokens}"
+        results.append(Result(request, status, said, divergences=divergences, note=note))
+    header = [f"outputs {path} against target {target} replayed in float64; their dtype {dtype}"]
+    return EndpointReport(header, results, reported=True)
+
+
+def _read_outputs(path) -> list[dict]:
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"--outputs {path}: {e}") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"--outputs {path}, line {n}"
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+        if not isinstance(entry, dict):
+            raise UsageError(f"{where}: not a JSON object")
+        for key in ("prompt_ids", "output_ids"):
+            ids = entry.get(key)
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
+            ):
+                raise UsageError(f"{where}: {key} must be a list of token ids ≥ 0")
+        if not entry["prompt_ids"]:
+            raise UsageError(f"{where}: an empty prompt_ids")
+        entry.setdefault("name", f"line{n}")
+        out.append(entry)
+    if not out:
+        raise UsageError(f"--outputs {path}: no output in it")
+    return out

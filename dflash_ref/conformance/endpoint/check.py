@@ -1,0 +1,312 @@
+"""The requests through a server, each held to its reference run alone: its output tokens and its acceptance.
+
+Sending. Requests without a serving entry, and scenario requests that wait for the one before to finish, go one at a
+time. A scenario whose requests arrive while others decode (`arrive` with `tokens`) is streamed: each request is
+sent once the one it follows has streamed that many tokens (engines/serving.arrives). A server that reports no
+acceptance per request (vLLM) has its counters read before and after: around each request sent alone, so each has
+its own count, and around a streamed scenario, whose requests then share one count held to the sum of theirs.
+
+Judging a request (`judge`):
+
+    output       pass where the server's output tokens are the reference's. Else the float64 replay (ties.py) of
+                 the server's output: every position where its token is not the target's float64 argmax is a tie
+                 (margin below the dtype's resolution) or not; an output that ran past a stop token or
+                 max_tokens, or ended before either, is a FAIL whatever its tokens. All ties: "tie"; else "FAIL"
+                 at the first position that is not one. A server that leaves out the stop token it stopped on
+                 (finish_reason "stop", as the protocol's stop strings are) is taken as having produced it.
+    acceptance   compared only where the output is the reference's (another output is another run): the count in
+                 [low, high] (expected.Request.accepted). In float32 a count outside is a FAIL; in bfloat16 or
+                 float16 the draft's own argmax may fall at a near-tie too, so the count is reported as a ratio to
+                 the reference's, not judged.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..engines import serving
+from .client import Completion, Endpoint, EndpointError
+from .expected import Request
+from .ties import Divergence
+
+SETTLE = 2.0  # seconds to wait for a server's counters to take a request's last step in
+
+
+@dataclass
+class Result:
+    """One request's verdict: `status` pass | tie | FAIL | n/a (the server refused it) | error."""
+
+    request: Request
+    status: str
+    output: str  # the output's verdict in words
+    completion: Completion | None = None
+    divergences: list[Divergence] = field(default_factory=list)
+    accepted: int | None = None  # the server's count, where it has one for this request alone
+    acceptance: str = ""  # its verdict in words
+    acceptance_failed: bool = False
+    note: str = ""  # how the ids were had, the cached prefix, …
+
+    @property
+    def bounds(self) -> tuple[int, int]:
+        return self.request.accepted()
+
+
+@dataclass
+class Shared:
+    """One acceptance count for requests that were in flight together (a streamed scenario, counters)."""
+
+    names: list[str]
+    accepted: int
+    bounds: tuple[int, int]
+    verdict: str
+    failed: bool
+
+
+def settled_counters(endpoint: Endpoint, before: dict | None) -> dict | None:
+    """The counters once they stop moving (two reads 0.1 s apart agree), at most SETTLE seconds."""
+    deadline, last = time.monotonic() + SETTLE, endpoint.counters()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now = endpoint.counters()
+        if now == last and now != before:
+            return now
+        last = now
+    return last
+
+
+def delta(before: dict | None, after: dict | None) -> dict | None:
+    if before is None or after is None:
+        return None
+    return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in set(before) | set(after)}
+
+
+class Runner:
+    """Sends the requests (`run`) and judges each (`judge`): `replay(prompt, output)` gives the float64
+    divergences (ties.replay on a target loaded once), `words(id)` a token's text, `dtype` the engine's,
+    `stop_texts(ids)` the stop tokens as the server's strings (for servers that stop on strings only)."""
+
+    def __init__(self, endpoint: Endpoint, replay, words, dtype: str, retokenize=None, progress=print) -> None:
+        self.endpoint, self.replay, self.words, self.dtype = endpoint, replay, words, dtype
+        self.retokenize, self.progress = retokenize, progress
+        self.counting = endpoint.counters() is not None  # vLLM's /metrics
+        self.shared: list[Shared] = []
+        self._stop_texts: dict[int, str | None] = {}
+
+    # -- sending ------------------------------------------------------------------------------------------------
+    def run(self, requests: list[Request]) -> list[Result]:
+        results: dict[str, Result] = {}
+        for group in _groups(requests):
+            streamed = any((r.serving or {}).get("arrive", {}) and "tokens" in r.serving["arrive"] for r in group)
+            label = group[0].serving["scenario"] if group[0].serving else group[0].name
+            self.progress(f"sending {label}: {len(group)} request{'s' * (len(group) > 1)}{', streamed' * streamed}")
+            if streamed:
+                results.update(self._streamed(group))
+            else:
+                for request in group:
+                    results[request.name] = self._alone(request)
+        return [results[r.name] for r in requests]
+
+    def _stops(self, request: Request) -> list[str] | None:
+        """The stop tokens as texts, for a server that stops on strings only (llama-server)."""
+        if self.endpoint.engine != "llamacpp" or not request.stop_ids:
+            return None
+        for t in request.stop_ids:
+            if t not in self._stop_texts:
+                self._stop_texts[t] = self.endpoint.detokenize(t)
+        return [self._stop_texts[t] for t in request.stop_ids if self._stop_texts[t]]
+
+    def _alone(self, request: Request) -> Result:
+        before = self.endpoint.counters() if self.counting else None
+        try:
+            got = self.endpoint.complete(request.prompt_ids, request.max_new_tokens, request.stop_ids,
+                                         stop_texts=self._stops(request))  # fmt: skip
+        except EndpointError as e:
+            return Result(request, "n/a" if e.refused else "error", str(e))
+        counted = delta(before, settled_counters(self.endpoint, before)) if self.counting else None
+        return self.judge(request, got, counted)
+
+    def _streamed(self, group: list[Request]) -> dict[str, Result]:
+        before = self.endpoint.counters() if self.counting else None
+        by_name = {r.name: r for r in group}
+        streams, waiting = {}, list(group)  # request name → its Streamed
+        deadline = time.monotonic() + self.endpoint.timeout
+        while waiting or any(s.is_alive() for s in streams.values()):
+            produced = {by_name[n].serving["request"]: s.produced for n, s in streams.items()}
+            done = {by_name[n].serving["request"] for n, s in streams.items() if not s.is_alive()}
+            try:
+                while waiting and serving.arrives(waiting[0].serving, produced, done):
+                    r = waiting.pop(0)
+                    streams[r.name] = self.endpoint.stream(r.prompt_ids, r.max_new_tokens, r.stop_ids, self._stops(r))
+            except RuntimeError as e:  # a request due mid-decode whose predecessor finished first
+                return {r.name: Result(r, "error", f"the condition was not exercised: {e}") for r in group}
+            if (
+                waiting
+                and not any(s.is_alive() for s in streams.values())
+                and not serving.arrives(waiting[0].serving, produced, done)
+            ):
+                return {r.name: Result(r, "error", f"{waiting[0].name} can never arrive") for r in group}
+            if time.monotonic() > deadline:
+                return {r.name: Result(r, "error", f"not finished in {self.endpoint.timeout:g} s") for r in group}
+            time.sleep(0.005)
+        counted = delta(before, settled_counters(self.endpoint, before)) if self.counting else None
+        out = {}
+        for name, s in streams.items():
+            r = by_name[name]
+            if s.error:
+                out[r.name] = Result(r, "n/a" if s.error.refused else "error", str(s.error))
+            else:
+                out[r.name] = self.judge(r, s.completion, None, shared=counted is not None)
+        if counted is not None and all(out[r.name].status == "pass" for r in group):
+            lows, highs = zip(*(r.accepted() for r in group), strict=True)
+            self.shared.append(self._shared([r.name for r in group], int(counted["accepted"]), (sum(lows), sum(highs))))
+        return out
+
+    # -- judging ------------------------------------------------------------------------------------------------
+    def judge(self, request: Request, got: Completion, counted: dict | None, shared: bool = False) -> Result:
+        notes = []
+        ids = got.output_ids
+        if ids is None:
+            if self.retokenize is None:
+                return Result(request, "error", "the server returned text only, and no tokenizer to read it with")
+            ids = self.retokenize(got.text)
+            notes.append("ids re-tokenized from the server's text (it returns no token ids)")
+        ids = list(ids)
+        expected, stops = request.expected, set(request.stop_ids)
+        if (
+            got.finish_reason == "stop"
+            and ids == expected[: len(ids)]
+            and len(ids) < len(expected)
+            and expected[len(ids)] in stops
+            and len(ids) + 1 == len(expected)
+        ):
+            ids.append(expected[len(ids)])  # the stop token the server stopped on and left out
+            notes.append("its stop token left out of the output, as stop strings are")
+        if got.cached:
+            notes.append(f"{got.cached} prompt tokens from its prefix cache")
+        result = Result(request, "pass", "the reference's output", got, note="; ".join(notes))
+        if ids != expected:
+            self._judge_output(result, ids)
+        if result.status != "pass":
+            result.acceptance = "not compared: the output is not the reference's"
+            return result
+        accepted = got.accepted if got.accepted is not None else None
+        if accepted is None and counted is not None:
+            accepted = int(counted.get("accepted", 0))
+        if accepted is None:
+            result.acceptance = (
+                "counted with the requests in flight beside it" if shared else "not reported: outputs only"
+            )
+            return result
+        result.accepted = accepted
+        result.acceptance, result.acceptance_failed = self._acceptance(accepted, request.accepted())
+        if counted is not None and got.accepted is None:
+            per_pos = _per_position(counted)
+            if per_pos:
+                ranges = request.accepted_per_position()
+                off = [i for i, n in enumerate(per_pos) if not _within(n, ranges[i] if i < len(ranges) else (0, 0))]
+                if off and self.dtype == "float32":
+                    result.acceptance_failed = True
+                    result.acceptance += (
+                        f"; per draft position {per_pos}, the reference's "
+                        f"{[f'{a}–{b}' if a != b else a for a, b in ranges]}"
+                    )
+        if result.acceptance_failed:
+            result.status = "FAIL"
+        return result
+
+    def _acceptance(self, accepted: int, bounds: tuple[int, int]) -> tuple[str, bool]:
+        low, high = bounds
+        expected = f"{low}" if low == high else f"{low}–{high}"
+        said = f"{accepted} draft tokens accepted, the reference's {expected}"
+        if low <= accepted <= high:
+            return said, False
+        if self.dtype != "float32":
+            return (
+                said + f" (ratio {accepted / max(high, 1):.2f}; not judged in {self.dtype}: its draft may tie)",
+                False,
+            )
+        why = (
+            "fewer: the draft saw another context than DFlash's (a prefix restored without its draft K/V, a "
+            "prefill chunk's features lost, another request's rows) or another draft's weights"
+            if accepted < low
+            else "more than DFlash's draft accepts: the server counts differently (its bonus token?)"
+        )
+        return f"{said}: {why}", True
+
+    def _shared(self, names: list[str], accepted: int, bounds: tuple[int, int]) -> Shared:
+        said, failed = self._acceptance(accepted, bounds)
+        return Shared(names, accepted, bounds, said, failed)
+
+    def _judge_output(self, result: Result, ids: list[int]) -> None:
+        request, expected = result.request, result.request.expected
+        stops = set(request.stop_ids)
+        first = next(
+            (i for i, (a, b) in enumerate(zip(ids, expected, strict=False)) if a != b), min(len(ids), len(expected))
+        )
+        try:
+            result.divergences = self.replay(request.prompt_ids, ids)
+        except ValueError as e:  # ids the target has no row for
+            result.status, result.output = "FAIL", f"returned {e}"
+            return
+        bugs = [d for d in result.divergences if not d.tie]
+        ending = _ending(
+            ids, request.max_new_tokens, stops, result.completion.finish_reason if result.completion else None
+        )
+        if bugs:
+            result.status = "FAIL"
+            result.output = f"diverges {bugs[0].said(self.words)}"
+        elif ending:
+            result.status = "FAIL"
+            result.output = ending
+        elif result.divergences:
+            result.status = "tie"
+            ties = "; ".join(d.said(self.words) for d in result.divergences[:3])
+            more = f" (and {len(result.divergences) - 3} more)" if len(result.divergences) > 3 else ""
+            result.output = f"leaves the reference's output at {first}, at numeric ties only: {ties}{more}"
+        else:  # the server's output is the float64 argmax everywhere: the float32 reference broke a tie
+            result.status = "tie"
+            result.output = (
+                f"leaves the float32 reference's output at {first} ({self.words(expected[first])} there) where the "
+                f"float64 target ranks the server's {self.words(ids[first])} first: the reference's own tie"
+                if first < len(expected) and first < len(ids)
+                else f"differs from the reference's output after {first} tokens, each the float64 target's argmax"
+            )
+
+
+def _ending(ids: list[int], max_new: int, stops: set[int], finish: str | None) -> str:
+    """What is wrong with where the output ends ("" where nothing is)."""
+    inside = next((i for i, t in enumerate(ids[:-1]) if t in stops), None)
+    if inside is not None:
+        return f"went on past the stop token {ids[inside]} at {inside} ({len(ids)} tokens)"
+    if len(ids) > max_new:
+        return f"returned {len(ids)} tokens, more than max_tokens {max_new}"
+    if len(ids) < max_new and (not ids or ids[-1] not in stops):
+        return f"ended after {len(ids)} of {max_new} tokens at no stop token (finish_reason {finish!r})"
+    return ""
+
+
+def _within(n: int, bounds: tuple[int, int]) -> bool:
+    return bounds[0] <= n <= bounds[1]
+
+
+def _per_position(counted: dict) -> list[int]:
+    positions = sorted(int(k.split(".")[1]) for k in counted if k.startswith("accepted_per_pos."))
+    return [int(counted[f"accepted_per_pos.{i}"]) for i in range(positions[-1] + 1)] if positions else []
+
+
+def _groups(requests: list[Request]) -> list[list[Request]]:
+    """The requests in sending order: a serving scenario's together, in its order; every other alone."""
+    groups, scenarios = [], {}
+    for r in requests:
+        name = (r.serving or {}).get("scenario")
+        if name is None:
+            groups.append([r])
+        elif name in scenarios:
+            scenarios[name].append(r)
+        else:
+            scenarios[name] = [r]
+            groups.append(scenarios[name])
+    for g in groups:
+        g.sort(key=lambda r: (r.serving or {}).get("order", 0))
+    return groups

@@ -1,0 +1,329 @@
+"""An OpenAI-compatible server as the kit sees it from outside: ordinary requests over HTTP (the standard library's
+urllib: nothing to install), never a change to the server's configuration.
+
+    GET  /v1/models        the models it serves (`owned_by` names the engine: vllm, llamacpp, sglang, …)
+    POST /v1/completions   one greedy (or seeded) completion, the prompt as token ids
+    GET  /metrics          Prometheus counters (vLLM's `vllm:spec_decode_*`), read around a request
+
+What a completion hands back, each engine in its own field:
+
+    output ids     `choices[0].token_ids` (vLLM, asked with return_token_ids), else the ids of
+                   `choices[0].logprobs.content` (llama-server, asked with logprobs), else none: the output is
+                   then only text, and the kit re-tokenizes it with the target's tokenizer (said in the report)
+    acceptance     `timings.draft_n` / `draft_n_accepted` (llama-server), `meta_info.spec_accept_token_num` /
+                   `spec_draft_token_num` / `spec_verify_ct` (SGLang); vLLM reports none per request: its
+                   counters are read before and after a request sent alone (`Endpoint.counters`)
+    cached prefix  `usage.prompt_tokens_details.cached_tokens` (vLLM, llama-server), `meta_info.cached_tokens`
+
+Each failure is one EndpointError whose message is a line a person can act on: the URL unreachable, a 4xx or 5xx
+with the server's own message, a timeout, an answer that is not the protocol's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+
+TIMEOUT = 600.0  # seconds for one request: a CPU server can take minutes on a long prompt
+API_KEY = "OPENAI_API_KEY"  # sent as a bearer token where set, as OpenAI's clients do
+# vLLM's speculative-decoding counters (Prometheus names, without the _total suffix a counter is exposed with)
+VLLM_COUNTERS = {
+    "drafts": "vllm:spec_decode_num_drafts",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens",
+    "accepted": "vllm:spec_decode_num_accepted_tokens",
+    "accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos",
+}
+
+
+class EndpointError(RuntimeError):
+    """What went wrong talking to the server, in one line; `refused`: the server answered 4xx (it will not take
+    this request: a prompt too long, a model it does not serve), not a failure of its own."""
+
+    def __init__(self, message: str, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
+
+
+@dataclass
+class Completion:
+    """What the server returned for one request, as it said it: nothing recomputed."""
+
+    output_ids: list[int] | None  # None: the server returned text only
+    text: str
+    finish_reason: str | None
+    accepted: int | None = None  # draft tokens accepted, where the server reports it per request
+    drafted: int | None = None  # draft tokens proposed, likewise
+    cached: int | None = None  # prompt tokens taken from its prefix cache, where it says
+    logprobs: list[float] | None = None  # its log-probability of each output token, where asked and given
+    reported_by: str = ""  # which field the acceptance came from
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+def _clean_url(url: str) -> str:
+    """The server's base URL: `http://host:port` (a trailing /v1 or / is dropped); anything else is refused."""
+    if not re.match(r"^https?://[^/\s]+", url or ""):
+        raise EndpointError(f"--endpoint {url!r} is not an http:// or https:// URL (e.g. http://127.0.0.1:8000)")
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+class Endpoint:
+    """One server: `url` its base (http://host:port, with or without /v1), `model` the model to ask for (default:
+    the only one it serves)."""
+
+    def __init__(self, url: str, model: str | None = None, timeout: float = TIMEOUT) -> None:
+        self.url, self.timeout = _clean_url(url), timeout
+        self.models = self._models()
+        if model is None:
+            if len(self.models) != 1:
+                raise EndpointError(
+                    f"{self.url} serves {len(self.models)} models ({', '.join(self.models) or 'none'}): name one "
+                    "with --model"
+                )
+            model = next(iter(self.models))
+        elif model not in self.models:
+            raise EndpointError(f"{self.url} does not serve the model {model!r}; it serves {', '.join(self.models)}")
+        self.model = model
+        self.engine = self.models[model] or "unknown"  # owned_by: vllm, llamacpp, sglang, …
+
+    # -- the protocol -------------------------------------------------------------------------------------------
+    def request(self, path: str, body: dict | None = None) -> urllib.request.Request:
+        """A GET (no body) or a JSON POST to `path`, with the API key where one is set."""
+        request = urllib.request.Request(
+            self.url + path,
+            data=None if body is None else json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        if os.environ.get(API_KEY):
+            request.add_header("Authorization", f"Bearer {os.environ[API_KEY]}")
+        return request
+
+    def _call(self, path: str, body: dict | None = None, timeout: float | None = None) -> bytes:
+        try:
+            with urllib.request.urlopen(self.request(path, body), timeout=timeout or self.timeout) as response:
+                return response.read()
+        except urllib.error.HTTPError as e:
+            said = _server_message(e.read().decode(errors="replace"))
+            raise EndpointError(f"{self.url}{path} answered {e.code} {e.reason}: {said}", e.code < 500) from None
+        except urllib.error.URLError as e:
+            reason = e.reason
+            if isinstance(reason, TimeoutError) or "timed out" in str(reason):
+                raise EndpointError(f"{self.url}{path} did not answer in {timeout or self.timeout:g} s") from None
+            raise EndpointError(f"{self.url} is unreachable: {reason}") from None
+        except (TimeoutError, ConnectionError, OSError) as e:
+            if isinstance(e, TimeoutError) or "timed out" in str(e):
+                raise EndpointError(f"{self.url}{path} did not answer in {timeout or self.timeout:g} s") from None
+            raise EndpointError(f"{self.url}{path} failed: {type(e).__name__}: {e}") from None
+
+    def _json(self, path: str, body: dict | None = None) -> dict:
+        raw = self._call(path, body)
+        try:
+            answer = json.loads(raw)
+        except json.JSONDecodeError:
+            raise EndpointError(f"{self.url}{path} did not answer JSON: {raw[:120]!r}") from None
+        if not isinstance(answer, dict):
+            raise EndpointError(f"{self.url}{path} answered {type(answer).__name__}, not a JSON object")
+        return answer
+
+    def _models(self) -> dict[str, str]:
+        """model id → owned_by, from /v1/models."""
+        answer = self._json("/v1/models")
+        data = answer.get("data")
+        if not isinstance(data, list) or not all(isinstance(m, dict) and "id" in m for m in data):
+            raise EndpointError(f"{self.url}/v1/models is not an OpenAI model list: {json.dumps(answer)[:160]}")
+        return {m["id"]: str(m.get("owned_by") or "") for m in data}
+
+    def complete(
+        self,
+        prompt_ids: list[int],
+        max_tokens: int,
+        stop_ids: list[int] | None = None,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        stop_texts: list[str] | None = None,
+    ) -> Completion:
+        """One completion of `prompt_ids`: greedy at temperature 0, else sampled with `seed` and no top-k, top-p
+        or min-p. The stop tokens go as ids (`stop_token_ids`, vLLM's and SGLang's field) and, for servers that
+        stop on strings only (llama-server), as their texts; the model's own EOS is ignored (`ignore_eos`) so that
+        only the stops asked for end the output, as they end the reference's."""
+        body = self.body(prompt_ids, max_tokens, stop_ids, temperature, seed, stop_texts)
+        return parse_completion(self._json("/v1/completions", body), f"{self.url}/v1/completions")
+
+    def body(self, prompt_ids, max_tokens, stop_ids, temperature, seed, stop_texts) -> dict:
+        """A /v1/completions request (`complete`)."""
+        body = {
+            "model": self.model,
+            "prompt": list(map(int, prompt_ids)),
+            "max_tokens": int(max_tokens),
+            "temperature": float(temperature),
+            "top_p": 1.0,
+            "stream": False,
+            "logprobs": 1,  # llama-server's only way to hand back token ids on this route
+            "return_token_ids": True,  # vLLM's
+            "stop_token_ids": [int(t) for t in stop_ids or []],
+            "ignore_eos": True,
+        }
+        if stop_texts:
+            body["stop"] = stop_texts
+        if temperature > 0:  # the engines' ways to say "no top-k, no min-p"
+            body.update(top_k=-1 if self.engine == "vllm" else 0, min_p=0.0)
+        if seed is not None:
+            body["seed"] = int(seed)
+        return body
+
+    def stream(self, prompt_ids: list[int], max_tokens: int, stop_ids=None, stop_texts=None) -> Streamed:
+        """The greedy completion of `complete`, streamed in a thread (started): see Streamed."""
+        streamed = Streamed(self, self.body(prompt_ids, max_tokens, stop_ids, 0.0, None, stop_texts))
+        streamed.start()
+        return streamed
+
+    def detokenize(self, token: int) -> str | None:
+        """A token's text in the server's own words (/detokenize: llama-server, vLLM), None where it has none."""
+        try:
+            answer = self._json("/detokenize", {"tokens": [int(token)], "model": self.model})
+        except EndpointError:
+            return None
+        text = answer.get("content", answer.get("prompt"))
+        return text if isinstance(text, str) else None
+
+    def counters(self) -> dict[str, float] | None:
+        """vLLM's speculative-decoding counters now (summed over their labels; accepted_per_pos as
+        `accepted_per_pos.{i}`), or None where /metrics has none of them."""
+        try:
+            text = self._call("/metrics", timeout=30).decode(errors="replace")
+        except EndpointError:
+            return None
+        return parse_counters(text)
+
+
+def _server_message(body: str) -> str:
+    """The error a server put in its body (OpenAI's {"error": {"message"}}, vLLM's {"message"}, text)."""
+    try:
+        answer = json.loads(body)
+    except json.JSONDecodeError:
+        return body.strip()[:300] or "(no message)"
+    if isinstance(answer, dict):
+        error = answer.get("error", answer)
+        if isinstance(error, dict):
+            return str(error.get("message") or error.get("detail") or error)[:300]
+        return str(error)[:300]
+    return str(answer)[:300]
+
+
+def parse_completion(answer: dict, where: str) -> Completion:
+    """A /v1/completions answer → Completion: its ids, text and whatever acceptance it reports (module docstring)."""
+    choices = answer.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise EndpointError(f"{where} answered no choices: {json.dumps(answer)[:160]}")
+    choice = choices[0]
+    ids, logprobs = choice.get("token_ids"), None
+    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
+    if isinstance(content, list) and content and all(isinstance(c, dict) for c in content):
+        if ids is None and all("id" in c for c in content):
+            ids = [c["id"] for c in content]
+        if all("logprob" in c for c in content):
+            logprobs = [float(c["logprob"]) for c in content]
+    elif isinstance(choice.get("logprobs"), dict) and isinstance(choice["logprobs"].get("token_logprobs"), list):
+        logprobs = [float(x) if x is not None else float("nan") for x in choice["logprobs"]["token_logprobs"]]
+    out = Completion(
+        [int(t) for t in ids] if isinstance(ids, list) else None,
+        str(choice.get("text") or ""),
+        choice.get("finish_reason"),
+        logprobs=logprobs,
+        raw=answer,
+    )
+    timings, meta = answer.get("timings") or {}, answer.get("meta_info") or choice.get("meta_info") or {}
+    if "draft_n_accepted" in timings:  # llama-server
+        out.accepted, out.drafted, out.reported_by = int(timings["draft_n_accepted"]), timings.get("draft_n"), "timings"
+    elif "spec_accept_token_num" in meta:  # SGLang
+        out.accepted, out.drafted = int(meta["spec_accept_token_num"]), meta.get("spec_draft_token_num")
+        out.reported_by = "meta_info"
+    elif "spec_verify_ct" in meta and "completion_tokens" in meta:  # SGLang without the counts: x_0 + Σ (τ + 1)
+        out.accepted = int(meta["completion_tokens"]) - 1 - int(meta["spec_verify_ct"])
+        out.reported_by = "meta_info (completion_tokens − 1 − spec_verify_ct)"
+    details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens", meta.get("cached_tokens"))
+    out.cached = int(cached) if isinstance(cached, int | float) else None
+    return out
+
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def parse_counters(text: str) -> dict[str, float] | None:
+    """Prometheus text → vLLM's counters (VLLM_COUNTERS), each summed over its other labels; per position as
+    `accepted_per_pos.{i}`. None where none is there."""
+    names = {v: k for k, v in VLLM_COUNTERS.items()}
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        name = m.group(1).removesuffix("_total")
+        if name not in names:
+            continue
+        key = names[name]
+        if key == "accepted_per_pos":
+            position = re.search(r'position="(\d+)"', m.group(2) or "")
+            if not position:
+                continue
+            key = f"accepted_per_pos.{position.group(1)}"
+        out[key] = out.get(key, 0.0) + float(m.group(3))
+    return out or None
+
+
+class Streamed(threading.Thread):
+    """One completion streamed (server-sent events) in a thread of its own: `produced` counts the output tokens
+    seen so far (ids where the chunks carry them, else one a chunk), so that other requests can be sent while it
+    decodes; `completion` (a Completion) or `error` (an EndpointError) once it ends."""
+
+    def __init__(self, endpoint: Endpoint, body: dict) -> None:
+        super().__init__(daemon=True)
+        self.endpoint = endpoint
+        self.body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        self.produced = 0
+        self.completion: Completion | None = None
+        self.error: EndpointError | None = None
+
+    def run(self) -> None:
+        ids, contents, text, last = [], [], [], {}
+        finish = None
+        try:
+            with urllib.request.urlopen(
+                self.endpoint.request("/v1/completions", self.body), timeout=self.endpoint.timeout
+            ) as response:
+                for line in response:
+                    line = line.decode(errors="replace").strip()
+                    if not line.startswith("data:") or line == "data: [DONE]":
+                        continue
+                    chunk = json.loads(line[len("data:") :])
+                    if "error" in chunk:
+                        raise EndpointError(f"{self.endpoint.url}/v1/completions: {_server_message(line[5:])}")
+                    last.update({k: chunk[k] for k in ("timings", "usage", "meta_info") if chunk.get(k)})
+                    for choice in chunk.get("choices") or []:
+                        content = (choice.get("logprobs") or {}).get("content") or []
+                        got = choice.get("token_ids") or [c["id"] for c in content if "id" in c]
+                        ids += got
+                        contents += content
+                        text.append(choice.get("text") or "")
+                        finish = choice.get("finish_reason") or finish
+                        self.produced += len(got) or bool(choice.get("text"))
+        except EndpointError as e:
+            self.error = e
+            return
+        except urllib.error.HTTPError as e:
+            said = _server_message(e.read().decode(errors="replace"))
+            self.error = EndpointError(f"{self.endpoint.url}/v1/completions answered {e.code}: {said}", e.code < 500)
+            return
+        except (OSError, ValueError) as e:  # unreachable, a timeout, a chunk that is not JSON
+            self.error = EndpointError(f"{self.endpoint.url}/v1/completions failed while streaming: {e}")
+            return
+        choice = {"text": "".join(text), "finish_reason": finish, "token_ids": ids or None}
+        if contents:
+            choice["logprobs"] = {"content": contents}
+        self.completion = parse_completion({"choices": [choice], **last}, self.endpoint.url)

@@ -1,0 +1,219 @@
+"""The requests sent to a server and what each must return: the reference's single-sequence run of it, in float32.
+
+From a bundle folder (`--bundle DIR`): each greedy bundle is one request, its expectation the bundle's own
+(output ids and τ per step, written by the reference); a serving scenario's bundles keep their `serving` entry
+(engine_scenarios.SERVING_MEANING), which says when each is sent beside the others. An endpoint serves one model
+pair, so the bundles of the pair it serves are taken (all of them where the folder holds one pair).
+
+From folders and a prompt file (`--target DIR --draft DIR --prompts FILE`): any checkpoint `load_target` /
+`load_draft` read. The file holds one prompt a line: JSON (`{"prompt_ids": [...]}` or `{"prompt": "text"}`, each
+optionally with "max_tokens" and "name") or plain text. The reference runs `spec_generate` on each prompt alone,
+at temperature 0 in float32, with the target folder's stop tokens (generation_config.json's eos_token_id).
+
+What the acceptance must be: with the same weights and greedy decoding, every step's proposals are the draft's
+argmax given the committed tokens, so every step's τ is determined. A server counts the draft tokens it accepted;
+every step but the last accepts as the reference's (Σ τ over them); the last is where engines cut the block to
+what is left to generate each their own way (verify.accepted_bounds), so the count lies in [low, high].
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..verify import accepted_bounds
+
+
+class RequestsError(ValueError):
+    """The requests cannot be made: a prompt file, folder or bundle that is not usable (said in one line)."""
+
+
+@dataclass
+class Request:
+    name: str
+    prompt_ids: list[int]
+    max_new_tokens: int
+    stop_ids: list[int]
+    expected: list[int]  # the reference's new tokens (x_0 first)
+    taus: list[int]  # the reference's τ per decode step
+    serving: dict | None = None  # a serving scenario's entry (engine_scenarios.SERVING_MEANING), if any
+
+    def accepted(self) -> tuple[int, int]:
+        """The draft tokens a server may count as accepted for this request: [low, high]."""
+        return accepted_bounds(self.taus, len(self.expected))
+
+    def accepted_per_position(self) -> list[tuple[int, int]]:
+        """Per draft position i (0: the first proposal), how many steps accepted it: [low, high] (vLLM's
+        spec_decode_num_accepted_tokens_per_pos); the last step may add one where it can accept that far."""
+        low_total, high_total = self.accepted()
+        last = high_total - low_total  # how far the last step may accept
+        span = max(self.taus + [last, 0])
+        return [
+            (sum(t > i for t in self.taus[:-1]), sum(t > i for t in self.taus[:-1]) + (last > i)) for i in range(span)
+        ]
+
+
+def from_bundles(path, served: list[str] | None = None) -> list[Request]:
+    """The greedy bundles at `path` as requests; where they hold several model pairs, the pair whose target folder
+    is named by one of `served` (the server's model ids), else an error listing the pairs."""
+    from ..bundle import find_bundles, model_digest
+
+    try:
+        bundles = [b for b in find_bundles(path) if b.manifest.get("kind") != "sampling"]
+    except (OSError, ValueError) as e:
+        raise RequestsError(f"--bundle {path}: {e}") from None
+    if not bundles:
+        raise RequestsError(
+            f"--bundle {path}: no greedy bundle there (python -m dflash_ref golden --engines --out DIR)"
+        )
+    pairs: dict[tuple, list] = {}
+    for b in bundles:
+        pairs.setdefault(model_digest(b), []).append(b)
+    if len(pairs) > 1:
+        named = [g for g in pairs.values() if any(_names(g[0].target_dir, m) for m in served or [])]
+        if len(named) != 1:
+            listed = "; ".join(", ".join(b.name for b in g) for g in pairs.values())
+            raise RequestsError(
+                f"--bundle {path} holds {len(pairs)} model pairs and a server serves one; point --bundle at the "
+                f"bundles of the pair it serves (one folder a pair): {listed}"
+            )
+        bundles = named[0]
+    return [_from_bundle(b) for b in bundles]
+
+
+def _names(folder: Path, model: str) -> bool:
+    """Whether a server's model id names this target folder (vLLM's id is the path it was started with)."""
+    try:
+        return Path(model).resolve() == folder.resolve()
+    except (OSError, ValueError):
+        return False
+
+
+def _from_bundle(b) -> Request:
+    prompt = [int(t) for t in b.inputs["input_ids"]]
+    full = [int(t) for t in b.expected["output_ids"].reshape(-1)]
+    taus = [int(b.expected[e["key"]]) for e in b.entries if e["stage"] == "acceptance_length"]
+    return Request(
+        b.name,
+        prompt,
+        int(b.inputs["max_new_tokens"]),
+        [int(t) for t in b.inputs["stop_token_ids"] or []],
+        full[len(prompt) :],
+        taus,
+        b.manifest.get("serving"),
+    )
+
+
+def read_prompts(path, tokenizer=None, max_new_tokens: int = 64) -> list[dict]:
+    """The prompt file → [{name, prompt_ids | prompt, max_tokens}] (module docstring). Text needs `tokenizer`
+    (None: only checked, not tokenized). An empty file, an empty prompt or a bad line is a RequestsError."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RequestsError(f"--prompts {path}: {e}") from None
+    prompts = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        where = f"--prompts {path}, line {n}"
+        entry = _parse_line(line, where)
+        ids, text = entry.get("prompt_ids"), entry.get("prompt")
+        if ids is not None:
+            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
+                raise RequestsError(f"{where}: prompt_ids must be a non-empty list of token ids ≥ 0")
+        elif not isinstance(text, str) or not text.strip():
+            raise RequestsError(f"{where}: an empty prompt")
+        max_tokens = entry.get("max_tokens", max_new_tokens)
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise RequestsError(f"{where}: max_tokens must be a whole number ≥ 1, got {max_tokens!r}")
+        if ids is None and tokenizer is not None:
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            if not ids:
+                raise RequestsError(f"{where}: the prompt is no tokens")
+        prompts.append(
+            {"name": str(entry.get("name", f"p{len(prompts)}")), "prompt_ids": ids, "max_tokens": max_tokens}
+        )
+    if not prompts:
+        raise RequestsError(f"--prompts {path}: no prompt in it")
+    return prompts
+
+
+def _parse_line(line: str, where: str) -> dict:
+    """A JSON object line, or plain text (a line that is not JSON)."""
+    if line.lstrip().startswith("{"):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RequestsError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+        unknown = set(entry) - {"prompt", "prompt_ids", "max_tokens", "name"}
+        if unknown:
+            raise RequestsError(f"{where}: unknown fields {sorted(unknown)} (prompt, prompt_ids, max_tokens, name)")
+        return entry
+    return {"prompt": line}
+
+
+CONDITIONS = {
+    "alone": "each prompt alone, one at a time",
+    "repeat": "each prompt again after all of them (its prefix may come from the server's cache)",
+    "shared-prefix": "the first prompt followed by each other prompt, one at a time (prefix-cache hits on it)",
+    "long": "all prompts joined and repeated to LONG tokens, longer than a server's usual tokens per step (a "
+    "chunked prefill)",
+    "concurrent": "every prompt again, each sent once the one before has streamed 2 tokens (arrivals mid-decode)",
+}
+LONG = 2304  # tokens: past vLLM's default 2048 tokens per step for online serving
+
+
+def with_conditions(prompts: list[dict], conditions: list[str], long: int = LONG) -> list[dict]:
+    """The prompts as sent under each serving condition (CONDITIONS), in that order: each entry a prompt dict, with
+    a `serving` entry (engine_scenarios.SERVING_MEANING) where it is sent beside others."""
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown:
+        raise RequestsError(f"--serving {','.join(unknown)}: choose from {', '.join(CONDITIONS)}")
+    out = []
+    for condition in conditions:
+        if condition == "alone":
+            out += prompts
+        elif condition == "repeat":
+            out += [{**p, "name": f"{p['name']}.again"} for p in prompts]
+        elif condition == "shared-prefix":
+            head = prompts[0]
+            out += [
+                {**p, "name": f"{head['name']}+{p['name']}", "prompt_ids": head["prompt_ids"] + p["prompt_ids"]}
+                for p in prompts[1:]
+            ]
+        elif condition == "long":
+            joined = [t for p in prompts for t in p["prompt_ids"]]
+            ids = (joined * (long // len(joined) + 1))[:long]
+            out.append({"name": f"long{long}", "prompt_ids": ids, "max_tokens": prompts[0]["max_tokens"]})
+        else:  # concurrent: one scenario, each request after the one before has streamed 2 tokens
+            labels = [f"{p['name']}.concurrent" for p in prompts]
+            out += [
+                {**p, "name": label, "serving": {"scenario": "concurrent", "request": label, "order": i,
+                                                 "arrive": {"after": labels[i - 1], "tokens": 2} if i else None}}
+                for i, (p, label) in enumerate(zip(prompts, labels, strict=True))
+            ]  # fmt: skip
+    return out
+
+
+def from_folders(target, draft, prompts: list[dict], stop_ids: list[int], progress=print) -> list[Request]:
+    """The reference's run of each prompt alone (spec_generate, greedy, float32) → requests; a prompt sent more
+    than once is run once."""
+    import torch
+
+    from ...decoding import spec_generate
+
+    runs: dict[tuple, tuple[list[int], list[int]]] = {}
+    out = []
+    for i, p in enumerate(prompts):
+        key = (tuple(p["prompt_ids"]), p["max_tokens"])
+        if key not in runs:
+            progress(f"reference {i + 1}/{len(prompts)}: {p['name']} ({len(p['prompt_ids'])} prompt tokens)")
+            ids = torch.tensor([p["prompt_ids"]], dtype=torch.long, device=target.device)  # (1, L)
+            result = spec_generate(draft, target, ids, p["max_tokens"], stop_ids)
+            runs[key] = (result.output_ids[0, len(p["prompt_ids"]) :].tolist(), result.acceptance_lengths)
+        new, taus = runs[key]
+        out.append(
+            Request(p["name"], list(p["prompt_ids"]), p["max_tokens"], list(stop_ids), new, taus, p.get("serving"))
+        )
+    return out

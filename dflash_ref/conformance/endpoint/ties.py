@@ -1,0 +1,90 @@
+"""Is a divergence a numeric tie or a bug? The target replayed in float64 over the engine's own output.
+
+Greedy decoding takes x_{t+1} = argmax_v z_t(v), z_t the target's logits after x_≤t. An engine computes z_t in its
+dtype; where two logits lie closer than that dtype resolves, either may come out on top, and a lossless engine may
+leave the target-only output there without any bug (vLLM #54928, SGLang #38009, z-lab/dflash #159). So at every
+position of the engine's output the target is run in float64, teacher-forced on the engine's own tokens (one
+pass: prompt + output), and where the engine's token y_t is not the float64 argmax,
+
+    margin_t     = z_t(argmax) − z_t(y_t)                       (float64: ≥ 0, 0 where y_t is the argmax)
+    resolution_t = ulp_dtype(|z_t(argmax)|) = ε_dtype · 2^⌊log₂ |z_t(argmax)|⌋
+
+the spacing of the engine's dtype at that logit's magnitude (ε = 2⁻⁷ bfloat16, 2⁻¹⁰ float16, 2⁻²³ float32: one
+unit in the last place). A margin below it is a **tie**: the two logits round to the same or to adjacent values in
+the engine's dtype, and the engine's choice is one of the near-equal top tokens. A margin at or above it is a
+**FAIL**: the engine chose a token the target does not rank first by more than its dtype can blur. Rounding errors
+grow through the layers, so one ulp of the final logit is the least an engine can blur: a tie said here is one
+the dtype surely allows (a bug with a margin below one ulp would pass as a tie; a larger margin is never excused).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def resolution(scale: float, dtype: str) -> float:
+    """ulp of `dtype` at |scale|: the gap between adjacent values of that dtype there (DTYPES)."""
+    eps = torch.finfo(DTYPES[dtype]).eps
+    tiny = torch.finfo(DTYPES[dtype]).tiny
+    scale = abs(scale)
+    return eps * 2.0 ** math.floor(math.log2(scale)) if scale >= tiny else eps * tiny
+
+
+@dataclass
+class Divergence:
+    """One position where the engine's token is not the target's float64 argmax."""
+
+    index: int  # in the output (0: the first new token)
+    token: int  # the engine's
+    top: int  # the float64 argmax
+    margin: float  # z(top) − z(token), float64
+    resolution: float  # ulp of the engine's dtype at |z(top)|
+    scale: float  # |z(top)|
+    dtype: str
+
+    @property
+    def tie(self) -> bool:
+        return self.margin < self.resolution
+
+    def said(self, words=None) -> str:
+        """`at 7: engine ' cat', target ' the' (float64 margin 3.1e-03 < bfloat16's resolution 7.8e-03 at
+        |logit| 12.4): a tie`; `words` turns ids into text."""
+        name = words or (lambda t: str(t))
+        relation = "<" if self.tie else "≥"
+        verdict = "a tie" if self.tie else "not a tie"
+        return (
+            f"at {self.index}: engine {name(self.token)}, target {name(self.top)} (float64 margin {self.margin:.2e} "
+            f"{relation} {self.dtype}'s resolution {self.resolution:.2e} at |logit| {self.scale:.3g}): {verdict}"
+        )
+
+
+@torch.inference_mode()
+def replay(target64, prompt_ids: list[int], output_ids: list[int], dtype: str) -> list[Divergence]:
+    """Every position of `output_ids` where it is not the float64 target's argmax after prompt + output before it
+    (`target64`: the target loaded in float64). One teacher-forced pass."""
+    if not output_ids:
+        return []
+    vocab = target64.config.vocab_size
+    outside = [t for t in list(prompt_ids) + list(output_ids) if not 0 <= int(t) < vocab]
+    if outside:
+        raise ValueError(f"token id {outside[0]} is outside the target's vocabulary of {vocab}")
+    device = next(target64.parameters()).device
+    ids = torch.tensor([list(prompt_ids) + list(output_ids)], dtype=torch.long, device=device)  # (1, L)
+    logits = target64(ids, past_key_values=target64.make_cache(), output_hidden_states=False).logits
+    z = logits[0, len(prompt_ids) - 1 : -1].double()  # (n, V): the logits that chose each output token
+    chosen = torch.tensor(output_ids, device=device)
+    top_values, tops = z.max(dim=-1)
+    mine = z.gather(1, chosen[:, None])[:, 0]
+    out = []
+    for i in torch.nonzero(tops != chosen).flatten().tolist():
+        scale = abs(float(top_values[i]))
+        margin = float(top_values[i] - mine[i])
+        if margin == 0.0:  # an exact tie in float64: the engine's token is an argmax too
+            continue
+        out.append(Divergence(i, int(chosen[i]), int(tops[i]), margin, resolution(scale, dtype), scale, dtype))
+    return out

@@ -1,0 +1,139 @@
+"""A stand-in OpenAI-compatible server for the protocol's tests (`verify --endpoint`): the real servers (vLLM's,
+llama-server) run in .ci/engines; this one answers the same routes on the loopback in a thread, in the fields of
+the engine it plays, and decodes with whatever `engine` it is given (the reference, or one with a bug).
+
+    engine(prompt_ids, max_tokens, stop_ids) → (output ids, accepted draft tokens, τ per step)
+    flavor "vllm"      token_ids in the answer, acceptance only in /metrics (vllm:spec_decode_* counters)
+           "llamacpp"  ids in logprobs.content, acceptance in `timings`, stop tokens as strings (/detokenize)
+           "plain"     text only, no acceptance anywhere
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class StandIn:
+    def __init__(self, engine, flavor: str = "vllm", model: str = "stand-in", context: int = 4096, text=None) -> None:
+        self.engine, self.flavor, self.model, self.context = engine, flavor, model, context
+        self.text = text or (lambda ids: "".join(f"<{t}>" for t in ids))  # ids → the answer's text
+        self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
+        self.per_pos: dict[int, int] = {}
+        self.requests: list[dict] = []  # every body received, for the tests to read
+        self.lock = threading.Lock()
+        self.delay = 0.0  # seconds per streamed token (arrivals need decoding to take a while)
+        self.fail_with: tuple[int, str] | None = None  # (status, message): every completion answers it
+
+    def count(self, accepted: int, steps: list[int] | None = None) -> None:
+        with self.lock:
+            self.counters["accepted"] += accepted
+            for tau in steps or []:
+                self.counters["drafts"] += 1
+                for i in range(tau):
+                    self.per_pos[i] = self.per_pos.get(i, 0) + 1
+
+    def metrics(self) -> str:
+        lines = [f'vllm:spec_decode_num_{k}_total{{model_name="{self.model}"}} {v}.0' for k, v in
+                 (("drafts", self.counters["drafts"]), ("draft_tokens", self.counters["draft_tokens"]),
+                  ("accepted_tokens", self.counters["accepted"]))]  # fmt: skip
+        lines += [
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="{self.model}",position="{i}"}} {n}.0'
+            for i, n in sorted(self.per_pos.items())
+        ]
+        return "# HELP vllm:spec_decode_num_drafts_total x\n" + "\n".join(lines) + "\n"
+
+
+def _handler(standin: StandIn):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:  # quiet
+            pass
+
+        def _send(self, status: int, body, content_type: str = "application/json") -> None:
+            data = (body if isinstance(body, str) else json.dumps(body)).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path == "/v1/models":
+                owner = {"plain": "someone"}.get(standin.flavor, standin.flavor)
+                self._send(200, {"object": "list", "data": [{"id": standin.model, "owned_by": owner}]})
+            elif self.path == "/metrics" and standin.flavor == "vllm":
+                self._send(200, standin.metrics(), "text/plain")
+            else:
+                self._send(404, {"error": {"message": f"no route {self.path}"}})
+
+        def do_POST(self) -> None:  # noqa: N802
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/detokenize":
+                self._send(200, {"content": f"<{body['tokens'][0]}>"})
+                return
+            standin.requests.append(body)
+            if standin.fail_with:
+                self._send(standin.fail_with[0], {"error": {"message": standin.fail_with[1]}})
+                return
+            if body.get("model") != standin.model:
+                self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
+                return
+            prompt = body["prompt"]
+            if len(prompt) + body["max_tokens"] > standin.context:
+                self._send(400, {"error": {"message": f"maximum context length is {standin.context} tokens"}})
+                return
+            stops = list(body.get("stop_token_ids") or [])
+            if standin.flavor == "llamacpp":  # it stops on strings: read them back to ids
+                stops = [int(s.strip("<>")) for s in body.get("stop") or []]
+            ids, accepted, steps = standin.engine(prompt, body["max_tokens"], stops)
+            if standin.flavor == "vllm":
+                standin.count(accepted, steps)
+            if body.get("stream"):
+                self._stream(ids, accepted)
+            else:
+                self._send(200, self._answer(ids, accepted))
+
+        def _choice(self, ids: list[int], finish) -> dict:
+            choice = {"index": 0, "text": standin.text(ids), "finish_reason": finish}
+            if standin.flavor == "vllm":
+                choice["token_ids"] = ids
+            elif standin.flavor == "llamacpp":
+                choice["logprobs"] = {"content": [{"id": t, "token": f"<{t}>", "logprob": -0.1} for t in ids]}
+            return choice
+
+        def _answer(self, ids: list[int], accepted: int) -> dict:
+            answer = {"object": "text_completion", "choices": [self._choice(ids, "stop")]}
+            if standin.flavor == "llamacpp":
+                answer["timings"] = {"draft_n": accepted + 1, "draft_n_accepted": accepted}
+            return answer
+
+        def _stream(self, ids: list[int], accepted: int) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for i, t in enumerate(ids):
+                time.sleep(standin.delay)
+                chunk = {"choices": [self._choice([t], "stop" if i == len(ids) - 1 else None)]}
+                if i == len(ids) - 1 and standin.flavor == "llamacpp":
+                    chunk["timings"] = {"draft_n": accepted + 1, "draft_n_accepted": accepted}
+                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self.wfile.flush()
+            self.wfile.write(b"data: [DONE]\n\n")
+
+    return Handler
+
+
+@contextlib.contextmanager
+def serving(standin: StandIn):
+    """The stand-in on 127.0.0.1 (a free port) until the block ends → its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(standin))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,269 @@
+"""`verify --endpoint` / `verify --outputs` (conformance/endpoint/): the protocol, the judging of each request and
+the float64 tie check, against a stand-in server (tests/endpoint_standin.py) decoding with the reference or with a
+planted bug. The real servers (vLLM's, llama-server) are driven in .ci/engines."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import make_pair
+from endpoint_standin import StandIn, serving
+
+from dflash_ref.conformance.endpoint import UsageError, verify_endpoint, verify_outputs
+from dflash_ref.conformance.endpoint.client import EndpointError, parse_completion, parse_counters
+from dflash_ref.conformance.endpoint.ties import resolution
+from dflash_ref.conformance.golden import generate_golden
+from dflash_ref.decoding import spec_generate
+from dflash_ref.drafts.checkpoint import load_draft, save_draft
+from dflash_ref.drafts.random_draft import randomize_
+from dflash_ref.loading.folder import load_target, load_tokenizer
+from dflash_ref.target.checkpoint import save_target
+
+pytestmark = pytest.mark.usefixtures("one_thread_module")
+quiet = lambda line: None  # noqa: E731
+
+
+def engine_of(target, draft, lie_at: int | None = None):
+    """A stand-in engine decoding with the reference's loop on these models; `lie_at`: its output token there
+    replaced by the next id (a bug)."""
+
+    def engine(prompt, max_tokens, stops):
+        out = spec_generate(draft, target, torch.tensor([prompt]), max_tokens, stops)
+        ids = out.output_ids[0, len(prompt) :].tolist()
+        if lie_at is not None and lie_at < len(ids):
+            ids[lie_at] = (ids[lie_at] + 1) % (target.config.vocab_size - 1)
+        return ids, sum(out.acceptance_lengths), out.acceptance_lengths
+
+    return engine
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    out = tmp_path_factory.mktemp("golden")
+    generate_golden(out, ["multiround"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def models(bundle):
+    (path,) = [p for p in bundle.iterdir() if p.is_dir()]
+    return load_target(path / "target", dtype=torch.float32), load_draft(path / "draft", torch.float32)
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "llamacpp"])
+def test_a_server_that_decodes_as_the_reference_passes_with_its_acceptance_held_exactly(bundle, models, flavor):
+    standin = StandIn(engine_of(*models), flavor)
+    with serving(standin) as url:
+        report = verify_endpoint(url, bundle, progress=quiet)
+    (result,) = report.results
+    assert result.status == "pass", report.text()
+    low, high = result.bounds
+    assert low <= result.accepted <= high and high > 0
+    assert report.passed()
+    body = standin.requests[0]
+    assert body["prompt"] == result.request.prompt_ids and body["temperature"] == 0.0
+    assert "acceptance: the server accepted 1.000" in report.text() or result.accepted < high
+
+
+def test_a_draft_that_sees_another_context_shows_as_acceptance_below_the_references(bundle, models):
+    target, draft = models
+    other = randomize_(load_draft(next(p for p in bundle.iterdir() if p.is_dir()) / "draft", torch.float32), 99)
+    with serving(StandIn(engine_of(target, other))) as url:
+        report = verify_endpoint(url, bundle, progress=quiet)
+    (result,) = report.results
+    assert result.status == "FAIL" and "the draft saw another context" in result.acceptance, report.text()
+    assert result.accepted < result.bounds[0]
+    with serving(StandIn(engine_of(target, other))) as url:  # in bfloat16 the count is reported, not judged
+        soft = verify_endpoint(url, bundle, dtype="bfloat16", progress=quiet)
+    assert soft.results[0].status == "pass" and "not judged in bfloat16" in soft.results[0].acceptance
+
+
+def test_a_wrong_token_is_a_fail_at_its_position_with_its_float64_margin(bundle, models):
+    with serving(StandIn(engine_of(*models, lie_at=2))) as url:
+        report = verify_endpoint(url, bundle, progress=quiet)
+    (result,) = report.results
+    assert result.status == "FAIL" and result.output.startswith("diverges at 2:"), report.text()
+    d = result.divergences[0]
+    assert d.index == 2 and not d.tie and d.margin >= d.resolution
+    assert "not compared" in result.acceptance and not report.passed()
+
+
+def test_a_server_that_reports_no_acceptance_is_checked_on_its_outputs_only(bundle, models):
+    (path,) = [p for p in bundle.iterdir() if p.is_dir()]
+    tokenizer = load_tokenizer(path / "target")  # the bundle's stub one: the text re-tokenizes to the ids
+    with serving(StandIn(engine_of(*models), "plain", text=tokenizer.decode)) as url:
+        report = verify_endpoint(url, bundle, progress=quiet)
+    (result,) = report.results
+    assert result.status == "pass" and "re-tokenized from the server's text" in result.note, report.text()
+    assert result.acceptance == "not reported: outputs only"
+    assert "acceptance not reported: outputs only" in report.text()
+    with serving(StandIn(engine_of(*models), "plain", text=lambda ids: "?" * len(ids))) as url:
+        wrong = verify_endpoint(url, bundle, progress=quiet)
+    assert wrong.results[0].status == "FAIL"  # text that is not the output's: never a pass
+
+
+def twins(tmp_path):
+    """A tiny target whose lm_head holds two rows 1e-4 apart (relative) for the token its greedy decoding takes
+    first: a numeric tie at bfloat16's resolution (2⁻⁸ relative and more), not at float32's (2⁻²³)."""
+    target, draft = make_pair(3, draft_overrides={"num_hidden_layers": 1})
+    prompt = [1, 2, 3]
+    first = int(target(torch.tensor([prompt])).logits[0, -1].argmax())
+    twin = next(t for t in range(target.config.vocab_size - 1) if t != first)
+    with torch.no_grad():
+        z = target(torch.tensor([prompt])).logits[0, -1]
+        target.lm_head.weight[twin] = target.lm_head.weight[first] * (1 - 1e-4 * (1 if z[first] > 0 else -1))
+    save_target(target, tmp_path / "target")
+    save_draft(draft, tmp_path / "draft")
+    (tmp_path / "prompts.jsonl").write_text(json.dumps({"prompt_ids": prompt, "max_tokens": 6}) + "\n")
+    return target, draft, first, twin
+
+
+def tie_breaking_engine(target, first: int, twin: int):
+    """Greedy decoding that takes `twin` where it is within 1e-3 of the top logit: an engine whose rounding breaks
+    the tie the other way."""
+
+    def engine(prompt, max_tokens, stops):
+        ids = []
+        for _ in range(max_tokens):
+            z = target(torch.tensor([prompt + ids])).logits[0, -1]
+            top = int(z.argmax())
+            ids.append(twin if top == first and abs(z[first] - z[twin]) <= 1e-3 * abs(z[first]) else top)
+        return ids, 0, []
+
+    return engine
+
+
+def test_a_divergence_at_a_numeric_tie_is_a_tie_in_bfloat16_and_a_fail_in_float32(tmp_path):
+    target, draft, first, twin = twins(tmp_path)
+    folders = dict(target=tmp_path / "target", draft=tmp_path / "draft", prompts=tmp_path / "prompts.jsonl")
+    with serving(StandIn(tie_breaking_engine(target, first, twin), "llamacpp")) as url:
+        bf16 = verify_endpoint(url, **folders, dtype="bfloat16", progress=quiet)
+        fp32 = verify_endpoint(url, **folders, dtype="float32", progress=quiet)
+    (tie,), (fail,) = bf16.results, fp32.results
+    assert tie.status == "tie" and tie.divergences[0].token == twin and tie.divergences[0].top == first, bf16.text()
+    d = tie.divergences[0]
+    assert d.margin < d.resolution == resolution(d.scale, "bfloat16") and "a tie" in tie.output
+    assert fail.status == "FAIL" and "not a tie" in fail.output
+    assert bf16.passed() and not bf16.passed(strict=True) and not fp32.passed()
+
+
+def test_a_file_of_outputs_is_judged_with_no_server(tmp_path):
+    target, _, first, twin = twins(tmp_path)
+    engine = tie_breaking_engine(target, first, twin)
+    ids, _, _ = engine([1, 2, 3], 5, [])
+    wrong = list(ids)
+    wrong[3] = (wrong[3] + 2) % 11
+    lines = [{"prompt_ids": [1, 2, 3], "output_ids": ids, "name": "tied"},
+             {"prompt_ids": [1, 2, 3], "output_ids": wrong[:4], "logprobs": [-0.1] * 4, "name": "wrong"}]  # fmt: skip
+    path = tmp_path / "outputs.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    report = verify_outputs(path, tmp_path / "target", "bfloat16", progress=quiet)
+    tied, bad = report.results
+    assert tied.status == "tie" and bad.status == "FAIL", report.text()
+    assert bad.divergences[-1].index == 3 and "its own logprob" in bad.note
+    path.write_text('{"prompt_ids": [1], "output_ids": [99]}\n')
+    with pytest.raises(UsageError, match="outside the target's vocabulary of 12"):
+        verify_outputs(path, tmp_path / "target", progress=quiet)
+
+
+def test_serving_conditions_from_outside_hold_each_request_to_its_run_alone(tmp_path):
+    target, draft, *_ = twins(tmp_path)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(json.dumps({"prompt_ids": [1, 2, 3], "max_tokens": 8}) + "\n" + json.dumps(
+        {"prompt_ids": [4, 5], "max_tokens": 8}) + "\n")  # fmt: skip
+    standin = StandIn(engine_of(target, draft))
+    standin.delay = 0.01
+    with serving(standin) as url:
+        report = verify_endpoint(
+            url, target=tmp_path / "target", draft=tmp_path / "draft", prompts=prompts,
+            conditions=["alone", "repeat", "shared-prefix", "concurrent"], progress=quiet,
+        )  # fmt: skip
+    names = [r.request.name for r in report.results]
+    assert names == ["p0", "p1", "p0.again", "p1.again", "p0+p1", "p0.concurrent", "p1.concurrent"]
+    assert all(r.status == "pass" for r in report.results), report.text()
+    assert standin.requests[4]["prompt"] == [1, 2, 3, 4, 5]
+    assert standin.requests[-1].get("stream") and report.shared and not report.shared[0].failed
+    assert report.shared[0].names == ["p0.concurrent", "p1.concurrent"]
+
+
+@pytest.mark.parametrize(
+    "how, said",
+    [
+        ("refuse", "answered 400 Bad Request: maximum context length is 8 tokens"),
+        ("break", "answered 500"),
+        ("model", "does not serve the model 'other'"),
+    ],
+)
+def test_a_server_that_refuses_or_fails_is_one_line(bundle, models, how, said):
+    standin = StandIn(engine_of(*models), context=8 if how == "refuse" else 4096)
+    if how == "break":
+        standin.fail_with = (500, "CUDA error: out of memory")
+    with serving(standin) as url:
+        if how == "model":
+            with pytest.raises(EndpointError, match=said):
+                verify_endpoint(url, bundle, model="other", progress=quiet)
+            return
+        report = verify_endpoint(url, bundle, progress=quiet)
+    (result,) = report.results
+    assert said in result.output and result.status == ("n/a" if how == "refuse" else "error")
+    assert not report.passed()
+
+
+def run_cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "dflash_ref", "verify", *map(str, args)], capture_output=True,
+                          text=True, timeout=timeout)  # fmt: skip
+
+
+def test_the_command_line_says_each_bad_input_in_one_line(tmp_path, bundle):
+    unreachable = run_cli("--endpoint", "http://127.0.0.1:9", "--bundle", bundle)
+    assert unreachable.returncode == 1 and "is unreachable" in unreachable.stderr
+    assert "Traceback" not in unreachable.stderr
+    not_a_url = run_cli("--endpoint", "localhost:8000", "--bundle", bundle)
+    assert not_a_url.returncode == 1 and "is not an http:// or https:// URL" in not_a_url.stderr
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "  "}\n')
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "config.json").write_text("{}")
+    empty = run_cli("--endpoint", "http://127.0.0.1:9", "--target", tmp_path / "target", "--draft", tmp_path / "nope",
+                    "--prompts", prompts)  # fmt: skip
+    assert empty.returncode == 2 and "line 1: an empty prompt" in empty.stderr
+    prompts.write_text("hello\n")
+    missing = run_cli("--endpoint", "http://127.0.0.1:9", "--target", tmp_path / "target", "--draft", tmp_path / "nope",
+                      "--prompts", prompts)  # fmt: skip
+    assert missing.returncode == 2 and "--draft no folder" in missing.stderr
+    lonely = run_cli("--impl", "reference", "--prompts", prompts)
+    assert lonely.returncode == 2 and "--prompts go with --endpoint or --outputs" in lonely.stderr
+
+
+def test_the_protocols_fields_are_read_where_each_engine_puts_them():
+    vllm = parse_completion({"choices": [{"text": "ab", "token_ids": [5, 6], "finish_reason": "length"}],
+                             "usage": {"prompt_tokens_details": {"cached_tokens": 32}}}, "x")  # fmt: skip
+    assert vllm.output_ids == [5, 6] and vllm.accepted is None and vllm.cached == 32
+    llama = parse_completion({"choices": [{"text": "ab", "logprobs": {"content": [{"id": 5, "logprob": -1.0}]}}],
+                              "timings": {"draft_n": 6, "draft_n_accepted": 4}}, "x")  # fmt: skip
+    assert llama.output_ids == [5] and llama.accepted == 4 and llama.logprobs == [-1.0]
+    meta = {"completion_tokens": 9, "spec_verify_ct": 3}  # SGLang: x_0, then 3 verifies of τ + 1 tokens
+    sglang = parse_completion({"choices": [{"text": "ab"}], "meta_info": meta}, "x")
+    assert sglang.output_ids is None and sglang.accepted == 5
+    counters = parse_counters(
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 7.0\n'
+        'vllm:spec_decode_num_accepted_tokens_total{engine="1",model_name="m"} 2.0\n'
+        'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1"} 3.0\n# a comment\n'
+    )
+    assert counters == {"accepted": 9.0, "accepted_per_pos.1": 3.0}
+    assert parse_counters("other_metric 1\n") is None
+    with pytest.raises(EndpointError, match="answered no choices"):
+        parse_completion({"error": "x"}, "x")
+
+
+def test_the_resolution_is_one_unit_in_the_last_place_of_the_engines_dtype():
+    assert resolution(12.4, "bfloat16") == 2.0**-7 * 8  # |z| in [8, 16)
+    assert resolution(1.0, "float16") == 2.0**-10
+    assert resolution(-3.0, "float32") == 2.0**-23 * 2
+    for dtype, torch_dtype in (("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        x = torch.tensor(12.4, dtype=torch_dtype)
+        assert float(torch.nextafter(x, torch.tensor(100.0, dtype=torch_dtype)) - x) == resolution(12.4, dtype)
