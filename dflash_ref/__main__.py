@@ -46,9 +46,20 @@ class Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+def _version() -> str:
+    """The installed distribution's version (pyproject.toml's), without importing the package's torch modules."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("dflash-ref")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "(not installed)"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = Parser(prog="python -m dflash_ref", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"dflash_ref {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{" + ",".join(COMMANDS) + "}")
     named = next((a for a in argv if not a.startswith("-")), None)
     command = parsers = None

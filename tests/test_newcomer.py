@@ -73,6 +73,14 @@ def test_every_subcommands_help_shows_its_defaults_once(command, capsys):
         assert option.count("default:") <= 1, option  # said once: in the help's own words or by the formatter
 
 
+def test_the_version_is_the_installed_distributions(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"dflash_ref {version('dflash-ref')}"
+
+
 def test_the_help_cases_cover_every_subcommand(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])

@@ -173,3 +173,12 @@ def test_full_hybrid_is_shaped_like_qwen3_5_27b_and_its_draft_and_skips_without_
         lines: list[str] = []
         assert run("full", say=lines.append, arch="qwen3_5") is None
         assert "no CUDA device" in lines[0]
+
+
+def test_the_full_size_check_without_cuda_ran_nothing_and_says_so_by_its_exit_code(monkeypatch, capsys):
+    from dflash_ref.__main__ import main
+    from dflash_ref.cli.smoke import NOTHING_RAN
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["smoke"]) == NOTHING_RAN != 0  # a script must not read "skipped" as a pass
+    assert "no CUDA device here" in capsys.readouterr().out

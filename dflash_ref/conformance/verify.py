@@ -288,21 +288,30 @@ def _rope_of(config: dict) -> dict:
     }
 
 
-def accepted_bounds(taus: list[int], produced: int) -> tuple[int, int]:
+def accepted_bounds(
+    taus: list[int], produced: int, block_size: int | None = None, max_new_tokens: int | None = None
+) -> tuple[int, int]:
     """The draft tokens a serving engine may count as accepted for a request whose reference run took steps of
-    τ = `taus` and produced `produced` new tokens: every step but the last accepts as DFlash's (Σ τ over them); the
-    last is where engines cut the block to what is left to generate, each its own way (the reference drafts a
-    shorter block; an engine that drafts it whole may accept the tokens it then commits), so it adds 0 to
-    max(τ, the tokens it committed) → (low, high)."""
+    τ = `taus` and produced `produced` new tokens → (low, high). Every step but the last accepts as DFlash's (Σ τ
+    over them). The last is where engines cut the block to what is left to generate, each its own way, so it adds
+    from 0 up to max(τ, the tokens it committed); where the reference's last block was shortened by the length
+    limit (it drafts min(block, what is left)), an engine that drafts it whole and counts before clipping its
+    output (vLLM's counters) may accept up to γ = block − 1 of another block's proposals there (`block_size` and
+    `max_new_tokens` given: that bound)."""
     committed = produced - 1 - sum(t + 1 for t in taus[:-1])  # the last step's tokens (after x_0 and the others)
     low = sum(taus[:-1])
-    return low, low + max(taus[-1:] + [committed, 0])
+    last = max(taus[-1:] + [committed, 0])
+    room = None if max_new_tokens is None else max_new_tokens - sum(t + 1 for t in taus[:-1])
+    if block_size is not None and room is not None and taus and room < block_size:  # the last block was shortened
+        last = max(last, block_size - 1)
+    return low, low + last
 
 
 def _draft_accepted(bundle: Bundle, value) -> Check:
     """A serving engine's own count of the request's draft tokens accepted, against DFlash's (accepted_bounds)."""
     taus = [int(bundle.expected[e["key"]]) for e in bundle.entries if e["stage"] == "acceptance_length"]
-    low, high = accepted_bounds(taus, len(bundle.expected["output_ids"]) - len(bundle.inputs["input_ids"]))
+    new = len(bundle.expected["output_ids"]) - len(bundle.inputs["input_ids"])
+    low, high = accepted_bounds(taus, new, bundle.config("draft")["block_size"], bundle.inputs["max_new_tokens"])
     check = Check(bundle.name, DRAFT_ACCEPTED, "draft_accepted", None, None, "pass", manifest=False)
     got = array_or_none(value)
     if got is None or got.ndim != 0 or not np.issubdtype(got.dtype, np.integer):

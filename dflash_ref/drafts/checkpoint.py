@@ -17,12 +17,20 @@ import torch
 from safetensors.torch import save_file
 
 from .. import muse_glimmer
-from ..config import DRAFT_ARCHITECTURES, DraftConfig
+from ..config import DRAFT_ARCHITECTURES, ConfigError, DraftConfig
 from ..dflash2 import make_draft
 from ..draft_model import DFlashDraftModel
 from ..extensions.draft_vocab import FILE as DRAFT_VOCAB_FILE
 from ..extensions.draft_vocab import check_draft_vocab, load_draft_vocab, save_draft_vocab
-from ..target.checkpoint import SINGLE, CheckpointError, config_architectures, load_folder, save_folder
+from ..target.checkpoint import (
+    SINGLE,
+    CheckpointConfigError,
+    CheckpointError,
+    _check_architecture,
+    config_architectures,
+    load_folder,
+    save_folder,
+)
 from .shipped import SHIPPED_NAMES, shipped_or_folder
 
 
@@ -30,13 +38,7 @@ def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu
     """An official-format DFlash draft folder, or a shipped draft's name as `--draft` takes it (`shipped:dflash2`,
     `shipped:dflash1`: shipped.py) → DFlashDraftModel (dtype: None = the config's; the shipped ones are bf16).
     What is neither is refused, listing the names (CheckpointError)."""
-    try:
-        folder = shipped_or_folder(folder)
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-    if not folder.exists():
-        names = ", ".join(SHIPPED_NAMES)
-        raise CheckpointError(f"no folder {folder} (a draft folder, or a shipped draft's name: {names})")
+    folder = check_draft_folder(folder)
     if (folder / "config.json").is_file() and muse_glimmer.ARCHITECTURE in config_architectures(folder):
         model = load_folder(
             make_draft, muse_glimmer.MuseGlimmerConfig, folder, dtype, device, {muse_glimmer.ARCHITECTURE},
@@ -57,6 +59,29 @@ def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu
     except ValueError as e:
         raise CheckpointError(str(e)) from None
     return model
+
+
+def check_draft_folder(folder: str | Path) -> Path:
+    """What `load_draft` would refuse before reading a weight: a folder or shipped name that is not there, a folder
+    without config.json, another architecture, a config it cannot read (CheckpointError, its message as
+    load_draft's) → the folder. Commands call it before loading the target, which takes far longer."""
+    try:
+        folder = shipped_or_folder(folder)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    if not folder.exists():
+        names = ", ".join(SHIPPED_NAMES)
+        raise CheckpointError(f"no folder {folder} (a draft folder, or a shipped draft's name: {names})")
+    if not (folder / "config.json").is_file():
+        said = f"{folder} has no config.json" if folder.is_dir() else f"{folder} is a file, not a folder"
+        raise CheckpointError(said)
+    muse = muse_glimmer.ARCHITECTURE in config_architectures(folder)
+    _check_architecture(folder, {muse_glimmer.ARCHITECTURE} if muse else set(DRAFT_ARCHITECTURES))
+    try:
+        (muse_glimmer.MuseGlimmerConfig if muse else DraftConfig).from_json(folder)
+    except ConfigError as e:
+        raise CheckpointConfigError(f"{folder / 'config.json'}: {e}") from None
+    return folder
 
 
 def save_draft(model: DFlashDraftModel, folder: str | Path, dtype: torch.dtype | None = None) -> None:

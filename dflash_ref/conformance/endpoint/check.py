@@ -230,7 +230,8 @@ class Runner:
             "fewer: the draft saw another context than DFlash's (a prefix restored without its draft K/V, a "
             "prefill chunk's features lost, another request's rows) or another draft's weights"
             if accepted < low
-            else "more than DFlash's draft accepts: the server counts differently (its bonus token?)"
+            else "more than DFlash's draft accepts: its draft proposed other tokens than DFlash's (another context "
+            "or computation, which happened to accept more here), or the server counts differently (its bonus token?)"
         )
         return f"{said}: {why}", True
 

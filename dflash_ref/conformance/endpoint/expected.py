@@ -37,11 +37,12 @@ class Request:
     stop_ids: list[int]
     expected: list[int]  # the reference's new tokens (x_0 first)
     taus: list[int]  # the reference's τ per decode step
+    block_size: int | None = None  # the draft's
     serving: dict | None = None  # a serving scenario's entry (engine_scenarios.SERVING_MEANING), if any
 
     def accepted(self) -> tuple[int, int]:
         """The draft tokens a server may count as accepted for this request: [low, high]."""
-        return accepted_bounds(self.taus, len(self.expected))
+        return accepted_bounds(self.taus, len(self.expected), self.block_size, self.max_new_tokens)
 
     def accepted_per_position(self) -> list[tuple[int, int]]:
         """Per draft position i (0: the first proposal), how many steps accepted it: [low, high] (vLLM's
@@ -101,6 +102,7 @@ def _from_bundle(b) -> Request:
         [int(t) for t in b.inputs["stop_token_ids"] or []],
         full[len(prompt) :],
         taus,
+        b.config("draft")["block_size"],
         b.manifest.get("serving"),
     )
 
@@ -214,6 +216,7 @@ def from_folders(target, draft, prompts: list[dict], stop_ids: list[int], progre
             runs[key] = (result.output_ids[0, len(p["prompt_ids"]) :].tolist(), result.acceptance_lengths)
         new, taus = runs[key]
         out.append(
-            Request(p["name"], list(p["prompt_ids"]), p["max_tokens"], list(stop_ids), new, taus, p.get("serving"))
-        )
+            Request(p["name"], list(p["prompt_ids"]), p["max_tokens"], list(stop_ids), new, taus, draft.block_size,
+                    p.get("serving"))
+        )  # fmt: skip
     return out

@@ -32,9 +32,9 @@ class EndpointReport:
         return verified > 0 and bad == 0 and not any(s.failed for s in self.shared)
 
     def ratio(self) -> tuple[float, float, float, int] | None:
-        """The server's accepted draft tokens over the reference's (its upper bound), in all and per request: (all,
+        """The server's accepted draft tokens over the reference's own (Σ τ of its run), in all and per request: (all,
         least, most, requests), over the requests with a count of their own."""
-        counted = [(r.accepted, r.bounds[1]) for r in self.results if r.accepted is not None]
+        counted = [(r.accepted, sum(r.request.taus)) for r in self.results if r.accepted is not None]
         if not counted:
             return None
         per = [a / h for a, h in counted if h > 0]
