@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib.metadata import PackageNotFoundError, version
 
 COMMANDS = {  # name → its line in `--help`
     "walkthrough": "run the walkthrough notebooks (the main job) and write their figures",
@@ -48,8 +49,6 @@ class Parser(argparse.ArgumentParser):
 
 def _version() -> str:
     """The installed distribution's version (pyproject.toml's), without importing the package's torch modules."""
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version("dflash-ref")
     except PackageNotFoundError:  # run from a checkout that is not installed

@@ -2,7 +2,7 @@
 llama-server) run in .ci/engines; this one answers the same routes on the loopback in a thread, in the fields of
 the engine it plays, and decodes with whatever `engine` it is given (the reference, or one with a bug).
 
-    engine(prompt_ids, max_tokens, stop_ids) → (output ids, accepted draft tokens, τ per step)
+    engine(prompt_ids, max_tokens, stop_ids, body) → (output ids, accepted draft tokens, τ per step)
     flavor "vllm"      token_ids in the answer, acceptance only in /metrics (vllm:spec_decode_* counters)
            "llamacpp"  ids in logprobs.content, acceptance in `timings`, stop tokens as strings (/detokenize)
            "plain"     text only, no acceptance anywhere
@@ -18,8 +18,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class StandIn:
-    def __init__(self, engine, flavor: str = "vllm", model: str = "stand-in", context: int = 4096, text=None) -> None:
+    def __init__(
+        self, engine, flavor: str = "vllm", model: str = "stand-in", context: int = 4096, text=None, tokenize=None
+    ) -> None:
         self.engine, self.flavor, self.model, self.context = engine, flavor, model, context
+        self.tokenize = tokenize  # given: it takes text prompts only (a list of ids is a 400), read with it
         self.text = text or (lambda ids: "".join(f"<{t}>" for t in ids))  # ids → the answer's text
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
         self.per_pos: dict[int, int] = {}
@@ -27,6 +30,8 @@ class StandIn:
         self.lock = threading.Lock()
         self.delay = 0.0  # seconds per streamed token (arrivals need decoding to take a while)
         self.fail_with: tuple[int, str] | None = None  # (status, message): every completion answers it
+        self.gaps = False  # llamacpp, streamed: every second chunk without logprobs (so without its id), as
+        # llama-server streams the draft tokens it accepted
 
     def count(self, accepted: int, steps: list[int] | None = None) -> None:
         with self.lock:
@@ -82,13 +87,18 @@ def _handler(standin: StandIn):
                 self._send(404, {"error": {"message": f"The model `{body.get('model')}` does not exist."}})
                 return
             prompt = body["prompt"]
+            if standin.tokenize is not None:
+                if not isinstance(prompt, str):
+                    self._send(400, {"error": {"message": "prompt must be a string"}})
+                    return
+                prompt = standin.tokenize(prompt)
             if len(prompt) + body["max_tokens"] > standin.context:
                 self._send(400, {"error": {"message": f"maximum context length is {standin.context} tokens"}})
                 return
             stops = list(body.get("stop_token_ids") or [])
             if standin.flavor == "llamacpp":  # it stops on strings: read them back to ids
                 stops = [int(s.strip("<>")) for s in body.get("stop") or []]
-            ids, accepted, steps = standin.engine(prompt, body["max_tokens"], stops)
+            ids, accepted, steps = standin.engine(prompt, body["max_tokens"], stops, body)
             if standin.flavor == "vllm":
                 standin.count(accepted, steps)
             if body.get("stream"):
@@ -117,6 +127,8 @@ def _handler(standin: StandIn):
             for i, t in enumerate(ids):
                 time.sleep(standin.delay)
                 chunk = {"choices": [self._choice([t], "stop" if i == len(ids) - 1 else None)]}
+                if standin.gaps and i % 2:
+                    chunk["choices"][0]["logprobs"] = None
                 if i == len(ids) - 1 and standin.flavor == "llamacpp":
                     chunk["timings"] = {"draft_n": accepted + 1, "draft_n_accepted": accepted}
                 self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())

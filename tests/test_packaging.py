@@ -382,7 +382,14 @@ LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient", "nbformat",
 # None: any. training/init_draft.py reads a draft's config.json through config.py only for `train --init DRAFT`:
 # config.py brings torch, which training's options otherwise never import (`train --help` stays cheap)
 LOCAL_IMPORT_OF = {
-    "cli/verify.py": {"conformance.exact"},
+    # torch: a dump is compared with numpy alone; a server (conformance/endpoint/) is checked with the reference
+    "cli/verify.py": {
+        "conformance.exact",
+        "conformance.endpoint",
+        "conformance.endpoint.client",
+        "conformance.endpoint.sampling",
+        "conformance.sampling",
+    },
     # reading a bundle imports no torch; asking whether its draft is a Muse folder does (config.py)
     "conformance/bundle.py": {"muse_glimmer"},
     "conformance/verify.py": {"conformance.ports"},
@@ -419,9 +426,9 @@ def test_tooling_lives_in_the_named_subpackages():
     # stage shares, and target/ the targets written out here: the core; everything else is in one of
     # these (dflash_ref/README.md maps them)
     subpackages = sorted(p.parent.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("**/__init__.py"))
-    assert subpackages == [".", "bench", "cli", "conformance", "conformance/engines", "conformance/pypi", "drafts",
-                           "extensions", "fast_cpu", "loading", "target", "tour", "trace", "training",
-                           "viewer"]  # fmt: skip
+    assert subpackages == [".", "bench", "cli", "conformance", "conformance/endpoint", "conformance/engines",
+                           "conformance/pypi", "drafts", "extensions", "fast_cpu", "loading", "target", "tour", "trace",
+                           "training", "viewer"]  # fmt: skip
 
 
 def test_readme_links_resolve():

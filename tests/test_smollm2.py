@@ -836,7 +836,7 @@ def test_evaluate_runs_a_draft_past_its_training_block_and_says_so(smollm2, tmp_
         ["generate", "--target", "smollm2", "--prompt", "hi"],
     ],
 )
-def test_a_bad_draft_folder_is_refused_by_name(smollm2, tmp_path, command):
+def test_a_bad_draft_folder_is_refused_by_name(smollm2, tmp_path, command, capsys):
     """generate, evaluate and bench trained read --draft the same way (drafts/folder.open_draft,
     check_fits): a missing folder, or a draft made for another target, ends the command naming the
     folder (and the mismatch), before any decoding."""
@@ -855,6 +855,11 @@ def test_a_bad_draft_folder_is_refused_by_name(smollm2, tmp_path, command):
         ),
     ):
         main(command + ["--draft", str(tmp_path / "other")])
+    if command[0] == "generate":  # refused before the target loads, as a usage error
+        with pytest.raises(SystemExit) as e:
+            main(command + ["--draft", str(tmp_path / "nope")])
+        assert e.value.code == 2 and f"--draft no folder {tmp_path / 'nope'}" in capsys.readouterr().err
+        return
     with pytest.raises(SystemExit, match=re.escape(f"--draft: no folder {tmp_path / 'nope'}")):
         main(command + ["--draft", str(tmp_path / "nope")])
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import json
 import tempfile
 from pathlib import Path
 
 from ..conformance.bundle import find_bundles
 from ..conformance.golden import generate_golden
-from ..conformance.matrix import PORTS, check_ports, matrix, merge
+from ..conformance.matrix import PORTS, check_ports, endpoint_rows, matrix, merge
 from .folders import check_output_file
 
 
@@ -24,6 +25,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--ports", nargs="+", metavar="PORT", help="these ports only (default: every shipped port and engine)"
     )
     p.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="PORT=REPORT.json[,REPORT.json]",
+        help='with --out and --merge: a port\'s `verify --endpoint --json` reports, as its "endpoint" cell of the '
+        "serving conditions (no port runs)",
+    )
+    p.add_argument(
         "--merge",
         action="store_true",
         help="with --out: put these ports into the matrix already there (a run in a port's own environment: "
@@ -31,7 +40,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _endpoint(args, parser: argparse.ArgumentParser) -> int:
+    """--endpoint PORT=FILES: the reports read and merged into --out's serving conditions."""
+    if not (args.out and args.merge) or args.ports or args.engines or args.bundle:
+        parser.error("--endpoint merges reports into the matrix at --out: give --out and --merge, and no port to run")
+    reports = {}
+    for given in args.endpoint:
+        port, _, files = given.partition("=")
+        if not port or not files:
+            parser.error(f"--endpoint {given!r}: write PORT=REPORT.json[,REPORT.json]")
+        try:
+            reports[port] = [json.loads(Path(f).read_text()) for f in files.split(",")]
+        except (OSError, ValueError) as e:
+            parser.error(f"--endpoint {given}: {e}")
+        if not all(isinstance(r, dict) and isinstance(r.get("requests"), list) for r in reports[port]):
+            parser.error(f"--endpoint {given}: not a report of verify --endpoint --json")
+    out = Path(args.out)
+    old = out.read_text() if out.is_file() else ""
+    out.write_text(merge(old, "\n".join(endpoint_rows(reports))) + "\n")
+    return 0
+
+
 def main(args, parser: argparse.ArgumentParser) -> int:
+    if args.endpoint:
+        return _endpoint(args, parser)
     try:
         check_ports(args.ports or PORTS)
         if args.merge and not args.out:

@@ -192,9 +192,13 @@ def _served(args, parser: argparse.ArgumentParser) -> int:
     """--endpoint URL / --outputs FILE (conformance/endpoint/)."""
     from ..conformance.endpoint import EndpointError, RequestsError, UsageError, verify_endpoint, verify_outputs
 
+    if args.sampling and args.endpoint:
+        return _sampled_endpoint(args, parser)
+    if args.runs is not None or args.verifier:
+        parser.error("--runs and --verifier go with --sampling")
     if args.sampling or args.variant or args.skip or args.profile or args.html or args.allow_missing:
-        parser.error("--endpoint and --outputs take neither --sampling, --variant, --skip, --profile, --html nor "
-                     "--allow-missing")  # fmt: skip
+        parser.error("--endpoint and --outputs take neither --sampling (but --sampling --endpoint URL does), "
+                     "--variant, --skip, --profile, --html nor --allow-missing")  # fmt: skip
     if args.max_new_tokens < 1:
         parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     if args.timeout is not None and args.timeout <= 0:
@@ -228,3 +232,39 @@ def _served(args, parser: argparse.ArgumentParser) -> int:
             raise SystemExit(f"verify: --json {args.json}: {e}") from None
         print("wrote", args.json)
     return 0 if report.passed(args.strict) else 1
+
+
+def _sampled_endpoint(args, parser: argparse.ArgumentParser) -> int:
+    """--sampling --endpoint URL --bundle DIR: the server's samples against the sampling bundles' exact
+    distributions (conformance/endpoint/sampling.py)."""
+    from ..conformance.endpoint import EndpointError
+    from ..conformance.endpoint.client import Endpoint
+    from ..conformance.endpoint.sampling import EndpointSampler
+    from ..conformance.sampling import check_sampling
+
+    served = args.dtype != "float32" or args.strict or args.serving != "alone" or args.max_new_tokens != 64
+    if args.bundle is None or args.target or args.draft or args.prompts or args.json or args.html or served:
+        parser.error("--sampling --endpoint takes the sampling bundle the server serves: --bundle DIR, and none "
+                     "of --target, --draft, --prompts, --json, --html, --dtype, --strict, --serving, "
+                     "--max-new-tokens")  # fmt: skip
+    try:
+        bundles = [b for b in find_bundles(args.bundle) if b.manifest.get("kind") == "sampling"]
+    except (OSError, ValueError) as e:
+        parser.error(f"--bundle {args.bundle}: {e}")
+    if not bundles:
+        parser.error(f"--bundle {args.bundle}: no sampling bundle there (golden --engines writes engine_sampling)")
+    verifier = args.verifier or "rejection"
+    try:
+        endpoint = Endpoint(args.endpoint, args.model, **({"timeout": args.timeout} if args.timeout else {}))
+        results = []
+        for b in bundles:
+            print(f"{b.name}: sampling {args.runs or b.manifest['sampling']['runs']} runs through {endpoint.url}",
+                  flush=True)  # fmt: skip
+            sampler = EndpointSampler(endpoint, b)
+            result = check_sampling(b.manifest["sampling"], sampler, args.runs, verifier)
+            result.note = sampler.note
+            results.append(result)
+            print(result.text())
+    except (EndpointError, ValueError, RuntimeError) as e:
+        raise SystemExit(f"verify: {e}") from None
+    return 0 if all(r.passed for r in results) else 1

@@ -170,19 +170,25 @@ def _cells(row: str) -> list[str]:
 
 
 def _merge_table(old: list[str], new: list[str]) -> list[str]:
-    """A table section of rows keyed by their first cell (the port): the new rows replace the old ones of the same
-    ports (every old row of a port the new table has), the other old rows stay; columns are the union, old first."""
-
+    """A table section of rows keyed by their first cell (the port): a new row replaces the old one of its port in
+    the columns it has, the old row's other cells stay (a run measures its own columns only), the other old rows
+    stay; columns are the union, old first; a new table without words of its own keeps the old section's."""
     old_table, new_table = [x for x in old if x.startswith("|")], [x for x in new if x.startswith("|")]
     if len(old_table) < 2 or len(new_table) < 2:
         return new if len(new_table) >= 2 else old
     old_columns, new_columns = _cells(old_table[0]), _cells(new_table[0])
     columns = old_columns + [c for c in new_columns if c not in old_columns]
     new_rows = [dict(zip(new_columns, _cells(r))) for r in new_table[2:]]
-    ports = {r[new_columns[0]] for r in new_rows}
     rows = [dict(zip(old_columns, _cells(r))) for r in old_table[2:]]
-    rows = [r for r in rows if r[old_columns[0]] not in ports] + new_rows
+    kept = {r[old_columns[0]]: r for r in rows}
+    for r in new_rows:  # a port's row keeps its cells of the columns this run did not measure (ENDPOINT's, …)
+        if r[new_columns[0]] in kept:
+            r.update({c: v for c, v in kept[r[new_columns[0]]].items() if c not in new_columns})
+    fresh = {r[new_columns[0]]: r for r in new_rows}
+    rows = [fresh.pop(r[old_columns[0]], r) for r in rows] + list(fresh.values())  # in the old order, new ones last
     prose = [x for x in new if not x.startswith("|")]  # the title and what it says, blank lines between
+    if not any(x.strip() for x in prose[1:]):  # a table alone (matrix --endpoint): the section's words stay
+        prose = [x for x in old if not x.startswith("|")]
     while prose and not prose[-1].strip():
         prose.pop()
     table = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -190,6 +196,29 @@ def _merge_table(old: list[str], new: list[str]) -> list[str]:
 
 
 TABLES = ("Sampled decoding", "Serving conditions")
+ENDPOINT = "endpoint"  # the serving conditions' column of a deployment checked from outside (verify --endpoint)
+
+
+def endpoint_rows(reports: dict[str, list[dict]]) -> list[str]:
+    """`matrix --endpoint PORT=REPORT.json[,…]`: each port's runs of `verify --endpoint --json` as its "endpoint"
+    cell of the serving conditions (pass, tie k of n, FAIL k of n over the requests the server took, an acceptance
+    held to the sum of several requests' counted as each of theirs; refused ones n/a), a table `merge` puts into the
+    matrix beside the port's other cells."""
+    lines = ["## Serving conditions", "", f"| port | {ENDPOINT} |", "|---|---|"]
+    for port, runs in reports.items():
+        statuses = [r["status"] for run in runs for r in run["requests"]]
+        failed = {r["name"] for run in runs for r in run["requests"] if r["status"] in ("FAIL", "error")}
+        failed |= {n for run in runs for s in run.get("shared", []) if s["failed"] for n in s["names"]}
+        ties, refused = statuses.count("tie"), statuses.count("n/a")
+        ran = len(statuses) - refused
+        cell = (
+            "n/a" if not ran
+            else f"FAIL ({len(failed)} of {ran})" if failed
+            else f"tie ({ties} of {ran})" if ties
+            else f"pass ({ran} requests)"
+        ) + (f"; {refused} n/a" if refused and ran else "")  # fmt: skip
+        lines.append(f"| {port} | {cell} |")
+    return lines + [""]
 
 
 def merge(old: str, new: str) -> str:

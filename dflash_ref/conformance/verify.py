@@ -288,23 +288,37 @@ def _rope_of(config: dict) -> dict:
     }
 
 
+def acceptance_parts(
+    taus: list[int], produced: int, block_size: int | None = None, max_new_tokens: int | None = None
+) -> tuple[list[int], int, int]:
+    """A request's reference run (τ per step, `produced` new tokens) as a serving engine's count of accepted draft
+    tokens must match it → (the steps held exactly, the most the rest may add, the most steps the rest may take).
+
+    With DFlash's draft every step drafted with a whole block proposes and accepts as the reference's. Where the
+    length limit shortens the block (the reference drafts min(block, what is left): `block_size` and
+    `max_new_tokens` given), the draft attends another block, and an engine that drafts it whole and counts before
+    clipping its output (vLLM's counters) accepts another block's proposals there: from the first shortened step
+    on, its steps may accept anything up to what is left − 1 plus a last whole block's γ = block − 1. Otherwise
+    the last step alone is where engines cut the block each their own way: it adds 0 up to max(τ, the tokens it
+    committed)."""
+    if block_size is not None and max_new_tokens is not None:
+        done = 0
+        for s, tau in enumerate(taus):
+            room = max_new_tokens - done  # tokens left before this step: its block is min(block, room)
+            if room < block_size:
+                return taus[:s], room - 1 + block_size - 1, room
+            done += tau + 1
+    committed = produced - 1 - sum(t + 1 for t in taus[:-1])  # the last step's tokens (after x_0 and the others)
+    return taus[:-1], max(taus[-1:] + [committed, 0]), min(len(taus), 1)
+
+
 def accepted_bounds(
     taus: list[int], produced: int, block_size: int | None = None, max_new_tokens: int | None = None
 ) -> tuple[int, int]:
-    """The draft tokens a serving engine may count as accepted for a request whose reference run took steps of
-    τ = `taus` and produced `produced` new tokens → (low, high). Every step but the last accepts as DFlash's (Σ τ
-    over them). The last is where engines cut the block to what is left to generate, each its own way, so it adds
-    from 0 up to max(τ, the tokens it committed); where the reference's last block was shortened by the length
-    limit (it drafts min(block, what is left)), an engine that drafts it whole and counts before clipping its
-    output (vLLM's counters) may accept up to γ = block − 1 of another block's proposals there (`block_size` and
-    `max_new_tokens` given: that bound)."""
-    committed = produced - 1 - sum(t + 1 for t in taus[:-1])  # the last step's tokens (after x_0 and the others)
-    low = sum(taus[:-1])
-    last = max(taus[-1:] + [committed, 0])
-    room = None if max_new_tokens is None else max_new_tokens - sum(t + 1 for t in taus[:-1])
-    if block_size is not None and room is not None and taus and room < block_size:  # the last block was shortened
-        last = max(last, block_size - 1)
-    return low, low + last
+    """The draft tokens a serving engine may count as accepted for this reference run: (low, high)
+    (acceptance_parts)."""
+    exact, rest, _ = acceptance_parts(taus, produced, block_size, max_new_tokens)
+    return sum(exact), sum(exact) + rest
 
 
 def _draft_accepted(bundle: Bundle, value) -> Check:

@@ -18,11 +18,16 @@ import gc
 import json
 from pathlib import Path
 
-from .check import Result, Runner
+import torch
+
+from ...drafts.checkpoint import check_draft_folder, load_draft
+from ...loading.folder import folder_stop_ids, load_target, load_tokenizer
+from ...target.checkpoint import CheckpointError
+from .check import ReplayUnavailable, Result, Runner, ending
 from .client import Endpoint, EndpointError
 from .expected import CONDITIONS, Request, RequestsError, from_bundles, from_folders, read_prompts, with_conditions
 from .report import EndpointReport
-from .ties import DTYPES, replay
+from .ties import DTYPES, OutsideVocabulary, replay
 
 __all__ = ["CONDITIONS", "DTYPES", "Endpoint", "EndpointError", "RequestsError", "verify_endpoint", "verify_outputs"]
 
@@ -35,9 +40,6 @@ def check_folders(target, draft, prompts) -> list[dict]:
     """What can be refused before the target loads: the prompt file (read, its prompts not empty), the draft
     folder (there, its config and weights load) and the target folder's being there → the prompts (text still
     untokenized)."""
-    from ...drafts.checkpoint import load_draft
-    from ...target.checkpoint import CheckpointError
-
     if not (target and draft and prompts):
         raise UsageError("--target DIR, --draft DIR and --prompts FILE go together (or --bundle DIR)")
     try:
@@ -47,7 +49,7 @@ def check_folders(target, draft, prompts) -> list[dict]:
     if not Path(target).is_dir() or not (Path(target) / "config.json").is_file():
         raise UsageError(f"--target {target}: no model folder there (a folder with config.json)")
     try:
-        load_draft(draft)
+        check_draft_folder(draft)
     except CheckpointError as e:
         raise UsageError(f"--draft {e}") from None
     return entries
@@ -55,9 +57,6 @@ def check_folders(target, draft, prompts) -> list[dict]:
 
 def _tokenizer(folder):
     """The target folder's tokenizer, or None where it has none (ids are then said as numbers)."""
-    from ...loading.folder import load_tokenizer
-    from ...target.checkpoint import CheckpointError
-
     try:
         return load_tokenizer(folder)
     except (CheckpointError, ImportError):
@@ -77,12 +76,13 @@ class _Replayer:
         self.folder, self.device, self.dtype, self.target = folder, device, dtype, None
 
     def __call__(self, prompt_ids: list[int], output_ids: list[int]):
-        import torch
-
-        from ...loading.folder import load_target
-
         if self.target is None:
-            self.target = load_target(self.folder, dtype=torch.float64, device=self.device)
+            try:
+                self.target = load_target(self.folder, dtype=torch.float64, device=self.device)
+            except (ValueError, RuntimeError, MemoryError, ImportError, OSError) as e:  # said, never a traceback
+                raise ReplayUnavailable(
+                    f"the float64 replay of {self.folder} on {self.device} could not load it: {type(e).__name__}: {e}"
+                ) from None
         return replay(self.target, prompt_ids, output_ids, self.dtype)
 
 
@@ -103,8 +103,6 @@ def verify_endpoint(
     """The requests of `bundle` (a folder of bundles of one model pair), or of `prompts` on the folders `target` and
     `draft`, through the server at `url`, each held to the reference's run of it alone (module docstring).
     UsageError: the arguments; EndpointError: the server; RequestsError: the bundles."""
-    import torch
-
     if dtype not in DTYPES:
         raise UsageError(f"--dtype {dtype}: choose from {', '.join(DTYPES)}")
     conditions = conditions or ["alone"]
@@ -121,12 +119,9 @@ def verify_endpoint(
     endpoint = Endpoint(url, model, **({"timeout": timeout} if timeout else {}))
     progress(f"{endpoint.url}: {endpoint.engine}, model {endpoint.model}")
     if bundle is not None:
-        requests = from_bundles(bundle, list(endpoint.models))
-        folder = Path(requests and _bundle_target(bundle, requests[0].name))
+        requests, folder = from_bundles(bundle, list(endpoint.models))
+        tokenizer = _tokenizer(folder)
     else:
-        from ...drafts.checkpoint import load_draft
-        from ...loading.folder import folder_stop_ids, load_target
-
         folder = Path(target)
         tokenizer = _tokenizer(folder)
         if tokenizer is None and any(e["prompt_ids"] is None for e in entries):
@@ -139,9 +134,10 @@ def verify_endpoint(
         requests = from_folders(target_model, draft_model, with_conditions(entries, conditions), stops, progress)
         del draft_model, target_model
         gc.collect()
-    tokenizer = _tokenizer(folder)
     retokenize = (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]) if tokenizer else None
-    runner = Runner(endpoint, _Replayer(folder, device, dtype), _words(tokenizer), dtype, retokenize, progress)
+    detokenize = (lambda ids: tokenizer.decode(ids)) if tokenizer else None
+    replayer = _Replayer(folder, device, dtype)
+    runner = Runner(endpoint, replayer, _words(tokenizer), dtype, retokenize, detokenize, progress)
     results = runner.run(requests)
     reported = runner.counting or any(r.completion is not None and r.completion.accepted is not None for r in results)
     header = [
@@ -151,12 +147,6 @@ def verify_endpoint(
         + ("the server's counters around each request" if runner.counting else "each response, where it has it"),
     ]
     return EndpointReport(header, results, runner.shared, reported)
-
-
-def _bundle_target(path, name: str) -> Path:
-    from ..bundle import find_bundles
-
-    return next(b.target_dir for b in find_bundles(path) if b.name == name)
 
 
 def verify_outputs(path, target, dtype: str = "float32", device: str = "cpu", progress=print) -> EndpointReport:
@@ -175,22 +165,24 @@ def verify_outputs(path, target, dtype: str = "float32", device: str = "cpu", pr
     results = []
     for line in lines:
         progress(f"replaying {line['name']} ({len(line['output_ids'])} tokens) in float64")
-        request = Request(line["name"], line["prompt_ids"], line.get("max_tokens") or len(line["output_ids"]),
-                          line.get("stop_token_ids") or [], [], [])  # fmt: skip
+        output, stops, max_tokens = line["output_ids"], line.get("stop_token_ids"), line.get("max_tokens")
+        request = Request(line["name"], line["prompt_ids"], max_tokens or len(output), stops or [], [], [])
         try:
-            divergences = replayer(line["prompt_ids"], line["output_ids"])
-        except ValueError as e:
+            divergences = replayer(line["prompt_ids"], output)
+        except (OutsideVocabulary, ReplayUnavailable) as e:
             raise UsageError(f"--outputs {path}, {line['name']}: {e}") from None
         bugs = [d for d in divergences if not d.tie]
         first = (bugs or divergences or [None])[0]
         status = "FAIL" if bugs else "tie" if divergences else "pass"
         said = "the target's float64 argmax at every position" if first is None else first.said(words)
-        logprobs = line.get("logprobs")
-        note = ""
+        # where the output ends: judged as far as the line says its limits (a stop past, max_tokens over; and
+        # with both, an end at neither)
+        _, wrong = ending(output, max_tokens or len(output), set(stops or []), None)
+        if wrong and (max_tokens and stops is not None or not wrong.startswith("ended after")):
+            status, said = "FAIL", wrong
+        logprobs, note = line.get("logprobs"), ""
         if first is not None and isinstance(logprobs, list) and first.index < len(logprobs):
             note = f"its own logprob of its token there: {logprobs[first.index]}"
-        if len(line["output_ids"]) > request.max_new_tokens:
-            status, said = "FAIL", f"{len(line['output_ids'])} tokens, more than max_tokens {request.max_new_tokens}"
         results.append(Result(request, status, said, divergences=divergences, note=note))
     header = [f"outputs {path} against target {target} replayed in float64; their dtype {dtype}"]
     return EndpointReport(header, results, reported=True)
@@ -214,14 +206,21 @@ def _read_outputs(path) -> list[dict]:
             raise UsageError(f"{where}: not a JSON object")
         for key in ("prompt_ids", "output_ids"):
             ids = entry.get(key)
-            if not isinstance(ids, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids
-            ):
+            if not isinstance(ids, list) or not all(_is_id(t) for t in ids):
                 raise UsageError(f"{where}: {key} must be a list of token ids ≥ 0")
         if not entry["prompt_ids"]:
             raise UsageError(f"{where}: an empty prompt_ids")
+        stops, limit = entry.get("stop_token_ids"), entry.get("max_tokens")
+        if stops is not None and not (isinstance(stops, list) and all(_is_id(t) for t in stops)):
+            raise UsageError(f"{where}: stop_token_ids must be a list of token ids ≥ 0")
+        if limit is not None and not (_is_id(limit) and limit >= 1):
+            raise UsageError(f"{where}: max_tokens must be a whole number ≥ 1, got {limit!r}")
         entry.setdefault("name", f"line{n}")
         out.append(entry)
     if not out:
         raise UsageError(f"--outputs {path}: no output in it")
     return out
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

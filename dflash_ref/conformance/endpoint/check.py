@@ -28,7 +28,12 @@ from dataclasses import dataclass, field
 from ..engines import serving
 from .client import Completion, Endpoint, EndpointError
 from .expected import Request
-from .ties import Divergence
+from .ties import Divergence, OutsideVocabulary
+
+
+class ReplayUnavailable(RuntimeError):
+    """The float64 replay could not run (its target did not load): the request's verdict cannot be given."""
+
 
 SETTLE = 2.0  # seconds to wait for a server's counters to take a request's last step in
 
@@ -83,12 +88,17 @@ def delta(before: dict | None, after: dict | None) -> dict | None:
 
 class Runner:
     """Sends the requests (`run`) and judges each (`judge`): `replay(prompt, output)` gives the float64
-    divergences (ties.replay on a target loaded once), `words(id)` a token's text, `dtype` the engine's,
-    `stop_texts(ids)` the stop tokens as the server's strings (for servers that stop on strings only)."""
+    divergences (ties.replay on a target loaded once; ReplayUnavailable where it cannot load), `words(id)` a
+    token's text, `dtype` the engine's; `retokenize(text)` / `detokenize(ids)` the target's tokenizer both ways
+    (None: none), for a server that answers text only or takes prompts as text only."""
 
-    def __init__(self, endpoint: Endpoint, replay, words, dtype: str, retokenize=None, progress=print) -> None:
+    def __init__(
+        self, endpoint: Endpoint, replay, words, dtype: str, retokenize=None, detokenize=None, progress=print
+    ) -> None:
         self.endpoint, self.replay, self.words, self.dtype = endpoint, replay, words, dtype
-        self.retokenize, self.progress = retokenize, progress
+        self.retokenize, self.detokenize, self.progress = retokenize, detokenize, progress
+        self.as_text = False  # the server refused a token-id prompt and took its text: prompts go as text
+        self.ids_taken = False  # a token-id prompt was answered: a later refusal is the request's own
         self.counting = endpoint.counters() is not None  # vLLM's /metrics
         self.shared: list[Shared] = []
         self._stop_texts: dict[int, str | None] = {}
@@ -116,13 +126,26 @@ class Runner:
                 self._stop_texts[t] = self.endpoint.detokenize(t)
         return [self._stop_texts[t] for t in request.stop_ids if self._stop_texts[t]]
 
+    def _prompt(self, request: Request) -> list[int] | str:
+        return self.detokenize(request.prompt_ids) if self.as_text else request.prompt_ids
+
     def _alone(self, request: Request) -> Result:
         before = self.endpoint.counters() if self.counting else None
         try:
-            got = self.endpoint.complete(request.prompt_ids, request.max_new_tokens, request.stop_ids,
+            got = self.endpoint.complete(self._prompt(request), request.max_new_tokens, request.stop_ids,
                                          stop_texts=self._stops(request))  # fmt: skip
         except EndpointError as e:
-            return Result(request, "n/a" if e.refused else "error", str(e))
+            if not (e.refused and not self.as_text and not self.ids_taken and self.detokenize):
+                return Result(request, "n/a" if e.refused else "error", str(e))
+            try:  # "text otherwise": a refused request is tried as its text; once one is taken, every prompt goes so
+                text = self.detokenize(request.prompt_ids)
+                got = self.endpoint.complete(text, request.max_new_tokens, request.stop_ids,
+                                             stop_texts=self._stops(request))  # fmt: skip
+            except EndpointError:
+                return Result(request, "n/a", str(e))
+            self.as_text = True
+            self.progress(f"{self.endpoint.url} refused a token-id prompt ({e}); prompts go as text from now on")
+        self.ids_taken = self.ids_taken or not self.as_text
         counted = delta(before, settled_counters(self.endpoint, before)) if self.counting else None
         return self.judge(request, got, counted)
 
@@ -137,24 +160,23 @@ class Runner:
             try:
                 while waiting and serving.arrives(waiting[0].serving, produced, done):
                     r = waiting.pop(0)
-                    streams[r.name] = self.endpoint.stream(r.prompt_ids, r.max_new_tokens, r.stop_ids, self._stops(r))
+                    prompt, stops = self._prompt(r), self._stops(r)
+                    streams[r.name] = self.endpoint.stream(prompt, r.max_new_tokens, r.stop_ids, stops)
             except RuntimeError as e:  # a request due mid-decode whose predecessor finished first
-                return {r.name: Result(r, "error", f"the condition was not exercised: {e}") for r in group}
-            if (
-                waiting
-                and not any(s.is_alive() for s in streams.values())
-                and not serving.arrives(waiting[0].serving, produced, done)
-            ):
-                return {r.name: Result(r, "error", f"{waiting[0].name} can never arrive") for r in group}
+                return self._abandon(group, streams, f"the condition was not exercised: {e}", deadline)
+            stuck = waiting and not any(s.is_alive() for s in streams.values())
+            if stuck and not serving.arrives(waiting[0].serving, produced, done):
+                return self._abandon(group, streams, f"{waiting[0].name} can never arrive", deadline)
             if time.monotonic() > deadline:
-                return {r.name: Result(r, "error", f"not finished in {self.endpoint.timeout:g} s") for r in group}
+                return self._abandon(group, streams, f"not finished in {self.endpoint.timeout:g} s", deadline)
             time.sleep(0.005)
         counted = delta(before, settled_counters(self.endpoint, before)) if self.counting else None
         out = {}
         for name, s in streams.items():
             r = by_name[name]
-            if s.error:
-                out[r.name] = Result(r, "n/a" if s.error.refused else "error", str(s.error))
+            if s.error or s.completion is None:
+                error = s.error or EndpointError("the stream ended without an answer")
+                out[r.name] = Result(r, "n/a" if error.refused else "error", str(error))
             else:
                 out[r.name] = self.judge(r, s.completion, None, shared=counted is not None)
         if counted is not None and all(out[r.name].status == "pass" for r in group):
@@ -162,13 +184,24 @@ class Runner:
             self.shared.append(self._shared([r.name for r in group], int(counted["accepted"]), (sum(lows), sum(highs))))
         return out
 
+    def _abandon(self, group: list[Request], streams: dict, why: str, deadline: float) -> dict[str, Result]:
+        """Every request of the group an error for `why`, once the streams sent have ended (their tokens must not
+        land in the counters read around later requests)."""
+        for s in streams.values():
+            s.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        return {r.name: Result(r, "error", why) for r in group}
+
     # -- judging ------------------------------------------------------------------------------------------------
     def judge(self, request: Request, got: Completion, counted: dict | None, shared: bool = False) -> Result:
         notes = []
         ids = got.output_ids
-        if ids is None:
-            if self.retokenize is None:
-                return Result(request, "error", "the server returned text only, and no tokenizer to read it with")
+        if ids is None and self.retokenize is None:
+            return Result(request, "error", "the server returned text only, and no tokenizer to read it with")
+        if ids is None and got.pieces:  # streamed chunks, some without their ids: those read from their own text
+            ids = [t for piece, text in got.pieces for t in (piece or self.retokenize(text))]
+            unnamed = sum(not piece and bool(text) for piece, text in got.pieces)
+            notes.append(f"the ids of {unnamed} streamed chunks it gave none for re-tokenized from their text")
+        elif ids is None:
             ids = self.retokenize(got.text)
             notes.append("ids re-tokenized from the server's text (it returns no token ids)")
         ids = list(ids)
@@ -182,6 +215,8 @@ class Runner:
         ):
             ids.append(expected[len(ids)])  # the stop token the server stopped on and left out
             notes.append("its stop token left out of the output, as stop strings are")
+        if self.as_text:
+            notes.append("its prompt sent as text: the server's tokenization of it is what it ran")
         if got.cached:
             notes.append(f"{got.cached} prompt tokens from its prefix cache")
         result = Result(request, "pass", "the reference's output", got, note="; ".join(notes))
@@ -190,7 +225,7 @@ class Runner:
         if result.status != "pass":
             result.acceptance = "not compared: the output is not the reference's"
             return result
-        accepted = got.accepted if got.accepted is not None else None
+        accepted = got.accepted
         if accepted is None and counted is not None:
             accepted = int(counted.get("accepted", 0))
         if accepted is None:
@@ -247,19 +282,19 @@ class Runner:
         )
         try:
             result.divergences = self.replay(request.prompt_ids, ids)
-        except ValueError as e:  # ids the target has no row for
+        except OutsideVocabulary as e:  # ids the target has no row for
             result.status, result.output = "FAIL", f"returned {e}"
             return
+        except ReplayUnavailable as e:
+            result.status, result.output = "error", f"differs from the reference's output; {e}"
+            return
         bugs = [d for d in result.divergences if not d.tie]
-        ending = _ending(
-            ids, request.max_new_tokens, stops, result.completion.finish_reason if result.completion else None
-        )
-        if bugs:
-            result.status = "FAIL"
-            result.output = f"diverges {bugs[0].said(self.words)}"
-        elif ending:
-            result.status = "FAIL"
-            result.output = ending
+        finish = result.completion.finish_reason if result.completion else None
+        at, wrong_end = ending(ids, request.max_new_tokens, stops, finish)
+        if wrong_end and (not bugs or at <= bugs[0].index):  # the first thing wrong, in the output's order
+            result.status, result.output = "FAIL", wrong_end
+        elif bugs:
+            result.status, result.output = "FAIL", f"diverges {bugs[0].said(self.words)}"
         elif result.divergences:
             result.status = "tie"
             ties = "; ".join(d.said(self.words) for d in result.divergences[:3])
@@ -275,16 +310,17 @@ class Runner:
             )
 
 
-def _ending(ids: list[int], max_new: int, stops: set[int], finish: str | None) -> str:
-    """What is wrong with where the output ends ("" where nothing is)."""
+def ending(ids: list[int], max_new: int, stops: set[int], finish: str | None) -> tuple[int | None, str]:
+    """What is wrong with where the output ends, and the position it went wrong at ((None, "") where nothing is):
+    a token after a stop token, more than max_tokens, or an end at neither."""
     inside = next((i for i, t in enumerate(ids[:-1]) if t in stops), None)
     if inside is not None:
-        return f"went on past the stop token {ids[inside]} at {inside} ({len(ids)} tokens)"
+        return inside + 1, f"went on past the stop token {ids[inside]} at {inside} ({len(ids)} tokens)"
     if len(ids) > max_new:
-        return f"returned {len(ids)} tokens, more than max_tokens {max_new}"
+        return max_new, f"returned {len(ids)} tokens, more than max_tokens {max_new}"
     if len(ids) < max_new and (not ids or ids[-1] not in stops):
-        return f"ended after {len(ids)} of {max_new} tokens at no stop token (finish_reason {finish!r})"
-    return ""
+        return len(ids), f"ended after {len(ids)} of {max_new} tokens at no stop token (finish_reason {finish!r})"
+    return None, ""
 
 
 def _within(n: int, bounds: tuple[int, int]) -> bool:

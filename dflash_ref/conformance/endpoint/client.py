@@ -21,6 +21,7 @@ with the server's own message, a timeout, an answer that is not the protocol's.
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -42,7 +43,8 @@ VLLM_COUNTERS = {
 
 class EndpointError(RuntimeError):
     """What went wrong talking to the server, in one line; `refused`: the server answered 4xx (it will not take
-    this request: a prompt too long, a model it does not serve), not a failure of its own."""
+    this request: a prompt too long, a model it does not serve), not a failure of its own; a 408 (timeout) or 429
+    (too many requests) is the server's state, not a refusal."""
 
     def __init__(self, message: str, refused: bool = False) -> None:
         super().__init__(message)
@@ -61,13 +63,16 @@ class Completion:
     cached: int | None = None  # prompt tokens taken from its prefix cache, where it says
     logprobs: list[float] | None = None  # its log-probability of each output token, where asked and given
     reported_by: str = ""  # which field the acceptance came from
+    pieces: list[tuple[list[int], str]] | None = None  # streamed: each chunk's ids and text, where some lack ids
     raw: dict = field(default_factory=dict, repr=False)
 
 
 def _clean_url(url: str) -> str:
     """The server's base URL: `http://host:port` (a trailing /v1 or / is dropped); anything else is refused."""
-    if not re.match(r"^https?://[^/\s]+", url or ""):
-        raise EndpointError(f"--endpoint {url!r} is not an http:// or https:// URL (e.g. http://127.0.0.1:8000)")
+    if not re.match(r"^https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d+)?(/\S*)?$", url or ""):
+        raise EndpointError(
+            f"--endpoint {url!r} is not an http:// or https:// URL of a host and port (e.g. http://127.0.0.1:8000)"
+        )
     url = url.rstrip("/")
     return url[: -len("/v1")] if url.endswith("/v1") else url
 
@@ -108,14 +113,13 @@ class Endpoint:
             with urllib.request.urlopen(self.request(path, body), timeout=timeout or self.timeout) as response:
                 return response.read()
         except urllib.error.HTTPError as e:
-            said = _server_message(e.read().decode(errors="replace"))
-            raise EndpointError(f"{self.url}{path} answered {e.code} {e.reason}: {said}", e.code < 500) from None
+            raise http_error(e, self.url + path) from None
         except urllib.error.URLError as e:
             reason = e.reason
             if isinstance(reason, TimeoutError) or "timed out" in str(reason):
                 raise EndpointError(f"{self.url}{path} did not answer in {timeout or self.timeout:g} s") from None
             raise EndpointError(f"{self.url} is unreachable: {reason}") from None
-        except (TimeoutError, ConnectionError, OSError) as e:
+        except (OSError, http.client.HTTPException, ValueError) as e:  # a timeout, a dropped or garbled answer
             if isinstance(e, TimeoutError) or "timed out" in str(e):
                 raise EndpointError(f"{self.url}{path} did not answer in {timeout or self.timeout:g} s") from None
             raise EndpointError(f"{self.url}{path} failed: {type(e).__name__}: {e}") from None
@@ -140,25 +144,26 @@ class Endpoint:
 
     def complete(
         self,
-        prompt_ids: list[int],
+        prompt: list[int] | str,
         max_tokens: int,
         stop_ids: list[int] | None = None,
         temperature: float = 0.0,
         seed: int | None = None,
         stop_texts: list[str] | None = None,
     ) -> Completion:
-        """One completion of `prompt_ids`: greedy at temperature 0, else sampled with `seed` and no top-k, top-p
-        or min-p. The stop tokens go as ids (`stop_token_ids`, vLLM's and SGLang's field) and, for servers that
-        stop on strings only (llama-server), as their texts; the model's own EOS is ignored (`ignore_eos`) so that
-        only the stops asked for end the output, as they end the reference's."""
-        body = self.body(prompt_ids, max_tokens, stop_ids, temperature, seed, stop_texts)
+        """One completion of `prompt` (token ids, or text for a server that takes no ids): greedy at temperature 0,
+        else sampled with `seed` and no top-k, top-p or min-p. The stop tokens go as ids (`stop_token_ids`, vLLM's
+        and SGLang's field), the model's own EOS ignored (`ignore_eos`) so that only the stops asked for end the
+        output, as they end the reference's; to a server that stops on strings only (llama-server) as their texts,
+        its own EOS left on."""
+        body = self.body(prompt, max_tokens, stop_ids, temperature, seed, stop_texts)
         return parse_completion(self._json("/v1/completions", body), f"{self.url}/v1/completions")
 
-    def body(self, prompt_ids, max_tokens, stop_ids, temperature, seed, stop_texts) -> dict:
+    def body(self, prompt, max_tokens, stop_ids, temperature, seed, stop_texts) -> dict:
         """A /v1/completions request (`complete`)."""
         body = {
             "model": self.model,
-            "prompt": list(map(int, prompt_ids)),
+            "prompt": prompt if isinstance(prompt, str) else list(map(int, prompt)),
             "max_tokens": int(max_tokens),
             "temperature": float(temperature),
             "top_p": 1.0,
@@ -166,19 +171,23 @@ class Endpoint:
             "logprobs": 1,  # llama-server's only way to hand back token ids on this route
             "return_token_ids": True,  # vLLM's
             "stop_token_ids": [int(t) for t in stop_ids or []],
-            "ignore_eos": True,
         }
-        if stop_texts:
-            body["stop"] = stop_texts
+        if stop_texts is not None:  # a server that stops on strings (llama-server) matches no special token's
+            body["stop"] = stop_texts  # text: its own EOS must stay on, and the texts stop at the others
+        else:
+            body["ignore_eos"] = True
         if temperature > 0:  # the engines' ways to say "no top-k, no min-p"
             body.update(top_k=-1 if self.engine == "vllm" else 0, min_p=0.0)
         if seed is not None:
             body["seed"] = int(seed)
         return body
 
-    def stream(self, prompt_ids: list[int], max_tokens: int, stop_ids=None, stop_texts=None) -> Streamed:
+    def stream(self, prompt: list[int] | str, max_tokens: int, stop_ids=None, stop_texts=None) -> Streamed:
         """The greedy completion of `complete`, streamed in a thread (started): see Streamed."""
-        streamed = Streamed(self, self.body(prompt_ids, max_tokens, stop_ids, 0.0, None, stop_texts))
+        body = self.body(prompt, max_tokens, stop_ids, 0.0, None, stop_texts)
+        if self.engine == "llamacpp":  # its streamed chunks carry no logprobs for the draft tokens it accepted,
+            body["verbose"] = True  # but with `verbose` each has the native chunk beside it (`__verbose.tokens`)
+        streamed = Streamed(self, body)
         streamed.start()
         return streamed
 
@@ -216,7 +225,15 @@ def _server_message(body: str) -> str:
 
 
 def parse_completion(answer: dict, where: str) -> Completion:
-    """A /v1/completions answer → Completion: its ids, text and whatever acceptance it reports (module docstring)."""
+    """A /v1/completions answer → Completion: its ids, text and whatever acceptance it reports (module docstring);
+    an answer whose fields are not what the protocol says is an EndpointError."""
+    try:
+        return _parse_completion(answer, where)
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise EndpointError(f"{where} answered fields that are not the protocol's ({type(e).__name__}: {e})") from None
+
+
+def _parse_completion(answer: dict, where: str) -> Completion:
     choices = answer.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         raise EndpointError(f"{where} answered no choices: {json.dumps(answer)[:160]}")
@@ -291,8 +308,8 @@ class Streamed(threading.Thread):
         self.error: EndpointError | None = None
 
     def run(self) -> None:
-        ids, contents, text, last = [], [], [], {}
-        finish = None
+        ids, contents, text, last, pieces = [], [], [], {}, []
+        finish, gaps = None, False
         try:
             with urllib.request.urlopen(
                 self.endpoint.request("/v1/completions", self.body), timeout=self.endpoint.timeout
@@ -307,23 +324,39 @@ class Streamed(threading.Thread):
                     last.update({k: chunk[k] for k in ("timings", "usage", "meta_info") if chunk.get(k)})
                     for choice in chunk.get("choices") or []:
                         content = (choice.get("logprobs") or {}).get("content") or []
-                        got = choice.get("token_ids") or [c["id"] for c in content if "id" in c]
+                        native = (chunk.get("__verbose") or {}).get("tokens")  # llama-server's, asked for
+                        got = choice.get("token_ids") or native or [c["id"] for c in content if "id" in c]
+                        gaps = gaps or (bool(choice.get("text")) and not got)  # text whose ids it left out
                         ids += got
                         contents += content
                         text.append(choice.get("text") or "")
+                        pieces.append((got, text[-1]))
                         finish = choice.get("finish_reason") or finish
                         self.produced += len(got) or bool(choice.get("text"))
         except EndpointError as e:
             self.error = e
             return
         except urllib.error.HTTPError as e:
-            said = _server_message(e.read().decode(errors="replace"))
-            self.error = EndpointError(f"{self.endpoint.url}/v1/completions answered {e.code}: {said}", e.code < 500)
+            self.error = http_error(e, self.endpoint.url + "/v1/completions")
             return
-        except (OSError, ValueError) as e:  # unreachable, a timeout, a chunk that is not JSON
-            self.error = EndpointError(f"{self.endpoint.url}/v1/completions failed while streaming: {e}")
+        except Exception as e:  # noqa: BLE001 - unreachable, a timeout, a chunk that is not the protocol's: one line
+            self.error = EndpointError(f"{self.endpoint.url}/v1/completions failed while streaming: {e!r}")
             return
-        choice = {"text": "".join(text), "finish_reason": finish, "token_ids": ids or None}
-        if contents:
+        # llama-server streams no logprobs (so no ids) for the draft tokens it accepted: ids with gaps are no output
+        choice = {"text": "".join(text), "finish_reason": finish, "token_ids": None if gaps else ids or None}
+        if contents and not gaps:
             choice["logprobs"] = {"content": contents}
-        self.completion = parse_completion({"choices": [choice], **last}, self.endpoint.url)
+        try:
+            self.completion = parse_completion({"choices": [choice], **last}, self.endpoint.url)
+        except EndpointError as e:
+            self.error = e
+            return
+        self.completion.pieces = pieces if gaps else None
+
+
+def http_error(e: urllib.error.HTTPError, where: str) -> EndpointError:
+    """A 4xx or 5xx answer as one line, in the server's own words (EndpointError.refused: a 4xx but 408 and 429)."""
+    said = _server_message(e.read().decode(errors="replace"))
+    return EndpointError(
+        f"{where} answered {e.code} {e.reason}: {said}", 400 <= e.code < 500 and e.code not in (408, 429)
+    )

@@ -22,7 +22,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..verify import accepted_bounds
+import torch
+
+from ...decoding import spec_generate
+from ..bundle import find_bundles, model_digest
+from ..verify import acceptance_parts, accepted_bounds
 
 
 class RequestsError(ValueError):
@@ -39,6 +43,7 @@ class Request:
     taus: list[int]  # the reference's τ per decode step
     block_size: int | None = None  # the draft's
     serving: dict | None = None  # a serving scenario's entry (engine_scenarios.SERVING_MEANING), if any
+    condition: str = "one sequence"  # the serving condition it is sent under, in the matrix's words
 
     def accepted(self) -> tuple[int, int]:
         """The draft tokens a server may count as accepted for this request: [low, high]."""
@@ -46,20 +51,18 @@ class Request:
 
     def accepted_per_position(self) -> list[tuple[int, int]]:
         """Per draft position i (0: the first proposal), how many steps accepted it: [low, high] (vLLM's
-        spec_decode_num_accepted_tokens_per_pos); the last step may add one where it can accept that far."""
-        low_total, high_total = self.accepted()
-        last = high_total - low_total  # how far the last step may accept
-        span = max(self.taus + [last, 0])
-        return [
-            (sum(t > i for t in self.taus[:-1]), sum(t > i for t in self.taus[:-1]) + (last > i)) for i in range(span)
-        ]
+        spec_decode_num_accepted_tokens_per_pos): the exact steps' count, plus one a step the rest may take at the
+        positions it may reach (verify.acceptance_parts)."""
+        exact, rest, steps = acceptance_parts(self.taus, len(self.expected), self.block_size, self.max_new_tokens)
+        span = max(exact + [rest, 0])
+        span = min(span, self.block_size - 1) if self.block_size else span  # a block proposes γ = block − 1
+        return [(sum(t > i for t in exact), sum(t > i for t in exact) + steps * (rest > i)) for i in range(span)]
 
 
-def from_bundles(path, served: list[str] | None = None) -> list[Request]:
-    """The greedy bundles at `path` as requests; where they hold several model pairs, the pair whose target folder
-    is named by one of `served` (the server's model ids), else an error listing the pairs."""
-    from ..bundle import find_bundles, model_digest
-
+def from_bundles(path, served: list[str] | None = None) -> tuple[list[Request], Path]:
+    """The greedy bundles at `path` as requests, and the target folder they share; where they hold several model
+    pairs, the pair whose target folder is named by one of `served` (the server's model ids), else an error listing
+    the pairs."""
     try:
         bundles = [b for b in find_bundles(path) if b.manifest.get("kind") != "sampling"]
     except (OSError, ValueError) as e:
@@ -80,7 +83,7 @@ def from_bundles(path, served: list[str] | None = None) -> list[Request]:
                 f"bundles of the pair it serves (one folder a pair): {listed}"
             )
         bundles = named[0]
-    return [_from_bundle(b) for b in bundles]
+    return [_from_bundle(b) for b in bundles], bundles[0].target_dir
 
 
 def _names(folder: Path, model: str) -> bool:
@@ -104,6 +107,7 @@ def _from_bundle(b) -> Request:
         taus,
         b.config("draft")["block_size"],
         b.manifest.get("serving"),
+        (b.manifest.get("serving") or {}).get("condition", "one sequence"),
     )
 
 
@@ -138,6 +142,10 @@ def read_prompts(path, tokenizer=None, max_new_tokens: int = 64) -> list[dict]:
         )
     if not prompts:
         raise RequestsError(f"--prompts {path}: no prompt in it")
+    names = [p["name"] for p in prompts]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise RequestsError(f"--prompts {path}: names given to more than one prompt: {', '.join(twice)}")
     return prompts
 
 
@@ -164,6 +172,9 @@ CONDITIONS = {
     "concurrent": "every prompt again, each sent once the one before has streamed 2 tokens (arrivals mid-decode)",
 }
 LONG = 2304  # tokens: past vLLM's default 2048 tokens per step for online serving
+# each condition as the matrix's serving conditions name it (engine_scenarios.SERVINGS)
+MATRIX_WORDS = {"alone": "one sequence", "repeat": "prefix-cache hit", "shared-prefix": "prefix-cache hit",
+                "long": "chunked prefill", "concurrent": "arrivals mid-decode"}  # fmt: skip
 
 
 def with_conditions(prompts: list[dict], conditions: list[str], long: int = LONG) -> list[dict]:
@@ -174,25 +185,29 @@ def with_conditions(prompts: list[dict], conditions: list[str], long: int = LONG
         raise RequestsError(f"--serving {','.join(unknown)}: choose from {', '.join(CONDITIONS)}")
     out = []
     for condition in conditions:
+        said = MATRIX_WORDS[condition]
         if condition == "alone":
-            out += prompts
+            out += [{**p, "condition": said} for p in prompts]
         elif condition == "repeat":
-            out += [{**p, "name": f"{p['name']}.again"} for p in prompts]
+            out += [{**p, "name": f"{p['name']}.again", "condition": said} for p in prompts]
         elif condition == "shared-prefix":
             head = prompts[0]
             out += [
-                {**p, "name": f"{head['name']}+{p['name']}", "prompt_ids": head["prompt_ids"] + p["prompt_ids"]}
+                {**p, "name": f"{head['name']}+{p['name']}", "prompt_ids": head["prompt_ids"] + p["prompt_ids"],
+                 "condition": said}
                 for p in prompts[1:]
-            ]
+            ]  # fmt: skip
         elif condition == "long":
             joined = [t for p in prompts for t in p["prompt_ids"]]
             ids = (joined * (long // len(joined) + 1))[:long]
-            out.append({"name": f"long{long}", "prompt_ids": ids, "max_tokens": prompts[0]["max_tokens"]})
+            out.append({"name": f"long{long}", "prompt_ids": ids, "max_tokens": prompts[0]["max_tokens"],
+                        "condition": said})  # fmt: skip
         else:  # concurrent: one scenario, each request after the one before has streamed 2 tokens
             labels = [f"{p['name']}.concurrent" for p in prompts]
             out += [
-                {**p, "name": label, "serving": {"scenario": "concurrent", "request": label, "order": i,
-                                                 "arrive": {"after": labels[i - 1], "tokens": 2} if i else None}}
+                {**p, "name": label, "condition": said,
+                 "serving": {"scenario": "concurrent", "request": label, "order": i, "condition": said,
+                             "arrive": {"after": labels[i - 1], "tokens": 2} if i else None}}
                 for i, (p, label) in enumerate(zip(prompts, labels, strict=True))
             ]  # fmt: skip
     return out
@@ -201,10 +216,6 @@ def with_conditions(prompts: list[dict], conditions: list[str], long: int = LONG
 def from_folders(target, draft, prompts: list[dict], stop_ids: list[int], progress=print) -> list[Request]:
     """The reference's run of each prompt alone (spec_generate, greedy, float32) → requests; a prompt sent more
     than once is run once."""
-    import torch
-
-    from ...decoding import spec_generate
-
     runs: dict[tuple, tuple[list[int], list[int]]] = {}
     out = []
     for i, p in enumerate(prompts):
@@ -217,6 +228,6 @@ def from_folders(target, draft, prompts: list[dict], stop_ids: list[int], progre
         new, taus = runs[key]
         out.append(
             Request(p["name"], list(p["prompt_ids"]), p["max_tokens"], list(stop_ids), new, taus, draft.block_size,
-                    p.get("serving"))
+                    p.get("serving"), p.get("condition", "one sequence"))
         )  # fmt: skip
     return out

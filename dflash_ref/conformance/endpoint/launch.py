@@ -30,6 +30,12 @@ import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
 
+from ..bundle import find_bundles
+from ..engines import engine_python
+from ..engines.llamacpp_server import free_port, server
+from ..engines.vllm import VARIABLE, openmp
+from ..report import NotApplicable
+
 START_TIMEOUT = 600  # seconds: vLLM on 2 CPU cores takes a minute or more to load and warm up
 SETTINGS = {"kv_block_size": 32, "max_batched_tokens": 64, "max_seqs": 4}
 
@@ -117,10 +123,6 @@ def _process(args: list[str], env: dict, what: str, port: int, scratch: Path):
 def vllm_server(target: Path, draft: Path, fixed: bool = False):
     """vLLM's OpenAI server on these target and draft folders (module docstring) → its URL."""
 
-    from ..engines import engine_python
-    from ..engines.llamacpp_server import free_port
-    from ..engines.vllm import VARIABLE, openmp
-
     python = engine_python(VARIABLE, "vllm", "vLLM")
     block = json.loads((Path(draft) / "config.json").read_text())["block_size"]
     spec = json.dumps({"method": "dflash", "model": str(draft), "num_speculative_tokens": block - 1})
@@ -134,7 +136,7 @@ def vllm_server(target: Path, draft: Path, fixed: bool = False):
     with tempfile.TemporaryDirectory() as scratch:
         if fixed:
             (Path(scratch) / "sitecustomize.py").write_text(K_NORM_FIX)
-            env["PYTHONPATH"] = os.pathsep.join([scratch, os.environ.get("PYTHONPATH", "")])
+            env["PYTHONPATH"] = os.pathsep.join(p for p in (scratch, os.environ.get("PYTHONPATH")) if p)
         with _process(args, env, "vLLM's server", port, Path(scratch)) as url:
             yield url
 
@@ -142,8 +144,6 @@ def vllm_server(target: Path, draft: Path, fixed: bool = False):
 @contextlib.contextmanager
 def llama_server(target: Path, draft: Path):
     """llama-server on these folders (module docstring) → its URL."""
-
-    from ..engines.llamacpp_server import server
 
     pair = SimpleNamespace(
         target_dir=Path(target),
@@ -168,9 +168,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usage: launch {'|'.join(SERVERS)} BUNDLES|TARGET DRAFT -- DFLASH_REF_ARGUMENTS (with {{url}})",
               file=sys.stderr)  # fmt: skip
         return 2
-    from ..bundle import find_bundles
-    from ..report import NotApplicable
-
     which, command = head[0], argv[argv.index("--") + 1 :]
     if len(head) == 3:
         target, draft = Path(head[1]), Path(head[2])

@@ -72,6 +72,7 @@ class EndpointReport:
             "requests": [
                 {
                     "name": r.request.name,
+                    "condition": r.request.condition,
                     "status": r.status,
                     "output": r.output,
                     "acceptance": r.acceptance,

@@ -15,24 +15,76 @@ the engine's dtype, and the engine's choice is one of the near-equal top tokens.
 **FAIL**: the engine chose a token the target does not rank first by more than its dtype can blur. Rounding errors
 grow through the layers, so one ulp of the final logit is the least an engine can blur: a tie said here is one
 the dtype surely allows (a bug with a margin below one ulp would pass as a tie; a larger margin is never excused).
+
+The replay is float64 on the project's own Qwen3 and Llama targets but for RoPE's angles, which the target's
+definition computes in float32 (transformers and the engines do too): their RMSNorms compute their statistics in
+float32 whatever the input (as transformers' do), so for the replay they compute in float64 (`float64_norms`).
+The hybrid Qwen3.5's Gated DeltaNet keeps its float32 decay, and a target run in transformers (HFTarget) its
+float32 norms: their replay carries about 2⁻²⁴ relative error, far below bfloat16's and float16's resolution but as
+large as float32's, so a float32 verdict on them near one ulp is not sure.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import types
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
+
+from ...rmsnorm import RMSNorm
+from ...target.gated_deltanet import GatedRMSNorm
+from ...target.qwen3_5 import OffsetRMSNorm
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
+class OutsideVocabulary(ValueError):
+    """An output token the target has no row for."""
+
+
 def resolution(scale: float, dtype: str) -> float:
-    """ulp of `dtype` at |scale|: the gap between adjacent values of that dtype there (DTYPES)."""
+    """ulp of `dtype` at |scale|: the gap between adjacent values of that dtype there (DTYPES); infinite where the
+    scale is not finite (a logit that overflowed resolves nothing)."""
     eps = torch.finfo(DTYPES[dtype]).eps
     tiny = torch.finfo(DTYPES[dtype]).tiny
     scale = abs(scale)
+    if not math.isfinite(scale):
+        return math.inf
     return eps * 2.0 ** math.floor(math.log2(scale)) if scale >= tiny else eps * tiny
+
+
+def _statistic(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def _plain(self, x):  # rmsnorm.RMSNorm: w ⊙ x / rms(x)
+    return self.weight * _statistic(x, self.eps)
+
+
+def _offset(self, x):  # qwen3_5.OffsetRMSNorm: (1 + w) ⊙ x / rms(x)
+    return _statistic(x, self.eps) * (1.0 + self.weight)
+
+
+def _gated(self, x, z):  # gated_deltanet.GatedRMSNorm: w ⊙ x / rms(x) ⊙ SiLU(z)
+    return self.weight * _statistic(x, self.eps) * F.silu(z)
+
+
+@contextlib.contextmanager
+def float64_norms(model):
+    """The project's own RMSNorms in `model` computing in their input's dtype (float64 for the replay) instead of
+    float32, until the block ends."""
+    exact = {RMSNorm: _plain, OffsetRMSNorm: _offset, GatedRMSNorm: _gated}
+    patched = [m for m in model.modules() if type(m) in exact]
+    for m in patched:
+        m.forward = types.MethodType(exact[type(m)], m)
+    try:
+        yield
+    finally:
+        for m in patched:
+            del m.forward
 
 
 @dataclass
@@ -52,7 +104,7 @@ class Divergence:
         return self.margin < self.resolution
 
     def said(self, words=None) -> str:
-        """`at 7: engine ' cat', target ' the' (float64 margin 3.1e-03 < bfloat16's resolution 7.8e-03 at
+        """`at 7: engine ' cat', target ' the' (float64 margin 3.1e-02 < bfloat16's resolution 6.25e-02 at
         |logit| 12.4): a tie`; `words` turns ids into text."""
         name = words or (lambda t: str(t))
         relation = "<" if self.tie else "≥"
@@ -72,10 +124,11 @@ def replay(target64, prompt_ids: list[int], output_ids: list[int], dtype: str) -
     vocab = target64.config.vocab_size
     outside = [t for t in list(prompt_ids) + list(output_ids) if not 0 <= int(t) < vocab]
     if outside:
-        raise ValueError(f"token id {outside[0]} is outside the target's vocabulary of {vocab}")
+        raise OutsideVocabulary(f"token id {outside[0]} is outside the target's vocabulary of {vocab}")
     device = next(target64.parameters()).device
     ids = torch.tensor([list(prompt_ids) + list(output_ids)], dtype=torch.long, device=device)  # (1, L)
-    logits = target64(ids, past_key_values=target64.make_cache(), output_hidden_states=False).logits
+    with float64_norms(target64):
+        logits = target64(ids, past_key_values=target64.make_cache(), output_hidden_states=False).logits
     z = logits[0, len(prompt_ids) - 1 : -1].double()  # (n, V): the logits that chose each output token
     chosen = torch.tensor(output_ids, device=device)
     top_values, tops = z.max(dim=-1)

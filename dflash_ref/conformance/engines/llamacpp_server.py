@@ -318,12 +318,19 @@ class ServerSampler:
             produced = _produced(self.bundle, stream)
             if isinstance(produced, Exception):
                 raise produced
-            drafted, accepted = stream.timings.get("draft_n", 0), int(produced[DRAFT_ACCEPTED])
-            if told and drafted < proposals:  # a shortened first draft: its totals tell no τ of DFlash's block
-                raise RuntimeError(f"llama-server drafted {drafted} tokens for a request, fewer than {proposals}")
-            tau = (accepted if drafted == proposals else 0) if told else None
+            tau = first_step_tau(stream.timings.get("draft_n", 0), int(produced[DRAFT_ACCEPTED]), proposals, told)
             out.append((produced[key_for("output_ids")].tolist(), tau))
         return out
+
+
+def first_step_tau(drafted: int, accepted: int, proposals: int, told: bool) -> int | None:
+    """The first step's τ from llama-server's totals of a request of max_new_tokens = 2 + γ (`told`; else None):
+    ServerSampler's rule. A shortened first draft is an error: its totals tell no τ of DFlash's block."""
+    if not told:
+        return None
+    if drafted < proposals:
+        raise RuntimeError(f"llama-server drafted {drafted} tokens for a request, fewer than {proposals}")
+    return accepted if drafted == proposals else 0
 
 
 def _finished(stream: Stream) -> Stream:
