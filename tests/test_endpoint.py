@@ -447,3 +447,20 @@ def test_the_outputs_command_exits_by_its_verdict(tmp_path):
     path.write_text('{"prompt_ids": [1], "output_ids": [1], "max_tokens": "many"}\n')
     said = run_cli("--outputs", path, "--target", tmp_path / "target")
     assert said.returncode == 2 and "max_tokens must be a whole number" in said.stderr
+
+
+def test_each_serving_condition_sends_the_prompts_as_its_threads_describe():
+    from dflash_ref.conformance.endpoint.expected import with_conditions
+
+    prompts = [{"name": "a", "prompt_ids": [1, 2], "max_tokens": 4}, {"name": "b", "prompt_ids": [3], "max_tokens": 4}]
+    sent = with_conditions(prompts, ["alone", "repeat", "shared-prefix", "long", "concurrent"], long=7)
+    assert [p["name"] for p in sent] == ["a", "b", "a.again", "b.again", "a+b", "long7", "a.concurrent", "b.concurrent"]
+    assert sent[4]["prompt_ids"] == [1, 2, 3] and sent[5]["prompt_ids"] == [1, 2, 3, 1, 2, 3, 1]
+    assert [p["condition"] for p in sent] == ["one sequence"] * 2 + ["prefix-cache hit"] * 3 + ["chunked prefill"] + [
+        "arrivals mid-decode"
+    ] * 2
+    assert (
+        sent[7]["serving"]["arrive"] == {"after": "a.concurrent", "tokens": 2} and sent[6]["serving"]["arrive"] is None
+    )
+    with pytest.raises(RequestsError, match="--serving sideways: choose from alone, repeat"):
+        with_conditions(prompts, ["sideways"])

@@ -32,7 +32,7 @@ from types import SimpleNamespace
 
 from ..bundle import find_bundles
 from ..engines import engine_python
-from ..engines.llamacpp_server import free_port, server
+from ..engines.llamacpp_server import free_port, server, stop
 from ..engines.vllm import VARIABLE, openmp
 from ..report import NotApplicable
 
@@ -111,12 +111,7 @@ def _process(args: list[str], env: dict, what: str, port: int, scratch: Path):
         _wait(url, proc, log, what)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 30)
 
 
 @contextlib.contextmanager

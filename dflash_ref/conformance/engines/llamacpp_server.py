@@ -104,12 +104,17 @@ def running_server(binary: Path, args: list, port: int, log: Path):
             time.sleep(0.2)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc, 10)
+
+
+def stop(proc: subprocess.Popen, grace: float) -> None:
+    """A server process ended: asked to (SIGTERM), then killed if it has not within `grace` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class Stream(threading.Thread):
