@@ -276,6 +276,8 @@ def test_the_command_line_says_each_bad_input_in_one_line(tmp_path, bundle):
     missing = run_cli("--endpoint", "http://127.0.0.1:9", "--target", tmp_path / "target", "--draft", tmp_path / "nope",
                       "--prompts", prompts)  # fmt: skip
     assert missing.returncode == 2 and "--draft no folder" in missing.stderr
+    device = run_cli("--endpoint", "http://127.0.0.1:9", "--bundle", bundle, "--device", "gpu")
+    assert device.returncode == 2 and "--device: unknown device 'gpu'" in device.stderr
     lonely = run_cli("--impl", "reference", "--prompts", prompts)
     assert lonely.returncode == 2 and "--prompts go with --endpoint or --outputs" in lonely.stderr
 

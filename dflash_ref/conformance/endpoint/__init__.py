@@ -22,7 +22,7 @@ import torch
 
 from ...drafts.checkpoint import check_draft_folder, load_draft
 from ...loading.folder import folder_stop_ids, load_target, load_tokenizer
-from ...target.checkpoint import CheckpointError
+from ...target.checkpoint import CheckpointError, check_device
 from .check import ReplayUnavailable, Result, Runner, ending
 from .client import Endpoint, EndpointError
 from .expected import CONDITIONS, Request, RequestsError, from_bundles, from_folders, read_prompts, with_conditions
@@ -34,6 +34,16 @@ __all__ = ["CONDITIONS", "DTYPES", "Endpoint", "EndpointError", "RequestsError",
 
 class UsageError(ValueError):
     """What the command line got wrong, found before any model loads or any request is sent (exit code 2)."""
+
+
+def check_options(dtype: str, device: str) -> None:
+    """The engine's dtype one DTYPES names; the device one torch has here (the reference and the replay run there)."""
+    if dtype not in DTYPES:
+        raise UsageError(f"--dtype {dtype}: choose from {', '.join(DTYPES)}")
+    try:
+        check_device(device, torch.float64)
+    except CheckpointError as e:
+        raise UsageError(f"--device: {e}") from None
 
 
 def check_folders(target, draft, prompts) -> list[dict]:
@@ -103,8 +113,7 @@ def verify_endpoint(
     """The requests of `bundle` (a folder of bundles of one model pair), or of `prompts` on the folders `target` and
     `draft`, through the server at `url`, each held to the reference's run of it alone (module docstring).
     UsageError: the arguments; EndpointError: the server; RequestsError: the bundles."""
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype {dtype}: choose from {', '.join(DTYPES)}")
+    check_options(dtype, device)
     conditions = conditions or ["alone"]
     if bundle is None:
         entries = check_folders(target, draft, prompts)
@@ -128,10 +137,13 @@ def verify_endpoint(
             raise UsageError(f"--prompts has text, and --target {target} has no tokenizer: give prompt_ids")
         entries = read_prompts(prompts, tokenizer, max_new_tokens)
         progress(f"loading the reference: target {target}, draft {draft}, float32 on {device}")
-        draft_model = load_draft(draft, torch.float32, device)
-        target_model = load_target(folder, dtype=torch.float32, device=device)
-        stops = folder_stop_ids(folder, tokenizer) if tokenizer is not None else []
-        requests = from_folders(target_model, draft_model, with_conditions(entries, conditions), stops, progress)
+        try:  # a target that does not load, a draft that does not fit it, a prompt past its positions: said
+            draft_model = load_draft(draft, torch.float32, device)
+            target_model = load_target(folder, dtype=torch.float32, device=device)
+            stops = folder_stop_ids(folder, tokenizer) if tokenizer is not None else []
+            requests = from_folders(target_model, draft_model, with_conditions(entries, conditions), stops, progress)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         del draft_model, target_model
         gc.collect()
     retokenize = (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]) if tokenizer else None
@@ -152,8 +164,7 @@ def verify_endpoint(
 def verify_outputs(path, target, dtype: str = "float32", device: str = "cpu", progress=print) -> EndpointReport:
     """A file of outputs (one JSON object a line: prompt_ids, output_ids, optionally logprobs, name, max_tokens,
     stop_token_ids) against the target's float64 argmax at every position: pass, tie or FAIL, as for a server."""
-    if dtype not in DTYPES:
-        raise UsageError(f"--dtype {dtype}: choose from {', '.join(DTYPES)}")
+    check_options(dtype, device)
     if not target:
         raise UsageError("--outputs needs --target DIR: the target the outputs came from")
     lines = _read_outputs(path)
