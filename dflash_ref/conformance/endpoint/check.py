@@ -15,9 +15,9 @@ Judging a request (`judge`):
                  at the first position that is not one. A server that leaves out the stop token it stopped on
                  (finish_reason "stop", as the protocol's stop strings are) is taken as having produced it.
     acceptance   compared only where the output is the reference's (another output is another run): the count in
-                 [low, high] (expected.Request.accepted). In float32 a count outside is a FAIL; in bfloat16 or
-                 float16 the draft's own argmax may fall at a near-tie too, so the count is reported as a ratio to
-                 the reference's, not judged.
+                 [low, high] (expected.Request.accepted, verify.acceptance_parts), and per draft position where
+                 the server counts so. In float32 a count outside is a FAIL; in bfloat16 or float16 the draft's own
+                 argmax may fall at a near-tie too, so the count is reported beside the reference's, not judged.
 """
 
 from __future__ import annotations
@@ -257,10 +257,7 @@ class Runner:
         if low <= accepted <= high:
             return said, False
         if self.dtype != "float32":
-            return (
-                said + f" (ratio {accepted / max(high, 1):.2f}; not judged in {self.dtype}: its draft may tie)",
-                False,
-            )
+            return said + f" (not judged in {self.dtype}: its draft's argmax may fall at a tie too)", False
         why = (
             "fewer: the draft saw another context than DFlash's (a prefix restored without its draft K/V, a "
             "prefill chunk's features lost, another request's rows) or another draft's weights"

@@ -124,8 +124,8 @@ class Endpoint:
                 raise EndpointError(f"{self.url}{path} did not answer in {timeout or self.timeout:g} s") from None
             raise EndpointError(f"{self.url}{path} failed: {type(e).__name__}: {e}") from None
 
-    def _json(self, path: str, body: dict | None = None) -> dict:
-        raw = self._call(path, body)
+    def _json(self, path: str, body: dict | None = None, timeout: float | None = None) -> dict:
+        raw = self._call(path, body, timeout)
         try:
             answer = json.loads(raw)
         except json.JSONDecodeError:
@@ -136,7 +136,7 @@ class Endpoint:
 
     def _models(self) -> dict[str, str]:
         """model id → owned_by, from /v1/models."""
-        answer = self._json("/v1/models")
+        answer = self._json("/v1/models", timeout=min(self.timeout, 30))  # a host that drops packets: said soon
         data = answer.get("data")
         if not isinstance(data, list) or not all(isinstance(m, dict) and "id" in m for m in data):
             raise EndpointError(f"{self.url}/v1/models is not an OpenAI model list: {json.dumps(answer)[:160]}")
