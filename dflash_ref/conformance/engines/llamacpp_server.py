@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 
 from ..bundle import STAGES, find_bundles
+from ..crash import EngineFailed
 from ..report import NotApplicable
 from ..stages import CACHED_PREFIX, DRAFT_ACCEPTED, key_for
 from . import serving
@@ -72,10 +73,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def exited(proc, log: Path, when: str) -> RuntimeError:
-    """The error of a server that exited (`when`: "before serving", …), in its own words (its log's error line)."""
+def exited(proc, log: Path, when: str) -> EngineFailed:
+    """The error of a server that exited (`when`: "before serving", …), in its own words (its log's error line):
+    the engine's own crash, located in its process (crash.EngineFailed), not at the kit's line that noticed it."""
     said = failure(log.read_text(errors="replace"))
-    return RuntimeError(f"llama-server exited (code {proc.returncode}) {when}: {said}")
+    return EngineFailed(f"llama-server exited (code {proc.returncode}) {when}: {said}")
 
 
 @contextlib.contextmanager
