@@ -122,9 +122,15 @@ def test_run_hands_a_draft_folder_to_trained_alone(tmp_path, monkeypatch):
         monkeypatch.setitem(
             bench.BENCHES, name, lambda repeats, out, progress, n=name, **kw: calls.append((n, kw)) or {}
         )
-    bench.run(["one", "trained"], 1, tmp_path, say=lambda s: None, draft="runs/r10/draft-bf16")
+    from conftest import make_pair
+
+    from dflash_ref.drafts.checkpoint import save_draft
+
+    folder = str(tmp_path / "draft-bf16")
+    save_draft(make_pair()[1], folder)  # a folder that is there: run checks it before anything runs
+    bench.run(["one", "trained"], 1, tmp_path, say=lambda s: None, draft=folder)
     bench.run(["trained"], 1, tmp_path, say=lambda s: None)
-    assert calls == [("one", {}), ("trained", {"draft": "runs/r10/draft-bf16"}), ("trained", {})]
+    assert calls == [("one", {}), ("trained", {"draft": folder}), ("trained", {})]
 
 
 @pytest.mark.parametrize(
@@ -161,11 +167,12 @@ def test_bench_refuses_a_draft_folder_without_the_trained_benchmark(capsys, tmp_
     assert "(official, memory)" in err and not list(tmp_path.iterdir())  # refused before anything ran
 
 
-def test_bench_trained_names_a_missing_draft_folder(tmp_path):
+def test_bench_trained_names_a_missing_draft_folder(tmp_path, capsys):
     from dflash_ref.__main__ import main
 
-    with pytest.raises(SystemExit, match=re.escape(f"--draft: no folder {tmp_path / 'nope'}")):
+    with pytest.raises(SystemExit) as e:  # a usage error, before anything runs
         main(["bench", "trained", "--draft", str(tmp_path / "nope"), "--out", str(tmp_path / "out")])
+    assert e.value.code == 2 and f"--draft no folder {tmp_path / 'nope'}" in capsys.readouterr().err
 
 
 def test_bench_trained_takes_a_shipped_name_as_its_first_draft(tmp_path, capsys):

@@ -42,7 +42,7 @@ import torch
 
 from ..bench import baselines, engines, hybrid_rollback, steps, suite, trained
 from ..bench.timing import measure, summarise  # noqa: F401  (the harness, re-exported)
-from ..drafts.shipped import draft_folder
+from ..drafts.checkpoint import draft_option
 from ..fast_cpu import streamed
 from ..fast_cpu.plan import linear_mode
 from .folders import make_folder
@@ -125,7 +125,7 @@ def check_draft_option(names: list[str], draft: str | Path | None) -> None:
             f"--draft {draft}: only the trained benchmark measures a draft folder, and it is "
             f"not among those asked for ({', '.join(names)})"
         )
-    draft_folder(draft)  # an unknown shipped: name, before anything runs
+    draft_option(draft)  # a folder that is not there or whose config does not read, before anything runs
 
 
 def check_options(names: list[str], repeats: int, out: str | Path, draft: str | Path | None = None) -> dict:

@@ -48,7 +48,8 @@ from pathlib import Path
 
 import torch
 
-from ..drafts.folder import check_fits, draft_folder, open_draft
+from ..drafts.checkpoint import draft_option
+from ..drafts.folder import check_fits, open_draft
 from ..drafts.shipped import SHIPPED_NAMES
 from ..extensions.prompt_lookup import check_lookup
 from ..loading.chat import SMOLLM2, open_chat_target
@@ -101,7 +102,7 @@ def check_arguments(args) -> None:
     --target without a --draft (the shipped drafts are SmolLM2's), --paths without --teacher-forced or below 1
     (a draft without a selector, or more paths than its lattice has, is refused by `run` once it reads the draft)."""
     check_target_name(args.target)
-    draft_folder(args.draft)
+    draft_option(args.draft)  # there, with a config that reads
     if args.target != SMOLLM2 and not args.draft:
         raise ValueError(f"--target {args.target} needs a --draft trained for it (the shipped drafts are SmolLM2's)")
     parsed = [parse_set(spec) for spec in args.sets]

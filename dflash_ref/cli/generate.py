@@ -23,7 +23,7 @@ import torch
 from ..bench.timing import Stopwatch
 from ..config import ConfigError
 from ..decoding import GenerationOutput, spec_generate
-from ..drafts.checkpoint import check_draft_folder
+from ..drafts.checkpoint import draft_option
 from ..drafts.folder import SHIPPED_DRAFT, check_fits, open_draft
 from ..drafts.random_draft import random_draft
 from ..extensions import DraftVocab, chosen_extensions
@@ -84,11 +84,7 @@ def check_arguments(args) -> None:
         if value is not None and value < least:
             raise ValueError(f"{flag} must be at least {least}, got {value}")
     check_seed(args.seed, -(2**63), 2**64)  # what torch.manual_seed takes
-    if args.draft is not None:  # there, with a config that reads: found now, not after the target has loaded
-        try:
-            check_draft_folder(args.draft)
-        except CheckpointError as e:
-            raise ValueError(f"--draft {e}") from None
+    draft_option(args.draft)  # there, with a config that reads: found now, not after the target has loaded
     if not (args.temperature >= 0 and math.isfinite(args.temperature)):
         raise ValueError(f"--temperature must be a finite number ≥ 0, got {args.temperature}")
     try:

@@ -31,7 +31,7 @@ from ..target.checkpoint import (
     load_folder,
     save_folder,
 )
-from .shipped import SHIPPED_NAMES, shipped_or_folder
+from .shipped import SHIPPED_NAMES, draft_folder, shipped_or_folder
 
 
 def load_draft(folder: str | Path, dtype=None, device: str | torch.device = "cpu") -> DFlashDraftModel:
@@ -81,6 +81,19 @@ def check_draft_folder(folder: str | Path) -> Path:
         (muse_glimmer.MuseGlimmerConfig if muse else DraftConfig).from_json(folder)
     except ConfigError as e:
         raise CheckpointConfigError(f"{folder / 'config.json'}: {e}") from None
+    return folder
+
+
+def draft_option(name: str | Path | None, flag: str = "--draft") -> Path:
+    """--draft as a command takes it → its folder (shipped.draft_folder: None is the default shipped draft), checked
+    as load_draft checks it before reading a weight (check_draft_folder): a ValueError naming `flag`, for a command
+    to refuse as a usage error before it loads its target."""
+    folder = draft_folder(name, flag)
+    if name is not None:
+        try:
+            check_draft_folder(folder)
+        except CheckpointError as e:
+            raise ValueError(f"{flag} {e}") from None
     return folder
 
 
