@@ -379,6 +379,7 @@ class _SamplingBundle:
     name = "engine_sampling"
     inputs = {"input_ids": [4]}
     manifest = {"sampling": {"input_ids": [4], "max_new_tokens": 4, "temperature": 1.5}}
+    target_dir = draft_dir = None  # the stand-in server below loads no folder
 
     def config(self, which):
         return {"block_size": 3}
@@ -389,7 +390,7 @@ def test_llama_servers_sampler_seeds_each_request_and_reads_the_first_steps_tau_
     threading.Thread(target=server.serve_forever, daemon=True).start()
 
     @contextlib.contextmanager
-    def stand_in(bundle, slots, per_slot, batch=None):
+    def stand_in(target_dir, draft_dir, slots, per_slot, batch=None):
         yield server.server_address[1], types.SimpleNamespace(poll=lambda: None), None
 
     monkeypatch.setattr(llamacpp_server, "server", stand_in)

@@ -120,13 +120,8 @@ def _vllm(prompts: list[list[int]], draft: Path, threads: str) -> dict:
 def _llamacpp(prompts: list[list[int]], draft: Path, threads: str) -> dict:
     root = llamacpp.tree()
     binary = llamacpp.program(root)
-    folder = converted_folder()
-
-    class Folders:  # what llamacpp.convert reads of a bundle: the two folders
-        target_dir, draft_dir = folder, draft
-
     with tempfile.TemporaryDirectory() as scratch:
-        target, draft_gguf = llamacpp.convert(root, Folders, Path(scratch))
+        target, draft_gguf = llamacpp.convert(root, converted_folder(), Path(draft), Path(scratch))
         block = json.loads((Path(draft) / "config.json").read_text())["block_size"]
         outputs, seconds, steps, peak = [], [], 0, 0.0
         for prompt in prompts:

@@ -23,7 +23,7 @@ import torch
 from ...drafts.checkpoint import check_draft_folder, load_draft
 from ...loading.folder import folder_stop_ids, load_target, load_tokenizer
 from ...target.checkpoint import CheckpointError, check_device
-from .check import ReplayUnavailable, Result, Runner, ending
+from .check import ReplayUnavailable, Result, Runner, ending, first_fault
 from .client import Endpoint, EndpointError
 from .expected import CONDITIONS, Request, RequestsError, from_bundles, from_folders, read_prompts, with_conditions
 from .report import EndpointReport
@@ -182,15 +182,15 @@ def verify_outputs(path, target, dtype: str = "float32", device: str = "cpu", pr
             divergences = replayer(line["prompt_ids"], output)
         except (OutsideVocabulary, ReplayUnavailable) as e:
             raise UsageError(f"--outputs {path}, {line['name']}: {e}") from None
-        bugs = [d for d in divergences if not d.tie]
-        first = (bugs or divergences or [None])[0]
-        status = "FAIL" if bugs else "tie" if divergences else "pass"
-        said = "the target's float64 argmax at every position" if first is None else first.said(words)
         # where the output ends: judged as far as the line says its limits (a stop past, max_tokens over; and
         # with both, an end at neither)
-        _, wrong = ending(output, max_tokens or len(output), set(stops or []), None)
-        if wrong and (max_tokens and stops is not None or not wrong.startswith("ended after")):
-            status, said = "FAIL", wrong
+        at, wrong = ending(output, max_tokens or len(output), set(stops or []), None)
+        if wrong.startswith("ended after") and not (max_tokens and stops is not None):
+            at, wrong = None, ""
+        fault = first_fault(divergences, at, wrong, words)
+        first = next((d for d in divergences if not d.tie), divergences[0] if divergences else None)
+        status = "FAIL" if fault else "tie" if divergences else "pass"
+        said = fault or (first.said(words) if first else "the target's float64 argmax at every position")
         logprobs, note = line.get("logprobs"), ""
         if first is not None and isinstance(logprobs, list) and first.index < len(logprobs):
             note = f"its own logprob of its token there: {logprobs[first.index]}"

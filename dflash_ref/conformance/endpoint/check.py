@@ -208,10 +208,9 @@ class Runner:
         expected, stops = request.expected, set(request.stop_ids)
         if (
             got.finish_reason == "stop"
-            and ids == expected[: len(ids)]
-            and len(ids) < len(expected)
-            and expected[len(ids)] in stops
             and len(ids) + 1 == len(expected)
+            and ids == expected[:-1]
+            and expected[-1] in stops
         ):
             ids.append(expected[len(ids)])  # the stop token the server stopped on and left out
             notes.append("its stop token left out of the output, as stop strings are")
@@ -285,13 +284,10 @@ class Runner:
         except ReplayUnavailable as e:
             result.status, result.output = "error", f"differs from the reference's output; {e}"
             return
-        bugs = [d for d in result.divergences if not d.tie]
         finish = result.completion.finish_reason if result.completion else None
-        at, wrong_end = ending(ids, request.max_new_tokens, stops, finish)
-        if wrong_end and (not bugs or at <= bugs[0].index):  # the first thing wrong, in the output's order
-            result.status, result.output = "FAIL", wrong_end
-        elif bugs:
-            result.status, result.output = "FAIL", f"diverges {bugs[0].said(self.words)}"
+        fault = first_fault(result.divergences, *ending(ids, request.max_new_tokens, stops, finish), self.words)
+        if fault:
+            result.status, result.output = "FAIL", fault
         elif result.divergences:
             result.status = "tie"
             ties = "; ".join(d.said(self.words) for d in result.divergences[:3])
@@ -305,6 +301,15 @@ class Runner:
                 if first < len(expected) and first < len(ids)
                 else f"differs from the reference's output after {first} tokens, each the float64 target's argmax"
             )
+
+
+def first_fault(divergences: list[Divergence], end_at: int | None, end_said: str, words) -> str | None:
+    """The first thing wrong with an output, in its order: a divergence that is no tie, or where it ends (`ending`'s
+    position and words) → said; None where there are only ties, or nothing."""
+    bugs = [d for d in divergences if not d.tie]
+    if end_said and (not bugs or end_at <= bugs[0].index):
+        return end_said
+    return f"diverges {bugs[0].said(words)}" if bugs else None
 
 
 def ending(ids: list[int], max_new: int, stops: set[int], finish: str | None) -> tuple[int | None, str]:

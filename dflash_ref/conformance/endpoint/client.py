@@ -308,8 +308,7 @@ class Streamed(threading.Thread):
         self.error: EndpointError | None = None
 
     def run(self) -> None:
-        ids, contents, text, last, pieces = [], [], [], {}, []
-        finish, gaps = None, False
+        pieces, contents, last, finish = [], [], {}, None  # pieces: each chunk's (ids, text)
         try:
             with urllib.request.urlopen(
                 self.endpoint.request("/v1/completions", self.body), timeout=self.endpoint.timeout
@@ -326,11 +325,8 @@ class Streamed(threading.Thread):
                         content = (choice.get("logprobs") or {}).get("content") or []
                         native = (chunk.get("__verbose") or {}).get("tokens")  # llama-server's, asked for
                         got = choice.get("token_ids") or native or [c["id"] for c in content if "id" in c]
-                        gaps = gaps or (bool(choice.get("text")) and not got)  # text whose ids it left out
-                        ids += got
                         contents += content
-                        text.append(choice.get("text") or "")
-                        pieces.append((got, text[-1]))
+                        pieces.append((got, choice.get("text") or ""))
                         finish = choice.get("finish_reason") or finish
                         self.produced += len(got) or bool(choice.get("text"))
         except EndpointError as e:
@@ -343,7 +339,13 @@ class Streamed(threading.Thread):
             self.error = EndpointError(f"{self.endpoint.url}/v1/completions failed while streaming: {e!r}")
             return
         # llama-server streams no logprobs (so no ids) for the draft tokens it accepted: ids with gaps are no output
-        choice = {"text": "".join(text), "finish_reason": finish, "token_ids": None if gaps else ids or None}
+        gaps = any(text and not got for got, text in pieces)
+        ids = [t for got, _ in pieces for t in got]
+        choice = {
+            "text": "".join(t for _, t in pieces),
+            "finish_reason": finish,
+            "token_ids": None if gaps else ids or None,
+        }
         if contents and not gaps:
             choice["logprobs"] = {"content": contents}
         try:

@@ -28,7 +28,6 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from types import SimpleNamespace
 
 from ..bundle import find_bundles
 from ..engines import engine_python
@@ -139,13 +138,7 @@ def vllm_server(target: Path, draft: Path, fixed: bool = False):
 @contextlib.contextmanager
 def llama_server(target: Path, draft: Path):
     """llama-server on these folders (module docstring) → its URL."""
-
-    pair = SimpleNamespace(
-        target_dir=Path(target),
-        draft_dir=Path(draft),
-        config=lambda which: json.loads((Path(target if which == "target" else draft) / "config.json").read_text()),
-    )  # what server() reads
-    with server(pair, SETTINGS["max_seqs"], 1024, SETTINGS["max_batched_tokens"]) as (port, _, _):
+    with server(target, draft, SETTINGS["max_seqs"], 1024, SETTINGS["max_batched_tokens"]) as (port, _, _):
         yield f"http://127.0.0.1:{port}"
 
 

@@ -100,17 +100,14 @@ def failure(stderr: str) -> str:
     return (told or lines or ["(no message)"])[-1]
 
 
-def convert(root: Path, bundle, out: Path) -> tuple[Path, Path]:
-    """(target.gguf, draft.gguf): the bundle's folders through llama.cpp's own converter, f32."""
+def convert(root: Path, target_dir: Path, draft_dir: Path, out: Path) -> tuple[Path, Path]:
+    """(target.gguf, draft.gguf): a target and a draft folder (a bundle's) through llama.cpp's own converter, f32."""
     env = {"PYTHONPATH": os.pathsep.join([str(root / "gguf-py"), os.environ.get("PYTHONPATH", "")])}
     target, draft = out / "target.gguf", out / "draft.gguf"
     converter = [sys.executable, root / "convert_hf_to_gguf.py"]
     for args, what in (
-        ([bundle.target_dir, "--outtype", "f32", "--outfile", target], "the target"),
-        (
-            [bundle.draft_dir, "--target-model-dir", bundle.target_dir, "--outtype", "f32", "--outfile", draft],
-            "the draft",
-        ),
+        ([target_dir, "--outtype", "f32", "--outfile", target], "the target"),
+        ([draft_dir, "--target-model-dir", target_dir, "--outtype", "f32", "--outfile", draft], "the draft"),
     ):
         try:
             _run([*converter, *args], f"converting {what}", env=env)
@@ -164,7 +161,7 @@ class LlamaCppPort:
         block = draft_config["block_size"]
         inputs = bundle.inputs
         with tempfile.TemporaryDirectory() as scratch:
-            target, draft = convert(root, bundle, Path(scratch))
+            target, draft = convert(root, bundle.target_dir, bundle.draft_dir, Path(scratch))
             dump = Path(scratch) / "dump.bin"
             context = len(inputs["input_ids"]) + inputs["max_new_tokens"] + 2 * block + 16
             args = [binary, "--prompt-ids", ",".join(map(str, inputs["input_ids"])),

@@ -252,7 +252,7 @@ class LlamaServerPort:
         block = first.config("draft")["block_size"]
         per_slot = max(slot_tokens(b.inputs["input_ids"], b.inputs["max_new_tokens"], block) for b in group)
         slots, batch = settings.get("max_seqs", 1), settings.get("max_batched_tokens")
-        with server(first, slots, per_slot, batch) as (port, proc, log):
+        with server(first.target_dir, first.draft_dir, slots, per_slot, batch) as (port, proc, log):
             done = serve(port, group, bool(settings.get("prefix_caching")))
             if proc.poll() is not None:  # it died serving: the requests it failed say so, in its words
                 died = exited(proc, log, "while serving")
@@ -276,15 +276,16 @@ def slot_tokens(prompt: list[int], max_new_tokens: int, block: int) -> int:
 
 
 @contextlib.contextmanager
-def server(bundle, slots: int, per_slot: int, batch: int | None = None):
-    """llama-server on the bundle's models (converted by llama.cpp's own converter) with `slots` slots of
-    `per_slot` tokens and `batch` tokens per step (default: a slot's, at least 512) → (port, process, its log)."""
+def server(target_dir: Path, draft_dir: Path, slots: int, per_slot: int, batch: int | None = None):
+    """llama-server on a target and a draft folder (a bundle's; converted by llama.cpp's own converter) with `slots`
+    slots of `per_slot` tokens and `batch` tokens per step (default: a slot's, at least 512) → (port, process, its
+    log)."""
     root = tree()
     binary = server_binary(root)
-    block = bundle.config("draft")["block_size"]
+    block = json.loads((Path(draft_dir) / "config.json").read_text())["block_size"]
     batch = batch or max(per_slot, 512)
     with tempfile.TemporaryDirectory() as scratch:
-        target, draft = convert(root, bundle, Path(scratch))
+        target, draft = convert(root, Path(target_dir), Path(draft_dir), Path(scratch))
         args = ["-m", target, "-md", draft, "--spec-type", "draft-dflash", "--spec-draft-n-max", block - 1,
                 "--spec-draft-n-min", 0, "--spec-draft-p-min", 0,  # every draft whole: DFlash's γ proposals
                 "--parallel", slots, "-c", per_slot * slots, "-b", batch, "-ub", batch, "--temp", "0",
@@ -315,7 +316,7 @@ class ServerSampler:
         body = {"prompt": s["input_ids"], "n_predict": s["max_new_tokens"], "temperature": s["temperature"],
                 "top_k": 0, "top_p": 1.0, "min_p": 0.0, "cache_prompt": False, "ignore_eos": True}  # fmt: skip
         per_slot = slot_tokens(s["input_ids"], s["max_new_tokens"], block)
-        with server(self.bundle, SAMPLING_SLOTS, per_slot) as (port, proc, log):
+        with server(self.bundle.target_dir, self.bundle.draft_dir, SAMPLING_SLOTS, per_slot) as (port, proc, log):
             with ThreadPoolExecutor(SAMPLING_SLOTS) as pool:
                 streams = list(pool.map(lambda seed: _finished(Stream(port, {**body, "seed": seed})), seeds))
             if proc.poll() is not None:
