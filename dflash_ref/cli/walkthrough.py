@@ -5,25 +5,28 @@ from __future__ import annotations
 
 import argparse
 
-from ..tour.notebooks import NOTEBOOKS, run
+from ..tour.notebooks import MACHINE, NOTEBOOKS, run
 from .folders import check_output_folder
 
-TIMES = "; ".join(f"{n.name[:2]} {n.takes}" for n in NOTEBOOKS)
+TIMES = "; ".join(f"{n.name[:2]} {n.takes}" for n in NOTEBOOKS) + f" ({MACHINE})"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.description = (
         "Run the walkthrough notebooks, each in a fresh kernel, telling them on the terminal as they run. "
-        f"On a 2-core CPU, idle to busy: {TIMES} (measured with `time`; the first run also converts SmolLM2's GGUF "
-        "once into the model cache, $DFLASH_REF_CACHE or ~/.cache/dflash_ref, about 0.5 GB)."
+        f"How long each took: {TIMES}. The first run also converts SmolLM2's GGUF once into the model cache "
+        "($DFLASH_REF_CACHE or ~/.cache/dflash_ref, about 0.5 GB)."
     )
     p.add_argument(
-        "--out", metavar="DIR", help="folder for the figures (default: figures/, the notebooks' own setting)"
+        "--out",
+        metavar="DIR",
+        help="folder for the figures and, unless --notebooks says otherwise, the executed notebooks (default: "
+        "figures/ and walkthroughs/, the repository's own, rewritten as committed)",
     )
     p.add_argument(
         "--notebooks",
         metavar="DIR",
-        help="folder for the executed notebooks (default: walkthroughs/, beside their sources)",
+        help="folder for the executed notebooks (default: --out if given, else walkthroughs/ beside their sources)",
     )
     p.add_argument(
         "--only", nargs="+", metavar="NN", help="only these notebooks, by number: 01 02 03 04 (default: all)"

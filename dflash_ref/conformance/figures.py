@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from .bundle import TITLES
 from .report import Report
@@ -53,9 +54,16 @@ def plot_walk(*reports: Report, bundle: str | None = None) -> Figure:
     return fig
 
 
-def plot_tensor_diff(expected: np.ndarray, got: np.ndarray, title: str = "", head: int = 0) -> Figure:
+def plot_tensor_diff(
+    expected: np.ndarray,
+    got: np.ndarray,
+    title: str = "",
+    head: int = 0,
+    axes_names: tuple[str, str] = ("row", "column"),
+) -> Figure:
     """Expected, got and |got − expected| side by side (of a 3-d tensor the slice `head` of its first axis,
-    e.g. one attention head)."""
+    e.g. one attention head); `axes_names` labels the rows and columns of what is drawn (e.g. block position,
+    d_h), whose ticks are whole indices."""
     expected, got = np.asarray(expected, np.float64), np.asarray(got, np.float64)
     if expected.ndim > 2:
         expected, got = expected[head], got[head]
@@ -72,6 +80,10 @@ def plot_tensor_diff(expected: np.ndarray, got: np.ndarray, title: str = "", hea
     ]:
         image = ax.imshow(data, cmap=cmap, vmin=lim[0], vmax=lim[1], aspect="auto")
         ax.set_title(name, fontsize=9)
+        ax.set_xlabel(axes_names[1], fontsize=8)
+        ax.set_ylabel(axes_names[0], fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # indices: no half-integer ticks
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         fig.colorbar(image, ax=ax, shrink=0.8)
     fig.suptitle(title, fontsize=10)
     return fig

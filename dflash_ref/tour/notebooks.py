@@ -27,16 +27,23 @@ class Notebook:
     name: str  # the source's stem, NN_name
     title: str
     needs: tuple[str, ...]  # what it needs beyond the notebooks extra (REQUIREMENTS' keys)
-    takes: str  # how long it runs on a 2-core CPU, idle, then busy with a 2-worker test run (measured with `time`)
+    takes: str  # how long it ran, measured by this command on a 2-core machine: idle, and busy (MACHINE)
 
 
+MACHINE = (
+    "measured on a 2-core AMD EPYC (no AVX-512), torch 2.13.0: idle, and busy with four other processes on its two "
+    "cores (load average 5)"
+)
 NOTEBOOKS = [
-    Notebook("01_kv_injection", "01 · KV injection: one draft pass, every equation computed", (), "5 to 10 s"),
+    Notebook("01_kv_injection", "01 · KV injection: one draft pass, every equation computed", (),
+             "9 s idle, 14 s busy"),
     Notebook("02_decode_loop", "02 · The decode loop: one step walked whole, then SmolLM2", ("smollm2",),
-             "30 s to 2½ min"),
-    Notebook("03_verify_your_port", "03 · Verify your port, stage by stage", ("dflash",), "15 to 30 s"),
+             "37 s idle, 3½ min busy"),
+    Notebook("03_verify_your_port", "03 · Verify your port, stage by stage", ("dflash",), "31 s idle, 45 s busy"),
     Notebook("04_dflash2", "04 · DFlash 2: a convolution inside the block, a path through candidates", ("smollm2",),
-             "45 s to 5 min"),
+             "78 s idle, 19 min busy"),
+    Notebook("05_training", "05 · Why a block can be drafted at once: training the toy draft", (),
+             "88 s idle, 2 min busy"),
 ]  # fmt: skip
 REQUIREMENTS = {  # what a notebook may need → (the modules it imports, how to install them)
     "notebooks": (("jupytext", "nbclient", "ipykernel", "tqdm"), "pip install -e '.[notebooks]'"),
@@ -190,10 +197,12 @@ def run(
     say: Callable[[str], None] = print,
     folder: Path = WALKTHROUGHS,
 ) -> list[Path]:
-    """Run the walkthrough notebooks in `folder` (all, or `only`), echoing them; write each executed notebook
-    to `notebooks` (default: beside its source) and let its cells write their figures to `figures` (default:
-    the notebooks' own setting, the repository's figures/). A notebook that fails is written too, and
-    ends the run with a SystemExit naming its cell. → the executed notebooks' paths."""
+    """Run the walkthrough notebooks in `folder` (all, or `only`), echoing them; let their cells write their
+    figures to `figures` and write each executed notebook to `notebooks`, which defaults to `figures` when
+    that is given (a notebook run with another figures folder holds that folder's path, a machine's: it is
+    never written over the committed one). With neither, the notebooks' own setting: the repository's figures/
+    and each executed notebook beside its source, as committed. A notebook that fails is written too, and ends
+    the run with a SystemExit naming its cell. → the executed notebooks' paths."""
     import jupytext
     from nbclient.exceptions import CellExecutionError
 
@@ -203,9 +212,11 @@ def run(
     if lacking:
         raise SystemExit("the walkthrough needs " + "; ".join(f"{n} ({install})" for n, install in lacking))
     parameters = {"figures": str(Path(figures).resolve())} if figures is not None else None
+    if notebooks is None and figures is not None:
+        notebooks = figures
     say(
         f"The walkthrough: {len(chosen)} notebooks, each in a fresh kernel ({', '.join(s.stem for s in chosen)}); "
-        "each says how long it takes before it runs."
+        f"each says before it runs how long it took when {MACHINE}."
     )
     written = []
     for source in chosen:

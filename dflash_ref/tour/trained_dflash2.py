@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -21,7 +20,7 @@ from ..drafts.checkpoint import load_draft
 from ..drafts.folder import SHIPPED_DFLASH2
 from ..extensions.draft_vocab import draft_vocab_of
 from ..loading.smollm2 import STOP_TOKEN_IDS, chat_ids, load_smollm2_own
-from ..trace import Trace, plots, tracing
+from ..trace import Trace, tracing
 from ..training.measure import acceptance_by_position, best_candidate, path_against_argmax, selector_log
 from ..training.prompt_sets import split_prompts
 from ..training.prompts import eval_prompts
@@ -53,6 +52,7 @@ class TrainedDFlash2:
     tokens: TokenTexts
     tally: dict  # path_against_argmax over every step of every prompt
     prompts: int
+    sizes: str  # the draft's DFlash 2 sizes, as its config gives them
 
 
 def trained_dflash2_example(progress: bool = False) -> TrainedDFlash2:
@@ -62,6 +62,12 @@ def trained_dflash2_example(progress: bool = False) -> TrainedDFlash2:
     `progress`: bars on stderr, token by token: the traced decode, then the prompts (progress.py)."""
     target, tokenizer = load_smollm2_own()  # the own Llama target: transformers' numbers, faster
     draft = load_draft(SHIPPED_DFLASH2, torch.float32)
+    c = draft.config
+    sizes = (
+        f"J = {c.conv_kernel_size} taps, channels in groups of {c.conv_group_size}, selector rank r = "
+        f"{c.selector_rank}, M = {c.selector_top_k} candidates, proposals among its "
+        f"{len(draft.draft_vocab)}-token draft vocabulary (of V = {c.vocab_size})"
+    )
     prompts = eval_prompts(TRAINED_PROMPTS) + split_prompts("heldout-styles")[:TRAINED_PROMPTS]
     ids = chat_ids(tokenizer, prompts[0])
     names = ["draft.candidate_selector.*", "draft.layers.*.self_attn.hook_pattern"]  # the lattice; the viewer's
@@ -88,7 +94,8 @@ def trained_dflash2_example(progress: bool = False) -> TrainedDFlash2:
                 records=records, done=lambda i: bar.end_decode(), on_step=bar.on_step,
             ),
         )  # fmt: skip
-    return TrainedDFlash2(prompts[0], trace, texts, path_against_argmax(records, choices, outputs), len(prompts))
+    tally = path_against_argmax(records, choices, outputs)
+    return TrainedDFlash2(prompts[0], trace, texts, tally, len(prompts), sizes)
 
 
 def first_moved_step(trace: Trace) -> int:
@@ -105,10 +112,8 @@ def first_moved_step(trace: Trace) -> int:
 
 def tell_trained_dflash2(ex: TrainedDFlash2, say: Callable[[str], None] = print) -> None:
     t = ex.tally
-    say(
-        f"A trained DFlash 2 draft (shipped for SmolLM2-135M), greedy, {ex.prompts} held-out prompts, "
-        f"{TRAINED_TOKENS} tokens each, {t['steps']} steps"
-    )
+    say(f"The DFlash 2 draft shipped for SmolLM2-135M: {ex.sizes}")
+    say(f"Greedy, {ex.prompts} held-out prompts, {TRAINED_TOKENS} tokens each, {t['steps']} steps")
     say(
         f"   accepted proposals per step: its path {t['accepted/step, path']:.3f}, the argmax of the same "
         f"logits {t['accepted/step, argmax']:.3f}"
@@ -137,10 +142,3 @@ def tell_trained_dflash2(ex: TrainedDFlash2, say: Callable[[str], None] = print)
         ranked = sorted(zip(candidates[t].tolist(), unary[t].tolist(), pair[t].tolist()), key=lambda c: -(c[1] + c[2]))
         cells = ", ".join(f"{ex.tokens[c]!r} {u:.1f}{p:+.1f}" for c, u, p in ranked[:4])
         say(f"   d{t + 1}: {cells} | {ex.tokens[argmax]!r}")
-
-
-def write_figure(ex: TrainedDFlash2, out: str | Path) -> Path:
-    return plots.save_figure(
-        plots.plot_candidate_lattice(ex.trace, first_moved_step(ex.trace), tokens=ex.tokens),
-        Path(out) / "04_candidate_lattice_smollm2.png",
-    )

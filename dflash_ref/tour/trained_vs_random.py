@@ -2,11 +2,14 @@
 
 SmolLM2-135M-Instruct (the project's own Llama target, transformers' numbers) decodes the first held-out
 prompt greedily with the shipped DFlash 1 draft, then with a random draft of its shape; the draft's attention
-is traced in both, and both outputs are checked equal to the target's own greedy decoding.
+is traced in both, and both outputs are checked equal to the target's own greedy decoding. `tell_attention`
+says, from the traces, where each block position of each draft looks at step 0, so the notebook's reading of
+its figure is computed, not written by hand.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -64,3 +67,28 @@ def trained_vs_random_example(max_new_tokens: int = 64, progress: bool = False) 
     return Comparison(
         prompt, pieces, tokenizer.decode(reference[0, ids.shape[1] :], skip_special_tokens=True), outputs, traces
     )
+
+
+def tell_attention(pair: Comparison, layers=(0, 1), head: int = 0, say: Callable[[str], None] = print) -> None:
+    """At step 0, for each draft, layer and block position: the key it attends most (position:token, as the draft
+    saw it: the block's masks as masks) and that key's weight; then each draft's mean largest weight against the
+    even share 1 / L_k."""
+    largest = {}
+    for name, trace in pair.traces.items():
+        record = trace.records[0]
+
+        def seen(position: int, start: int = record.start) -> str:  # the draft's input there: masks after x_0
+            return f"{position}:{pair.tokens[position]!r}" if position <= start else f"{position}:<mask>"
+
+        for layer in layers:
+            weights = trace.attention(0, layer)[head].float()  # (L_q, L_k)
+            tops = weights.max(dim=-1)
+            rows = [
+                f"{seen(q)} → {seen(int(k))} {float(w):.2f}"
+                for q, k, w in zip(record.q_position_ids, tops.indices, tops.values)
+            ]
+            say(f"{name:>8} · layer {layer}, head {head}:  " + ";  ".join(rows))
+            largest.setdefault(name, []).extend(tops.values.tolist())
+    keys = len(next(iter(pair.traces.values())).records[0].k_position_ids)
+    means = ", ".join(f"{name} draft {sum(v) / len(v):.2f}" for name, v in largest.items())
+    say(f"a block row's largest weight, on average: {means}; spread evenly over the {keys} keys: {1 / keys:.2f}")

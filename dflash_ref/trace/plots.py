@@ -215,8 +215,10 @@ def plot_cache_timeline(trace: Trace) -> Figure:
         tgt += [r.target_cache_before, r.target_cache_after_verify, r.target_cache_after]
         drf += [r.draft_cache_before, r.draft_cache_after_draft, r.draft_cache_after]
         ticks += [(base, f"step {i}"), (base + 1, "pass"), (base + 2, "crop")]
-    ax.step(x, tgt, where="post", color=BLOCK_COLOUR, marker="o", label="target cache")
-    ax.step(x, drf, where="post", color=CONTEXT_COLOUR, marker="s", label="draft cache")
+    # after each pass both caches hold start + L_q positions: the target's hollow circles ring the draft's squares
+    ax.step(x, drf, where="post", color=CONTEXT_COLOUR, marker="s", markersize=5, label="draft cache", zorder=2)
+    ax.step(x, tgt, where="post", color=BLOCK_COLOUR, marker="o", markersize=9, markerfacecolor="none",
+            markeredgewidth=1.5, label="target cache", zorder=3)  # fmt: skip
     ax.set_xticks([t for t, _ in ticks], [lbl for _, lbl in ticks], fontsize=7, rotation=90)
     ax.set_ylabel("cached positions")
     ax.set_title(
@@ -272,49 +274,44 @@ def plot_rope_alignment(record: StepRecord) -> Figure:
 
 
 def plot_candidate_lattice(trace: Trace, step: int = 0, tokens: Sequence[str] | None = None) -> Figure:
-    """DFlash 2's selector at one step: proposal positions 1..γ (columns) × their M candidates (rows,
-    best score first), each cell coloured by its score z + pair (the pair term with the predecessor
-    the path chose) and labelled with its token; the chosen path boxed, the accepted prefix (τ) in red."""
+    """DFlash 2's selector at one step: proposal positions 1..γ (columns) × their M candidates (rows, by the
+    draft logit z, so the top row is the argmax, what DFlash 1 would propose), each cell coloured by the score
+    the path compared, z + pair (the pair term with the predecessor the path chose), and labelled with its token.
+    The path is boxed; where it leaves the top row it left the argmax. The proposals the target accepted (the
+    first τ) are filled in red and ticked."""
     acts, record, name = trace.activations[step], trace.records[step], "draft.candidate_selector."
     if name + "hook_candidates" not in acts:
         raise ValueError(f"step {step} holds no candidate selector tensors (a DFlash 2 draft, traced)")
     candidates = acts[name + "hook_candidates"].numpy()  # (γ, M)
-    scores = (acts[name + "hook_unary"].float() + acts[name + "hook_pair"].float()).numpy()  # (γ, M)
-    order = np.argsort(-scores, axis=1, kind="stable")  # best first, per position
+    unary = acts[name + "hook_unary"].float().numpy()  # (γ, M): z
+    scores = unary + acts[name + "hook_pair"].float().numpy()  # (γ, M): z + pair
+    order = np.argsort(-unary, axis=1, kind="stable")  # by z, the argmax first, per position
     candidates, scores = np.take_along_axis(candidates, order, 1), np.take_along_axis(scores, order, 1)
     gamma, k = scores.shape
-    fig, ax = _subplots((1.1 * gamma + 2.5, 0.45 * k + 1.6))
+    fig, ax = _subplots((1.1 * gamma + 2.9, 0.45 * k + 1.9))
     image = ax.imshow(scores.T, cmap="viridis", aspect="auto")
+    bright = (scores - scores.min()) > 0.7 * max(float(np.ptp(scores)), 1e-9)  # viridis' yellow end: black text
     for t in range(gamma):
-        for r in range(k):
-            c = int(candidates[t, r])
-            ax.text(
-                t,
-                r,
-                tokens[c] if tokens is not None and c < len(tokens) else str(c),
-                ha="center",
-                va="center",
-                fontsize=7,
-                color="white",
-            )
         r = int(np.flatnonzero(candidates[t] == record.draft_tokens[t])[0])  # the path's row
         accepted = t < record.acceptance_length
-        ax.add_patch(
-            Rectangle(
-                (t - 0.5, r - 0.5),
-                1,
-                1,
-                fill=False,
-                lw=2.5 if accepted else 1.5,
-                edgecolor=BLOCK_COLOUR if accepted else "white",
-            )
-        )
+        if accepted:
+            ax.add_patch(Rectangle((t - 0.5, r - 0.5), 1, 1, color=BLOCK_COLOUR, alpha=0.85, zorder=2))
+        ax.add_patch(Rectangle((t - 0.46, r - 0.46), 0.92, 0.92, fill=False, lw=3, edgecolor="white", zorder=3))
+        for row in range(k):
+            c = int(candidates[t, row])
+            label = tokens[c] if tokens is not None and c < len(tokens) else str(c)
+            ticked = accepted and row == r
+            ax.text(t, row, f"✓ {label}" if ticked else label, ha="center", va="center", fontsize=7, zorder=4,
+                    color="black" if bright[t, row] and not ticked else "white",
+                    fontweight="bold" if row == r else "normal")  # fmt: skip
     ax.set_xticks(range(gamma), [f"d{t + 1}" for t in range(gamma)])
-    ax.set_yticks(range(k), [f"#{r + 1}" for r in range(k)])
+    ax.set_yticks(range(k), ["1: argmax"] + [str(row + 1) for row in range(1, k)])
     ax.set_xlabel("proposal position")
-    ax.set_ylabel("candidate (by score)")
+    ax.set_ylabel("candidate, by draft logit z")
     ax.set_title(
-        f"step {step}: candidate lattice, path boxed, accepted τ = {record.acceptance_length} in red", fontsize=9
+        f"step {step}: the path (boxed) through the candidates; top row: the argmax of z;\n"
+        f"accepted by the target (τ = {record.acceptance_length}): red, ✓",
+        fontsize=9,
     )
     fig.colorbar(image, ax=ax, label="score z + pair")
     fig.tight_layout()
