@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from .. import muse_glimmer
 from ..config import DRAFT_ARCHITECTURES, ConfigError, DraftConfig
@@ -30,6 +29,7 @@ from ..target.checkpoint import (
     config_architectures,
     load_folder,
     save_folder,
+    save_safetensors,
 )
 from .shipped import SHIPPED_NAMES, draft_folder, shipped_or_folder
 
@@ -119,4 +119,4 @@ def save_muse_glimmer(model: DFlashDraftModel, folder: str | Path, dtype: torch.
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(state, str(folder / SINGLE), metadata={"format": "pt"})
+    save_safetensors(state, folder / SINGLE, metadata={"format": "pt"})

@@ -19,10 +19,10 @@ machine walks the same numbers:
 from __future__ import annotations
 
 import torch
-from safetensors.torch import save_file
 
 from ..decoding import generate
 from ..drafts.random_draft import identity_convolutions_
+from ..target.checkpoint import save_safetensors
 from ..training.features import target_features
 from ..training.recipe import loss_weights, make_optimizer, sample_anchors, train_step
 from .demo import VOCAB, toy_weights_file
@@ -69,8 +69,8 @@ def main() -> None:
     for draft in (dflash1, dflash2):
         print(f"DFlash {draft.config.version}:")
         train_toy_draft(target, draft.train(), words)
-        save_file(
-            {k: v.contiguous() for k, v in draft.state_dict().items()}, str(toy_weights_file(draft.config.version))
+        save_safetensors(
+            {k: v.contiguous() for k, v in draft.state_dict().items()}, toy_weights_file(draft.config.version)
         )
         print("wrote", toy_weights_file(draft.config.version))
 
