@@ -8,8 +8,11 @@ import importlib.util
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -80,6 +83,58 @@ def test_an_unwritable_cache_reads_the_gguf_instead(tmp_path, monkeypatch):
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("DFLASH_REF_CACHE", str(tmp_path / "file" / "cache"))
     assert converted_folder() is None
+
+
+def test_sigterm_during_the_conversion_leaves_no_staging_folder(tmp_path):
+    """SIGTERM's default action ends a process at once: the conversion's staging folder stayed in the cache for
+    good. Now the conversion ends by SystemExit(143) and removes it on the way out."""
+    code = (
+        "import time\n"
+        "import dflash_ref.loading.smollm2 as s\n"
+        "def slow(source, dtype):\n"
+        "    print('converting', flush=True)\n"
+        "    time.sleep(600)\n"
+        "s._from_gguf = slow\n"
+        "s.converted_folder()\n"
+    )
+    cache = tmp_path / "cache"
+    env = {**os.environ, "DFLASH_REF_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env, cwd=root)
+    try:
+        assert proc.stdout.readline() == "converting\n"
+        assert [p.name.split(".")[1] for p in cache.iterdir()] == [f"{socket.gethostname()}-{proc.pid}"]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143
+    finally:
+        proc.kill()
+        proc.stdout.close()
+    assert list(cache.iterdir()) == []
+
+
+def test_staging_folders_a_killed_conversion_left_are_removed_at_the_next_and_only_those(tmp_path):
+    """A process killed outright (SIGKILL, a power cut) cleans nothing: the next call removes its staging folder,
+    and only folders of the conversion's own naming whose owner is surely gone."""
+    from dflash_ref.loading.smollm2 import UNNAMED_STALE, remove_stale_staging
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone, host, key = int(ended.stdout), socket.gethostname(), "0" * 16
+    names = {
+        f"smollm2-{key}.{host}-{gone}.abcd_123": False,  # its process no longer runs: removed
+        f"smollm2-{key}.{host}-{os.getpid()}.abcd_123": True,  # a live process's (this one's)
+        f"smollm2-{key}.other-host-{gone}.abcd_123": True,  # another host's: its processes are not seen from here
+        f"smollm2-{key}.old12345": False,  # named before owners were, untouched for longer than a day
+        f"smollm2-{key}.new12345": True,  # named so, but fresh
+        f"smollm2-{key}": True,  # the converted folder itself
+        "elsewhere.abcd_123": True,
+    }
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"")
+    old = time.time() - UNNAMED_STALE - 60
+    os.utime(tmp_path / f"smollm2-{key}.old12345", (old, old))
+    remove_stale_staging(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, kept in names.items() if kept)
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
