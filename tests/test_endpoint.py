@@ -16,7 +16,7 @@ from endpoint_standin import StandIn, serving
 
 from dflash_ref.conformance.endpoint import UsageError, verify_endpoint, verify_outputs
 from dflash_ref.conformance.endpoint.check import ending
-from dflash_ref.conformance.endpoint.client import EndpointError, parse_completion, parse_counters
+from dflash_ref.conformance.endpoint.client import Endpoint, EndpointError, parse_completion, parse_counters
 from dflash_ref.conformance.endpoint.expected import RequestsError, from_bundles
 from dflash_ref.conformance.endpoint.ties import float64_norms, resolution
 from dflash_ref.conformance.golden import generate_golden
@@ -145,6 +145,64 @@ def test_a_request_that_takes_too_long_is_an_error_of_one_line(bundle):
     with serving(StandIn(slow)) as url:
         report = verify_endpoint(url, bundle, timeout=0.5, progress=quiet)
     assert report.results[0].status == "error" and "did not answer in 0.5 s" in report.results[0].output
+
+
+def test_the_timeout_is_a_deadline_for_the_whole_request_even_for_a_server_that_trickles(bundle, models):
+    """A byte every 0.05 s keeps each read well within a per-read timeout of 0.5 s: --timeout bounds the whole
+    request instead (connecting, then every byte), for the model list, a completion and a streamed one."""
+    standin = StandIn(engine_of(*models))
+    with serving(standin) as url:
+        standin.trickle = 0.05
+        with pytest.raises(EndpointError, match=r"/v1/models did not answer in 0\.5 s"):
+            Endpoint(url, timeout=0.5)
+        standin.trickle = 0.0
+        endpoint = Endpoint(url, timeout=0.5)
+        standin.trickle = 0.05
+        with pytest.raises(EndpointError, match=r"/v1/completions did not answer in 0\.5 s"):
+            endpoint.complete([1, 2, 3], 4)
+        streamed = endpoint.stream([1, 2, 3], 4)
+        streamed.join(timeout=120)  # a hang, not a time, is what this limit catches
+        assert "did not finish streaming in 0.5 s" in str(streamed.error) and streamed.completion is None
+
+
+def test_https_on_a_plain_http_server_is_said_so(bundle, models):
+    """OpenSSL's "[SSL: WRONG_VERSION_NUMBER]" names no cause a person knows: the server does not speak TLS."""
+    with serving(StandIn(engine_of(*models))) as url:
+        secure = "https://" + url.removeprefix("http://")
+        with pytest.raises(EndpointError) as e:
+            Endpoint(secure)
+    assert str(e.value).startswith(f"{secure} does not speak TLS (https): it answered as a plain-HTTP server; try "
+                                   f"{url} (")  # fmt: skip
+
+
+def test_a_url_with_the_apis_route_is_taken_and_a_404_says_its_route_in_a_short_plain_line(bundle, models):
+    """…/v1/completions copied from a client's settings was asked …/v1/completions/v1/models; a 404 page of HTML was
+    said whole, markup and all."""
+    standin = StandIn(engine_of(*models))
+    standin.html_404 = True
+    with serving(standin) as url:
+        for given in (url + "/v1/completions", url + "/v1/", url + "/v1/models"):
+            assert Endpoint(given).url == url
+        with pytest.raises(EndpointError) as e:
+            Endpoint(url + "/llm")
+    said = str(e.value)
+    assert said.startswith(
+        f"{url}/llm/v1/models answered 404 Not Found (no such route there: give the server's base URL, e.g. "
+        "http://host:8000): 404 Not Found Not Found The requested URL was not found."
+    )
+    assert "<" not in said and "color" not in said and len(said.split("): ", 1)[1]) <= 160, said
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "soon"])
+def test_a_timeout_that_is_no_finite_number_of_seconds_is_a_usage_error(bundle, capsys, value):
+    """--timeout nan went to the socket, whose ValueError was said as the server's failure."""
+    from dflash_ref.__main__ import main
+
+    for mode in (["--endpoint", "http://127.0.0.1:9", "--bundle", str(bundle)], ["--impl", "reference"]):
+        with pytest.raises(SystemExit) as e:
+            main(["verify", *mode, "--timeout", value])
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+        assert e.value.code == 2 and "argument --timeout:" in said and "seconds" in said, said
 
 
 def twins(tmp_path):

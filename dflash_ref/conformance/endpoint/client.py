@@ -21,10 +21,14 @@ with the server's own message, a timeout, an answer that is not the protocol's.
 
 from __future__ import annotations
 
+import contextlib
+import html
 import http.client
 import json
 import os
 import re
+import socket
+import ssl
 import threading
 import urllib.error
 import urllib.request
@@ -67,14 +71,19 @@ class Completion:
     raw: dict = field(default_factory=dict, repr=False)
 
 
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1")  # a base URL given with a route after it
+
+
 def _clean_url(url: str) -> str:
-    """The server's base URL: `http://host:port` (a trailing /v1 or / is dropped); anything else is refused."""
+    """The server's base URL: `http://host:port` (a trailing route of the API, /v1/completions, /v1/models or /v1,
+    and a trailing / dropped: a URL copied from a client's settings works); anything else is refused."""
     if not re.match(r"^https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d+)?(/\S*)?$", url or ""):
         raise EndpointError(
             f"--endpoint {url!r} is not an http:// or https:// URL of a host and port (e.g. http://127.0.0.1:8000)"
         )
     url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+    route = next((r for r in ROUTES if url.endswith(r)), "")
+    return url[: len(url) - len(route)]
 
 
 class Endpoint:
@@ -109,19 +118,24 @@ class Endpoint:
         return request
 
     def _call(self, path: str, body: dict | None = None, timeout: float | None = None) -> bytes:
+        seconds = timeout or self.timeout
         try:
-            with urllib.request.urlopen(self.request(path, body), timeout=timeout or self.timeout) as response:
+            with open_within(self.request(path, body), seconds) as response:
                 return response.read()
         except urllib.error.HTTPError as e:
             raise http_error(e, self.url + path) from None
+        except RequestExpired:
+            raise EndpointError(f"{self.url}{path} did not answer in {seconds:g} s (its whole answer)") from None
         except urllib.error.URLError as e:
             reason = e.reason
             if isinstance(reason, TimeoutError) or "timed out" in str(reason):
-                raise EndpointError(f"{self.url}{path} did not answer in {timeout or self.timeout:g} s") from None
-            raise EndpointError(f"{self.url} is unreachable: {reason}") from None
+                raise EndpointError(f"{self.url}{path} did not answer in {seconds:g} s") from None
+            raise EndpointError(_unreachable(reason, self.url)) from None
         except (OSError, http.client.HTTPException, ValueError) as e:  # a timeout, a dropped or garbled answer
             if isinstance(e, TimeoutError) or "timed out" in str(e):
-                raise EndpointError(f"{self.url}{path} did not answer in {timeout or self.timeout:g} s") from None
+                raise EndpointError(f"{self.url}{path} did not answer in {seconds:g} s") from None
+            if isinstance(e, ssl.SSLError):
+                raise EndpointError(_unreachable(e, self.url)) from None
             raise EndpointError(f"{self.url}{path} failed: {type(e).__name__}: {e}") from None
 
     def _json(self, path: str, body: dict | None = None, timeout: float | None = None) -> dict:
@@ -210,18 +224,34 @@ class Endpoint:
         return parse_counters(text)
 
 
+EXCERPT = 160  # characters of a server's error body said at most
+
+
 def _server_message(body: str) -> str:
-    """The error a server put in its body (OpenAI's {"error": {"message"}}, vLLM's {"message"}, text)."""
+    """The error a server put in its body (OpenAI's {"error": {"message"}}, vLLM's {"message"}), else its text: an
+    HTML page (a proxy's or a web framework's 404) as its plain words, at most EXCERPT characters of them."""
     try:
         answer = json.loads(body)
     except json.JSONDecodeError:
-        return body.strip()[:300] or "(no message)"
+        return _excerpt(_plain_text(body)) or "(no message)"
     if isinstance(answer, dict):
         error = answer.get("error", answer)
         if isinstance(error, dict):
-            return str(error.get("message") or error.get("detail") or error)[:300]
-        return str(error)[:300]
-    return str(answer)[:300]
+            return _excerpt(str(error.get("message") or error.get("detail") or error))
+        return _excerpt(str(error))
+    return _excerpt(str(answer))
+
+
+def _plain_text(body: str) -> str:
+    """A body's words without its markup (HTML's scripts, styles and tags dropped, entities read), on one line."""
+    if re.search(r"<(!doctype|html|head|body|title|h1|p)\b", body, re.IGNORECASE):
+        body = re.sub(r"<(script|style)\b.*?</\1\s*>", " ", body, flags=re.IGNORECASE | re.DOTALL)
+        body = html.unescape(re.sub(r"<[^>]*>", " ", body))
+    return " ".join(body.split())
+
+
+def _excerpt(text: str) -> str:
+    return text if len(text) <= EXCERPT else text[: EXCERPT - 1].rstrip() + "…"
 
 
 def parse_completion(answer: dict, where: str) -> Completion:
@@ -310,9 +340,7 @@ class Streamed(threading.Thread):
     def run(self) -> None:
         pieces, contents, last, finish = [], [], {}, None  # pieces: each chunk's (ids, text)
         try:
-            with urllib.request.urlopen(
-                self.endpoint.request("/v1/completions", self.body), timeout=self.endpoint.timeout
-            ) as response:
+            with open_within(self.endpoint.request("/v1/completions", self.body), self.endpoint.timeout) as response:
                 for line in response:
                     line = line.decode(errors="replace").strip()
                     if not line.startswith("data:") or line == "data: [DONE]":
@@ -334,6 +362,11 @@ class Streamed(threading.Thread):
             return
         except urllib.error.HTTPError as e:
             self.error = http_error(e, self.endpoint.url + "/v1/completions")
+            return
+        except RequestExpired:
+            self.error = EndpointError(
+                f"{self.endpoint.url}/v1/completions did not finish streaming in {self.endpoint.timeout:g} s"
+            )
             return
         except Exception as e:  # noqa: BLE001 - unreachable, a timeout, a chunk that is not the protocol's: one line
             self.error = EndpointError(f"{self.endpoint.url}/v1/completions failed while streaming: {e!r}")
@@ -357,8 +390,99 @@ class Streamed(threading.Thread):
 
 
 def http_error(e: urllib.error.HTTPError, where: str) -> EndpointError:
-    """A 4xx or 5xx answer as one line, in the server's own words (EndpointError.refused: a 4xx but 408 and 429)."""
+    """A 4xx or 5xx answer as one line, in the server's own words (EndpointError.refused: a 4xx but 408 and 429); a
+    404 says the route it was asked on, which a URL with a path of its own moves."""
     said = _server_message(e.read().decode(errors="replace"))
+    hint = " (no such route there: give the server's base URL, e.g. http://host:8000)" if e.code == 404 else ""
     return EndpointError(
-        f"{where} answered {e.code} {e.reason}: {said}", 400 <= e.code < 500 and e.code not in (408, 429)
+        f"{where} answered {e.code} {e.reason}{hint}: {said}", 400 <= e.code < 500 and e.code not in (408, 429)
     )
+
+
+class RequestExpired(TimeoutError):
+    """A request's deadline passed before its answer was whole (`open_within`)."""
+
+
+@contextlib.contextmanager
+def open_within(request: urllib.request.Request, seconds: float):
+    """urlopen(request) whose whole exchange, connecting and every byte of the answer read in the block, must end
+    within `seconds`: else RequestExpired. urlopen's own timeout bounds each read alone, so a server that trickles a
+    byte a second would hold a request for as long as it likes; here a timer shuts the connection's socket when the
+    time is up, whatever it is doing then."""
+    expired, lock, sockets = threading.Event(), threading.Lock(), []
+
+    def shut(sock) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed already
+            pass
+
+    def register(sock):
+        with lock:
+            sockets.append(sock)
+            if expired.is_set():
+                shut(sock)
+        return sock
+
+    def expire() -> None:
+        with lock:
+            expired.set()
+            for sock in sockets:
+                shut(sock)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    opener = urllib.request.build_opener(_Handler(register), _SecureHandler(register))
+    timer.start()
+    try:
+        try:
+            with opener.open(request, timeout=seconds) as response:
+                yield response
+        except (OSError, http.client.HTTPException, ValueError):
+            if expired.is_set():
+                raise RequestExpired(f"no whole answer in {seconds:g} s") from None
+            raise
+    finally:
+        timer.cancel()
+    if expired.is_set():  # a socket shut mid-answer may read as the answer's end: never taken as whole
+        raise RequestExpired(f"no whole answer in {seconds:g} s")
+
+
+def _registering(base: type, register) -> type:
+    """`base` (an http.client connection class) whose socket is handed to `register` as soon as it is made."""
+
+    class Connection(base):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._create_connection = lambda *a, **k: register(socket.create_connection(*a, **k))
+
+    return Connection
+
+
+class _Handler(urllib.request.HTTPHandler):
+    def __init__(self, register) -> None:
+        super().__init__()
+        self.connection = _registering(http.client.HTTPConnection, register)
+
+    def http_open(self, req):
+        return self.do_open(self.connection, req)
+
+
+class _SecureHandler(urllib.request.HTTPSHandler):
+    def __init__(self, register) -> None:
+        super().__init__()
+        self.connection = _registering(http.client.HTTPSConnection, register)
+
+    def https_open(self, req):
+        return self.do_open(self.connection, req, context=self._context)
+
+
+def _unreachable(reason, url: str) -> str:
+    """Why a server could not be reached, as one line one can act on; TLS asked of a server that speaks plain HTTP
+    (OpenSSL's "wrong version number", "record layer failure", "packet length too long") said so."""
+    said = str(reason)
+    plain = ("WRONG_VERSION_NUMBER", "wrong version number", "RECORD_LAYER_FAILURE", "record layer failure",
+             "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST")  # fmt: skip
+    if url.startswith("https://") and isinstance(reason, ssl.SSLError) and any(p in said for p in plain):
+        return f"{url} does not speak TLS (https): it answered as a plain-HTTP server; try http://{url[8:]} ({said})"
+    return f"{url} is unreachable: {said}"
