@@ -5,6 +5,7 @@ planted bug. The real servers (vLLM's, llama-server) are driven in .ci/engines."
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -359,6 +360,37 @@ def test_the_protocols_fields_are_read_where_each_engine_puts_them():
     assert parse_counters("other_metric 1\n") is None
     with pytest.raises(EndpointError, match="answered no choices"):
         parse_completion({"error": "x"}, "x")
+
+
+@pytest.mark.parametrize(
+    "choice, said",
+    [
+        ({"token_ids": [5, 6.7]}, "a token id that is not a whole number ≥ 0: 6.7"),  # was read as 6
+        ({"token_ids": [5.0]}, "a token id that is not a whole number ≥ 0: 5.0"),
+        ({"token_ids": "5 6"}, "token_ids that are no list"),
+        ({"logprobs": {"content": [{"id": 2.5, "logprob": -1.0}]}}, "a token id that is not a whole number ≥ 0: 2.5"),
+        ({"token_ids": [5], "logprobs": "abc"}, 'logprobs that are no object: "abc"'),  # was ignored
+        ({"token_ids": [5], "logprobs": {"content": "abc"}}, "logprobs.content that is no list of objects"),
+        ({"logprobs": {"content": [{"id": 5, "logprob": "abc"}]}}, 'a logprob that is no number: "abc"'),
+        ({"token_ids": [5], "logprobs": {"token_logprobs": "abc"}}, "logprobs.token_logprobs that are no list"),
+    ],
+)
+def test_an_answer_not_the_protocols_is_malformed_never_rounded_or_ignored(choice, said):
+    with pytest.raises(EndpointError, match=re.escape(f"x answered {said}")):
+        parse_completion({"choices": [{"text": "ab", **choice}]}, "x")
+    with pytest.raises(EndpointError, match="draft_n_accepted that is not a whole number"):
+        parse_completion({"choices": [{"text": "a", "token_ids": [5]}], "timings": {"draft_n_accepted": 1.5}}, "x")
+
+
+def test_a_server_answering_float_ids_is_an_error_not_a_pass(bundle, models):
+    def floats(prompt, max_tokens, stops, body):  # the reference's ids, as JSON floats
+        ids, accepted, steps = engine_of(*models)(prompt, max_tokens, stops)
+        return [t + 0.0 for t in ids], accepted, steps
+
+    with serving(StandIn(floats)) as url:
+        report = verify_endpoint(url, bundle, progress=quiet)
+    (result,) = report.results
+    assert result.status == "error" and "not a whole number ≥ 0" in result.output and not report.passed()
 
 
 def test_the_resolution_is_one_unit_in_the_last_place_of_the_engines_dtype():

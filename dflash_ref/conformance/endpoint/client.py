@@ -269,16 +269,21 @@ def _parse_completion(answer: dict, where: str) -> Completion:
         raise EndpointError(f"{where} answered no choices: {json.dumps(answer)[:160]}")
     choice = choices[0]
     ids, logprobs = choice.get("token_ids"), None
-    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
-    if isinstance(content, list) and content and all(isinstance(c, dict) for c in content):
+    if ids is not None and not isinstance(ids, list):
+        raise EndpointError(f"{where} answered token_ids that are no list: {json.dumps(ids)[:80]}")
+    given = choice.get("logprobs")
+    content = logprobs_content(choice, where)
+    if content:
         if ids is None and all("id" in c for c in content):
             ids = [c["id"] for c in content]
         if all("logprob" in c for c in content):
-            logprobs = [float(c["logprob"]) for c in content]
-    elif isinstance(choice.get("logprobs"), dict) and isinstance(choice["logprobs"].get("token_logprobs"), list):
-        logprobs = [float(x) if x is not None else float("nan") for x in choice["logprobs"]["token_logprobs"]]
+            logprobs = [_logprob(c["logprob"], where) for c in content]
+    elif isinstance(given, dict) and given.get("token_logprobs") is not None:
+        if not isinstance(given["token_logprobs"], list):
+            raise EndpointError(f"{where} answered logprobs.token_logprobs that are no list")
+        logprobs = [_logprob(x, where) if x is not None else float("nan") for x in given["token_logprobs"]]
     out = Completion(
-        [int(t) for t in ids] if isinstance(ids, list) else None,
+        token_ids(ids, where) if ids is not None else None,
         str(choice.get("text") or ""),
         choice.get("finish_reason"),
         logprobs=logprobs,
@@ -286,17 +291,61 @@ def _parse_completion(answer: dict, where: str) -> Completion:
     )
     timings, meta = answer.get("timings") or {}, answer.get("meta_info") or choice.get("meta_info") or {}
     if "draft_n_accepted" in timings:  # llama-server
-        out.accepted, out.drafted, out.reported_by = int(timings["draft_n_accepted"]), timings.get("draft_n"), "timings"
+        out.accepted, out.reported_by = _count(timings, "draft_n_accepted", where), "timings"
+        out.drafted = _count(timings, "draft_n", where) if "draft_n" in timings else None
     elif "spec_accept_token_num" in meta:  # SGLang
-        out.accepted, out.drafted = int(meta["spec_accept_token_num"]), meta.get("spec_draft_token_num")
+        out.accepted = _count(meta, "spec_accept_token_num", where)
+        out.drafted = _count(meta, "spec_draft_token_num", where) if "spec_draft_token_num" in meta else None
         out.reported_by = "meta_info"
     elif "spec_verify_ct" in meta and "completion_tokens" in meta:  # SGLang without the counts: x_0 + Σ (τ + 1)
-        out.accepted = int(meta["completion_tokens"]) - 1 - int(meta["spec_verify_ct"])
+        out.accepted = _count(meta, "completion_tokens", where) - 1 - _count(meta, "spec_verify_ct", where)
         out.reported_by = "meta_info (completion_tokens − 1 − spec_verify_ct)"
     details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens", meta.get("cached_tokens"))
     out.cached = int(cached) if isinstance(cached, int | float) else None
     return out
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def token_ids(values: list, where: str) -> list[int]:
+    """A server's token ids, each a JSON whole number ≥ 0: a float (5.7, or 5.0) or a string is a malformed answer
+    (EndpointError), never rounded into an id that would then be judged."""
+    bad = [v for v in values if not _is_id(v)]
+    if bad:
+        raise EndpointError(f"{where} answered a token id that is not a whole number ≥ 0: {json.dumps(bad[0])[:40]}")
+    return list(values)
+
+
+def logprobs_content(choice: dict, where: str) -> list[dict]:
+    """A choice's `logprobs.content` entries (llama-server's and OpenAI chat's), [] where it has none; logprobs that
+    are neither absent, null nor an object of the protocol's shape are a malformed answer (EndpointError)."""
+    given = choice.get("logprobs")
+    if given is None:
+        return []
+    if not isinstance(given, dict):
+        raise EndpointError(f"{where} answered logprobs that are no object: {json.dumps(given)[:60]}")
+    content = given.get("content")
+    if content is None:
+        return []
+    if not isinstance(content, list) or not all(isinstance(c, dict) for c in content):
+        raise EndpointError(f"{where} answered logprobs.content that is no list of objects: {json.dumps(content)[:60]}")
+    return content
+
+
+def _logprob(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise EndpointError(f"{where} answered a logprob that is no number: {json.dumps(value)[:40]}")
+    return float(value)
+
+
+def _count(fields: dict, name: str, where: str) -> int:
+    """An acceptance count the server reports: a whole number ≥ 0, else a malformed answer."""
+    if not _is_id(fields[name]):
+        raise EndpointError(f"{where} answered {name} that is not a whole number ≥ 0: {json.dumps(fields[name])[:40]}")
+    return fields[name]
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
@@ -350,9 +399,12 @@ class Streamed(threading.Thread):
                         raise EndpointError(f"{self.endpoint.url}/v1/completions: {_server_message(line[5:])}")
                     last.update({k: chunk[k] for k in ("timings", "usage", "meta_info") if chunk.get(k)})
                     for choice in chunk.get("choices") or []:
-                        content = (choice.get("logprobs") or {}).get("content") or []
+                        content = logprobs_content(choice, f"{self.endpoint.url}/v1/completions")
                         native = (chunk.get("__verbose") or {}).get("tokens")  # llama-server's, asked for
                         got = choice.get("token_ids") or native or [c["id"] for c in content if "id" in c]
+                        if not isinstance(got, list):
+                            raise EndpointError(f"{self.endpoint.url}/v1/completions streamed token ids that are no "
+                                                f"list: {json.dumps(got)[:60]}")  # fmt: skip
                         contents += content
                         pieces.append((got, choice.get("text") or ""))
                         finish = choice.get("finish_reason") or finish
