@@ -15,7 +15,7 @@ import torch
 from conftest import make_pair
 from endpoint_standin import StandIn, serving
 
-from dflash_ref.conformance.endpoint import UsageError, verify_endpoint, verify_outputs
+from dflash_ref.conformance.endpoint import LineError, verify_endpoint, verify_outputs
 from dflash_ref.conformance.endpoint.check import ending
 from dflash_ref.conformance.endpoint.client import Endpoint, EndpointError, parse_completion, parse_counters
 from dflash_ref.conformance.endpoint.expected import RequestsError, from_bundles
@@ -266,8 +266,82 @@ def test_a_file_of_outputs_is_judged_with_no_server(tmp_path):
     assert tied.status == "tie" and bad.status == "FAIL", report.text()
     assert bad.divergences[-1].index == 3 and "its own logprob" in bad.note
     path.write_text('{"prompt_ids": [1], "output_ids": [99]}\n')
-    with pytest.raises(UsageError, match="outside the target's vocabulary of 12"):
+    with pytest.raises(LineError, match="line 1: token id 99 is outside the target's vocabulary of 12"):
         verify_outputs(path, tmp_path / "target", progress=quiet)
+
+
+GOOD = {"prompt_ids": [1, 2, 3], "output_ids": [4, 5]}
+
+
+@pytest.mark.parametrize(
+    "bad, said",
+    [
+        (
+            {**GOOD, "output_ids": [4] * 600},
+            "prompt (3) + output (600) = 603 positions, past the target's max_position_embeddings 512",
+        ),  # was a traceback from inside the target  # fmt: skip
+        ({**GOOD, "name": {"a": 1}}, 'name must be a string, got {"a": 1}'),  # was a traceback from the report
+        (
+            '{"prompt_ids": [1], "output_ids": [1], "x": ' + "[" * 100000 + "]" * 100000 + "}",
+            "not JSON it can read (nested too deeply)",
+        ),  # was a RecursionError  # fmt: skip
+        ("not json", "not JSON (Expecting value at column 1)"),
+        ({**GOOD, "output_ids": []}, "an empty output_ids: nothing to check"),  # was a pass
+        ({**GOOD, "logprobs": "abc"}, 'logprobs must be a list of numbers, one per output token, got "abc"'),  # ignored
+        ({**GOOD, "output_ids": [4, 5.5]}, "output_ids must be a list of token ids ≥ 0"),
+        ({**GOOD, "output_ids": [4, 99]}, "token id 99 is outside the target's vocabulary of 12"),
+    ],
+)
+def test_a_bad_line_of_outputs_refuses_the_file_in_one_line_naming_it_before_any_is_judged(tmp_path, capsys, bad, said):
+    """Line 3 bad after two good ones: one line naming the file and line 3 (no usage block, no traceback), exit 2,
+    and no line judged (none replayed, none of their verdicts thrown away)."""
+    from dflash_ref.__main__ import main
+
+    twins(tmp_path)
+    path = tmp_path / "outputs.jsonl"
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in (GOOD, GOOD, bad)))
+    with pytest.raises(SystemExit) as e:
+        main(["verify", "--outputs", str(path), "--target", str(tmp_path / "target")])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and err == f"python -m dflash_ref verify: error: --outputs {path}, line 3: {said}\n", err
+    assert "replaying" not in out
+
+
+@pytest.mark.parametrize(
+    "line, said",
+    [
+        ({"prompt_ids": [1] * 510}, "prompt (510) + max_new_tokens (4) = 514 exceeds the position limit"),
+        ({"prompt_ids": [1, 99]}, "prompt token ids must lie in 0..11"),  # were said without their line, after usage
+        ({"prompt_ids": [1, 2.5]}, "prompt_ids must be a non-empty list of token ids ≥ 0"),
+        ({"prompt_ids": [1], "name": {"a": 1}}, 'name must be a string, got {"a": 1}'),
+        ('{"prompt_ids": [' + "[" * 100000, "not JSON it can read (nested too deeply)"),
+    ],
+)
+def test_a_bad_line_of_prompts_is_one_line_naming_it_before_any_request_is_sent(tmp_path, capsys, line, said):
+    from dflash_ref.__main__ import main
+
+    target, draft, *_ = twins(tmp_path)
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt_ids": [1, 2, 3]}) + "\n" + (line if isinstance(line, str) else json.dumps(line))
+                    + "\n")  # fmt: skip
+    standin = StandIn(engine_of(target, draft))
+    with serving(standin) as url, pytest.raises(SystemExit) as e:
+        main(["verify", "--endpoint", url, "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
+              "--prompts", str(path), "--max-new-tokens", "4"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"python -m dflash_ref verify: error: --prompts {path}, line 2: {said}")
+    assert err.count("\n") == 1 and standin.requests == []
+
+
+def test_an_empty_serving_condition_is_a_usage_error_not_alone(tmp_path, capsys):
+    from dflash_ref.__main__ import main
+
+    for given in (",", "alone,", "alone,,repeat"):
+        with pytest.raises(SystemExit) as e:
+            main(["verify", "--endpoint", "http://127.0.0.1:9", "--target", "T", "--draft", "D", "--prompts", "P",
+                  "--serving", given])  # fmt: skip
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+        assert e.value.code == 2 and f"--serving {given!r}: an empty condition name" in said, said
 
 
 def test_serving_conditions_from_outside_hold_each_request_to_its_run_alone(tmp_path):
@@ -406,11 +480,13 @@ def test_the_matrix_gives_a_servers_check_from_outside_its_endpoint_cell(tmp_pat
     from dflash_ref.__main__ import main
 
     matrix = tmp_path / "MATRIX.md"
-    matrix.write_text("# Matrix\n\n## Serving conditions\n\n| port | one sequence | prefix-cache hit |\n|---|---|---|\n"
+    matrix.write_text("# Conformance matrix\n\n`python -m dflash_ref matrix --engines` on 2026-12-06.\n\n"
+                      "## Serving conditions\n\n| port | one sequence | prefix-cache hit |\n|---|---|---|\n"
                       "| vllm | FAIL (6 of 6) | FAIL (3 of 3) |\n| llamacpp | pass | pass |\n")  # fmt: skip
-    shipped = {"requests": [{"status": "pass"}, {"status": "pass"}],
+    shipped = {"kind": "endpoint", "requests": [{"status": "pass"}, {"status": "pass"}],
                "shared": [{"names": ["a", "b"], "failed": True}]}  # fmt: skip
-    fixed = {"requests": [{"status": "pass"}, {"status": "tie"}], "shared": []}
+    fixed = {"header": ["endpoint http://h:8000 (vllm), …"], "requests": [{"status": "pass"}, {"status": "tie"}],
+             "shared": []}  # a report from before they said their kind: read by its header  # fmt: skip
     for name, report in (("shipped", shipped), ("fixed", fixed)):
         (tmp_path / f"{name}.json").write_text(json.dumps(report))
     assert main(["matrix", "--out", str(matrix), "--merge", "--endpoint", f"vllm={tmp_path / 'shipped.json'}",
@@ -423,6 +499,34 @@ def test_the_matrix_gives_a_servers_check_from_outside_its_endpoint_cell(tmp_pat
     )
     with pytest.raises(SystemExit):
         main(["matrix", "--endpoint", "vllm=x.json"])  # no --out: said, nothing runs
+
+
+def test_the_matrix_refuses_an_out_of_other_words_and_a_report_that_is_no_servers(tmp_path, capsys):
+    """`matrix --merge --out notes.md` appended a matrix to the notes (and without --merge replaced them);
+    `matrix --endpoint` took a verify --outputs report as a server's."""
+    from dflash_ref.__main__ import main
+    from dflash_ref.conformance.endpoint.report import EndpointReport
+
+    notes = tmp_path / "notes.md"
+    notes.write_text("# My notes\n\nimportant\n")
+    for merging in (["--merge"], []):
+        with pytest.raises(SystemExit) as e:
+            main(["matrix", "--out", str(notes), *merging, "--ports", "reference"])
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+        assert e.value.code == 2 and f"--out {notes} is there and is not a matrix this command wrote" in said, said
+    assert notes.read_text() == "# My notes\n\nimportant\n"
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(EndpointReport(["outputs o.jsonl against target T"], [], kind="outputs").json())
+    matrix = tmp_path / "MATRIX.md"
+    with pytest.raises(SystemExit) as e:
+        main(["matrix", "--out", str(matrix), "--merge", "--endpoint", f"vllm={outputs}"])
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and f"{outputs} is a report of verify --outputs (outputs a user had" in said, said
+    assert not matrix.exists()
+    served = tmp_path / "served.json"
+    served.write_text(json.dumps({"kind": "endpoint", "requests": [{"status": "pass"}]}))
+    assert main(["matrix", "--out", str(matrix), "--merge", "--endpoint", f"vllm={served}"]) == 0
+    assert matrix.read_text().startswith("# Conformance matrix\n\n`python -m dflash_ref matrix --merge --endpoint")
 
 
 def test_sampled_decoding_from_outside_is_held_to_the_exact_distribution(tmp_path):

@@ -152,6 +152,24 @@ def test_speculative_output_equals_greedy_on_chat_prompts(smollm2, prompt):
     assert tokenizer.decode(ar.output_ids[0, ids.shape[1] :]).strip()
 
 
+def test_verify_takes_the_target_names_generate_takes(smollm2, tmp_path):
+    """`verify --outputs --target smollm2` was refused ("no model folder there") though `generate --target smollm2`
+    takes the name: both resolve it in loading/folder.py now, and the outputs are judged on SmolLM2 itself."""
+    from dflash_ref.conformance.endpoint import check_folders, verify_outputs
+    from dflash_ref.drafts.shipped import draft_folder
+
+    target, tokenizer, _ = smollm2
+    ids = chat_ids(tokenizer, "Name three colours.")
+    greedy = generate(target, ids, 3, STOP_TOKEN_IDS).output_ids[0, ids.shape[1] :].tolist()
+    outputs = tmp_path / "outputs.jsonl"
+    outputs.write_text(json.dumps({"prompt_ids": ids[0].tolist(), "output_ids": greedy, "name": "colours"}) + "\n")
+    report = verify_outputs(outputs, "smollm2", progress=lambda line: None)
+    assert [r.status for r in report.results] == ["pass"], report.text()
+    assert "against target smollm2" in report.text()
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "hi"}\n')
+    assert check_folders("smollm2", draft_folder(None), tmp_path / "prompts.jsonl")  # --endpoint takes it too
+
+
 def test_a_smollm2_sized_dflash2_draft_is_lossless_and_traced(smollm2, tmp_path):
     """A random DFlash 2 draft of SmolLM2's size (convolution K = 4 in groups of 64, top 8 of 49152,
     rank 32): greedy output equals AR on every prompt, and `generate` traces it and draws its lattice."""

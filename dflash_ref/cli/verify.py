@@ -35,12 +35,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     candidate.add_argument(
         "--outputs",
         metavar="FILE.jsonl",
-        help="outputs a user has (one JSON object a line: prompt_ids, output_ids, optionally logprobs), each "
-        "position held to --target's float64 argmax: pass, tie or FAIL, no server needed",
+        help="outputs a user has (one JSON object a line: prompt_ids, output_ids, optionally logprobs, name, "
+        "max_tokens, stop_token_ids), each position held to --target's float64 argmax: pass, tie or FAIL, no server "
+        "needed. A line that cannot be judged refuses the whole file, naming the line, before any is judged",
     )
     p.add_argument("--bundle", help="a bundle or a folder of bundles (default: the one in the package)")
     served = p.add_argument_group("with --endpoint or --outputs")
-    served.add_argument("--target", help="the target folder the server runs (with --prompts; --outputs: the replay's)")
+    served.add_argument(
+        "--target",
+        help="the target the server runs, a folder or a name as generate takes it (smollm2) (with --prompts; "
+        "--outputs: the replay's)",
+    )
     served.add_argument("--draft", help="the DFlash draft folder the server runs (with --prompts)")
     served.add_argument(
         "--prompts",
@@ -206,7 +211,15 @@ def main(args, parser: argparse.ArgumentParser) -> int:
 
 def _served(args, parser: argparse.ArgumentParser) -> int:
     """--endpoint URL / --outputs FILE (conformance/endpoint/)."""
-    from ..conformance.endpoint import EndpointError, RequestsError, UsageError, verify_endpoint, verify_outputs
+    from ..conformance.endpoint import (
+        EndpointError,
+        LineError,
+        RequestsError,
+        UsageError,
+        parse_conditions,
+        verify_endpoint,
+        verify_outputs,
+    )
 
     if args.sampling and args.endpoint:
         return _sampled_endpoint(args, parser)
@@ -231,11 +244,16 @@ def _served(args, parser: argparse.ArgumentParser) -> int:
                 )
             report = verify_outputs(args.outputs, args.target, args.dtype, args.device, progress)
         else:
+            try:
+                conditions = parse_conditions(args.serving)
+            except RequestsError as e:
+                parser.error(str(e))
             report = verify_endpoint(
                 args.endpoint, args.bundle, args.target, args.draft, args.prompts, args.model, args.dtype,
-                args.device, [c.strip() for c in args.serving.split(",") if c.strip()], args.max_new_tokens,
-                args.timeout, progress,
+                args.device, conditions, args.max_new_tokens, args.timeout, progress,
             )  # fmt: skip
+    except LineError as e:  # the file's line, not the command line: one line, without the usage
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     except UsageError as e:
         parser.error(str(e))
     except (EndpointError, RequestsError) as e:
