@@ -456,6 +456,17 @@ def test_an_answer_not_the_protocols_is_malformed_never_rounded_or_ignored(choic
         parse_completion({"choices": [{"text": "a", "token_ids": [5]}], "timings": {"draft_n_accepted": 1.5}}, "x")
 
 
+def test_a_server_output_past_the_targets_positions_is_a_fail_not_a_traceback(bundle, models):
+    def endless(prompt, max_tokens, stops, body):  # far past max_tokens, and past the target's 128 positions
+        ids, accepted, steps = engine_of(*models)(prompt, max_tokens, stops)
+        return ids + [1] * 200, accepted, steps
+
+    with serving(StandIn(endless)) as url:
+        report = verify_endpoint(url, bundle, progress=quiet)
+    (result,) = report.results
+    assert result.status == "FAIL" and "past the target's max_position_embeddings 128" in result.output, report.text()
+
+
 def test_a_server_answering_float_ids_is_an_error_not_a_pass(bundle, models):
     def floats(prompt, max_tokens, stops, body):  # the reference's ids, as JSON floats
         ids, accepted, steps = engine_of(*models)(prompt, max_tokens, stops)
