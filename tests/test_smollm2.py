@@ -603,6 +603,11 @@ def test_generate_ends_a_bad_target_or_request_with_its_message(tiny_target, tmp
         (["--prompt", ""], "the prompt is empty: at least one token is needed"),
         (["--draft", "NOPE"], "--draft no folder NOPE"),
         (["--draft", "BAD"], "--draft BAD/config.json: config field 'hidden_size' must be an integer ≥ 1"),
+        # a trained draft's block is what it was made for: a larger one ran silently on untrained positions
+        (
+            ["--draft", "shipped:dflash1", "--block-size", "1000"],
+            "--block-size 1000: the draft SHIPPED was made for blocks of 4 (its config's block_size)",
+        ),  # fmt: skip
     ],
 )
 def test_generate_refuses_an_empty_prompt_or_a_bad_draft_before_the_target_loads(
@@ -615,15 +620,15 @@ def test_generate_refuses_an_empty_prompt_or_a_bad_draft_before_the_target_loads
     (tmp_path / "bad" / "config.json").write_text(
         json.dumps({"architectures": ["DFlashDraftModel"], "hidden_size": "x"})
     )
+    from dflash_ref.drafts.shipped import SHIPPED_DFLASH1
+
     flags = [f.replace("NOPE", str(tmp_path / "nope")).replace("BAD", str(tmp_path / "bad")) for f in flags]
     monkeypatch.setattr(generate, "open_target", lambda *a: pytest.fail("the target was loaded"))
     with pytest.raises(SystemExit) as e:
         main(["generate", "--target", str(tiny_target), "--prompt", "hi", *flags])
     said = capsys.readouterr().err
-    assert (
-        e.value.code == 2
-        and message.replace("NOPE", str(tmp_path / "nope")).replace("BAD", str(tmp_path / "bad")) in said
-    )
+    message = message.replace("NOPE", str(tmp_path / "nope")).replace("BAD", str(tmp_path / "bad"))
+    assert e.value.code == 2 and message.replace("SHIPPED", str(SHIPPED_DFLASH1)) in said, said
 
 
 def test_generate_runs_on_a_qwen3_folder(tiny_target, capsys):

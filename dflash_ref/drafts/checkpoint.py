@@ -84,6 +84,23 @@ def check_draft_folder(folder: str | Path) -> Path:
     return folder
 
 
+def check_block_size(folder: str | Path, block_size: int, flag: str = "--block-size") -> None:
+    """A block size asked of the trained draft at `folder` (as check_draft_folder reads it): at most the block it was
+    made for (its config's block_size), else a ValueError naming `flag` and the draft's block size. The draft's
+    attention runs any block, so a larger one ran silently: its positions past the trained block were never trained,
+    and what a run of them measures is not the draft's. `evaluate --block-size` measures them on purpose, and says
+    so."""
+    folder = Path(folder)
+    muse = muse_glimmer.ARCHITECTURE in config_architectures(folder)
+    made_for = (muse_glimmer.MuseGlimmerConfig if muse else DraftConfig).from_json(folder).block_size
+    if block_size > made_for:
+        raise ValueError(
+            f"{flag} {block_size}: the draft {folder} was made for blocks of {made_for} (its config's block_size), "
+            f"and positions past them were never trained; give at most {made_for}, or leave it out "
+            "(evaluate --block-size measures untrained positions on purpose)"
+        )
+
+
 def draft_option(name: str | Path | None, flag: str = "--draft") -> Path:
     """--draft as a command takes it → its folder (shipped.draft_folder: None is the default shipped draft), checked
     as load_draft checks it before reading a weight (check_draft_folder): a ValueError naming `flag`, for a command
