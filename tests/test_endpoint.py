@@ -279,12 +279,12 @@ GOOD = {"prompt_ids": [1, 2, 3], "output_ids": [4, 5]}
         (
             {**GOOD, "output_ids": [4] * 600},
             "prompt (3) + output (600) = 603 positions, past the target's max_position_embeddings 512",
-        ),  # was a traceback from inside the target  # fmt: skip
-        ({**GOOD, "name": {"a": 1}}, 'name must be a string, got {"a": 1}'),  # was a traceback from the report
+        ),  # was a traceback from inside the target
+        ({**GOOD, "name": {"a": 1}}, 'name must be a non-empty string, got {"a": 1}'),  # was a traceback
         (
             '{"prompt_ids": [1], "output_ids": [1], "x": ' + "[" * 100000 + "]" * 100000 + "}",
             "not JSON it can read (nested too deeply)",
-        ),  # was a RecursionError  # fmt: skip
+        ),  # was a RecursionError
         ("not json", "not JSON (Expecting value at column 1)"),
         ({**GOOD, "output_ids": []}, "an empty output_ids: nothing to check"),  # was a pass
         ({**GOOD, "logprobs": "abc"}, 'logprobs must be a list of numbers, one per output token, got "abc"'),  # ignored
@@ -313,7 +313,7 @@ def test_a_bad_line_of_outputs_refuses_the_file_in_one_line_naming_it_before_any
         ({"prompt_ids": [1] * 510}, "prompt (510) + max_new_tokens (4) = 514 exceeds the position limit"),
         ({"prompt_ids": [1, 99]}, "prompt token ids must lie in 0..11"),  # were said without their line, after usage
         ({"prompt_ids": [1, 2.5]}, "prompt_ids must be a non-empty list of token ids ≥ 0"),
-        ({"prompt_ids": [1], "name": {"a": 1}}, 'name must be a string, got {"a": 1}'),
+        ({"prompt_ids": [1], "name": {"a": 1}}, 'name must be a non-empty string, got {"a": 1}'),
         ('{"prompt_ids": [' + "[" * 100000, "not JSON it can read (nested too deeply)"),
     ],
 )

@@ -291,7 +291,7 @@ def _read_outputs(path) -> list[tuple[int, dict]]:
         if limit is not None and not (is_id(limit) and limit >= 1):
             raise LineError(f"{where}: max_tokens must be a whole number ≥ 1, got {limit!r}")
         if not isinstance(name, str) or not name.strip():
-            raise LineError(f"{where}: name must be a string, got {json.dumps(name)[:40]}")
+            raise LineError(f"{where}: name must be a non-empty string, got {json.dumps(name)[:40]}")
         logprobs = entry.get("logprobs")
         if logprobs is not None and not (
             isinstance(logprobs, list)

@@ -154,7 +154,7 @@ def read_prompts(path, tokenizer=None, max_new_tokens: int = 64) -> list[dict]:
             raise LineError(f"{where}: max_tokens must be a whole number ≥ 1, got {max_tokens!r}")
         name = entry.get("name", f"p{len(prompts)}")
         if not isinstance(name, str | int) or isinstance(name, bool) or not str(name).strip():
-            raise LineError(f"{where}: name must be a string, got {json.dumps(name)[:40]}")
+            raise LineError(f"{where}: name must be a non-empty string, got {json.dumps(name)[:40]}")
         if ids is None and tokenizer is not None:
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if not ids:
