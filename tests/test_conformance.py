@@ -1066,7 +1066,11 @@ def test_a_golden_run_cut_short_leaves_a_folder_verify_refuses_naming_what_is_mi
     with pytest.raises(SystemExit) as e:  # the bundle folder itself, asked for alone
         main(["verify", "--impl", "reference", "--bundle", str(out / "02_multiround")])
     assert str(e.value.code).startswith("verify: bundle damaged: 02_multiround without manifest.json"), e.value.code
-    assert main(["golden", "--out", str(out), "--only", "multiround", "stop_token"]) == 0
+    (out / "golden-pending.json").write_text("{cut")  # a list that cannot be read cannot say what is missing
+    with pytest.raises(SystemExit) as e:
+        main(["verify", "--impl", "reference", "--bundle", str(out)])
+    assert "golden-pending.json is not golden's list of the bundles it was asked for" in str(e.value.code)
+    assert main(["golden", "--out", str(out), "--only", "multiround", "stop_token"]) == 0  # and golden replaces it
     assert sorted(p.name for p in out.iterdir()) == ["01_walkthrough", "02_multiround", "03_stop_token"]
     assert main(["verify", "--impl", "reference", "--bundle", str(out)]) == 0
 

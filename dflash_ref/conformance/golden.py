@@ -284,7 +284,11 @@ def generate_golden(
     plan = _plan(out, names, engine)
     out.mkdir(parents=True, exist_ok=True)
     pending = [p.name for p, _ in plan]
-    pending += [n for n in read_pending(out) if n not in pending and not (out / n / "manifest.json").is_file()]
+    try:
+        earlier = read_pending(out)  # an earlier run's, cut short: still missing unless written now
+    except ValueError:  # a list that cannot be read is replaced by this run's
+        earlier = []
+    pending += [n for n in earlier if n not in pending and not (out / n / "manifest.json").is_file()]
     write_pending(out, pending)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one reduction order whatever the machine's cores: the same bytes on a rerun
