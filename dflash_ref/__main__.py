@@ -39,12 +39,30 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         return f"{help} (default: {shown.replace('%', '%%')})".lstrip()
 
 
+FREE_TEXT = ("prompt", "title")  # options whose value is text, which may be blank: their command judges it
+
+
 class Parser(argparse.ArgumentParser):
-    """The command's parser, and each subcommand's (a subparser is of its parent's class): HelpFormatter's help."""
+    """The command's parser, and each subcommand's (a subparser is of its parent's class): HelpFormatter's help,
+    and no option given an empty value. An empty string names no path, URL or choice, yet reads as "not given"
+    wherever the code tests an option's truth (`--endpoint ""` would run another mode, `--out ""` write into
+    the current folder): a usage error instead, for every option but the free text ones (FREE_TEXT)."""
 
     def __init__(self, *args, **kwargs) -> None:
         kwargs.setdefault("formatter_class", HelpFormatter)
         super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            value = getattr(namespace, action.dest, None)
+            if action.dest in FREE_TEXT or value is action.default:
+                continue
+            if any(isinstance(v, str) and not v.strip() for v in (value if isinstance(value, list) else [value])):
+                name = "/".join(action.option_strings) or action.dest
+                how = "give one, or leave the option out" if action.option_strings else "give one"
+                self.error(f"argument {name}: an empty value names nothing ({how})")
+        return namespace, extras
 
 
 def _version() -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,6 +33,8 @@ class StandIn:
         self.fail_with: tuple[int, str] | None = None  # (status, message): every completion answers it
         self.gaps = False  # llamacpp, streamed: every second chunk without logprobs (so without its id), as
         # llama-server streams the draft tokens it accepted
+        self.trickle = 0.0  # seconds per byte of every answer's body: a server that trickles its answer
+        self.html_404 = False  # an unknown route answered with a web framework's HTML page, not JSON
 
     def count(self, accepted: int, steps: list[int] | None = None) -> None:
         with self.lock:
@@ -63,7 +66,20 @@ def _handler(standin: StandIn):
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
-            self.wfile.write(data)
+            self._write(data)
+
+        def _write(self, data: bytes) -> None:
+            """The bytes at once, or one at a time `trickle` seconds apart (until the client hangs up)."""
+            if not standin.trickle:
+                self.wfile.write(data)
+                return
+            try:
+                for i in range(len(data)):
+                    self.wfile.write(data[i : i + 1])
+                    self.wfile.flush()
+                    time.sleep(standin.trickle)
+            except OSError:  # the client gave up
+                pass
 
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             if self.path == "/v1/models":
@@ -71,6 +87,10 @@ def _handler(standin: StandIn):
                 self._send(200, {"object": "list", "data": [{"id": standin.model, "owned_by": owner}]})
             elif self.path == "/metrics" and standin.flavor == "vllm":
                 self._send(200, standin.metrics(), "text/plain")
+            elif standin.html_404:
+                page = "<!DOCTYPE html><html><head><title>404 Not Found</title><style>h1 {color: red}</style></head>"
+                self._send(404, page + "<body><h1>Not Found</h1><p>The requested URL was not found.</p></body></html>"
+                           * 20, "text/html")  # fmt: skip
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
 
@@ -131,17 +151,25 @@ def _handler(standin: StandIn):
                     chunk["choices"][0]["logprobs"] = None
                 if i == len(ids) - 1 and standin.flavor == "llamacpp":
                     chunk["timings"] = {"draft_n": accepted + 1, "draft_n_accepted": accepted}
-                self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
+                self._write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()
-            self.wfile.write(b"data: [DONE]\n\n")
+            self._write(b"data: [DONE]\n\n")
 
     return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request, client_address) -> None:
+        """A client that hung up (a timeout, a deadline) is the test's point, not an error: said nowhere (socketserver
+        would print its traceback into whichever test's stderr is being captured then)."""
+        if not isinstance(sys.exc_info()[1], ConnectionError):
+            super().handle_error(request, client_address)
 
 
 @contextlib.contextmanager
 def serving(standin: StandIn):
     """The stand-in on 127.0.0.1 (a free port) until the block ends → its base URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(standin))
+    server = _Server(("127.0.0.1", 0), _handler(standin))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

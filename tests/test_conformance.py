@@ -1036,6 +1036,45 @@ def test_verify_and_golden_name_what_they_cannot_read(golden, tmp_path, argv, me
     assert str(e.value).startswith(message.replace("{tmp}", str(tmp_path))), str(e.value)
 
 
+def test_a_golden_run_cut_short_leaves_a_folder_verify_refuses_naming_what_is_missing(tmp_path, capsys, monkeypatch):
+    """golden writes each bundle's manifest last and lists what it was asked for until written: interrupted inside
+    the second of three bundles, it has said the first as written, and verify names the second (no manifest) and the
+    third (never written) instead of passing on the first alone. A rerun writes them, and the folder verifies."""
+    from dflash_ref.__main__ import main
+    from dflash_ref.conformance import golden
+
+    real, calls = golden.write_bundle_files, []
+
+    def cut_at_the_second(*args):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C, or any end before the manifest
+        real(*args)
+
+    monkeypatch.setattr(golden, "write_bundle_files", cut_at_the_second)
+    out = tmp_path / "g"
+    with pytest.raises(KeyboardInterrupt):
+        main(["golden", "--out", str(out), "--only", "walkthrough", "multiround", "stop_token"])
+    assert capsys.readouterr().out == f"wrote {out / '01_walkthrough'}\n"  # said as it was written
+    monkeypatch.undo()
+    with pytest.raises(SystemExit) as e:
+        main(["verify", "--impl", "reference", "--bundle", str(out)])
+    said = str(e.value.code)
+    assert said.startswith(f"verify: bundle damaged: the golden folder {out} is incomplete: 02_multiround without "
+                           "manifest.json"), said  # fmt: skip
+    assert "03_stop_token never written" in said and f"golden --out {out} --only multiround stop_token" in said
+    with pytest.raises(SystemExit) as e:  # the bundle folder itself, asked for alone
+        main(["verify", "--impl", "reference", "--bundle", str(out / "02_multiround")])
+    assert str(e.value.code).startswith("verify: bundle damaged: 02_multiround without manifest.json"), e.value.code
+    (out / "golden-pending.json").write_text("{cut")  # a list that cannot be read cannot say what is missing
+    with pytest.raises(SystemExit) as e:
+        main(["verify", "--impl", "reference", "--bundle", str(out)])
+    assert "golden-pending.json is not golden's list of the bundles it was asked for" in str(e.value.code)
+    assert main(["golden", "--out", str(out), "--only", "multiround", "stop_token"]) == 0  # and golden replaces it
+    assert sorted(p.name for p in out.iterdir()) == ["01_walkthrough", "02_multiround", "03_stop_token"]
+    assert main(["verify", "--impl", "reference", "--bundle", str(out)]) == 0
+
+
 def test_a_port_output_that_is_no_array_is_a_failed_check_not_a_crash(golden):
     from dflash_ref.conformance.ports import resolve as adapter
 

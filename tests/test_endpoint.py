@@ -5,6 +5,7 @@ planted bug. The real servers (vLLM's, llama-server) are driven in .ci/engines."
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -14,9 +15,9 @@ import torch
 from conftest import make_pair
 from endpoint_standin import StandIn, serving
 
-from dflash_ref.conformance.endpoint import UsageError, verify_endpoint, verify_outputs
+from dflash_ref.conformance.endpoint import LineError, verify_endpoint, verify_outputs
 from dflash_ref.conformance.endpoint.check import ending
-from dflash_ref.conformance.endpoint.client import EndpointError, parse_completion, parse_counters
+from dflash_ref.conformance.endpoint.client import Endpoint, EndpointError, parse_completion, parse_counters
 from dflash_ref.conformance.endpoint.expected import RequestsError, from_bundles
 from dflash_ref.conformance.endpoint.ties import float64_norms, resolution
 from dflash_ref.conformance.golden import generate_golden
@@ -147,6 +148,64 @@ def test_a_request_that_takes_too_long_is_an_error_of_one_line(bundle):
     assert report.results[0].status == "error" and "did not answer in 0.5 s" in report.results[0].output
 
 
+def test_the_timeout_is_a_deadline_for_the_whole_request_even_for_a_server_that_trickles(bundle, models):
+    """A byte every 0.05 s keeps each read well within a per-read timeout of 0.5 s: --timeout bounds the whole
+    request instead (connecting, then every byte), for the model list, a completion and a streamed one."""
+    standin = StandIn(engine_of(*models))
+    with serving(standin) as url:
+        standin.trickle = 0.05
+        with pytest.raises(EndpointError, match=r"/v1/models did not answer in 0\.5 s"):
+            Endpoint(url, timeout=0.5)
+        standin.trickle = 0.0
+        endpoint = Endpoint(url, timeout=0.5)
+        standin.trickle = 0.05
+        with pytest.raises(EndpointError, match=r"/v1/completions did not answer in 0\.5 s"):
+            endpoint.complete([1, 2, 3], 4)
+        streamed = endpoint.stream([1, 2, 3], 4)
+        streamed.join(timeout=120)  # a hang, not a time, is what this limit catches
+        assert "did not finish streaming in 0.5 s" in str(streamed.error) and streamed.completion is None
+
+
+def test_https_on_a_plain_http_server_is_said_so(bundle, models):
+    """OpenSSL's "[SSL: WRONG_VERSION_NUMBER]" names no cause a person knows: the server does not speak TLS."""
+    with serving(StandIn(engine_of(*models))) as url:
+        secure = "https://" + url.removeprefix("http://")
+        with pytest.raises(EndpointError) as e:
+            Endpoint(secure)
+    assert str(e.value).startswith(f"{secure} does not speak TLS (https): it answered as a plain-HTTP server; try "
+                                   f"{url} (")  # fmt: skip
+
+
+def test_a_url_with_the_apis_route_is_taken_and_a_404_says_its_route_in_a_short_plain_line(bundle, models):
+    """…/v1/completions copied from a client's settings was asked …/v1/completions/v1/models; a 404 page of HTML was
+    said whole, markup and all."""
+    standin = StandIn(engine_of(*models))
+    standin.html_404 = True
+    with serving(standin) as url:
+        for given in (url + "/v1/completions", url + "/v1/", url + "/v1/models"):
+            assert Endpoint(given).url == url
+        with pytest.raises(EndpointError) as e:
+            Endpoint(url + "/llm")
+    said = str(e.value)
+    assert said.startswith(
+        f"{url}/llm/v1/models answered 404 Not Found (no such route there: give the server's base URL, e.g. "
+        "http://host:8000): 404 Not Found Not Found The requested URL was not found."
+    )
+    assert "<" not in said and "color" not in said and len(said.split("): ", 1)[1]) <= 160, said
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-1", "soon"])
+def test_a_timeout_that_is_no_finite_number_of_seconds_is_a_usage_error(bundle, capsys, value):
+    """--timeout nan went to the socket, whose ValueError was said as the server's failure."""
+    from dflash_ref.__main__ import main
+
+    for mode in (["--endpoint", "http://127.0.0.1:9", "--bundle", str(bundle)], ["--impl", "reference"]):
+        with pytest.raises(SystemExit) as e:
+            main(["verify", *mode, "--timeout", value])
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+        assert e.value.code == 2 and "argument --timeout:" in said and "seconds" in said, said
+
+
 def twins(tmp_path):
     """A tiny target whose lm_head holds two rows 1e-4 apart (relative) for the token its greedy decoding takes
     first: a numeric tie at bfloat16's resolution (2⁻⁸ relative and more), not at float32's (2⁻²³)."""
@@ -207,8 +266,82 @@ def test_a_file_of_outputs_is_judged_with_no_server(tmp_path):
     assert tied.status == "tie" and bad.status == "FAIL", report.text()
     assert bad.divergences[-1].index == 3 and "its own logprob" in bad.note
     path.write_text('{"prompt_ids": [1], "output_ids": [99]}\n')
-    with pytest.raises(UsageError, match="outside the target's vocabulary of 12"):
+    with pytest.raises(LineError, match="line 1: token id 99 is outside the target's vocabulary of 12"):
         verify_outputs(path, tmp_path / "target", progress=quiet)
+
+
+GOOD = {"prompt_ids": [1, 2, 3], "output_ids": [4, 5]}
+
+
+@pytest.mark.parametrize(
+    "bad, said",
+    [
+        (
+            {**GOOD, "output_ids": [4] * 600},
+            "prompt (3) + output (600) = 603 positions, past the target's max_position_embeddings 512",
+        ),  # was a traceback from inside the target
+        ({**GOOD, "name": {"a": 1}}, 'name must be a non-empty string, got {"a": 1}'),  # was a traceback
+        (
+            '{"prompt_ids": [1], "output_ids": [1], "x": ' + "[" * 100000 + "]" * 100000 + "}",
+            "not JSON it can read (nested too deeply)",
+        ),  # was a RecursionError
+        ("not json", "not JSON (Expecting value at column 1)"),
+        ({**GOOD, "output_ids": []}, "an empty output_ids: nothing to check"),  # was a pass
+        ({**GOOD, "logprobs": "abc"}, 'logprobs must be a list of numbers, one per output token, got "abc"'),  # ignored
+        ({**GOOD, "output_ids": [4, 5.5]}, "output_ids must be a list of token ids ≥ 0"),
+        ({**GOOD, "output_ids": [4, 99]}, "token id 99 is outside the target's vocabulary of 12"),
+    ],
+)
+def test_a_bad_line_of_outputs_refuses_the_file_in_one_line_naming_it_before_any_is_judged(tmp_path, capsys, bad, said):
+    """Line 3 bad after two good ones: one line naming the file and line 3 (no usage block, no traceback), exit 2,
+    and no line judged (none replayed, none of their verdicts thrown away)."""
+    from dflash_ref.__main__ import main
+
+    twins(tmp_path)
+    path = tmp_path / "outputs.jsonl"
+    path.write_text("".join((x if isinstance(x, str) else json.dumps(x)) + "\n" for x in (GOOD, GOOD, bad)))
+    with pytest.raises(SystemExit) as e:
+        main(["verify", "--outputs", str(path), "--target", str(tmp_path / "target")])
+    out, err = capsys.readouterr()
+    assert e.value.code == 2 and err == f"python -m dflash_ref verify: error: --outputs {path}, line 3: {said}\n", err
+    assert "replaying" not in out
+
+
+@pytest.mark.parametrize(
+    "line, said",
+    [
+        ({"prompt_ids": [1] * 510}, "prompt (510) + max_new_tokens (4) = 514 exceeds the position limit"),
+        ({"prompt_ids": [1, 99]}, "prompt token ids must lie in 0..11"),  # were said without their line, after usage
+        ({"prompt_ids": [1, 2.5]}, "prompt_ids must be a non-empty list of token ids ≥ 0"),
+        ({"prompt_ids": [1], "name": {"a": 1}}, 'name must be a non-empty string, got {"a": 1}'),
+        ('{"prompt_ids": [' + "[" * 100000, "not JSON it can read (nested too deeply)"),
+    ],
+)
+def test_a_bad_line_of_prompts_is_one_line_naming_it_before_any_request_is_sent(tmp_path, capsys, line, said):
+    from dflash_ref.__main__ import main
+
+    target, draft, *_ = twins(tmp_path)
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"prompt_ids": [1, 2, 3]}) + "\n" + (line if isinstance(line, str) else json.dumps(line))
+                    + "\n")  # fmt: skip
+    standin = StandIn(engine_of(target, draft))
+    with serving(standin) as url, pytest.raises(SystemExit) as e:
+        main(["verify", "--endpoint", url, "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
+              "--prompts", str(path), "--max-new-tokens", "4"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(f"python -m dflash_ref verify: error: --prompts {path}, line 2: {said}")
+    assert err.count("\n") == 1 and standin.requests == []
+
+
+def test_an_empty_serving_condition_is_a_usage_error_not_alone(tmp_path, capsys):
+    from dflash_ref.__main__ import main
+
+    for given in (",", "alone,", "alone,,repeat"):
+        with pytest.raises(SystemExit) as e:
+            main(["verify", "--endpoint", "http://127.0.0.1:9", "--target", "T", "--draft", "D", "--prompts", "P",
+                  "--serving", given])  # fmt: skip
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+        assert e.value.code == 2 and f"--serving {given!r}: an empty condition name" in said, said
 
 
 def test_serving_conditions_from_outside_hold_each_request_to_its_run_alone(tmp_path):
@@ -303,6 +436,48 @@ def test_the_protocols_fields_are_read_where_each_engine_puts_them():
         parse_completion({"error": "x"}, "x")
 
 
+@pytest.mark.parametrize(
+    "choice, said",
+    [
+        ({"token_ids": [5, 6.7]}, "a token id that is not a whole number ≥ 0: 6.7"),  # was read as 6
+        ({"token_ids": [5.0]}, "a token id that is not a whole number ≥ 0: 5.0"),
+        ({"token_ids": "5 6"}, "token_ids that are no list"),
+        ({"logprobs": {"content": [{"id": 2.5, "logprob": -1.0}]}}, "a token id that is not a whole number ≥ 0: 2.5"),
+        ({"token_ids": [5], "logprobs": "abc"}, 'logprobs that are no object: "abc"'),  # was ignored
+        ({"token_ids": [5], "logprobs": {"content": "abc"}}, "logprobs.content that is no list of objects"),
+        ({"logprobs": {"content": [{"id": 5, "logprob": "abc"}]}}, 'a logprob that is no number: "abc"'),
+        ({"token_ids": [5], "logprobs": {"token_logprobs": "abc"}}, "logprobs.token_logprobs that are no list"),
+    ],
+)
+def test_an_answer_not_the_protocols_is_malformed_never_rounded_or_ignored(choice, said):
+    with pytest.raises(EndpointError, match=re.escape(f"x answered {said}")):
+        parse_completion({"choices": [{"text": "ab", **choice}]}, "x")
+    with pytest.raises(EndpointError, match="draft_n_accepted that is not a whole number"):
+        parse_completion({"choices": [{"text": "a", "token_ids": [5]}], "timings": {"draft_n_accepted": 1.5}}, "x")
+
+
+def test_a_server_output_past_the_targets_positions_is_a_fail_not_a_traceback(bundle, models):
+    def endless(prompt, max_tokens, stops, body):  # far past max_tokens, and past the target's 128 positions
+        ids, accepted, steps = engine_of(*models)(prompt, max_tokens, stops)
+        return ids + [1] * 200, accepted, steps
+
+    with serving(StandIn(endless)) as url:
+        report = verify_endpoint(url, bundle, progress=quiet)
+    (result,) = report.results
+    assert result.status == "FAIL" and "past the target's max_position_embeddings 128" in result.output, report.text()
+
+
+def test_a_server_answering_float_ids_is_an_error_not_a_pass(bundle, models):
+    def floats(prompt, max_tokens, stops, body):  # the reference's ids, as JSON floats
+        ids, accepted, steps = engine_of(*models)(prompt, max_tokens, stops)
+        return [t + 0.0 for t in ids], accepted, steps
+
+    with serving(StandIn(floats)) as url:
+        report = verify_endpoint(url, bundle, progress=quiet)
+    (result,) = report.results
+    assert result.status == "error" and "not a whole number ≥ 0" in result.output and not report.passed()
+
+
 def test_the_resolution_is_one_unit_in_the_last_place_of_the_engines_dtype():
     assert resolution(12.4, "bfloat16") == 2.0**-7 * 8  # |z| in [8, 16)
     assert resolution(1.0, "float16") == 2.0**-10
@@ -316,11 +491,13 @@ def test_the_matrix_gives_a_servers_check_from_outside_its_endpoint_cell(tmp_pat
     from dflash_ref.__main__ import main
 
     matrix = tmp_path / "MATRIX.md"
-    matrix.write_text("# Matrix\n\n## Serving conditions\n\n| port | one sequence | prefix-cache hit |\n|---|---|---|\n"
+    matrix.write_text("# Conformance matrix\n\n`python -m dflash_ref matrix --engines` on 2026-12-06.\n\n"
+                      "## Serving conditions\n\n| port | one sequence | prefix-cache hit |\n|---|---|---|\n"
                       "| vllm | FAIL (6 of 6) | FAIL (3 of 3) |\n| llamacpp | pass | pass |\n")  # fmt: skip
-    shipped = {"requests": [{"status": "pass"}, {"status": "pass"}],
+    shipped = {"kind": "endpoint", "requests": [{"status": "pass"}, {"status": "pass"}],
                "shared": [{"names": ["a", "b"], "failed": True}]}  # fmt: skip
-    fixed = {"requests": [{"status": "pass"}, {"status": "tie"}], "shared": []}
+    fixed = {"header": ["endpoint http://h:8000 (vllm), …"], "requests": [{"status": "pass"}, {"status": "tie"}],
+             "shared": []}  # a report from before they said their kind: read by its header  # fmt: skip
     for name, report in (("shipped", shipped), ("fixed", fixed)):
         (tmp_path / f"{name}.json").write_text(json.dumps(report))
     assert main(["matrix", "--out", str(matrix), "--merge", "--endpoint", f"vllm={tmp_path / 'shipped.json'}",
@@ -333,6 +510,34 @@ def test_the_matrix_gives_a_servers_check_from_outside_its_endpoint_cell(tmp_pat
     )
     with pytest.raises(SystemExit):
         main(["matrix", "--endpoint", "vllm=x.json"])  # no --out: said, nothing runs
+
+
+def test_the_matrix_refuses_an_out_of_other_words_and_a_report_that_is_no_servers(tmp_path, capsys):
+    """`matrix --merge --out notes.md` appended a matrix to the notes (and without --merge replaced them);
+    `matrix --endpoint` took a verify --outputs report as a server's."""
+    from dflash_ref.__main__ import main
+    from dflash_ref.conformance.endpoint.report import EndpointReport
+
+    notes = tmp_path / "notes.md"
+    notes.write_text("# My notes\n\nimportant\n")
+    for merging in (["--merge"], []):
+        with pytest.raises(SystemExit) as e:
+            main(["matrix", "--out", str(notes), *merging, "--ports", "reference"])
+        said = capsys.readouterr().err.strip().splitlines()[-1]
+        assert e.value.code == 2 and f"--out {notes} is there and is not a matrix this command wrote" in said, said
+    assert notes.read_text() == "# My notes\n\nimportant\n"
+    outputs = tmp_path / "outputs.json"
+    outputs.write_text(EndpointReport(["outputs o.jsonl against target T"], [], kind="outputs").json())
+    matrix = tmp_path / "MATRIX.md"
+    with pytest.raises(SystemExit) as e:
+        main(["matrix", "--out", str(matrix), "--merge", "--endpoint", f"vllm={outputs}"])
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and f"{outputs} is a report of verify --outputs (outputs a user had" in said, said
+    assert not matrix.exists()
+    served = tmp_path / "served.json"
+    served.write_text(json.dumps({"kind": "endpoint", "requests": [{"status": "pass"}]}))
+    assert main(["matrix", "--out", str(matrix), "--merge", "--endpoint", f"vllm={served}"]) == 0
+    assert matrix.read_text().startswith("# Conformance matrix\n\n`python -m dflash_ref matrix --merge --endpoint")
 
 
 def test_sampled_decoding_from_outside_is_held_to_the_exact_distribution(tmp_path):

@@ -368,3 +368,32 @@ def test_check_output_file_by_hand(tmp_path, unwritable):
         check_output_file("--out", tmp_path, "MATRIX.md")
     with pytest.raises(ValueError, match="cannot write in this folder"):
         check_output_file("--out", unwritable / "out.md")
+
+
+@pytest.mark.parametrize(
+    "argv, option",
+    [
+        (["verify", "--endpoint", "", "--bundle", "B"], "--endpoint"),  # ran as --impl None: a crash in the adapter
+        (["verify", "--dump", ""], "--dump"),
+        (["verify", "--outputs", "", "--target", "T"], "--outputs"),
+        (["verify", "--impl", "reference", "--bundle", ""], "--bundle"),  # ran on the shipped bundle
+        (["verify", "--impl", "reference", "--json", ""], "--json"),  # wrote no report, said nothing
+        (["golden", "--out", ""], "--out"),  # wrote the bundles into the current folder
+        (["golden", "--out", "G", "--only", "walkthrough", ""], "--only"),
+        (["matrix", "--out", " "], "--out"),
+        (["generate", "--target", ""], "--target"),
+        (["view", ""], "trace"),
+    ],
+)
+def test_an_empty_path_or_url_is_a_usage_error_of_every_command(tmp_path, capsys, monkeypatch, argv, option):
+    """An empty string reads as "not given" wherever an option's truth is tested: refused for every option (the
+    parser's one check), never run as another mode or in the current folder."""
+    monkeypatch.chdir(tmp_path)
+    said = usage_error(capsys, argv)
+    assert f"argument {option}: an empty value names nothing" in said, said
+    assert list(tmp_path.iterdir()) == []  # nothing written, nothing run
+
+
+def test_free_text_may_be_blank_and_is_judged_by_its_command(capsys):
+    said = usage_error(capsys, ["generate", "--target", "smollm2", "--prompt", ""])
+    assert "the prompt is empty" in said, said

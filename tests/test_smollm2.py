@@ -8,8 +8,11 @@ import importlib.util
 import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -82,6 +85,59 @@ def test_an_unwritable_cache_reads_the_gguf_instead(tmp_path, monkeypatch):
     assert converted_folder() is None
 
 
+def test_sigterm_during_the_conversion_leaves_no_staging_folder(tmp_path):
+    """SIGTERM's default action ends a process at once: the conversion's staging folder stayed in the cache for
+    good. Now the conversion ends by SystemExit(143) and removes it on the way out."""
+    code = (
+        "import time\n"
+        "import dflash_ref.loading.smollm2 as s\n"
+        "def slow(source, dtype):\n"
+        "    print('converting', flush=True)\n"
+        "    time.sleep(600)\n"
+        "s._from_gguf = slow\n"
+        "s.converted_folder()\n"
+    )
+    cache = tmp_path / "cache"
+    env = {**os.environ, "DFLASH_REF_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, env=env, cwd=root)
+    try:
+        assert proc.stdout.readline() == "converting\n"
+        (staging,) = cache.iterdir()  # named by its owner: this host, that process
+        assert f".{socket.gethostname()}-{proc.pid}." in staging.name, staging.name
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143
+    finally:
+        proc.kill()
+        proc.stdout.close()
+    assert list(cache.iterdir()) == []
+
+
+def test_staging_folders_a_killed_conversion_left_are_removed_at_the_next_and_only_those(tmp_path):
+    """A process killed outright (SIGKILL, a power cut) cleans nothing: the next call removes its staging folder,
+    and only folders of the conversion's own naming whose owner is surely gone."""
+    from dflash_ref.loading.smollm2 import UNNAMED_STALE, remove_stale_staging
+
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone, host, key = int(ended.stdout), socket.gethostname(), "0" * 16
+    names = {
+        f"smollm2-{key}.{host}-{gone}.abcd_123": False,  # its process no longer runs: removed
+        f"smollm2-{key}.{host}-{os.getpid()}.abcd_123": True,  # a live process's (this one's)
+        f"smollm2-{key}.other-host-{gone}.abcd_123": True,  # another host's: its processes are not seen from here
+        f"smollm2-{key}.old12345": False,  # named before owners were, untouched for longer than a day
+        f"smollm2-{key}.new12345": True,  # named so, but fresh
+        f"smollm2-{key}": True,  # the converted folder itself
+        "elsewhere.abcd_123": True,
+    }
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"")
+    old = time.time() - UNNAMED_STALE - 60
+    os.utime(tmp_path / f"smollm2-{key}.old12345", (old, old))
+    remove_stale_staging(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(n for n, kept in names.items() if kept)
+
+
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_speculative_output_equals_greedy_on_chat_prompts(smollm2, prompt):
     target, tokenizer, draft = smollm2
@@ -95,6 +151,24 @@ def test_speculative_output_equals_greedy_on_chat_prompts(smollm2, prompt):
     assert torch.equal(full.output_ids, ar.output_ids)
     assert len(full.acceptance_lengths) < len(spec.acceptance_lengths)  # whole blocks accepted
     assert tokenizer.decode(ar.output_ids[0, ids.shape[1] :]).strip()
+
+
+def test_verify_takes_the_target_names_generate_takes(smollm2, tmp_path):
+    """`verify --outputs --target smollm2` was refused ("no model folder there") though `generate --target smollm2`
+    takes the name: both resolve it in loading/folder.py now, and the outputs are judged on SmolLM2 itself."""
+    from dflash_ref.conformance.endpoint import check_folders, verify_outputs
+    from dflash_ref.drafts.shipped import draft_folder
+
+    target, tokenizer, _ = smollm2
+    ids = chat_ids(tokenizer, "Name three colours.")
+    greedy = generate(target, ids, 3, STOP_TOKEN_IDS).output_ids[0, ids.shape[1] :].tolist()
+    outputs = tmp_path / "outputs.jsonl"
+    outputs.write_text(json.dumps({"prompt_ids": ids[0].tolist(), "output_ids": greedy, "name": "colours"}) + "\n")
+    report = verify_outputs(outputs, "smollm2", progress=lambda line: None)
+    assert [r.status for r in report.results] == ["pass"], report.text()
+    assert "against target smollm2" in report.text()
+    (tmp_path / "prompts.jsonl").write_text('{"prompt": "hi"}\n')
+    assert check_folders("smollm2", draft_folder(None), tmp_path / "prompts.jsonl")  # --endpoint takes it too
 
 
 def test_a_smollm2_sized_dflash2_draft_is_lossless_and_traced(smollm2, tmp_path):
@@ -530,6 +604,11 @@ def test_generate_ends_a_bad_target_or_request_with_its_message(tiny_target, tmp
         (["--prompt", ""], "the prompt is empty: at least one token is needed"),
         (["--draft", "NOPE"], "--draft no folder NOPE"),
         (["--draft", "BAD"], "--draft BAD/config.json: config field 'hidden_size' must be an integer ≥ 1"),
+        # a trained draft's block is what it was made for: a larger one ran silently on untrained positions
+        (
+            ["--draft", "shipped:dflash1", "--block-size", "1000"],
+            "--block-size 1000: the draft SHIPPED was made for blocks of 4 (its config's block_size)",
+        ),  # fmt: skip
     ],
 )
 def test_generate_refuses_an_empty_prompt_or_a_bad_draft_before_the_target_loads(
@@ -542,15 +621,15 @@ def test_generate_refuses_an_empty_prompt_or_a_bad_draft_before_the_target_loads
     (tmp_path / "bad" / "config.json").write_text(
         json.dumps({"architectures": ["DFlashDraftModel"], "hidden_size": "x"})
     )
+    from dflash_ref.drafts.shipped import SHIPPED_DFLASH1
+
     flags = [f.replace("NOPE", str(tmp_path / "nope")).replace("BAD", str(tmp_path / "bad")) for f in flags]
     monkeypatch.setattr(generate, "open_target", lambda *a: pytest.fail("the target was loaded"))
     with pytest.raises(SystemExit) as e:
         main(["generate", "--target", str(tiny_target), "--prompt", "hi", *flags])
     said = capsys.readouterr().err
-    assert (
-        e.value.code == 2
-        and message.replace("NOPE", str(tmp_path / "nope")).replace("BAD", str(tmp_path / "bad")) in said
-    )
+    message = message.replace("NOPE", str(tmp_path / "nope")).replace("BAD", str(tmp_path / "bad"))
+    assert e.value.code == 2 and message.replace("SHIPPED", str(SHIPPED_DFLASH1)) in said, said
 
 
 def test_generate_runs_on_a_qwen3_folder(tiny_target, capsys):

@@ -135,6 +135,28 @@ def test_save_load_round_trip_is_bit_identical(tmp_path):
         Trace.load(tmp_path / "missing")
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_saved_tensors_get_the_usual_file_mode_not_safetensors_0600(tmp_path, umask):
+    """safetensors' save_file writes 0600: a trace's activations, a bundle's target and draft weights were unreadable
+    to the others sharing them. Every one now gets the mode of any new file under the umask (0644 under 022)."""
+    import os
+    import stat
+
+    from dflash_ref import save_draft, save_target
+
+    target, draft, _, _, trace = traced_run(1, {"block_size": 4}, [5, 0, 2])
+    previous = os.umask(umask)
+    try:
+        trace.save(tmp_path / "t")
+        save_target(target, tmp_path / "target")
+        save_draft(draft, tmp_path / "draft")
+    finally:
+        os.umask(previous)
+    for file in ("t/activations.safetensors", "target/model.safetensors", "draft/model.safetensors"):
+        mode = stat.S_IMODE((tmp_path / file).stat().st_mode)
+        assert mode == 0o666 & ~umask == (tmp_path / "t" / "trace.json").stat().st_mode & 0o777, (file, oct(mode))
+
+
 def test_a_trace_saved_before_the_verify_gate_or_lookup_still_loads(tmp_path):
     """Format /1 had no StepRecord.verify_size, /2 no StepRecord.lookup: they load as 0 ("not recorded") and
     False (no lookup existed); a newer format is refused by name."""

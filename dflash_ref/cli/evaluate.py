@@ -246,8 +246,9 @@ def run(args, say=print) -> dict:
     draft, folder = open_draft(args.draft, proposing=args.block_size is None)
     block_size = draft.block_size if args.block_size is None else args.block_size
     if block_size > draft.block_size:
-        # allowed, as in spec_generate and `generate --block-size`: the draft runs any block length (its
-        # attention has no size of its own), but positions past its training block never had a label
+        # measured on purpose, and said, as spec_generate allows it (generate refuses it, where a run would say
+        # nothing): the draft runs any block length (its attention has no size of its own), but positions past its
+        # training block never had a label
         untrained = (
             f"position {block_size - 1} was"
             if block_size == draft.block_size + 1

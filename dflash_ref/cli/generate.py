@@ -23,7 +23,7 @@ import torch
 from ..bench.timing import Stopwatch
 from ..config import ConfigError
 from ..decoding import GenerationOutput, spec_generate
-from ..drafts.checkpoint import draft_option
+from ..drafts.checkpoint import check_block_size, draft_option
 from ..drafts.folder import SHIPPED_DRAFT, check_fits, open_draft
 from ..drafts.random_draft import random_draft
 from ..extensions import DraftVocab, chosen_extensions
@@ -84,7 +84,10 @@ def check_arguments(args) -> None:
         if value is not None and value < least:
             raise ValueError(f"{flag} must be at least {least}, got {value}")
     check_seed(args.seed, -(2**63), 2**64)  # what torch.manual_seed takes
-    draft_option(args.draft)  # there, with a config that reads: found now, not after the target has loaded
+    folder = draft_option(args.draft)  # there, with a config that reads: found now, not after the target has loaded
+    trained = args.draft or (args.target == SMOLLM2 and not args.random_draft)  # else a random draft of the size
+    if trained and args.block_size is not None:
+        check_block_size(folder, args.block_size)
     if not (args.temperature >= 0 and math.isfinite(args.temperature)):
         raise ValueError(f"--temperature must be a finite number ≥ 0, got {args.temperature}")
     try:
@@ -357,7 +360,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=["rejection", "match"],
         help="with --temperature > 0: speculative sampling as dflash 0.1.0 (rejection), or the seed's cumprod match",
     )
-    p.add_argument("--block-size", type=int, help="override the draft's block size")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        help="override the draft's block size: at most the block a trained draft was made for; a random draft's size",
+    )
     p.add_argument(
         "--verify-gate",
         type=float,

@@ -9,13 +9,26 @@ from pathlib import Path
 
 from ..conformance.bundle import find_bundles
 from ..conformance.golden import generate_golden
-from ..conformance.matrix import PORTS, check_ports, endpoint_rows, matrix, merge
+from ..conformance.matrix import (
+    PORTS,
+    check_matrix_file,
+    check_ports,
+    endpoint_rows,
+    header,
+    matrix,
+    merge,
+    report_kind,
+)
 from .folders import check_output_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bundle", help="a folder of bundles (default: all scenarios, written to a temporary folder)")
-    p.add_argument("--out", help="write the Markdown here (default: print it)")
+    p.add_argument(
+        "--out",
+        help="write the Markdown here: a new file, or a matrix this command wrote (another file is refused) "
+        "(default: print it)",
+    )
     p.add_argument(
         "--engines",
         action="store_true",
@@ -40,23 +53,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+KINDS = {  # what a verify --json report is, in words, for a report that is not verify --endpoint's
+    "outputs": "a report of verify --outputs (outputs a user had, judged against the target: no server answered)",
+    "bundles": "a report of verify --impl or --dump (a port's tensors on the bundles, not a server's answers)",
+    "unknown": "not a report of verify --endpoint --json",
+}
+
+
 def _endpoint(args, parser: argparse.ArgumentParser) -> int:
     """--endpoint PORT=FILES: the reports read and merged into --out's serving conditions."""
     if not (args.out and args.merge) or args.ports or args.engines or args.bundle:
         parser.error("--endpoint merges reports into the matrix at --out: give --out and --merge, and no port to run")
+    try:
+        check_output_file("--out", args.out, "MATRIX.md")
+        check_matrix_file(args.out)
+    except ValueError as e:
+        parser.error(str(e))
     reports = {}
     for given in args.endpoint:
         port, _, files = given.partition("=")
         if not port or not files:
             parser.error(f"--endpoint {given!r}: write PORT=REPORT.json[,REPORT.json]")
-        try:
-            reports[port] = [json.loads(Path(f).read_text()) for f in files.split(",")]
-        except (OSError, ValueError) as e:
-            parser.error(f"--endpoint {given}: {e}")
-        if not all(isinstance(r, dict) and isinstance(r.get("requests"), list) for r in reports[port]):
-            parser.error(f"--endpoint {given}: not a report of verify --endpoint --json")
+        reports[port] = []
+        for file in files.split(","):
+            try:
+                report = json.loads(Path(file).read_text())
+            except (OSError, ValueError, RecursionError) as e:
+                parser.error(f"--endpoint {given}: {file}: {e}")
+            kind = report_kind(report)
+            if kind != "endpoint":  # a server's cell holds a server's answers only
+                parser.error(f"--endpoint {given}: {file} is {KINDS[kind]}")
+            reports[port].append(report)
     out = Path(args.out)
     old = out.read_text() if out.is_file() else ""
+    command = "python -m dflash_ref matrix --merge " + " ".join(f"--endpoint {g}" for g in args.endpoint)
+    old = old if old.strip() else "\n".join(header(command))  # a new file: a matrix from its first line
     out.write_text(merge(old, "\n".join(endpoint_rows(reports))) + "\n")
     return 0
 
@@ -70,6 +101,7 @@ def main(args, parser: argparse.ArgumentParser) -> int:
             raise ValueError("--merge puts this run into the matrix at --out FILE: give --out")
         if args.out:
             check_output_file("--out", args.out, "MATRIX.md")  # now, not after the whole matrix has run
+            check_matrix_file(args.out)  # a file of other words is neither merged into nor replaced
         if args.bundle is not None:
             find_bundles(args.bundle)  # a missing or empty folder is said now, in one line
     except (ValueError, OSError) as e:

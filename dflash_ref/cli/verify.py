@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 from ..conformance.bundle import find_bundles
@@ -27,18 +28,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     candidate.add_argument(
         "--endpoint",
         metavar="URL",
-        help="an OpenAI-compatible server (http://host:port): the requests of --bundle, or of --prompts on "
+        help="an OpenAI-compatible server (http://host:port, its base URL; a /v1 or /v1/completions after it is "
+        "taken off): the requests of --bundle, or of --prompts on "
         "--target and --draft, each held to the reference's run of it alone (conformance/endpoint/)",
     )
     candidate.add_argument(
         "--outputs",
         metavar="FILE.jsonl",
-        help="outputs a user has (one JSON object a line: prompt_ids, output_ids, optionally logprobs), each "
-        "position held to --target's float64 argmax: pass, tie or FAIL, no server needed",
+        help="outputs a user has (one JSON object a line: prompt_ids, output_ids, optionally logprobs, name, "
+        "max_tokens, stop_token_ids), each position held to --target's float64 argmax: pass, tie or FAIL, no server "
+        "needed. A line that cannot be judged refuses the whole file, naming the line, before any is judged",
     )
     p.add_argument("--bundle", help="a bundle or a folder of bundles (default: the one in the package)")
     served = p.add_argument_group("with --endpoint or --outputs")
-    served.add_argument("--target", help="the target folder the server runs (with --prompts; --outputs: the replay's)")
+    served.add_argument(
+        "--target",
+        help="the target the server runs, a folder or a name as generate takes it (smollm2) (with --prompts; "
+        "--outputs: the replay's)",
+    )
     served.add_argument("--draft", help="the DFlash draft folder the server runs (with --prompts)")
     served.add_argument(
         "--prompts",
@@ -102,9 +109,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         metavar="SECONDS",
-        help="a bundle whose run takes longer is a timeout (an in-process port: checked on the main thread)",
+        help="with --impl: a bundle whose run takes longer is a timeout (an in-process port: checked on the main "
+        "thread); with --endpoint: each request's deadline, from connecting to the last byte of its answer (a server "
+        "that trickles bytes is held to it too; default 600)",
     )
     p.add_argument(
         "--html",
@@ -115,6 +124,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 SERVED = ("target", "draft", "prompts", "model", "strict")
+
+
+def seconds(text: str) -> float:
+    """--timeout's value: a finite number of seconds > 0, else a usage error (argparse's type): never a NaN or an
+    infinity handed to a socket, whose error would read as the server's."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text} is not a finite number of seconds > 0")
+    return value
 
 
 def main(args, parser: argparse.ArgumentParser) -> int:
@@ -148,8 +169,8 @@ def main(args, parser: argparse.ArgumentParser) -> int:
         return 0 if ran and all(r.passed for r in ran) else 1
     if args.runs is not None or args.verifier:
         raise SystemExit("verify: --runs and --verifier go with --sampling")
-    if args.timeout is not None and (args.dump or args.timeout <= 0):
-        raise SystemExit("verify: --timeout takes seconds > 0, for a port run with --impl (a dump has run already)")
+    if args.timeout is not None and args.dump:
+        raise SystemExit("verify: --timeout is for a port run with --impl (a dump has run already)")
     if args.json:  # now, not after the verification has run
         try:
             check_output_file("--json", args.json, "report.json", parents=False)
@@ -190,7 +211,15 @@ def main(args, parser: argparse.ArgumentParser) -> int:
 
 def _served(args, parser: argparse.ArgumentParser) -> int:
     """--endpoint URL / --outputs FILE (conformance/endpoint/)."""
-    from ..conformance.endpoint import EndpointError, RequestsError, UsageError, verify_endpoint, verify_outputs
+    from ..conformance.endpoint import (
+        EndpointError,
+        LineError,
+        RequestsError,
+        UsageError,
+        parse_conditions,
+        verify_endpoint,
+        verify_outputs,
+    )
 
     if args.sampling and args.endpoint:
         return _sampled_endpoint(args, parser)
@@ -201,8 +230,6 @@ def _served(args, parser: argparse.ArgumentParser) -> int:
                      "--variant, --skip, --profile, --html nor --allow-missing")  # fmt: skip
     if args.max_new_tokens < 1:
         parser.error(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
-    if args.timeout is not None and args.timeout <= 0:
-        parser.error("--timeout takes seconds > 0 (per request)")
     if args.json:
         try:
             check_output_file("--json", args.json, "report.json", parents=False)
@@ -211,15 +238,22 @@ def _served(args, parser: argparse.ArgumentParser) -> int:
     progress = lambda line: print(line, flush=True)  # noqa: E731
     try:
         if args.outputs:
-            if args.bundle or args.prompts or args.draft or args.serving != "alone":
-                parser.error("--outputs replays the --target alone: no --bundle, --prompts, --draft or --serving")
+            if args.bundle or args.prompts or args.draft or args.serving != "alone" or args.timeout is not None:
+                parser.error(
+                    "--outputs replays the --target alone: no --bundle, --prompts, --draft, --serving or --timeout"
+                )
             report = verify_outputs(args.outputs, args.target, args.dtype, args.device, progress)
         else:
+            try:
+                conditions = parse_conditions(args.serving)
+            except RequestsError as e:
+                parser.error(str(e))
             report = verify_endpoint(
                 args.endpoint, args.bundle, args.target, args.draft, args.prompts, args.model, args.dtype,
-                args.device, [c.strip() for c in args.serving.split(",") if c.strip()], args.max_new_tokens,
-                args.timeout, progress,
+                args.device, conditions, args.max_new_tokens, args.timeout, progress,
             )  # fmt: skip
+    except LineError as e:  # the file's line, not the command line: one line, without the usage
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     except UsageError as e:
         parser.error(str(e))
     except (EndpointError, RequestsError) as e:

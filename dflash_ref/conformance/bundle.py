@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,8 @@ from .tensorfile import array_or_none, read_safetensors, write_safetensors
 FORMAT = "dflash_ref.golden/3"  # /2: stage kinds and design variants in the manifest; /3: checksums, target stages
 READABLE = ("dflash_ref.golden/1", "dflash_ref.golden/2", FORMAT)  # older bundles read the same, unchecked
 SHIPPED = Path(__file__).resolve().parent / "bundles"  # the bundle(s) inside the package
+PENDING = "golden-pending.json"  # in a golden folder: the bundles a golden run was asked for and has not written
+BUNDLE_PARTS = ("target", "draft", "expected.safetensors")  # what golden writes into a bundle before its manifest
 __all__ = [
     "FORMAT",
     "READABLE",
@@ -54,6 +57,8 @@ __all__ = [
     "candidates_in_id_order",
     "find_bundles",
     "load_bundle",
+    "read_pending",
+    "write_pending",
     "write_bundle_files",
     "check_files",
     "checksums",  # and the stages' names, read from here as before (stages.py)
@@ -228,14 +233,85 @@ def load_bundle(path: str | Path) -> Bundle:
 
 def find_bundles(path: str | Path | None = None) -> list[Bundle]:
     """`path` is one bundle, or a folder of bundles (as `golden --out` writes, in name order);
-    None: the bundle shipped inside the package."""
+    None: the bundle shipped inside the package. A bundle folder without its manifest (golden writes it last:
+    a run cut short) and a bundle a golden run was asked for and never wrote (PENDING) are said by name, as
+    "bundle damaged: …" (a ValueError): never left out of a run that then reads as whole."""
     path = Path(path) if path is not None else SHIPPED
     if (path / "manifest.json").is_file():
         return [load_bundle(path)]
-    found = sorted(p for p in path.iterdir() if (p / "manifest.json").is_file()) if path.is_dir() else []
+    if _unfinished(path):
+        raise ValueError(f"bundle damaged: {_incomplete([path], [])}; write it anew: {_rewrite(path.parent, [path])}")
+    folders = sorted(p for p in path.iterdir() if p.is_dir()) if path.is_dir() else []
+    found = [p for p in folders if (p / "manifest.json").is_file()]
+    cut = [p for p in folders if _unfinished(p)]
+    never = [path / n for n in read_pending(path) if not (path / n / "manifest.json").is_file() and path / n not in cut]
+    if cut or never:
+        raise ValueError(
+            f"bundle damaged: the golden folder {path} is incomplete: {_incomplete(cut, never)}; the rest was not "
+            f"verified. Write them anew: {_rewrite(path, cut + never)}"
+        )
     if not found:
         raise FileNotFoundError(f"no golden bundle at {path} (run: python -m dflash_ref golden --out {path})")
     return [load_bundle(p) for p in found]
+
+
+def _unfinished(folder: Path) -> bool:
+    """A folder golden began to write as a bundle (BUNDLE_PARTS) and left without its manifest."""
+    return not (folder / "manifest.json").is_file() and any((folder / part).exists() for part in BUNDLE_PARTS)
+
+
+def _incomplete(cut: list[Path], never: list[Path]) -> str:
+    said = []
+    if cut:
+        said.append(f"{', '.join(p.name for p in cut)} without manifest.json (golden writes it last: cut short)")
+    if never:
+        said.append(f"{', '.join(p.name for p in never)} never written (asked for by a golden run, {PENDING})")
+    return "; ".join(said)
+
+
+def _rewrite(folder: Path, bundles: list[Path]) -> str:
+    """The golden command that writes these bundles (NN_name) again into `folder`."""
+    names = [p.name.split("_", 1)[1] if p.name[:2].isdigit() and "_" in p.name else p.name for p in bundles]
+    return f"python -m dflash_ref golden --out {folder} --only {' '.join(names)}"
+
+
+def read_pending(folder: Path) -> list[str]:
+    """The bundle folders (NN_name) a golden run into `folder` was asked for and has not finished (PENDING), []
+    where it has none. A file that is no such list is said (ValueError): it cannot tell what is missing."""
+    file = Path(folder) / PENDING
+    if not file.is_file():
+        return []
+    try:
+        listed = json.loads(file.read_text(encoding="utf-8")).get("bundles")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+        raise ValueError(f"bundle damaged: {file} is not golden's list of the bundles it was asked for: {e}") from None
+    if not isinstance(listed, list) or not all(isinstance(n, str) and n and "/" not in n for n in listed):
+        raise ValueError(f"bundle damaged: {file} is not golden's list of the bundles it was asked for")
+    return listed
+
+
+def write_pending(folder: Path, names: list[str]) -> None:
+    """PENDING in `folder` listing `names`, written whole (a temporary file renamed), or removed where none."""
+    file = Path(folder) / PENDING
+    if not names:
+        file.unlink(missing_ok=True)
+        return
+    text = json.dumps(
+        {
+            "bundles": names,
+            "meaning": "bundles a golden run into this folder was asked for and has not finished writing; removed "
+            "once every one has its manifest. verify refuses the folder while one is missing",
+        },
+        indent=1,
+    )
+    _write_whole(file, text + "\n")
+
+
+def _write_whole(file: Path, text: str) -> None:
+    """`text` at `file`, whole or not at all: a process cut short leaves the old file, never half of the new."""
+    partial = file.with_name(file.name + ".partial")
+    partial.write_text(text, encoding="utf-8")
+    os.replace(partial, file)
 
 
 def write_bundle_files(path: Path, manifest: dict, expected: dict[str, np.ndarray]) -> None:
@@ -250,4 +326,4 @@ def write_bundle_files(path: Path, manifest: dict, expected: dict[str, np.ndarra
         "meaning": "each file as golden wrote it, and this manifest but its checksums; verify refuses a bundle "
         "that differs, or has other files in target/ or draft/ (bundle damaged)",
     }
-    (path / "manifest.json").write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
+    _write_whole(path / "manifest.json", json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")  # last: whole

@@ -33,8 +33,10 @@ from .bundle import (
     Bundle,
     candidates_in_id_order,
     parse_key,
+    read_pending,
     walk_order,
     write_bundle_files,
+    write_pending,
 )
 from .engine_scenarios import ENGINE_NAMES, SERVING_NAMES, engine_scenarios, serving_scenarios
 from .exact import DRAFTS, ENGINE_SAMPLING, write_sampling
@@ -260,10 +262,15 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
     return folder
 
 
-def generate_golden(out: str | Path, names: list[str] | None = None, engines: bool = False) -> list[Path]:
+def generate_golden(
+    out: str | Path, names: list[str] | None = None, engines: bool = False, on_written=None
+) -> list[Path]:
     """Write the bundles of the given scenarios (default: the tiny ones, then the sampling bundles, then with
     `engines` the engine-shaped ones, the serving scenarios' requests (engine_scenarios.py) and the engines' sampling
-    bundle (exact.py)) to out/NN_name."""
+    bundle (exact.py)) to out/NN_name; `on_written(path)` is called as each is written (a long run shows progress).
+    Before the first, the bundles asked for are listed in out/PENDING (bundle.py), each struck off once written
+    (its manifest, written last, there), the file removed when none is left: a run cut short leaves it, and
+    find_bundles names the bundles it never wrote."""
     known = [s.name for s in SCENARIOS] + list(DRAFTS) + list(ENGINE_NAMES) + list(SERVING_NAMES) + [ENGINE_SAMPLING]
     unknown = set(names or ()) - set(known)
     if unknown:
@@ -271,36 +278,72 @@ def generate_golden(out: str | Path, names: list[str] | None = None, engines: bo
     engine = [
         n for n in (*ENGINE_NAMES, *SERVING_NAMES, ENGINE_SAMPLING) if (engines and not names) or n in (names or ())
     ]
-    if Path(out).exists() and not Path(out).is_dir():
+    out = Path(out)
+    if out.exists() and not out.is_dir():
         raise ValueError(f"{out} is a file, not a folder for the bundles")
+    plan = _plan(out, names, engine)
+    out.mkdir(parents=True, exist_ok=True)
+    pending = [p.name for p, _ in plan]
+    try:
+        earlier = read_pending(out)  # an earlier run's, cut short: still missing unless written now
+    except ValueError:  # a list that cannot be read is replaced by this run's
+        earlier = []
+    pending += [n for n in earlier if n not in pending and not (out / n / "manifest.json").is_file()]
+    write_pending(out, pending)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one reduction order whatever the machine's cores: the same bytes on a rerun
     try:
-        written = [
-            write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i)
-            for i, s in enumerate(SCENARIOS, 1)
-            if not names or s.name in names
-        ]
-        for i, name in enumerate(DRAFTS, len(SCENARIOS) + 1):  # the sampling bundles after the tiny ones
-            if not names or name in names:
-                written.append(write_sampling(Path(out) / f"{i:02d}_{name}", i, name))
-        first = len(SCENARIOS) + len(DRAFTS) + 1
-        for s in engine_scenarios() if any(n in ENGINE_NAMES for n in engine) else []:  # they need SmolLM2
-            if s.name in engine:
-                i = first + ENGINE_NAMES.index(s.name)
-                written.append(write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i))
-        shared: dict[str, Path] = {}  # serving requests share their pair's target: written once, then linked
-        for s in serving_scenarios() if any(n in SERVING_NAMES for n in engine) else []:
-            if s.name in engine:
-                i = first + len(ENGINE_NAMES) + SERVING_NAMES.index(s.name)
-                models = s.serving["models"]
-                if models in shared:
-                    s = dataclasses.replace(s, target_folder=lambda where=shared[models]: where)
-                written.append(write_scenario(s, Path(out) / f"{i:02d}_{s.name}", i))
-                shared.setdefault(models, written[-1] / "target")
-        if ENGINE_SAMPLING in engine:  # the engines' sampling bundle, last
-            i = first + len(ENGINE_NAMES) + len(SERVING_NAMES)
-            written.append(write_sampling(Path(out) / f"{i:02d}_{ENGINE_SAMPLING}", i, ENGINE_SAMPLING))
+        written = []
+        for folder, write in plan:
+            written.append(write(folder))
+            pending.remove(folder.name)
+            write_pending(out, pending)
+            if on_written is not None:
+                on_written(written[-1])
         return written
     finally:
         torch.set_num_threads(threads)
+
+
+def _plan(out: Path, names: list[str] | None, engine: list[str]) -> list[tuple[Path, object]]:
+    """The bundles asked for, in the order they are written: (folder, write(folder) → folder). The engine-shaped and
+    serving scenarios are built at their first bundle (they need SmolLM2's tokenizer)."""
+    plan = [
+        (out / f"{i:02d}_{s.name}", lambda f, s=s, i=i: write_scenario(s, f, i))
+        for i, s in enumerate(SCENARIOS, 1)
+        if not names or s.name in names
+    ]
+    for i, name in enumerate(DRAFTS, len(SCENARIOS) + 1):  # the sampling bundles after the tiny ones
+        if not names or name in names:
+            plan.append((out / f"{i:02d}_{name}", lambda f, name=name, i=i: write_sampling(f, i, name)))
+    built: dict = {}
+
+    def scenario(build, name: str) -> Scenario:
+        if build not in built:
+            built[build] = {s.name: s for s in build()}
+        return built[build][name]
+
+    first = len(SCENARIOS) + len(DRAFTS) + 1
+    for i, name in enumerate(ENGINE_NAMES, first):
+        if name in engine:
+            plan.append(
+                (out / f"{i:02d}_{name}", lambda f, n=name, i=i: write_scenario(scenario(engine_scenarios, n), f, i))
+            )
+    shared: dict[str, Path] = {}  # serving requests share their pair's target: written once, then linked
+
+    def serve(folder: Path, name: str, i: int) -> Path:
+        s = scenario(serving_scenarios, name)
+        models = s.serving["models"]
+        if models in shared:
+            s = dataclasses.replace(s, target_folder=lambda where=shared[models]: where)
+        written = write_scenario(s, folder, i)
+        shared.setdefault(models, written / "target")
+        return written
+
+    for i, name in enumerate(SERVING_NAMES, first + len(ENGINE_NAMES)):
+        if name in engine:
+            plan.append((out / f"{i:02d}_{name}", lambda f, n=name, i=i: serve(f, n, i)))
+    if ENGINE_SAMPLING in engine:  # the engines' sampling bundle, last
+        i = first + len(ENGINE_NAMES) + len(SERVING_NAMES)
+        plan.append((out / f"{i:02d}_{ENGINE_SAMPLING}", lambda f, i=i: write_sampling(f, i, ENGINE_SAMPLING)))
+    return plan

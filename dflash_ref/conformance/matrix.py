@@ -329,20 +329,65 @@ def sampled(bundle: str | Path, ports) -> tuple[list[str], dict[str, list[str]],
     return lines + [""], verdicts, clean
 
 
-def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dflash_ref matrix") -> tuple[str, bool]:
-    """The matrix as Markdown: one table per port, then the serving conditions as columns where the bundles have
-    serving scenarios; `command` is what its header says made it. → (the text, whether every row passed or is
-    n/a: no fail, no port that crashed)."""
-    check_ports(ports)
-    clean = True
-    lines = [
-        "# Conformance matrix",
+TITLE = "# Conformance matrix"
+COMMAND = "`python -m dflash_ref matrix"  # how the line that says which command wrote a matrix begins
+
+
+def header(command: str) -> list[str]:
+    """A matrix's first lines: its title, and the command that wrote it, where and when."""
+    return [
+        TITLE,
         "",
         f"`{command}` on {datetime.date.today()}, {platform.machine()}, Python "
         f"{platform.python_version()}. Verdict per bundle; the first divergence is the first failing "
         "semantic tensor along the data's walk (README.md in this folder: how to read it).",
         "",
     ]
+
+
+def check_matrix_file(path: str | Path) -> None:
+    """`matrix --out FILE` writes or merges into FILE: one not there, empty, or a matrix this command wrote (TITLE,
+    then the line of the command that wrote it); anything else is a ValueError, since a merge would append a matrix
+    to an unrelated file and a write would replace it."""
+    file = Path(path)
+    if not file.is_file():
+        return
+    try:
+        lines = file.read_text(encoding="utf-8").strip().split("\n")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"--out {path}: cannot read it to merge into ({e})") from None
+    if lines == [""]:
+        return
+    if lines[0].rstrip() != TITLE or not any(line.startswith(COMMAND) for line in lines[1:4]):
+        raise ValueError(
+            f"--out {path} is there and is not a matrix this command wrote (a first line {TITLE!r}, then the command "
+            "that wrote it): give another file, or the matrix to merge into"
+        )
+
+
+def report_kind(report) -> str:
+    """What a `verify --json` report is: "endpoint" (verify --endpoint), "outputs" (verify --outputs), "bundles"
+    (verify --impl or --dump), else "unknown". Reports from before the endpoint ones said their kind are read by
+    their header."""
+    if not isinstance(report, dict):
+        return "unknown"
+    if isinstance(report.get("requests"), list):
+        kind = report.get("kind")
+        if kind is None:
+            first = (report.get("header") or [""])[0]
+            kind = "outputs" if str(first).startswith("outputs ") else "endpoint" if str(first).startswith(
+                "endpoint ") else "unknown"  # fmt: skip
+        return kind if kind in ("endpoint", "outputs") else "unknown"
+    return "bundles" if "impl" in report and "statuses" in report else "unknown"
+
+
+def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dflash_ref matrix") -> tuple[str, bool]:
+    """The matrix as Markdown: one table per port, then the serving conditions as columns where the bundles have
+    serving scenarios; `command` is what its header says made it. → (the text, whether every row passed or is
+    n/a: no fail, no port that crashed)."""
+    check_ports(ports)
+    clean = True
+    lines = header(command)
     rows_by_port: dict[str, list[dict]] = {}
     for port in ports:
         lines += [f"## {label(port)}", ""]

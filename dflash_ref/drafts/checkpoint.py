@@ -14,7 +14,6 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from .. import muse_glimmer
 from ..config import DRAFT_ARCHITECTURES, ConfigError, DraftConfig
@@ -30,6 +29,7 @@ from ..target.checkpoint import (
     config_architectures,
     load_folder,
     save_folder,
+    save_safetensors,
 )
 from .shipped import SHIPPED_NAMES, draft_folder, shipped_or_folder
 
@@ -84,6 +84,23 @@ def check_draft_folder(folder: str | Path) -> Path:
     return folder
 
 
+def check_block_size(folder: str | Path, block_size: int, flag: str = "--block-size") -> None:
+    """A block size asked of the trained draft at `folder` (as check_draft_folder reads it): at most the block it was
+    made for (its config's block_size), else a ValueError naming `flag` and the draft's block size. The draft's
+    attention runs any block, so a larger one ran silently: its positions past the trained block were never trained,
+    and what a run of them measures is not the draft's. `evaluate --block-size` measures them on purpose, and says
+    so."""
+    folder = Path(folder)
+    muse = muse_glimmer.ARCHITECTURE in config_architectures(folder)
+    made_for = (muse_glimmer.MuseGlimmerConfig if muse else DraftConfig).from_json(folder).block_size
+    if block_size > made_for:
+        raise ValueError(
+            f"{flag} {block_size}: the draft {folder} was made for blocks of {made_for} (its config's block_size), "
+            f"and positions past them were never trained; give at most {made_for}, or leave it out "
+            "(evaluate --block-size measures untrained positions on purpose)"
+        )
+
+
 def draft_option(name: str | Path | None, flag: str = "--draft") -> Path:
     """--draft as a command takes it → its folder (shipped.draft_folder: None is the default shipped draft), checked
     as load_draft checks it before reading a weight (check_draft_folder): a ValueError naming `flag`, for a command
@@ -119,4 +136,4 @@ def save_muse_glimmer(model: DFlashDraftModel, folder: str | Path, dtype: torch.
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(state, str(folder / SINGLE), metadata={"format": "pt"})
+    save_safetensors(state, folder / SINGLE, metadata={"format": "pt"})

@@ -37,7 +37,7 @@ from ..target.checkpoint import (
 from ..target.llama import load_llama_target
 from ..target.qwen3_5_checkpoint import is_hybrid_folder, load_hybrid_target
 from .hf import HFTarget
-from .smollm2 import load_smollm2, load_smollm2_own, load_smollm2_tokenizer
+from .smollm2 import STOP_TOKEN_IDS, load_smollm2, load_smollm2_own, load_smollm2_tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 SMOLLM2 = "smollm2"
@@ -195,9 +195,12 @@ def open_target(folder: str | Path, dtype: torch.dtype, device: torch.device, ow
     return target, tokenizer
 
 
-def folder_stop_ids(folder: Path, tokenizer) -> list[int]:
-    """generation_config.json's eos_token_id (an id or a list), else the tokenizer's eos_token_id."""
-    path = folder / "generation_config.json"
+def folder_stop_ids(folder: str | Path, tokenizer) -> list[int]:
+    """generation_config.json's eos_token_id (an id or a list), else the tokenizer's eos_token_id; a target's name
+    (TARGET_NAMES) its own (SmolLM2's <|im_end|>, not the GGUF's wrong EOS)."""
+    if str(folder) == SMOLLM2:
+        return list(STOP_TOKEN_IDS)
+    path = Path(folder) / "generation_config.json"
     eos = None
     if path.is_file():
         try:

@@ -12,12 +12,18 @@ ends with id 2 (`<|im_end|>`): stop on STOP_TOKEN_IDS, not on `tokenizer.eos_tok
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
+import signal
+import socket
 import tempfile
+import threading
+import time
 from pathlib import Path
 
 import torch
@@ -46,31 +52,98 @@ def converted_folder() -> Path | None:
     template) in the cache folder ($DFLASH_REF_CACHE, else ~/.cache/dflash_ref), keyed by the GGUF file and the
     transformers version; None where the cache cannot be written. Reading the GGUF parses its 49152-token
     vocabulary once for the tokenizer and again for the model (slow on a small CPU); the folder loads
-    quickly, with the same weights bit for bit (tests/test_smollm2.py)."""
+    quickly, with the same weights bit for bit (tests/test_smollm2.py). The conversion is written in a staging
+    folder named by its process, renamed into place whole; a process ended by SIGTERM removes its own on the
+    way out, and one killed outright leaves it for the next call to remove (`remove_stale_staging`)."""
     import transformers
 
     gguf = smollm2_gguf()
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.name} {stat.st_size} {stat.st_mtime_ns} {transformers.__version__}".encode())
     folder = cache_folder() / f"smollm2-{key.hexdigest()[:16]}"
+    remove_stale_staging(folder.parent)
     if (folder / DONE).is_file():
         return folder
     try:
         folder.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+        staging = Path(tempfile.mkdtemp(prefix=f"{folder.name}.{_owner()}.", dir=folder.parent))
     except OSError:  # a read-only home: read the GGUF every time instead
         return None
     try:
-        model, tokenizer = _from_gguf(gguf, torch.float32)
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / DONE).write_text(f"{gguf}\n")
-        os.replace(staging, folder)  # whole or not at all; a process that got there first wins
+        with _sigterm_as_exit():
+            model, tokenizer = _from_gguf(gguf, torch.float32)
+            model.save_pretrained(staging)
+            tokenizer.save_pretrained(staging)
+            (staging / DONE).write_text(f"{gguf}\n")
+            os.replace(staging, folder)  # whole or not at all; a process that got there first wins
     except OSError:
         pass
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return folder if (folder / DONE).is_file() else None
+
+
+# a staging folder: smollm2-KEY.HOST-PID.RANDOM (mkdtemp's 8 characters); before the owner was named, smollm2-KEY.RANDOM
+_STAGING = re.compile(r"smollm2-[0-9a-f]{16}\.(?:(?P<host>.+)-(?P<pid>\d+)\.)?[a-z0-9_]{8}")
+UNNAMED_STALE = 24 * 3600.0  # seconds untouched after which a staging folder of no named owner is stale
+
+
+def _owner() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def remove_stale_staging(cache: Path) -> None:
+    """Remove the staging folders `converted_folder` left behind (a process killed while converting): only folders
+    of its own naming (_STAGING), and only where their owner is surely gone: a process of this host that no longer
+    runs, or, for a folder named before owners were, one untouched for a day. Another host's, or a live process's,
+    is left alone. Nothing is said: the cache is the package's own."""
+    try:
+        entries = list(cache.iterdir()) if cache.is_dir() else []
+    except OSError:
+        return
+    for entry in entries:
+        found = _STAGING.fullmatch(entry.name)
+        if found is None or not entry.is_dir() or entry.is_symlink():
+            continue
+        if found["pid"] is not None:
+            stale = found["host"] == socket.gethostname() and not _running(int(found["pid"]))
+        else:
+            try:
+                stale = time.time() - entry.stat().st_mtime > UNNAMED_STALE
+            except OSError:
+                continue
+        if stale:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether a process of this id runs on this host (one of another user's counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit():
+    """SIGTERM raises SystemExit(143) until the block ends, so that the conversion's `finally` removes its staging
+    folder (SIGTERM's default action ends the process at once, cleaning nothing). Only where SIGTERM has its default
+    action, in the main thread (where Python runs handlers): a program's own handler is left as it is."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signum, frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _from_gguf(source: Path, dtype: torch.dtype):

@@ -13,6 +13,7 @@ folder's architecture and picks among them.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -229,7 +230,22 @@ def save_folder(model: nn.Module, folder: str | Path, dtype) -> None:
     config = model.config.to_dict()
     config["dtype"] = str(saved_dtype).removeprefix("torch.")
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(state, str(folder / SINGLE), metadata={"format": "pt"})
+    save_safetensors(state, folder / SINGLE, metadata={"format": "pt"})
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], path: str | Path, metadata: dict | None = None) -> None:
+    """safetensors' save_file, the file then given the mode any other file written here gets (0644 under the usual
+    umask 022): save_file makes it 0600, as if weights were secret, and a bundle or a trace shared with others
+    would be unreadable to them. Every safetensors file the package writes goes through here."""
+    save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, 0o666 & ~_umask())
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: set back at once)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def save_target(model: Qwen3Target, folder: str | Path, dtype: torch.dtype | None = None) -> None:

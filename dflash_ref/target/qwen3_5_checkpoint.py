@@ -19,9 +19,8 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from .checkpoint import SINGLE, load_folder, read_config
+from .checkpoint import SINGLE, load_folder, read_config, save_safetensors
 from .qwen3_5 import Qwen3_5Target
 from .qwen3_5_config import HybridConfig
 
@@ -87,4 +86,4 @@ def save_hybrid_target(model: Qwen3_5Target, folder: str | Path, dtype: torch.dt
         "dtype": str(next(iter(state.values())).dtype).removeprefix("torch."),
     }
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(state, str(folder / SINGLE), metadata={"format": "pt"})
+    save_safetensors(state, folder / SINGLE, metadata={"format": "pt"})

@@ -25,10 +25,10 @@ import argparse
 from collections.abc import Callable
 
 import torch
-from safetensors.torch import save_file
 
 from ..decoding import generate
 from ..drafts.random_draft import identity_convolutions_
+from ..target.checkpoint import save_safetensors
 from ..training.features import target_features
 from ..training.recipe import loss_weights, make_optimizer, sample_anchors, train_step
 from .demo import TOY_BLOCK_SIZES, VOCAB, toy_weights_file
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
                     print(f"   step {step:>4}: loss {loss:.3f}", flush=True)
 
             train_toy_draft(target, draft.train(), data, on_step=say)
-            save_file({k: v.contiguous() for k, v in draft.state_dict().items()}, str(path))
+            save_safetensors({k: v.contiguous() for k, v in draft.state_dict().items()}, path)
             print("wrote", path, flush=True)
 
 

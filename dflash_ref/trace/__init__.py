@@ -24,11 +24,12 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import nn
 
 from ..decoding import DraftedProposal, Step
 from ..hooks import HookPoint, hook_points, hooks
+from ..target.checkpoint import save_safetensors
 from ..viewer import write_html
 
 FORMAT = "dflash_ref.trace/3"  # /3: StepRecord.lookup (prompt lookup); /2: verify_size
@@ -197,7 +198,7 @@ class Trace:
         tensors = {f"prefill/{k}": v for k, v in self.prefill.items()}
         for i, acts in enumerate(self.activations):
             tensors.update({f"step{i:05d}/{k}": v.contiguous() for k, v in acts.items()})
-        save_file(tensors, str(folder / "activations.safetensors"))
+        save_safetensors(tensors, folder / "activations.safetensors")
         doc = {"format": FORMAT, "meta": self.meta, "records": [dataclasses.asdict(r) for r in self.records]}
         (folder / "trace.json").write_text(json.dumps(doc, indent=1) + "\n")
 

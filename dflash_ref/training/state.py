@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from ..compat import IncompatibleModels, check_pair
 from ..drafts.checkpoint import load_draft, save_draft
@@ -31,7 +31,7 @@ from ..drafts.from_target import init_from_target
 from ..drafts.random_draft import identity_convolutions_, random_draft
 from ..extensions.draft_vocab import FILE as DRAFT_VOCAB_FILE
 from ..layer_sampling import build_target_layer_ids
-from ..target.checkpoint import CheckpointError
+from ..target.checkpoint import CheckpointError, save_safetensors
 from .dflash2_modules import freeze_convolutions_
 from .dflash2_options import draft_fields
 from .init_draft import config_shape, init_folder
@@ -64,7 +64,7 @@ def save_state(
         for k, v in optimizer.state.get(p, {}).items()
         if k in ("exp_avg", "exp_avg_sq")
     }
-    save_file(moments, str(out / "optimizer.safetensors.saving"))
+    save_safetensors(moments, out / "optimizer.safetensors.saving")
     draft_file, optimizer_file = HASHED  # the digests of what is about to be renamed
     digests = {
         draft_file: _sha256(staging / "model.safetensors"),  # into place

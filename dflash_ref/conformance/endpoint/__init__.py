@@ -20,16 +20,41 @@ from pathlib import Path
 
 import torch
 
+from ...compat import check_request
 from ...drafts.checkpoint import check_draft_folder, load_draft
-from ...loading.folder import folder_stop_ids, load_target, load_tokenizer
+from ...loading.folder import check_target_name, folder_stop_ids, load_target, load_tokenizer
 from ...target.checkpoint import CheckpointError, check_device
 from .check import ReplayUnavailable, Result, Runner, ending, first_fault
 from .client import Endpoint, EndpointError
-from .expected import CONDITIONS, Request, RequestsError, from_bundles, from_folders, read_prompts, with_conditions
+from .expected import (
+    CONDITIONS,
+    LineError,
+    Request,
+    RequestsError,
+    check_conditions,
+    from_bundles,
+    from_folders,
+    is_id,
+    json_line,
+    parse_conditions,
+    read_prompts,
+    with_conditions,
+)
 from .report import EndpointReport
-from .ties import DTYPES, OutsideVocabulary, replay
+from .ties import DTYPES, Unreplayable, replay, replay_limits
 
-__all__ = ["CONDITIONS", "DTYPES", "Endpoint", "EndpointError", "RequestsError", "verify_endpoint", "verify_outputs"]
+__all__ = [
+    "CONDITIONS",
+    "DTYPES",
+    "Endpoint",
+    "EndpointError",
+    "LineError",
+    "RequestsError",
+    "UsageError",
+    "parse_conditions",
+    "verify_endpoint",
+    "verify_outputs",
+]
 
 
 class UsageError(ValueError):
@@ -48,21 +73,30 @@ def check_options(dtype: str, device: str) -> None:
 
 def check_folders(target, draft, prompts) -> list[dict]:
     """What can be refused before the target loads: the prompt file (read, its prompts not empty), the draft
-    folder (there, its config and weights load) and the target folder's being there → the prompts (text still
-    untokenized)."""
+    folder (there, its config and weights load) and the target (a folder or a name, `check_target`) → the prompts
+    (text still untokenized)."""
     if not (target and draft and prompts):
         raise UsageError("--target DIR, --draft DIR and --prompts FILE go together (or --bundle DIR)")
     try:
         entries = read_prompts(prompts)
+    except LineError:
+        raise
     except RequestsError as e:
         raise UsageError(str(e)) from None
-    if not Path(target).is_dir() or not (Path(target) / "config.json").is_file():
-        raise UsageError(f"--target {target}: no model folder there (a folder with config.json)")
+    check_target(target)
     try:
         check_draft_folder(draft)
     except CheckpointError as e:
         raise UsageError(f"--draft {e}") from None
     return entries
+
+
+def check_target(target) -> None:
+    """--target as `generate --target` takes it: a model folder, or a target's name (loading.folder.TARGET_NAMES)."""
+    try:
+        check_target_name(target)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _tokenizer(folder):
@@ -85,7 +119,8 @@ class _Replayer:
     def __init__(self, folder, device: str, dtype: str) -> None:
         self.folder, self.device, self.dtype, self.target = folder, device, dtype, None
 
-    def __call__(self, prompt_ids: list[int], output_ids: list[int]):
+    def load(self):
+        """The target in float64 (loaded at the first call), or ReplayUnavailable saying why not."""
         if self.target is None:
             try:
                 self.target = load_target(self.folder, dtype=torch.float64, device=self.device)
@@ -93,7 +128,10 @@ class _Replayer:
                 raise ReplayUnavailable(
                     f"the float64 replay of {self.folder} on {self.device} could not load it: {type(e).__name__}: {e}"
                 ) from None
-        return replay(self.target, prompt_ids, output_ids, self.dtype)
+        return self.target
+
+    def __call__(self, prompt_ids: list[int], output_ids: list[int]):
+        return replay(self.load(), prompt_ids, output_ids, self.dtype)
 
 
 def verify_endpoint(
@@ -114,36 +152,46 @@ def verify_endpoint(
     `draft`, through the server at `url`, each held to the reference's run of it alone (module docstring).
     UsageError: the arguments; EndpointError: the server; RequestsError: the bundles."""
     check_options(dtype, device)
-    conditions = conditions or ["alone"]
+    conditions = ["alone"] if conditions is None else conditions
+    try:
+        check_conditions(conditions)
+    except RequestsError as e:
+        raise UsageError(str(e)) from None
     if bundle is None:
         entries = check_folders(target, draft, prompts)
     elif target or draft or prompts:
         raise UsageError("--bundle carries its own target, draft and prompts: give it, or --target/--draft/--prompts")
     elif conditions != ["alone"]:
         raise UsageError("--serving goes with --prompts: a bundle folder's serving scenarios say how they are sent")
-    try:
-        with_conditions([{"name": "p", "prompt_ids": [0], "max_tokens": 1}], conditions)
-    except RequestsError as e:
-        raise UsageError(str(e)) from None
     endpoint = Endpoint(url, model, **({"timeout": timeout} if timeout else {}))
     progress(f"{endpoint.url}: {endpoint.engine}, model {endpoint.model}")
     if bundle is not None:
         requests, folder = from_bundles(bundle, list(endpoint.models))
         tokenizer = _tokenizer(folder)
     else:
-        folder = Path(target)
+        folder = target
         tokenizer = _tokenizer(folder)
         if tokenizer is None and any(e["prompt_ids"] is None for e in entries):
             raise UsageError(f"--prompts has text, and --target {target} has no tokenizer: give prompt_ids")
         entries = read_prompts(prompts, tokenizer, max_new_tokens)
         progress(f"loading the reference: target {target}, draft {draft}, float32 on {device}")
-        try:  # a target that does not load, a draft that does not fit it, a prompt past its positions: said
+        try:  # a target that does not load, a draft that does not fit it: said
             draft_model = load_draft(draft, torch.float32, device)
             target_model = load_target(folder, dtype=torch.float32, device=device)
             stops = folder_stop_ids(folder, tokenizer) if tokenizer is not None else []
-            requests = from_folders(target_model, draft_model, with_conditions(entries, conditions), stops, progress)
         except ValueError as e:
             raise UsageError(str(e)) from None
+        positions = min(target_model.config.max_position_embeddings, draft_model.config.max_position_embeddings)
+        for e in entries:  # a prompt the reference cannot run: its line, before any is run or sent
+            try:
+                check_request(torch.tensor([e["prompt_ids"]]), e["max_tokens"], positions,
+                              target_model.config.vocab_size, stops)  # fmt: skip
+            except ValueError as error:
+                raise LineError(f"--prompts {prompts}, line {e['line']}: {error}") from None
+        try:  # what a serving condition makes of them (a long prompt past the positions): said with its name
+            requests = from_folders(target_model, draft_model, with_conditions(entries, conditions), stops, progress)
+        except ValueError as e:
+            raise UsageError(f"--serving {','.join(conditions)}: {e}") from None
         del draft_model, target_model
         gc.collect()
     retokenize = (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]) if tokenizer else None
@@ -163,25 +211,33 @@ def verify_endpoint(
 
 def verify_outputs(path, target, dtype: str = "float32", device: str = "cpu", progress=print) -> EndpointReport:
     """A file of outputs (one JSON object a line: prompt_ids, output_ids, optionally logprobs, name, max_tokens,
-    stop_token_ids) against the target's float64 argmax at every position: pass, tie or FAIL, as for a server."""
+    stop_token_ids) against the target's float64 argmax at every position: pass, tie or FAIL, as for a server. A
+    line that cannot be judged (not JSON, a field of the wrong kind, an empty output, ids outside the target's
+    vocabulary or past its positions) refuses the whole file, naming its line (LineError), before any is judged:
+    never a run that leaves a line out, nor one whose verdicts are thrown away at a later line."""
     check_options(dtype, device)
     if not target:
         raise UsageError("--outputs needs --target DIR: the target the outputs came from")
     lines = _read_outputs(path)
-    if not Path(target).is_dir() or not (Path(target) / "config.json").is_file():
-        raise UsageError(f"--target {target}: no model folder there (a folder with config.json)")
+    check_target(target)
     tokenizer = _tokenizer(target)
     words = _words(tokenizer)
     replayer = _Replayer(target, device, dtype)
+    progress(f"loading {target} in float64 on {device}")
+    try:
+        model = replayer.load()
+    except ReplayUnavailable as e:
+        raise UsageError(f"--target {target}: {e}") from None
+    for n, line in lines:
+        problem = _outside(model, line["prompt_ids"], line["output_ids"])
+        if problem:
+            raise LineError(f"--outputs {path}, line {n}: {problem}")
     results = []
-    for line in lines:
+    for _, line in lines:
         progress(f"replaying {line['name']} ({len(line['output_ids'])} tokens) in float64")
         output, stops, max_tokens = line["output_ids"], line.get("stop_token_ids"), line.get("max_tokens")
         request = Request(line["name"], line["prompt_ids"], max_tokens or len(output), stops or [], [], [])
-        try:
-            divergences = replayer(line["prompt_ids"], output)
-        except (OutsideVocabulary, ReplayUnavailable) as e:
-            raise UsageError(f"--outputs {path}, {line['name']}: {e}") from None
+        divergences = replayer(line["prompt_ids"], output)
         # where the output ends: judged as far as the line says its limits (a stop past, max_tokens over; and
         # with both, an end at neither)
         at, wrong = ending(output, max_tokens or len(output), set(stops or []), None)
@@ -192,14 +248,25 @@ def verify_outputs(path, target, dtype: str = "float32", device: str = "cpu", pr
         status = "FAIL" if fault else "tie" if divergences else "pass"
         said = fault or (first.said(words) if first else "the target's float64 argmax at every position")
         logprobs, note = line.get("logprobs"), ""
-        if first is not None and isinstance(logprobs, list) and first.index < len(logprobs):
+        if first is not None and logprobs is not None:
             note = f"its own logprob of its token there: {logprobs[first.index]}"
         results.append(Result(request, status, said, divergences=divergences, note=note))
     header = [f"outputs {path} against target {target} replayed in float64; their dtype {dtype}"]
-    return EndpointReport(header, results, reported=True)
+    return EndpointReport(header, results, reported=True, kind="outputs")
 
 
-def _read_outputs(path) -> list[dict]:
+def _outside(model, prompt: list[int], output: list[int]) -> str:
+    """What of a line the target cannot replay (ties.replay would refuse it), in words; "" where nothing."""
+    try:
+        replay_limits(model, prompt, output)
+    except Unreplayable as e:
+        return str(e)
+    return ""
+
+
+def _read_outputs(path) -> list[tuple[int, dict]]:
+    """The outputs file → [(line number, entry)], every line checked (LineError naming the first that is not
+    one), blank lines skipped."""
     try:
         text = Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
@@ -209,29 +276,32 @@ def _read_outputs(path) -> list[dict]:
         if not line.strip():
             continue
         where = f"--outputs {path}, line {n}"
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+        entry = json_line(line, where)
         if not isinstance(entry, dict):
-            raise UsageError(f"{where}: not a JSON object")
+            raise LineError(f"{where}: not a JSON object")
         for key in ("prompt_ids", "output_ids"):
             ids = entry.get(key)
-            if not isinstance(ids, list) or not all(_is_id(t) for t in ids):
-                raise UsageError(f"{where}: {key} must be a list of token ids ≥ 0")
-        if not entry["prompt_ids"]:
-            raise UsageError(f"{where}: an empty prompt_ids")
-        stops, limit = entry.get("stop_token_ids"), entry.get("max_tokens")
-        if stops is not None and not (isinstance(stops, list) and all(_is_id(t) for t in stops)):
-            raise UsageError(f"{where}: stop_token_ids must be a list of token ids ≥ 0")
-        if limit is not None and not (_is_id(limit) and limit >= 1):
-            raise UsageError(f"{where}: max_tokens must be a whole number ≥ 1, got {limit!r}")
-        entry.setdefault("name", f"line{n}")
-        out.append(entry)
+            if not isinstance(ids, list) or not all(is_id(t) for t in ids):
+                raise LineError(f"{where}: {key} must be a list of token ids ≥ 0")
+            if not ids:  # nothing to check is no pass
+                raise LineError(f"{where}: an empty {key}: nothing to check")
+        stops, limit, name = entry.get("stop_token_ids"), entry.get("max_tokens"), entry.get("name", f"line{n}")
+        if stops is not None and not (isinstance(stops, list) and all(is_id(t) for t in stops)):
+            raise LineError(f"{where}: stop_token_ids must be a list of token ids ≥ 0")
+        if limit is not None and not (is_id(limit) and limit >= 1):
+            raise LineError(f"{where}: max_tokens must be a whole number ≥ 1, got {limit!r}")
+        if not isinstance(name, str) or not name.strip():
+            raise LineError(f"{where}: name must be a non-empty string, got {json.dumps(name)[:40]}")
+        logprobs = entry.get("logprobs")
+        if logprobs is not None and not (
+            isinstance(logprobs, list)
+            and all(x is None or (isinstance(x, int | float) and not isinstance(x, bool)) for x in logprobs)
+            and len(logprobs) == len(entry["output_ids"])
+        ):
+            raise LineError(f"{where}: logprobs must be a list of numbers, one per output token, got "
+                            f"{json.dumps(logprobs)[:40]}")  # fmt: skip
+        entry["name"] = name
+        out.append((n, entry))
     if not out:
         raise UsageError(f"--outputs {path}: no output in it")
     return out
-
-
-def _is_id(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0

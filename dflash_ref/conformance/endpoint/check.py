@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from ..engines import serving
 from .client import Completion, Endpoint, EndpointError
 from .expected import Request
-from .ties import Divergence, OutsideVocabulary
+from .ties import Divergence, Unreplayable
 
 
 class ReplayUnavailable(RuntimeError):
@@ -278,7 +278,7 @@ class Runner:
         )
         try:
             result.divergences = self.replay(request.prompt_ids, ids)
-        except OutsideVocabulary as e:  # ids the target has no row for
+        except Unreplayable as e:  # ids the target has no row for, more than its positions
             result.status, result.output = "FAIL", f"returned {e}"
             return
         except ReplayUnavailable as e:

@@ -21,10 +21,14 @@ with the server's own message, a timeout, an answer that is not the protocol's.
 
 from __future__ import annotations
 
+import contextlib
+import html
 import http.client
 import json
 import os
 import re
+import socket
+import ssl
 import threading
 import urllib.error
 import urllib.request
@@ -67,14 +71,19 @@ class Completion:
     raw: dict = field(default_factory=dict, repr=False)
 
 
+ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/models", "/v1")  # a base URL given with a route after it
+
+
 def _clean_url(url: str) -> str:
-    """The server's base URL: `http://host:port` (a trailing /v1 or / is dropped); anything else is refused."""
+    """The server's base URL: `http://host:port` (a trailing route of the API, /v1/completions, /v1/models or /v1,
+    and a trailing / dropped: a URL copied from a client's settings works); anything else is refused."""
     if not re.match(r"^https?://(\[[0-9a-fA-F:.]+\]|[^/\s:\[\]]+)(:\d+)?(/\S*)?$", url or ""):
         raise EndpointError(
             f"--endpoint {url!r} is not an http:// or https:// URL of a host and port (e.g. http://127.0.0.1:8000)"
         )
     url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
+    route = next((r for r in ROUTES if url.endswith(r)), "")
+    return url[: len(url) - len(route)]
 
 
 class Endpoint:
@@ -109,19 +118,24 @@ class Endpoint:
         return request
 
     def _call(self, path: str, body: dict | None = None, timeout: float | None = None) -> bytes:
+        seconds = timeout or self.timeout
         try:
-            with urllib.request.urlopen(self.request(path, body), timeout=timeout or self.timeout) as response:
+            with open_within(self.request(path, body), seconds) as response:
                 return response.read()
         except urllib.error.HTTPError as e:
             raise http_error(e, self.url + path) from None
+        except RequestExpired:
+            raise EndpointError(f"{self.url}{path} did not answer in {seconds:g} s (its whole answer)") from None
         except urllib.error.URLError as e:
             reason = e.reason
             if isinstance(reason, TimeoutError) or "timed out" in str(reason):
-                raise EndpointError(f"{self.url}{path} did not answer in {timeout or self.timeout:g} s") from None
-            raise EndpointError(f"{self.url} is unreachable: {reason}") from None
+                raise EndpointError(f"{self.url}{path} did not answer in {seconds:g} s") from None
+            raise EndpointError(_unreachable(reason, self.url)) from None
         except (OSError, http.client.HTTPException, ValueError) as e:  # a timeout, a dropped or garbled answer
             if isinstance(e, TimeoutError) or "timed out" in str(e):
-                raise EndpointError(f"{self.url}{path} did not answer in {timeout or self.timeout:g} s") from None
+                raise EndpointError(f"{self.url}{path} did not answer in {seconds:g} s") from None
+            if isinstance(e, ssl.SSLError):
+                raise EndpointError(_unreachable(e, self.url)) from None
             raise EndpointError(f"{self.url}{path} failed: {type(e).__name__}: {e}") from None
 
     def _json(self, path: str, body: dict | None = None, timeout: float | None = None) -> dict:
@@ -210,18 +224,34 @@ class Endpoint:
         return parse_counters(text)
 
 
+EXCERPT = 160  # characters of a server's error body said at most
+
+
 def _server_message(body: str) -> str:
-    """The error a server put in its body (OpenAI's {"error": {"message"}}, vLLM's {"message"}, text)."""
+    """The error a server put in its body (OpenAI's {"error": {"message"}}, vLLM's {"message"}), else its text: an
+    HTML page (a proxy's or a web framework's 404) as its plain words, at most EXCERPT characters of them."""
     try:
         answer = json.loads(body)
     except json.JSONDecodeError:
-        return body.strip()[:300] or "(no message)"
+        return _excerpt(_plain_text(body)) or "(no message)"
     if isinstance(answer, dict):
         error = answer.get("error", answer)
         if isinstance(error, dict):
-            return str(error.get("message") or error.get("detail") or error)[:300]
-        return str(error)[:300]
-    return str(answer)[:300]
+            return _excerpt(str(error.get("message") or error.get("detail") or error))
+        return _excerpt(str(error))
+    return _excerpt(str(answer))
+
+
+def _plain_text(body: str) -> str:
+    """A body's words without its markup (HTML's scripts, styles and tags dropped, entities read), on one line."""
+    if re.search(r"<(!doctype|html|head|body|title|h1|p)\b", body, re.IGNORECASE):
+        body = re.sub(r"<(script|style)\b.*?</\1\s*>", " ", body, flags=re.IGNORECASE | re.DOTALL)
+        body = html.unescape(re.sub(r"<[^>]*>", " ", body))
+    return " ".join(body.split())
+
+
+def _excerpt(text: str) -> str:
+    return text if len(text) <= EXCERPT else text[: EXCERPT - 1].rstrip() + "…"
 
 
 def parse_completion(answer: dict, where: str) -> Completion:
@@ -239,16 +269,21 @@ def _parse_completion(answer: dict, where: str) -> Completion:
         raise EndpointError(f"{where} answered no choices: {json.dumps(answer)[:160]}")
     choice = choices[0]
     ids, logprobs = choice.get("token_ids"), None
-    content = (choice.get("logprobs") or {}).get("content") if isinstance(choice.get("logprobs"), dict) else None
-    if isinstance(content, list) and content and all(isinstance(c, dict) for c in content):
+    if ids is not None and not isinstance(ids, list):
+        raise EndpointError(f"{where} answered token_ids that are no list: {json.dumps(ids)[:80]}")
+    given = choice.get("logprobs")
+    content = logprobs_content(choice, where)
+    if content:
         if ids is None and all("id" in c for c in content):
             ids = [c["id"] for c in content]
         if all("logprob" in c for c in content):
-            logprobs = [float(c["logprob"]) for c in content]
-    elif isinstance(choice.get("logprobs"), dict) and isinstance(choice["logprobs"].get("token_logprobs"), list):
-        logprobs = [float(x) if x is not None else float("nan") for x in choice["logprobs"]["token_logprobs"]]
+            logprobs = [_logprob(c["logprob"], where) for c in content]
+    elif isinstance(given, dict) and given.get("token_logprobs") is not None:
+        if not isinstance(given["token_logprobs"], list):
+            raise EndpointError(f"{where} answered logprobs.token_logprobs that are no list")
+        logprobs = [_logprob(x, where) if x is not None else float("nan") for x in given["token_logprobs"]]
     out = Completion(
-        [int(t) for t in ids] if isinstance(ids, list) else None,
+        token_ids(ids, where) if ids is not None else None,
         str(choice.get("text") or ""),
         choice.get("finish_reason"),
         logprobs=logprobs,
@@ -256,17 +291,61 @@ def _parse_completion(answer: dict, where: str) -> Completion:
     )
     timings, meta = answer.get("timings") or {}, answer.get("meta_info") or choice.get("meta_info") or {}
     if "draft_n_accepted" in timings:  # llama-server
-        out.accepted, out.drafted, out.reported_by = int(timings["draft_n_accepted"]), timings.get("draft_n"), "timings"
+        out.accepted, out.reported_by = _count(timings, "draft_n_accepted", where), "timings"
+        out.drafted = _count(timings, "draft_n", where) if "draft_n" in timings else None
     elif "spec_accept_token_num" in meta:  # SGLang
-        out.accepted, out.drafted = int(meta["spec_accept_token_num"]), meta.get("spec_draft_token_num")
+        out.accepted = _count(meta, "spec_accept_token_num", where)
+        out.drafted = _count(meta, "spec_draft_token_num", where) if "spec_draft_token_num" in meta else None
         out.reported_by = "meta_info"
     elif "spec_verify_ct" in meta and "completion_tokens" in meta:  # SGLang without the counts: x_0 + Σ (τ + 1)
-        out.accepted = int(meta["completion_tokens"]) - 1 - int(meta["spec_verify_ct"])
+        out.accepted = _count(meta, "completion_tokens", where) - 1 - _count(meta, "spec_verify_ct", where)
         out.reported_by = "meta_info (completion_tokens − 1 − spec_verify_ct)"
     details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
     cached = details.get("cached_tokens", meta.get("cached_tokens"))
     out.cached = int(cached) if isinstance(cached, int | float) else None
     return out
+
+
+def _is_id(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def token_ids(values: list, where: str) -> list[int]:
+    """A server's token ids, each a JSON whole number ≥ 0: a float (5.7, or 5.0) or a string is a malformed answer
+    (EndpointError), never rounded into an id that would then be judged."""
+    bad = [v for v in values if not _is_id(v)]
+    if bad:
+        raise EndpointError(f"{where} answered a token id that is not a whole number ≥ 0: {json.dumps(bad[0])[:40]}")
+    return list(values)
+
+
+def logprobs_content(choice: dict, where: str) -> list[dict]:
+    """A choice's `logprobs.content` entries (llama-server's and OpenAI chat's), [] where it has none; logprobs that
+    are neither absent, null nor an object of the protocol's shape are a malformed answer (EndpointError)."""
+    given = choice.get("logprobs")
+    if given is None:
+        return []
+    if not isinstance(given, dict):
+        raise EndpointError(f"{where} answered logprobs that are no object: {json.dumps(given)[:60]}")
+    content = given.get("content")
+    if content is None:
+        return []
+    if not isinstance(content, list) or not all(isinstance(c, dict) for c in content):
+        raise EndpointError(f"{where} answered logprobs.content that is no list of objects: {json.dumps(content)[:60]}")
+    return content
+
+
+def _logprob(value, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise EndpointError(f"{where} answered a logprob that is no number: {json.dumps(value)[:40]}")
+    return float(value)
+
+
+def _count(fields: dict, name: str, where: str) -> int:
+    """An acceptance count the server reports: a whole number ≥ 0, else a malformed answer."""
+    if not _is_id(fields[name]):
+        raise EndpointError(f"{where} answered {name} that is not a whole number ≥ 0: {json.dumps(fields[name])[:40]}")
+    return fields[name]
 
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
@@ -310,9 +389,7 @@ class Streamed(threading.Thread):
     def run(self) -> None:
         pieces, contents, last, finish = [], [], {}, None  # pieces: each chunk's (ids, text)
         try:
-            with urllib.request.urlopen(
-                self.endpoint.request("/v1/completions", self.body), timeout=self.endpoint.timeout
-            ) as response:
+            with open_within(self.endpoint.request("/v1/completions", self.body), self.endpoint.timeout) as response:
                 for line in response:
                     line = line.decode(errors="replace").strip()
                     if not line.startswith("data:") or line == "data: [DONE]":
@@ -322,9 +399,12 @@ class Streamed(threading.Thread):
                         raise EndpointError(f"{self.endpoint.url}/v1/completions: {_server_message(line[5:])}")
                     last.update({k: chunk[k] for k in ("timings", "usage", "meta_info") if chunk.get(k)})
                     for choice in chunk.get("choices") or []:
-                        content = (choice.get("logprobs") or {}).get("content") or []
+                        content = logprobs_content(choice, f"{self.endpoint.url}/v1/completions")
                         native = (chunk.get("__verbose") or {}).get("tokens")  # llama-server's, asked for
                         got = choice.get("token_ids") or native or [c["id"] for c in content if "id" in c]
+                        if not isinstance(got, list):
+                            raise EndpointError(f"{self.endpoint.url}/v1/completions streamed token ids that are no "
+                                                f"list: {json.dumps(got)[:60]}")  # fmt: skip
                         contents += content
                         pieces.append((got, choice.get("text") or ""))
                         finish = choice.get("finish_reason") or finish
@@ -334,6 +414,11 @@ class Streamed(threading.Thread):
             return
         except urllib.error.HTTPError as e:
             self.error = http_error(e, self.endpoint.url + "/v1/completions")
+            return
+        except RequestExpired:
+            self.error = EndpointError(
+                f"{self.endpoint.url}/v1/completions did not finish streaming in {self.endpoint.timeout:g} s"
+            )
             return
         except Exception as e:  # noqa: BLE001 - unreachable, a timeout, a chunk that is not the protocol's: one line
             self.error = EndpointError(f"{self.endpoint.url}/v1/completions failed while streaming: {e!r}")
@@ -357,8 +442,99 @@ class Streamed(threading.Thread):
 
 
 def http_error(e: urllib.error.HTTPError, where: str) -> EndpointError:
-    """A 4xx or 5xx answer as one line, in the server's own words (EndpointError.refused: a 4xx but 408 and 429)."""
+    """A 4xx or 5xx answer as one line, in the server's own words (EndpointError.refused: a 4xx but 408 and 429); a
+    404 says the route it was asked on, which a URL with a path of its own moves."""
     said = _server_message(e.read().decode(errors="replace"))
+    hint = " (no such route there: give the server's base URL, e.g. http://host:8000)" if e.code == 404 else ""
     return EndpointError(
-        f"{where} answered {e.code} {e.reason}: {said}", 400 <= e.code < 500 and e.code not in (408, 429)
+        f"{where} answered {e.code} {e.reason}{hint}: {said}", 400 <= e.code < 500 and e.code not in (408, 429)
     )
+
+
+class RequestExpired(TimeoutError):
+    """A request's deadline passed before its answer was whole (`open_within`)."""
+
+
+@contextlib.contextmanager
+def open_within(request: urllib.request.Request, seconds: float):
+    """urlopen(request) whose whole exchange, connecting and every byte of the answer read in the block, must end
+    within `seconds`: else RequestExpired. urlopen's own timeout bounds each read alone, so a server that trickles a
+    byte a second would hold a request for as long as it likes; here a timer shuts the connection's socket when the
+    time is up, whatever it is doing then."""
+    expired, lock, sockets = threading.Event(), threading.Lock(), []
+
+    def shut(sock) -> None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:  # closed already
+            pass
+
+    def register(sock):
+        with lock:
+            sockets.append(sock)
+            if expired.is_set():
+                shut(sock)
+        return sock
+
+    def expire() -> None:
+        with lock:
+            expired.set()
+            for sock in sockets:
+                shut(sock)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    opener = urllib.request.build_opener(_Handler(register), _SecureHandler(register))
+    timer.start()
+    try:
+        try:
+            with opener.open(request, timeout=seconds) as response:
+                yield response
+        except (OSError, http.client.HTTPException, ValueError):
+            if expired.is_set():
+                raise RequestExpired(f"no whole answer in {seconds:g} s") from None
+            raise
+    finally:
+        timer.cancel()
+    if expired.is_set():  # a socket shut mid-answer may read as the answer's end: never taken as whole
+        raise RequestExpired(f"no whole answer in {seconds:g} s")
+
+
+def _registering(base: type, register) -> type:
+    """`base` (an http.client connection class) whose socket is handed to `register` as soon as it is made."""
+
+    class Connection(base):
+        def __init__(self, *args, **kwargs) -> None:
+            super().__init__(*args, **kwargs)
+            self._create_connection = lambda *a, **k: register(socket.create_connection(*a, **k))
+
+    return Connection
+
+
+class _Handler(urllib.request.HTTPHandler):
+    def __init__(self, register) -> None:
+        super().__init__()
+        self.connection = _registering(http.client.HTTPConnection, register)
+
+    def http_open(self, req):
+        return self.do_open(self.connection, req)
+
+
+class _SecureHandler(urllib.request.HTTPSHandler):
+    def __init__(self, register) -> None:
+        super().__init__()
+        self.connection = _registering(http.client.HTTPSConnection, register)
+
+    def https_open(self, req):
+        return self.do_open(self.connection, req, context=self._context)
+
+
+def _unreachable(reason, url: str) -> str:
+    """Why a server could not be reached, as one line one can act on; TLS asked of a server that speaks plain HTTP
+    (OpenSSL's "wrong version number", "record layer failure", "packet length too long") said so."""
+    said = str(reason)
+    plain = ("WRONG_VERSION_NUMBER", "wrong version number", "RECORD_LAYER_FAILURE", "record layer failure",
+             "PACKET_LENGTH_TOO_LONG", "HTTP_REQUEST")  # fmt: skip
+    if url.startswith("https://") and isinstance(reason, ssl.SSLError) and any(p in said for p in plain):
+        return f"{url} does not speak TLS (https): it answered as a plain-HTTP server; try http://{url[8:]} ({said})"
+    return f"{url} is unreachable: {said}"

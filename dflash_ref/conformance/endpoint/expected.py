@@ -33,6 +33,25 @@ class RequestsError(ValueError):
     """The requests cannot be made: a prompt file, folder or bundle that is not usable (said in one line)."""
 
 
+class LineError(RequestsError):
+    """A line of a file an option names (--prompts, --outputs) that cannot be taken, said naming the file and the
+    line. The whole file is refused before any line is judged or sent (never a run that silently drops one): the
+    command line was right, the file not, so the command says this one line without its usage (exit code 2)."""
+
+
+def json_line(line: str, where: str):
+    """One line's JSON value, or a LineError naming `where` (the file and the line): JSON that does not parse, that
+    nests deeper than the parser can follow, or holds a number Python will not read (more than 4300 digits)."""
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as e:
+        raise LineError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+    except RecursionError:
+        raise LineError(f"{where}: not JSON it can read (nested too deeply)") from None
+    except ValueError as e:
+        raise LineError(f"{where}: not JSON it can read ({e})") from None
+
+
 @dataclass
 class Request:
     name: str
@@ -126,39 +145,45 @@ def read_prompts(path, tokenizer=None, max_new_tokens: int = 64) -> list[dict]:
         entry = _parse_line(line, where)
         ids, text = entry.get("prompt_ids"), entry.get("prompt")
         if ids is not None:
-            if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and t >= 0 for t in ids):
-                raise RequestsError(f"{where}: prompt_ids must be a non-empty list of token ids ≥ 0")
+            if not isinstance(ids, list) or not ids or not all(is_id(t) for t in ids):
+                raise LineError(f"{where}: prompt_ids must be a non-empty list of token ids ≥ 0")
         elif not isinstance(text, str) or not text.strip():
-            raise RequestsError(f"{where}: an empty prompt")
+            raise LineError(f"{where}: an empty prompt")
         max_tokens = entry.get("max_tokens", max_new_tokens)
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise RequestsError(f"{where}: max_tokens must be a whole number ≥ 1, got {max_tokens!r}")
+            raise LineError(f"{where}: max_tokens must be a whole number ≥ 1, got {max_tokens!r}")
+        name = entry.get("name", f"p{len(prompts)}")
+        if not isinstance(name, str | int) or isinstance(name, bool) or not str(name).strip():
+            raise LineError(f"{where}: name must be a non-empty string, got {json.dumps(name)[:40]}")
         if ids is None and tokenizer is not None:
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             if not ids:
-                raise RequestsError(f"{where}: the prompt is no tokens")
-        prompts.append(
-            {"name": str(entry.get("name", f"p{len(prompts)}")), "prompt_ids": ids, "max_tokens": max_tokens}
-        )
+                raise LineError(f"{where}: the prompt is no tokens")
+        prompts.append({"name": str(name), "prompt_ids": ids, "max_tokens": max_tokens, "line": n})
     if not prompts:
         raise RequestsError(f"--prompts {path}: no prompt in it")
     names = [p["name"] for p in prompts]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise RequestsError(f"--prompts {path}: names given to more than one prompt: {', '.join(twice)}")
+        lines = ", ".join(str(p["line"]) for p in prompts if p["name"] in twice)
+        raise LineError(f"--prompts {path}, lines {lines}: names given to more than one prompt: {', '.join(twice)}")
     return prompts
+
+
+def is_id(value) -> bool:
+    """A token id as a file or a server gives it: a JSON whole number ≥ 0 (no float, no bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _parse_line(line: str, where: str) -> dict:
     """A JSON object line, or plain text (a line that is not JSON)."""
     if line.lstrip().startswith("{"):
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise RequestsError(f"{where}: not JSON ({e.msg} at column {e.colno})") from None
+        entry = json_line(line, where)
+        if not isinstance(entry, dict):  # "{" opens an object: what parses else is one
+            raise LineError(f"{where}: not a JSON object")
         unknown = set(entry) - {"prompt", "prompt_ids", "max_tokens", "name"}
         if unknown:
-            raise RequestsError(f"{where}: unknown fields {sorted(unknown)} (prompt, prompt_ids, max_tokens, name)")
+            raise LineError(f"{where}: unknown fields {sorted(unknown)} (prompt, prompt_ids, max_tokens, name)")
         return entry
     return {"prompt": line}
 
@@ -177,12 +202,27 @@ MATRIX_WORDS = {"alone": "one sequence", "repeat": "prefix-cache hit", "shared-p
                 "long": "chunked prefill", "concurrent": "arrivals mid-decode"}  # fmt: skip
 
 
+def parse_conditions(text: str) -> list[str]:
+    """--serving's comma-separated list → the condition names (CONDITIONS), each checked: an empty name (a comma too
+    many) or an unknown one is a RequestsError, never dropped into the default."""
+    names = [c.strip() for c in text.split(",")]
+    if not all(names):
+        raise RequestsError(f"--serving {text!r}: an empty condition name; choose from {', '.join(CONDITIONS)}")
+    check_conditions(names)
+    return names
+
+
+def check_conditions(conditions: list[str]) -> None:
+    """Each name one of CONDITIONS, and at least one, else a RequestsError."""
+    unknown = [c for c in conditions if c not in CONDITIONS]
+    if unknown or not conditions:
+        raise RequestsError(f"--serving {','.join(unknown)}: choose from {', '.join(CONDITIONS)}")
+
+
 def with_conditions(prompts: list[dict], conditions: list[str], long: int = LONG) -> list[dict]:
     """The prompts as sent under each serving condition (CONDITIONS), in that order: each entry a prompt dict, with
     a `serving` entry (engine_scenarios.SERVING_MEANING) where it is sent beside others."""
-    unknown = [c for c in conditions if c not in CONDITIONS]
-    if unknown:
-        raise RequestsError(f"--serving {','.join(unknown)}: choose from {', '.join(CONDITIONS)}")
+    check_conditions(conditions)
     out = []
     for condition in conditions:
         said = MATRIX_WORDS[condition]

@@ -18,6 +18,7 @@ class EndpointReport:
     results: list[Result]
     shared: list[Shared] = field(default_factory=list)
     reported: bool = True  # whether the server reported any acceptance (per request or counters)
+    kind: str = "endpoint"  # what was checked: "endpoint" (verify --endpoint) or "outputs" (verify --outputs)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -68,6 +69,7 @@ class EndpointReport:
 
     def to_dict(self) -> dict:
         return {
+            "kind": self.kind,
             "header": self.header,
             "requests": [
                 {

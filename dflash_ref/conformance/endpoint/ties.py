@@ -41,8 +41,31 @@ from ...target.qwen3_5 import OffsetRMSNorm
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
-class OutsideVocabulary(ValueError):
+class Unreplayable(ValueError):
+    """Ids the target cannot be run on: a token it has no row for, or more positions than it has."""
+
+
+class OutsideVocabulary(Unreplayable):
     """An output token the target has no row for."""
+
+
+class PastPositions(Unreplayable):
+    """A prompt and output longer than the target's positions (max_position_embeddings)."""
+
+
+def replay_limits(target64, prompt_ids: list[int], output_ids: list[int]) -> None:
+    """What `replay` refuses before any compute: an id outside the target's vocabulary (OutsideVocabulary), more
+    positions than the target has (PastPositions), each said in one line."""
+    vocab = target64.config.vocab_size
+    outside = [t for t in list(prompt_ids) + list(output_ids) if not 0 <= int(t) < vocab]
+    if outside:
+        raise OutsideVocabulary(f"token id {outside[0]} is outside the target's vocabulary of {vocab}")
+    positions, total = target64.config.max_position_embeddings, len(prompt_ids) + len(output_ids)
+    if total > positions:
+        raise PastPositions(
+            f"prompt ({len(prompt_ids)}) + output ({len(output_ids)}) = {total} positions, past the target's "
+            f"max_position_embeddings {positions}"
+        )
 
 
 def resolution(scale: float, dtype: str) -> float:
@@ -118,13 +141,10 @@ class Divergence:
 @torch.inference_mode()
 def replay(target64, prompt_ids: list[int], output_ids: list[int], dtype: str) -> list[Divergence]:
     """Every position of `output_ids` where it is not the float64 target's argmax after prompt + output before it
-    (`target64`: the target loaded in float64). One teacher-forced pass."""
+    (`target64`: the target loaded in float64). One teacher-forced pass; ids it cannot run on are Unreplayable."""
     if not output_ids:
         return []
-    vocab = target64.config.vocab_size
-    outside = [t for t in list(prompt_ids) + list(output_ids) if not 0 <= int(t) < vocab]
-    if outside:
-        raise OutsideVocabulary(f"token id {outside[0]} is outside the target's vocabulary of {vocab}")
+    replay_limits(target64, prompt_ids, output_ids)
     device = next(target64.parameters()).device
     ids = torch.tensor([list(prompt_ids) + list(output_ids)], dtype=torch.long, device=device)  # (1, L)
     with float64_norms(target64):
