@@ -48,7 +48,7 @@ def refusal(argv: list[str]) -> str:
 
 # per subcommand, what its --help says of an option known to have a default (None: it has no options)
 DEFAULT_SHOWN = {
-    "walkthrough": "folder for the figures (default: figures/, the notebooks' own setting)",
+    "walkthrough": "(default: figures/ and walkthroughs/, the repository's own, rewritten as committed)",
     "generate": "stop after this many new tokens (default: 64)",
     "smoke": "(default: full)",
     "bench": "timed runs of each variant (default: 7)",

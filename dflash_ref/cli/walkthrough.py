@@ -29,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="folder for the executed notebooks (default: --out if given, else walkthroughs/ beside their sources)",
     )
     p.add_argument(
-        "--only", nargs="+", metavar="NN", help="only these notebooks, by number: 01 02 03 04 (default: all)"
+        "--only", nargs="+", metavar="NN", help="only these notebooks, by number: 01 02 03 04 05 (default: all)"
     )
 
 
