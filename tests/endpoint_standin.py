@@ -2,10 +2,19 @@
 llama-server) run in .ci/engines; this one answers the same routes on the loopback in a thread, in the fields of
 the engine it plays, and decodes with whatever `engine` it is given (the reference, or one with a bug).
 
-    engine(prompt_ids, max_tokens, stop_ids, body) → (output ids, accepted draft tokens, τ per step)
-    flavor "vllm"      token_ids in the answer, acceptance only in /metrics (vllm:spec_decode_* counters)
-           "llamacpp"  ids in logprobs.content, acceptance in `timings`, stop tokens as strings (/detokenize)
+    engine(prompt_ids, max_tokens, stop_ids, body) → (output ids, accepted draft tokens, τ per step; [] for an engine
+                                                     that decodes a token a pass)
+    flavor "vllm"      token_ids in the answer, acceptance only in /metrics (vllm:spec_decode_* counters), streamed a
+                       step at a time (x_0, then τ + 1 tokens a chunk)
+           "llamacpp"  ids in logprobs.content, acceptance in `timings`, stop tokens as strings (/detokenize),
+                       streamed a token at a time
            "plain"     text only, no acceptance anywhere
+    metrics_on = False a vLLM-like server without /metrics (its stream is then all that shows its steps)
+
+Its serving conditions, as vLLM counts them in /metrics: a prefix cache of `kv_block`-token blocks (said in
+`vllm:cache_config_info`; prefix_cache_queries / _hits in tokens), a per-step token budget (`budget`: a longer
+prompt is prefilled in chunks) and the histogram of tokens per engine step; `on_hit`: another engine for a request
+whose prefix came from the cache (a serving bug).
 """
 
 from __future__ import annotations
@@ -35,6 +44,14 @@ class StandIn:
         # llama-server streams the draft tokens it accepted
         self.trickle = 0.0  # seconds per byte of every answer's body: a server that trickles its answer
         self.html_404 = False  # an unknown route answered with a web framework's HTML page, not JSON
+        self.metrics_on = True  # vllm: /metrics served
+        self.kv_block = 4  # tokens per cached block
+        self.budget: int | None = None  # tokens per engine step (None: any prompt in one step)
+        self.on_hit = None  # an engine for requests that hit the prefix cache (a bug), else `engine`
+        self.seen: list[list[int]] = []  # the prompts whose blocks are cached
+        self.prefix = {"queries": 0, "hits": 0}
+        self.steps: list[int] = []  # tokens of every engine step
+        self.per_step = flavor == "vllm"  # streamed a step at a time (else a token at a time)
 
     def count(self, accepted: int, steps: list[int] | None = None) -> None:
         with self.lock:
@@ -44,6 +61,19 @@ class StandIn:
                 for i in range(tau):
                     self.per_pos[i] = self.per_pos.get(i, 0) + 1
 
+    def cached(self, prompt: list[int]) -> int:
+        """Tokens of `prompt` its cache holds: the longest prefix shared with a prompt seen, in whole blocks (the
+        last token always recomputed); the prompt's blocks are cached from now on."""
+        shared = max((next((i for i, (a, b) in enumerate(zip(prompt, seen)) if a != b), min(len(prompt), len(seen)))
+                      for seen in self.seen), default=0)  # fmt: skip
+        self.seen.append(list(prompt))
+        return min(shared, len(prompt) - 1) // self.kv_block * self.kv_block
+
+    def step(self, prompt_tokens: int, decode_steps: list[int]) -> None:
+        """The engine steps of one request: its prefill in chunks of `budget`, then its decoding steps."""
+        budget = self.budget or max(prompt_tokens, 1)
+        self.steps += [min(budget, prompt_tokens - i) for i in range(0, prompt_tokens, budget)] + decode_steps
+
     def metrics(self) -> str:
         lines = [f'vllm:spec_decode_num_{k}_total{{model_name="{self.model}"}} {v}.0' for k, v in
                  (("drafts", self.counters["drafts"]), ("draft_tokens", self.counters["draft_tokens"]),
@@ -52,6 +82,13 @@ class StandIn:
             f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="{self.model}",position="{i}"}} {n}.0'
             for i, n in sorted(self.per_pos.items())
         ]
+        lines += [f'vllm:prefix_cache_{k}_total{{model_name="{self.model}"}} {v}.0' for k, v in self.prefix.items()]
+        for bound in (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, float("inf")):
+            le = "+Inf" if bound == float("inf") else f"{bound:.1f}"
+            n = sum(t <= bound for t in self.steps)
+            lines.append(f'vllm:iteration_tokens_total_bucket{{le="{le}",model_name="{self.model}"}} {n}.0')
+        lines.append(f'vllm:iteration_tokens_total_count{{model_name="{self.model}"}} {len(self.steps)}.0')
+        lines.append(f'vllm:cache_config_info{{block_size="{self.kv_block}",cache_dtype="auto"}} 1.0')
         return "# HELP vllm:spec_decode_num_drafts_total x\n" + "\n".join(lines) + "\n"
 
 
@@ -85,7 +122,7 @@ def _handler(standin: StandIn):
             if self.path == "/v1/models":
                 owner = {"plain": "someone"}.get(standin.flavor, standin.flavor)
                 self._send(200, {"object": "list", "data": [{"id": standin.model, "owned_by": owner}]})
-            elif self.path == "/metrics" and standin.flavor == "vllm":
+            elif self.path == "/metrics" and standin.flavor == "vllm" and standin.metrics_on:
                 self._send(200, standin.metrics(), "text/plain")
             elif standin.html_404:
                 page = "<!DOCTYPE html><html><head><title>404 Not Found</title><style>h1 {color: red}</style></head>"
@@ -118,11 +155,18 @@ def _handler(standin: StandIn):
             stops = list(body.get("stop_token_ids") or [])
             if standin.flavor == "llamacpp":  # it stops on strings: read them back to ids
                 stops = [int(s.strip("<>")) for s in body.get("stop") or []]
-            ids, accepted, steps = standin.engine(prompt, body["max_tokens"], stops, body)
+            with standin.lock:
+                hit = standin.cached(prompt)
+                standin.prefix["queries"] += len(prompt)
+                standin.prefix["hits"] += hit
+            engine = standin.on_hit if hit and standin.on_hit is not None else standin.engine
+            ids, accepted, steps = engine(prompt, body["max_tokens"], stops, body)
+            with standin.lock:
+                standin.step(len(prompt) - hit, [tau + 1 for tau in steps] or [1] * max(len(ids) - 1, 0))
             if standin.flavor == "vllm":
                 standin.count(accepted, steps)
             if body.get("stream"):
-                self._stream(ids, accepted)
+                self._stream(ids, accepted, steps)
             else:
                 self._send(200, self._answer(ids, accepted))
 
@@ -140,16 +184,25 @@ def _handler(standin: StandIn):
                 answer["timings"] = {"draft_n": accepted + 1, "draft_n_accepted": accepted}
             return answer
 
-        def _stream(self, ids: list[int], accepted: int) -> None:
+        def _stream(self, ids: list[int], accepted: int, steps: list[int]) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
-            for i, t in enumerate(ids):
-                time.sleep(standin.delay)
-                chunk = {"choices": [self._choice([t], "stop" if i == len(ids) - 1 else None)]}
+            sizes = [1] * len(ids)  # a token a chunk, or x_0 and then each step's τ + 1 (the last one cut)
+            if standin.per_step and steps:
+                sizes, left = [1], len(ids) - 1
+                for tau in steps:
+                    if left > 0:
+                        sizes.append(min(tau + 1, left))
+                        left -= sizes[-1]
+            at = 0
+            for i, size in enumerate(sizes):
+                time.sleep(standin.delay * size)
+                piece, at = ids[at : at + size], at + size
+                chunk = {"choices": [self._choice(piece, "stop" if i == len(sizes) - 1 else None)]}
                 if standin.gaps and i % 2:
                     chunk["choices"][0]["logprobs"] = None
-                if i == len(ids) - 1 and standin.flavor == "llamacpp":
+                if i == len(sizes) - 1 and standin.flavor == "llamacpp":
                     chunk["timings"] = {"draft_n": accepted + 1, "draft_n_accepted": accepted}
                 self._write(f"data: {json.dumps(chunk)}\n\n".encode())
                 self.wfile.flush()

@@ -70,6 +70,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     served.add_argument("--max-new-tokens", type=int, default=64, help="with --prompts: per prompt (default 64)")
     served.add_argument("--strict", action="store_true", help="a tie fails too (exit 1)")
+    served.add_argument(
+        "--outputs-only",
+        action="store_true",
+        help="with --endpoint: take a request whose output is right as verified even where nothing the server shows "
+        "says it decoded speculatively (else its status is unobserved and the run exits 3)",
+    )
     p.add_argument("--allow-missing", action="store_true", help="tensors a candidate lacks do not fail")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per tensor")
     p.add_argument(
@@ -123,7 +129,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-SERVED = ("target", "draft", "prompts", "model", "strict")
+SERVED = ("target", "draft", "prompts", "model", "strict", "outputs_only")
 
 
 def seconds(text: str) -> float:
@@ -242,6 +248,8 @@ def _served(args, parser: argparse.ArgumentParser) -> int:
                 parser.error(
                     "--outputs replays the --target alone: no --bundle, --prompts, --draft, --serving or --timeout"
                 )
+            if args.outputs_only:
+                parser.error("--outputs-only goes with --endpoint: a file of outputs shows no speculation to observe")
             report = verify_outputs(args.outputs, args.target, args.dtype, args.device, progress)
         else:
             try:
@@ -250,7 +258,7 @@ def _served(args, parser: argparse.ArgumentParser) -> int:
                 parser.error(str(e))
             report = verify_endpoint(
                 args.endpoint, args.bundle, args.target, args.draft, args.prompts, args.model, args.dtype,
-                args.device, conditions, args.max_new_tokens, args.timeout, progress,
+                args.device, conditions, args.max_new_tokens, args.timeout, progress, args.outputs_only,
             )  # fmt: skip
     except LineError as e:  # the file's line, not the command line: one line, without the usage
         parser.exit(2, f"{parser.prog}: error: {e}\n")
@@ -265,7 +273,7 @@ def _served(args, parser: argparse.ArgumentParser) -> int:
         except OSError as e:
             raise SystemExit(f"verify: --json {args.json}: {e}") from None
         print("wrote", args.json)
-    return 0 if report.passed(args.strict) else 1
+    return {"pass": 0, "fail": 1, "unobserved": 3}[report.verdict(args.strict)]
 
 
 def _sampled_endpoint(args, parser: argparse.ArgumentParser) -> int:

@@ -201,19 +201,23 @@ ENDPOINT = "endpoint"  # the serving conditions' column of a deployment checked 
 
 def endpoint_rows(reports: dict[str, list[dict]]) -> list[str]:
     """`matrix --endpoint PORT=REPORT.json[,…]`: each port's runs of `verify --endpoint --json` as its "endpoint"
-    cell of the serving conditions (pass, tie k of n, FAIL k of n over the requests the server took, an acceptance
-    held to the sum of several requests' counted as each of theirs; refused ones n/a), a table `merge` puts into the
-    matrix beside the port's other cells."""
+    cell of the serving conditions (pass, tie k of n, unobserved k of n, FAIL k of n over the requests the server
+    took, an acceptance held to the sum of several requests' counted as each of theirs, a run whose departures go
+    beyond its control's a FAIL; refused ones n/a), a table `merge` puts into the matrix beside the port's other
+    cells."""
     lines = ["## Serving conditions", "", f"| port | {ENDPOINT} |", "|---|---|"]
     for port, runs in reports.items():
         statuses = [r["status"] for run in runs for r in run["requests"]]
         failed = {r["name"] for run in runs for r in run["requests"] if r["status"] in ("FAIL", "error")}
         failed |= {n for run in runs for s in run.get("shared", []) if s["failed"] for n in s["names"]}
-        ties, refused = statuses.count("tie"), statuses.count("n/a")
+        ties, refused, unseen = statuses.count("tie"), statuses.count("n/a"), statuses.count("unobserved")
+        departs = any((run.get("control") or {}).get("failed") for run in runs)  # departures beyond the control's
         ran = len(statuses) - refused
         cell = (
             "n/a" if not ran
             else f"FAIL ({len(failed)} of {ran})" if failed
+            else f"FAIL (departures beyond the control's, {ran} requests)" if departs
+            else f"unobserved ({unseen} of {ran}: speculation not seen)" if unseen
             else f"tie ({ties} of {ran})" if ties
             else f"pass ({ran} requests)"
         ) + (f"; {refused} n/a" if refused and ran else "")  # fmt: skip

@@ -4,7 +4,8 @@ outputs a user already has checked with no server at all (`verify --outputs FILE
     client.py     the protocol: /v1/models, /v1/completions (token-id prompts), /metrics; each engine's fields
     expected.py   the requests and their reference runs (a bundle's, or spec_generate on the user's folders),
                   and the serving conditions they are sent under
-    ties.py       the float64 replay: a divergence at a numeric tie told from a bug
+    ties.py       the float64 replay: a divergence at a numeric tie or within the dtype's drift told from a bug
+    control.py    the control: the target in the engine's dtype on the same prompts, the run's departures held to it
     check.py      sending (alone, or streamed as a scenario says) and judging each request
     report.py     the verdict
 
@@ -26,8 +27,11 @@ from ...loading.folder import check_target_name, folder_stop_ids, load_target, l
 from ...target.checkpoint import CheckpointError, check_device
 from .check import ReplayUnavailable, Result, Runner, ending, first_fault
 from .client import Endpoint, EndpointError
+from .control import Departures, control_output, held_to_control
 from .expected import (
     CONDITIONS,
+    KV_BLOCK,
+    LONG,
     LineError,
     Request,
     RequestsError,
@@ -114,16 +118,20 @@ def _words(tokenizer):
 
 
 class _Replayer:
-    """ties.replay on the target loaded in float64 once, at its first use."""
+    """ties.replay on the target loaded in float64 and in the engine's dtype (each departure's drift), once, at
+    their first use; and the control on the latter (control.py)."""
 
     def __init__(self, folder, device: str, dtype: str) -> None:
-        self.folder, self.device, self.dtype, self.target = folder, device, dtype, None
+        self.folder, self.device, self.dtype = folder, device, dtype
+        self.target = self.target_d = None
 
     def load(self):
-        """The target in float64 (loaded at the first call), or ReplayUnavailable saying why not."""
+        """The target in float64 and in the engine's dtype (loaded at the first call) → the first; or
+        ReplayUnavailable saying why not."""
         if self.target is None:
             try:
                 self.target = load_target(self.folder, dtype=torch.float64, device=self.device)
+                self.target_d = load_target(self.folder, dtype=DTYPES[self.dtype], device=self.device)
             except (ValueError, RuntimeError, MemoryError, ImportError, OSError) as e:  # said, never a traceback
                 raise ReplayUnavailable(
                     f"the float64 replay of {self.folder} on {self.device} could not load it: {type(e).__name__}: {e}"
@@ -131,7 +139,36 @@ class _Replayer:
         return self.target
 
     def __call__(self, prompt_ids: list[int], output_ids: list[int]):
-        return replay(self.load(), prompt_ids, output_ids, self.dtype)
+        return replay(self.load(), prompt_ids, output_ids, self.dtype, self.target_d)
+
+    def control(self, requests: list[Request], progress=print) -> Departures:
+        """The control's departures: each distinct request (prompt, max_tokens, stops) decoded by the target in the
+        engine's dtype, its output replayed as a server's is."""
+        self.load()
+        control, seen = Departures("the control"), set()
+        for r in requests:
+            key = (tuple(r.prompt_ids), r.max_new_tokens, tuple(r.stop_ids))
+            if key in seen:
+                continue
+            seen.add(key)
+            progress(f"control: {r.name} decoded by the target in {self.dtype}, replayed in float64")
+            output = control_output(self.target_d, r.prompt_ids, r.max_new_tokens, r.stop_ids)
+            control.add(self(r.prompt_ids, output), len(output))
+        return control
+
+
+def _held(replayer: _Replayer, requests: list[Request], results: list[Result], progress) -> tuple[bool, str, dict]:
+    """The server's departures (its outputs replayed) held to the control's → (failed, the sentence, both figures)."""
+    server = Departures("the server")
+    for r in results:
+        if r.ids is not None:
+            server.add(r.divergences, len(r.ids))
+    try:
+        control = replayer.control(requests, progress)
+    except ReplayUnavailable as e:
+        return False, f"no control run: {e}", {"server": server.to_dict()}
+    failed, said = held_to_control(server, control)
+    return failed, said, {"server": server.to_dict(), "control": control.to_dict()}
 
 
 def verify_endpoint(
@@ -147,9 +184,13 @@ def verify_endpoint(
     max_new_tokens: int = 64,
     timeout: float | None = None,
     progress=print,
+    outputs_only: bool = False,
+    long: int = LONG,
 ) -> EndpointReport:
     """The requests of `bundle` (a folder of bundles of one model pair), or of `prompts` on the folders `target` and
-    `draft`, through the server at `url`, each held to the reference's run of it alone (module docstring).
+    `draft`, through the server at `url`, each held to the reference's run of it alone (module docstring);
+    `outputs_only`: a request whose output is right passes without its speculation seen (check.py); `long`: the
+    length of the "long" condition's prompt (expected.LONG).
     UsageError: the arguments; EndpointError: the server; RequestsError: the bundles."""
     check_options(dtype, device)
     conditions = ["alone"] if conditions is None else conditions
@@ -188,8 +229,14 @@ def verify_endpoint(
                               target_model.config.vocab_size, stops)  # fmt: skip
             except ValueError as error:
                 raise LineError(f"--prompts {prompts}, line {e['line']}: {error}") from None
+        block = endpoint.kv_block()
+        if any(c in ("repeat", "shared-prefix") for c in conditions):
+            progress(f"a prefix to be cached spans twice {block or KV_BLOCK} tokens: the server's KV block"
+                     + (" (its vllm:cache_config_info)" if block else f" is not said by it, {KV_BLOCK} is the "
+                        "largest default we know (vLLM on a CPU)"))  # fmt: skip
         try:  # what a serving condition makes of them (a long prompt past the positions): said with its name
-            requests = from_folders(target_model, draft_model, with_conditions(entries, conditions), stops, progress)
+            sent = with_conditions(entries, conditions, long, block or KV_BLOCK)
+            requests = from_folders(target_model, draft_model, sent, stops, progress)
         except ValueError as e:
             raise UsageError(f"--serving {','.join(conditions)}: {e}") from None
         del draft_model, target_model
@@ -197,16 +244,17 @@ def verify_endpoint(
     retokenize = (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]) if tokenizer else None
     detokenize = (lambda ids: tokenizer.decode(ids)) if tokenizer else None
     replayer = _Replayer(folder, device, dtype)
-    runner = Runner(endpoint, replayer, _words(tokenizer), dtype, retokenize, detokenize, progress)
+    runner = Runner(endpoint, replayer, _words(tokenizer), dtype, retokenize, detokenize, progress, outputs_only)
     results = runner.run(requests)
     reported = runner.counting or any(r.completion is not None and r.completion.accepted is not None for r in results)
+    held = _held(replayer, requests, results, progress)
     header = [
         f"endpoint {endpoint.url} ({endpoint.engine}), model {endpoint.model}; engine dtype {dtype}",
         f"reference: {'the bundles at ' + str(bundle) if bundle else f'target {target}, draft {draft}'} "
         f"(float32, each request alone); acceptance from "
         + ("the server's counters around each request" if runner.counting else "each response, where it has it"),
     ]
-    return EndpointReport(header, results, runner.shared, reported)
+    return EndpointReport(header, results, runner.shared, reported, held=held)
 
 
 def verify_outputs(path, target, dtype: str = "float32", device: str = "cpu", progress=print) -> EndpointReport:
@@ -244,15 +292,16 @@ def verify_outputs(path, target, dtype: str = "float32", device: str = "cpu", pr
         if wrong.startswith("ended after") and not (max_tokens and stops is not None):
             at, wrong = None, ""
         fault = first_fault(divergences, at, wrong, words)
-        first = next((d for d in divergences if not d.tie), divergences[0] if divergences else None)
+        first = next((d for d in divergences if not d.excused), divergences[0] if divergences else None)
         status = "FAIL" if fault else "tie" if divergences else "pass"
         said = fault or (first.said(words) if first else "the target's float64 argmax at every position")
         logprobs, note = line.get("logprobs"), ""
         if first is not None and logprobs is not None:
             note = f"its own logprob of its token there: {logprobs[first.index]}"
-        results.append(Result(request, status, said, divergences=divergences, note=note))
+        results.append(Result(request, status, said, divergences=divergences, note=note, ids=list(output)))
     header = [f"outputs {path} against target {target} replayed in float64; their dtype {dtype}"]
-    return EndpointReport(header, results, reported=True, kind="outputs")
+    held = _held(replayer, [r.request for r in results], results, progress)
+    return EndpointReport(header, results, reported=True, kind="outputs", held=held)
 
 
 def _outside(model, prompt: list[int], output: list[int]) -> str:

@@ -10,10 +10,18 @@ Judging a request (`judge`):
 
     output       pass where the server's output tokens are the reference's. Else the float64 replay (ties.py) of
                  the server's output: every position where its token is not the target's float64 argmax is a tie
-                 (margin below the dtype's resolution) or not; an output that ran past a stop token or
-                 max_tokens, or ended before either, is a FAIL whatever its tokens. All ties: "tie"; else "FAIL"
-                 at the first position that is not one. A server that leaves out the stop token it stopped on
-                 (finish_reason "stop", as the protocol's stop strings are) is taken as having produced it.
+                 (margin below the dtype's resolution), within the dtype's drift measured there, or neither; an
+                 output that ran past a stop token or max_tokens, or ended before either, is a FAIL whatever its
+                 tokens. All rounding: "tie"; else "FAIL" at the first position that is not. (Over the run, the
+                 departures are held to the control's: control.py.) A server that leaves out the stop token it
+                 stopped on (finish_reason "stop", as the protocol's stop strings are) is taken as having
+                 produced it.
+    speculation  observed, never assumed: a server that decodes its plain way gives the same output. Evidence,
+                 from every source the server has: its response's speculative fields (llama-server's `timings`,
+                 SGLang's `meta_info`: tokens drafted), its counters around the request (vLLM's drafts), or its
+                 stream (a server that commits a step at a time streams the reference's τ + 1 a step: for a
+                 request sent alone without either, it is sent again streamed). Without evidence an output that
+                 passes is "unobserved", not pass (unless the operator accepts outputs only: --outputs-only).
     acceptance   compared only where the output is the reference's (another output is another run): the count in
                  [low, high] (expected.Request.accepted, verify.acceptance_parts), and per draft position where
                  the server counts so. In float32 a count outside is a FAIL; in bfloat16 or float16 the draft's own
@@ -36,11 +44,13 @@ class ReplayUnavailable(RuntimeError):
 
 
 SETTLE = 2.0  # seconds to wait for a server's counters to take a request's last step in
+SPECULATIVE = ("drafts", "draft_tokens", "accepted")  # the counters that say a speculative decoder runs
 
 
 @dataclass
 class Result:
-    """One request's verdict: `status` pass | tie | FAIL | n/a (the server refused it) | error."""
+    """One request's verdict: `status` pass | tie | unobserved (outputs right, speculation not seen) | FAIL | n/a
+    (the server refused it) | error."""
 
     request: Request
     status: str
@@ -51,6 +61,11 @@ class Result:
     acceptance: str = ""  # its verdict in words
     acceptance_failed: bool = False
     note: str = ""  # how the ids were had, the cached prefix, …
+    ids: list[int] | None = None  # the output tokens judged (None: none were had)
+    speculation: str = ""  # whether speculative decoding was seen to run for it, and from what
+    observed: bool | None = None  # True: seen; False: seen not to; None: no sign either way
+    condition: str = ""  # whether its serving condition happened, and from what ("" where it was sent alone)
+    exercised: bool | None = None  # True: the server's own figures show it; False: they show it did not; None: no sign
 
     @property
     def bounds(self) -> tuple[int, int]:
@@ -93,13 +108,24 @@ class Runner:
     (None: none), for a server that answers text only or takes prompts as text only."""
 
     def __init__(
-        self, endpoint: Endpoint, replay, words, dtype: str, retokenize=None, detokenize=None, progress=print
+        self,
+        endpoint: Endpoint,
+        replay,
+        words,
+        dtype: str,
+        retokenize=None,
+        detokenize=None,
+        progress=print,
+        outputs_only: bool = False,
     ) -> None:
         self.endpoint, self.replay, self.words, self.dtype = endpoint, replay, words, dtype
+        self.outputs_only = outputs_only  # the operator accepts outputs without seeing speculation
         self.retokenize, self.detokenize, self.progress = retokenize, detokenize, progress
         self.as_text = False  # the server refused a token-id prompt and took its text: prompts go as text
         self.ids_taken = False  # a token-id prompt was answered: a later refusal is the request's own
-        self.counting = endpoint.counters() is not None  # vLLM's /metrics
+        counters = endpoint.counters()  # vLLM's /metrics: its speculative counters, and its serving ones
+        self.metered = counters is not None
+        self.counting = self.metered and any(k in counters for k in SPECULATIVE)
         self.shared: list[Shared] = []
         self._stop_texts: dict[int, str | None] = {}
 
@@ -130,7 +156,7 @@ class Runner:
         return self.detokenize(request.prompt_ids) if self.as_text else request.prompt_ids
 
     def _alone(self, request: Request) -> Result:
-        before = self.endpoint.counters() if self.counting else None
+        before = self.endpoint.counters() if self.metered else None
         try:
             got = self.endpoint.complete(self._prompt(request), request.max_new_tokens, request.stop_ids,
                                          stop_texts=self._stops(request))  # fmt: skip
@@ -146,11 +172,12 @@ class Runner:
             self.as_text = True
             self.progress(f"{self.endpoint.url} refused a token-id prompt ({e}); prompts go as text from now on")
         self.ids_taken = self.ids_taken or not self.as_text
-        counted = delta(before, settled_counters(self.endpoint, before)) if self.counting else None
-        return self.judge(request, got, counted)
+        counted = delta(before, settled_counters(self.endpoint, before)) if self.metered else None
+        result = self.judge(request, got, counted, probe=True)
+        return result
 
     def _streamed(self, group: list[Request]) -> dict[str, Result]:
-        before = self.endpoint.counters() if self.counting else None
+        before = self.endpoint.counters() if self.metered else None
         by_name = {r.name: r for r in group}
         streams, waiting = {}, list(group)  # request name → its Streamed
         deadline = time.monotonic() + self.endpoint.timeout
@@ -170,7 +197,7 @@ class Runner:
             if time.monotonic() > deadline:
                 return self._abandon(group, streams, f"not finished in {self.endpoint.timeout:g} s", deadline)
             time.sleep(0.005)
-        counted = delta(before, settled_counters(self.endpoint, before)) if self.counting else None
+        counted = delta(before, settled_counters(self.endpoint, before)) if self.metered else None
         out = {}
         for name, s in streams.items():
             r = by_name[name]
@@ -178,7 +205,8 @@ class Runner:
                 error = s.error or EndpointError("the stream ended without an answer")
                 out[r.name] = Result(r, "n/a" if error.refused else "error", str(error))
             else:
-                out[r.name] = self.judge(r, s.completion, None, shared=counted is not None)
+                out[r.name] = self.judge(r, s.completion, counted, shared=True)
+                out[r.name].exercised, out[r.name].condition = in_flight_together(name, streams)
         if counted is not None and all(out[r.name].status == "pass" for r in group):
             lows, highs = zip(*(r.accepted() for r in group), strict=True)
             self.shared.append(self._shared([r.name for r in group], int(counted["accepted"]), (sum(lows), sum(highs))))
@@ -192,7 +220,37 @@ class Runner:
         return {r.name: Result(r, "error", why) for r in group}
 
     # -- judging ------------------------------------------------------------------------------------------------
-    def judge(self, request: Request, got: Completion, counted: dict | None, shared: bool = False) -> Result:
+    def judge(
+        self, request: Request, got: Completion, counted: dict | None, shared: bool = False, probe: bool = False
+    ) -> Result:
+        """The request's verdict from the server's answer `got` and its counters' move around it (`counted`; with
+        `shared`, around the requests in flight beside it); `probe`: where nothing else shows whether speculation
+        ran, the request may be sent again streamed (a request sent alone)."""
+        result = self._judge(request, got, None if shared else counted, shared)
+        if not shared:
+            result.exercised, result.condition = condition_seen(request, got, counted)
+        if result.ids is None or result.status not in ("pass", "tie", "FAIL"):
+            return result
+        result.observed, result.speculation = observed(request, got, counted)
+        if result.observed is None and probe and got.chunks is None and result.ids == request.expected:
+            result.observed, result.speculation = self._stream_probe(request)
+        if result.observed is not True and result.status != "FAIL":
+            if self.outputs_only:
+                result.speculation += "; taken as outputs only (--outputs-only)"
+            else:
+                result.status = "unobserved"
+        return result
+
+    def _stream_probe(self, request: Request) -> tuple[bool | None, str]:
+        """The request again, streamed: its chunks against the reference's steps (`observed`)."""
+        streamed = self.endpoint.stream(self._prompt(request), request.max_new_tokens, request.stop_ids,
+                                        self._stops(request))  # fmt: skip
+        streamed.join(self.endpoint.timeout + 1.0)
+        if streamed.error is not None or streamed.completion is None:
+            return None, f"no sign of it in its answer, and streamed it gave none ({streamed.error})"
+        return observed(request, streamed.completion, None, again=True)
+
+    def _judge(self, request: Request, got: Completion, counted: dict | None, shared: bool) -> Result:
         notes = []
         ids = got.output_ids
         if ids is None and self.retokenize is None:
@@ -218,15 +276,15 @@ class Runner:
             notes.append("its prompt sent as text: the server's tokenization of it is what it ran")
         if got.cached:
             notes.append(f"{got.cached} prompt tokens from its prefix cache")
-        result = Result(request, "pass", "the reference's output", got, note="; ".join(notes))
+        result = Result(request, "pass", "the reference's output", got, note="; ".join(notes), ids=ids)
         if ids != expected:
             self._judge_output(result, ids)
         if result.status != "pass":
             result.acceptance = "not compared: the output is not the reference's"
             return result
         accepted = got.accepted
-        if accepted is None and counted is not None:
-            accepted = int(counted.get("accepted", 0))
+        if accepted is None and counted is not None and "accepted" in counted:
+            accepted = int(counted["accepted"])
         if accepted is None:
             result.acceptance = (
                 "counted with the requests in flight beside it" if shared else "not reported: outputs only"
@@ -292,7 +350,8 @@ class Runner:
             result.status = "tie"
             ties = "; ".join(d.said(self.words) for d in result.divergences[:3])
             more = f" (and {len(result.divergences) - 3} more)" if len(result.divergences) > 3 else ""
-            result.output = f"leaves the reference's output at {first}, at numeric ties only: {ties}{more}"
+            where = "numeric ties" if all(d.tie for d in result.divergences) else f"{self.dtype}'s rounding"
+            result.output = f"leaves the reference's output at {first}, at {where} only: {ties}{more}"
         else:  # the server's output is the float64 argmax everywhere: the float32 reference broke a tie
             result.status = "tie"
             result.output = (
@@ -303,10 +362,99 @@ class Runner:
             )
 
 
+def observed(request: Request, got: Completion, counted: dict | None, again: bool = False) -> tuple[bool | None, str]:
+    """Whether speculative decoding ran for `request` (True, False, or None: no sign either way) and the evidence,
+    from the server's own: its response's speculative fields, its counters' move (`counted`), its stream's chunks
+    against the reference's steps (`again`: the chunks of a second, streamed sending)."""
+    fields = got.reported_by
+    if fields and ((got.drafted or 0) > 0 or (got.accepted or 0) > 0):
+        return True, f"observed: its response's {fields} say {got.drafted} drafted, {got.accepted} accepted"
+    if fields and got.drafted == 0:
+        return False, f"not observed: its response's {fields} say it drafted nothing"
+    if counted is not None and any(k in counted for k in SPECULATIVE):
+        drafts = counted.get("drafts", 0.0) or counted.get("draft_tokens", 0.0)
+        if drafts > 0:
+            return True, f"observed: its counters moved by {int(counted.get('drafts', 0))} drafts"
+        return False, "not observed: its speculative-decoding counters did not move"
+    chunks, commits = got.chunks, request.commits()
+    sent = "sent again streamed, it" if again else "it"
+    if not chunks:
+        return None, "not observed: no speculative field in its answer, no counters, no stream to read"
+    if max(commits) == 1:
+        return None, (f"not observed: {sent} streamed {len(chunks)} chunks, but the reference accepted no draft "
+                      "token here, so no stream can show a step of several")  # fmt: skip
+    if chunks == commits:
+        return True, f"observed: {sent} streamed the reference's steps, τ + 1 tokens a chunk {_short(chunks)}"
+    if max(chunks) == 1:
+        return False, (f"not observed: {sent} streamed one token a chunk where the reference committed up to "
+                       f"{max(commits)} a step {_short(commits)}")  # fmt: skip
+    return None, (f"not observed: {sent} streamed chunks {_short(chunks)}, not the reference's steps "
+                  f"{_short(commits)} (a server may batch its stream)")  # fmt: skip
+
+
+def condition_seen(request: Request, got: Completion, counted: dict | None) -> tuple[bool | None, str]:
+    """Whether the serving condition `request` was sent under happened, from the server's own figures: a prefix-cache
+    hit (its response's cached tokens, or its prefix-cache counters), a chunked prefill (its steps of more tokens
+    than a block around the request, sent alone: a decoding step verifies one block, so these are the prefill's;
+    more than one). (None, "") where it was sent as one sequence."""
+    if request.condition == "prefix-cache hit":
+        if got.cached:
+            return True, f"confirmed: its answer says {got.cached} prompt tokens came from its prefix cache"
+        if counted is not None and "prefix_hits" in counted:
+            hits, queried = int(counted["prefix_hits"]), int(counted.get("prefix_queries", 0))
+            if hits:
+                return True, f"confirmed: its counters say {hits} of {queried} prompt tokens hit its prefix cache"
+            return False, f"not exercised: its counters say none of {queried} prompt tokens hit its prefix cache"
+        if got.cached == 0:
+            return False, "not exercised: its answer says no prompt token came from its prefix cache"
+        return None, "not confirmed: the server shows no prefix-cache figure (no cached tokens, no counters)"
+    if request.condition == "chunked prefill":
+        block = request.block_size or 16
+        bounds = sorted((_bound(k), k) for k in counted or {} if k.startswith("steps_le.") and _bound(k) >= block)
+        if not bounds or "steps" not in counted:
+            return None, "not confirmed: the server shows no count of its steps' tokens"
+        least, key = bounds[0]
+        prefill = int(counted["steps"] - counted[key])
+        if prefill > 1:
+            return (
+                True,
+                f"confirmed: its counters show the prompt prefilled in {prefill} steps of over {least:g} tokens",
+            )
+        if prefill == 1:
+            return False, (f"not exercised: its counters show one step of over {least:g} tokens: the prompt was "
+                           "prefilled whole (the server's budget per step is larger)")  # fmt: skip
+        return None, f"not confirmed: its counters show no step of over {least:g} tokens, a block's"
+    return None, ""
+
+
+def in_flight_together(name: str, streams: dict) -> tuple[bool, str]:
+    """Whether stream `name` was decoding while another of its scenario was (their first token to their end overlap):
+    arrivals mid-decode, seen from this side."""
+    me = streams[name]
+    if me.first_at is None or me.ended_at is None:
+        return False, "not exercised: it streamed no token"
+    beside = [other for other, s in streams.items() if other != name and s.first_at is not None
+              and s.first_at < me.ended_at and me.first_at < (s.ended_at or me.ended_at)]  # fmt: skip
+    if beside:
+        return True, f"confirmed: its tokens streamed while {', '.join(beside)} did too"
+    return False, "not exercised: no other request of its scenario was streaming while it was"
+
+
+def _bound(key: str) -> float:
+    try:
+        return float(key.split(".", 1)[1])
+    except ValueError:
+        return float("inf")
+
+
+def _short(values: list[int], shown: int = 12) -> str:
+    return str(values[:shown])[:-1] + (", …]" if len(values) > shown else "]")
+
+
 def first_fault(divergences: list[Divergence], end_at: int | None, end_said: str, words) -> str | None:
     """The first thing wrong with an output, in its order: a divergence that is no tie, or where it ends (`ending`'s
     position and words) → said; None where there are only ties, or nothing."""
-    bugs = [d for d in divergences if not d.tie]
+    bugs = [d for d in divergences if not d.excused]
     if end_said and (not bugs or end_at <= bugs[0].index):
         return end_said
     return f"diverges {bugs[0].said(words)}" if bugs else None

@@ -13,7 +13,11 @@ What a completion hands back, each engine in its own field:
     acceptance     `timings.draft_n` / `draft_n_accepted` (llama-server), `meta_info.spec_accept_token_num` /
                    `spec_draft_token_num` / `spec_verify_ct` (SGLang); vLLM reports none per request: its
                    counters are read before and after a request sent alone (`Endpoint.counters`)
-    cached prefix  `usage.prompt_tokens_details.cached_tokens` (vLLM, llama-server), `meta_info.cached_tokens`
+    cached prefix  `usage.prompt_tokens_details.cached_tokens` (vLLM, llama-server), `timings.cache_n`
+                   (llama-server), `meta_info.cached_tokens` (SGLang); vLLM's prefix-cache counters around a request
+    prefill steps  vLLM's histogram of tokens per engine step around a request: a prompt prefilled in chunks
+                   takes several steps of many tokens (SERVING_COUNTERS, STEP_TOKENS)
+    KV block       vLLM's `vllm:cache_config_info{block_size=…}` (`Endpoint.kv_block`): what a cache hit is made of
 
 Each failure is one EndpointError whose message is a line a person can act on: the URL unreachable, a 4xx or 5xx
 with the server's own message, a timeout, an answer that is not the protocol's.
@@ -30,6 +34,7 @@ import re
 import socket
 import ssl
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -43,6 +48,10 @@ VLLM_COUNTERS = {
     "accepted": "vllm:spec_decode_num_accepted_tokens",
     "accepted_per_pos": "vllm:spec_decode_num_accepted_tokens_per_pos",
 }
+# vLLM's counters of its serving conditions (tokens), and the histogram of tokens per engine step (its samples:
+# `_bucket{le=…}`, `_count`): read beside the speculative ones, kept apart from them
+SERVING_COUNTERS = {"prefix_queries": "vllm:prefix_cache_queries", "prefix_hits": "vllm:prefix_cache_hits"}
+STEP_TOKENS = "vllm:iteration_tokens_total"
 
 
 class EndpointError(RuntimeError):
@@ -68,6 +77,7 @@ class Completion:
     logprobs: list[float] | None = None  # its log-probability of each output token, where asked and given
     reported_by: str = ""  # which field the acceptance came from
     pieces: list[tuple[list[int], str]] | None = None  # streamed: each chunk's ids and text, where some lack ids
+    chunks: list[int] | None = None  # streamed: how many tokens each chunk carried, where every chunk gave its ids
     raw: dict = field(default_factory=dict, repr=False)
 
 
@@ -214,14 +224,23 @@ class Endpoint:
         text = answer.get("content", answer.get("prompt"))
         return text if isinstance(text, str) else None
 
-    def counters(self) -> dict[str, float] | None:
-        """vLLM's speculative-decoding counters now (summed over their labels; accepted_per_pos as
-        `accepted_per_pos.{i}`), or None where /metrics has none of them."""
+    def metrics(self) -> str | None:
+        """/metrics' text, None where the server has none."""
         try:
-            text = self._call("/metrics", timeout=30).decode(errors="replace")
+            return self._call("/metrics", timeout=30).decode(errors="replace")
         except EndpointError:
             return None
-        return parse_counters(text)
+
+    def counters(self) -> dict[str, float] | None:
+        """vLLM's counters now (parse_counters), or None where /metrics has none of them."""
+        text = self.metrics()
+        return parse_counters(text) if text is not None else None
+
+    def kv_block(self) -> int | None:
+        """The tokens a KV cache block holds, as the server says it (vLLM's cache_config_info), else None."""
+        text = self.metrics() or ""
+        found = re.search(r'^vllm:cache_config_info\{[^}]*\bblock_size="(\d+)"', text, re.M)
+        return int(found.group(1)) if found else None
 
 
 EXCERPT = 160  # characters of a server's error body said at most
@@ -301,7 +320,7 @@ def _parse_completion(answer: dict, where: str) -> Completion:
         out.accepted = _count(meta, "completion_tokens", where) - 1 - _count(meta, "spec_verify_ct", where)
         out.reported_by = "meta_info (completion_tokens − 1 − spec_verify_ct)"
     details = (answer.get("usage") or {}).get("prompt_tokens_details") or {}
-    cached = details.get("cached_tokens", meta.get("cached_tokens"))
+    cached = details.get("cached_tokens", meta.get("cached_tokens", timings.get("cache_n")))
     out.cached = int(cached) if isinstance(cached, int | float) else None
     return out
 
@@ -352,13 +371,19 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 
 
 def parse_counters(text: str) -> dict[str, float] | None:
-    """Prometheus text → vLLM's counters (VLLM_COUNTERS), each summed over its other labels; per position as
-    `accepted_per_pos.{i}`. None where none is there."""
-    names = {v: k for k, v in VLLM_COUNTERS.items()}
+    """Prometheus text → vLLM's counters (VLLM_COUNTERS and SERVING_COUNTERS), each summed over its other labels;
+    per position as `accepted_per_pos.{i}`; the steps of STEP_TOKENS as `steps` and `steps_le.{bound}` (steps of
+    at most that many tokens). None where none is there."""
+    names = {v: k for k, v in (VLLM_COUNTERS | SERVING_COUNTERS).items()}
     out: dict[str, float] = {}
     for line in text.splitlines():
         m = _SAMPLE.match(line)
         if not m:
+            continue
+        if m.group(1) in (f"{STEP_TOKENS}_bucket", f"{STEP_TOKENS}_count"):
+            bound = re.search(r'le="([^"]+)"', m.group(2) or "")
+            key = "steps" if m.group(1).endswith("_count") else f"steps_le.{bound.group(1) if bound else '+Inf'}"
+            out[key] = out.get(key, 0.0) + float(m.group(3))
             continue
         name = m.group(1).removesuffix("_total")
         if name not in names:
@@ -376,7 +401,8 @@ def parse_counters(text: str) -> dict[str, float] | None:
 class Streamed(threading.Thread):
     """One completion streamed (server-sent events) in a thread of its own: `produced` counts the output tokens
     seen so far (ids where the chunks carry them, else one a chunk), so that other requests can be sent while it
-    decodes; `completion` (a Completion) or `error` (an EndpointError) once it ends."""
+    decodes; `completion` (a Completion) or `error` (an EndpointError) once it ends. `first_at` and `ended_at`:
+    when its first token came and when it ended (time.monotonic), for when streams were in flight together."""
 
     def __init__(self, endpoint: Endpoint, body: dict) -> None:
         super().__init__(daemon=True)
@@ -385,8 +411,16 @@ class Streamed(threading.Thread):
         self.produced = 0
         self.completion: Completion | None = None
         self.error: EndpointError | None = None
+        self.first_at: float | None = None
+        self.ended_at: float | None = None
 
     def run(self) -> None:
+        try:
+            self._read()
+        finally:
+            self.ended_at = time.monotonic()
+
+    def _read(self) -> None:
         pieces, contents, last, finish = [], [], {}, None  # pieces: each chunk's (ids, text)
         try:
             with open_within(self.endpoint.request("/v1/completions", self.body), self.endpoint.timeout) as response:
@@ -409,6 +443,8 @@ class Streamed(threading.Thread):
                         pieces.append((got, choice.get("text") or ""))
                         finish = choice.get("finish_reason") or finish
                         self.produced += len(got) or bool(choice.get("text"))
+                        if self.produced and self.first_at is None:
+                            self.first_at = time.monotonic()
         except EndpointError as e:
             self.error = e
             return
@@ -439,6 +475,7 @@ class Streamed(threading.Thread):
             self.error = e
             return
         self.completion.pieces = pieces if gaps else None
+        self.completion.chunks = None if gaps else [len(got) for got, _ in pieces if got] or None
 
 
 def http_error(e: urllib.error.HTTPError, where: str) -> EndpointError:

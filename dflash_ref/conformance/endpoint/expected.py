@@ -68,6 +68,18 @@ class Request:
         """The draft tokens a server may count as accepted for this request: [low, high]."""
         return accepted_bounds(self.taus, len(self.expected), self.block_size, self.max_new_tokens)
 
+    def commits(self) -> list[int]:
+        """Tokens committed at each step of the reference's run: x_0 at the prefill, then τ + 1 a step (the last cut
+        where the length limit or a stop token ends the output). A server that streams a step at a time streams
+        these."""
+        out, left = [1], len(self.expected) - 1
+        for tau in self.taus:
+            if left <= 0:
+                break
+            out.append(min(tau + 1, left))
+            left -= out[-1]
+        return out
+
     def accepted_per_position(self) -> list[tuple[int, int]]:
         """Per draft position i (0: the first proposal), how many steps accepted it: [low, high] (vLLM's
         spec_decode_num_accepted_tokens_per_pos): the exact steps' count, plus one a step the rest may take at the
@@ -190,13 +202,17 @@ def _parse_line(line: str, where: str) -> dict:
 
 CONDITIONS = {
     "alone": "each prompt alone, one at a time",
-    "repeat": "each prompt again after all of them (its prefix may come from the server's cache)",
-    "shared-prefix": "the first prompt followed by each other prompt, one at a time (prefix-cache hits on it)",
+    "repeat": "each prompt, at least two of the server's KV blocks long (lengthened in front with the other prompts "
+    "where shorter), sent twice: the second time its prefix can come from the server's cache",
+    "shared-prefix": "the first prompt (at least two KV blocks long, lengthened likewise) alone, then followed by each "
+    "other prompt, one at a time (prefix-cache hits on it)",
     "long": "all prompts joined and repeated to LONG tokens, longer than a server's usual tokens per step (a "
     "chunked prefill)",
     "concurrent": "every prompt again, each sent once the one before has streamed 2 tokens (arrivals mid-decode)",
 }
 LONG = 2304  # tokens: past vLLM's default 2048 tokens per step for online serving
+KV_BLOCK = 128  # tokens a server caches per block where it does not say (vLLM's CPU default; its GPU one is 16,
+# SGLang's and llama-server's caches go by the token): a prefix shorter than one block is never a cache hit
 # each condition as the matrix's serving conditions name it (engine_scenarios.SERVINGS)
 MATRIX_WORDS = {"alone": "one sequence", "repeat": "prefix-cache hit", "shared-prefix": "prefix-cache hit",
                 "long": "chunked prefill", "concurrent": "arrivals mid-decode"}  # fmt: skip
@@ -219,19 +235,34 @@ def check_conditions(conditions: list[str]) -> None:
         raise RequestsError(f"--serving {','.join(unknown)}: choose from {', '.join(CONDITIONS)}")
 
 
-def with_conditions(prompts: list[dict], conditions: list[str], long: int = LONG) -> list[dict]:
+def lengthened(prompt: dict, prompts: list[dict], least: int) -> dict:
+    """`prompt` at least `least` tokens long: the other prompts' tokens (then its own), repeated, put in front of
+    it where it is shorter; its name says so."""
+    ids = prompt["prompt_ids"]
+    if len(ids) >= least:
+        return prompt
+    filler = [t for p in prompts if p is not prompt for t in p["prompt_ids"]] or ids
+    front = (filler * (least // len(filler) + 1))[: least - len(ids)]
+    return {**prompt, "name": f"{prompt['name']}.{least}", "prompt_ids": front + ids}
+
+
+def with_conditions(prompts: list[dict], conditions: list[str], long: int = LONG, block: int = KV_BLOCK) -> list[dict]:
     """The prompts as sent under each serving condition (CONDITIONS), in that order: each entry a prompt dict, with
-    a `serving` entry (engine_scenarios.SERVING_MEANING) where it is sent beside others."""
+    a `serving` entry (engine_scenarios.SERVING_MEANING) where it is sent beside others. `block`: the server's KV
+    cache block in tokens, which a repeated or shared prefix must span twice over to be a cache hit at all."""
     check_conditions(conditions)
-    out = []
+    out, alone = [], MATRIX_WORDS["alone"]
     for condition in conditions:
         said = MATRIX_WORDS[condition]
         if condition == "alone":
             out += [{**p, "condition": said} for p in prompts]
-        elif condition == "repeat":
-            out += [{**p, "name": f"{p['name']}.again", "condition": said} for p in prompts]
+        elif condition == "repeat":  # once to fill the cache, once to hit it
+            for p in (lengthened(p, prompts, 2 * block) for p in prompts):
+                out += [{**p, "name": f"{p['name']}.first", "condition": alone},
+                        {**p, "name": f"{p['name']}.again", "condition": said}]  # fmt: skip
         elif condition == "shared-prefix":
-            head = prompts[0]
+            head = lengthened(prompts[0], prompts, 2 * block)
+            out.append({**head, "name": f"{head['name']}.head", "condition": alone})
             out += [
                 {**p, "name": f"{head['name']}+{p['name']}", "prompt_ids": head["prompt_ids"] + p["prompt_ids"],
                  "condition": said}

@@ -1,7 +1,10 @@
 """The verdict on a deployment: one line a request, the shared counts, and what the run says as a whole.
 
-Exit code (cli/verify.py): 0 where no request FAILed or ended in an error and at least one was verified (a tie is
-not a bug: 0 too, unless --strict), else 1.
+Exit code (cli/verify.py, `verdict`): 0 where no request FAILed or ended in an error, at least one was verified, the
+run's departures from the float64 argmax are as many as its dtype's rounding makes (control.py; a tie, or a
+departure within the dtype's drift, is not a bug: 0 too, unless --strict) and speculation was seen to run for every
+request (or the operator accepted outputs only); 3 where all that holds but some request's outputs were right and
+its speculation not seen (UNOBSERVED); else 1.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ class EndpointReport:
     shared: list[Shared] = field(default_factory=list)
     reported: bool = True  # whether the server reported any acceptance (per request or counters)
     kind: str = "endpoint"  # what was checked: "endpoint" (verify --endpoint) or "outputs" (verify --outputs)
+    held: tuple[bool, str, dict] | None = None  # the departures held to the control's: (failed, said, figures)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -26,11 +30,20 @@ class EndpointReport:
             out[r.status] = out.get(r.status, 0) + 1
         return out
 
-    def passed(self, strict: bool = False) -> bool:
+    def verdict(self, strict: bool = False) -> str:
+        """ "pass", "fail" or "unobserved" (the module docstring's exit codes)."""
         counts = self.counts()
         verified = counts.get("pass", 0) + counts.get("tie", 0)
         bad = counts.get("FAIL", 0) + counts.get("error", 0) + (counts.get("tie", 0) if strict else 0)
-        return verified > 0 and bad == 0 and not any(s.failed for s in self.shared)
+        departs = self.held is not None and self.held[0]
+        if bad or departs or any(s.failed for s in self.shared):
+            return "fail"
+        if counts.get("unobserved", 0):
+            return "unobserved"
+        return "pass" if verified else "fail"
+
+    def passed(self, strict: bool = False) -> bool:
+        return self.verdict(strict) == "pass"
 
     def ratio(self) -> tuple[float, float, float, int] | None:
         """The server's accepted draft tokens over the reference's own (Σ τ of its run), in all and per request: (all,
@@ -42,17 +55,36 @@ class EndpointReport:
         total = sum(a for a, _ in counted) / max(sum(h for _, h in counted), 1)
         return total, min(per, default=total), max(per, default=total), len(counted)
 
+    def conditions(self) -> list[str]:
+        """Each serving condition the requests were sent under: on how many the server's own figures confirm it."""
+        said = []
+        for condition in dict.fromkeys(r.request.condition for r in self.results if r.condition):
+            judged = [r for r in self.results if r.request.condition == condition and r.condition]
+            seen = sum(r.exercised is True for r in judged)
+            not_seen = sum(r.exercised is False for r in judged)
+            unknown = len(judged) - seen - not_seen
+            parts = [f"{what} on {n}" for what, n in (("confirmed", seen), ("not exercised", not_seen),
+                                                      ("not confirmed (no figure of it)", unknown)) if n]  # fmt: skip
+            said.append(f"{condition}: {', '.join(parts)} of {len(judged)} request{'s' * (len(judged) > 1)}")
+        return said
+
     def text(self) -> str:
         lines = list(self.header)
         width = max([len(r.request.name) for r in self.results] + [7])
         for r in self.results:
             lines.append(f"{r.request.name:<{width}}  {r.status:<5}  output: {r.output}")
+            if r.speculation:
+                lines.append(f"{'':<{width}}         speculation: {r.speculation}")
+            if r.condition:
+                lines.append(f"{'':<{width}}         {r.request.condition}: {r.condition}")
             if r.acceptance:
                 lines.append(f"{'':<{width}}         acceptance: {r.acceptance}")
             if r.note:
                 lines.append(f"{'':<{width}}         ({r.note})")
         for s in self.shared:
             lines.append(f"in flight together ({', '.join(s.names)}): {s.verdict}{' FAIL' * s.failed}")
+        if self.held is not None:
+            lines.append(f"{'FAIL ' * self.held[0]}against the control: {self.held[1]}")
         counts = self.counts()
         said = ", ".join(f"{n} {status}" for status, n in counts.items())
         lines.append(f"\n{len(self.results)} requests: {said}")
@@ -65,6 +97,14 @@ class EndpointReport:
             )
         elif not self.reported:
             lines.append("acceptance not reported: outputs only")
+        lines += self.conditions()
+        unseen = counts.get("unobserved", 0)
+        if unseen:
+            lines.append(
+                f"UNOBSERVED: {unseen} request{'s' * (unseen > 1)} gave the reference's output, but nothing the server "
+                "showed says it decoded them speculatively (a plain engine gives the same output): exit 3; "
+                "--outputs-only takes outputs alone"
+            )
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
@@ -78,6 +118,10 @@ class EndpointReport:
                     "status": r.status,
                     "output": r.output,
                     "acceptance": r.acceptance,
+                    "speculation": r.speculation,
+                    "observed": r.observed,
+                    "condition_seen": r.condition,
+                    "exercised": r.exercised,
                     "accepted": r.accepted,
                     "reference_accepted": list(r.bounds),
                     "divergences": [
@@ -89,6 +133,8 @@ class EndpointReport:
                             "resolution": d.resolution,
                             "scale": d.scale,
                             "tie": d.tie,
+                            "drift": d.drift,
+                            "within_drift": d.drifted,
                         }
                         for d in r.divergences
                     ],  # fmt: skip
@@ -97,7 +143,9 @@ class EndpointReport:
                 for r in self.results
             ],
             "shared": [s.__dict__ for s in self.shared],
+            "control": None if self.held is None else {"failed": self.held[0], "said": self.held[1], **self.held[2]},
             "counts": self.counts(),
+            "verdict": self.verdict(),
         }
 
     def json(self) -> str:
