@@ -15,6 +15,12 @@ Its serving conditions, as vLLM counts them in /metrics: a prefix cache of `kv_b
 `vllm:cache_config_info`; prefix_cache_queries / _hits in tokens), a per-step token budget (`budget`: a longer
 prompt is prefilled in chunks) and the histogram of tokens per engine step; `on_hit`: another engine for a request
 whose prefix came from the cache (a serving bug).
+
+The protocol's fields, as an OpenAI server honours them: `stop` strings (the text cut before the first, or through
+it with `include_stop_str_in_output`), finish_reason "stop" or "length", `n`, `echo`, `usage`, the special tokens
+(`specials`) left out of the text unless `skip_special_tokens` is false; and the bugs a speculative route was seen
+with: `ignores_stop` (stop strings not matched), `finish_stop` (finish_reason "stop" whatever ended it),
+`drops_specials` (the special tokens left out whatever was asked).
 """
 
 from __future__ import annotations
@@ -51,6 +57,9 @@ class StandIn:
         self.seen: list[list[int]] = []  # the prompts whose blocks are cached
         self.prefix = {"queries": 0, "hits": 0}
         self.steps: list[int] = []  # tokens of every engine step
+        self.specials: set[int] = set()  # token ids whose text is left out unless skip_special_tokens is false
+        self.ignores_stop = self.finish_stop = self.drops_specials = False  # a speculative route's bugs
+        self.logprob_of = None  # output ids → a logprob each (llamacpp), or None: none given
         self.per_step = flavor == "vllm"  # streamed a step at a time (else a token at a time)
 
     def count(self, accepted: int, steps: list[int] | None = None) -> None:
@@ -152,9 +161,10 @@ def _handler(standin: StandIn):
             if len(prompt) + body["max_tokens"] > standin.context:
                 self._send(400, {"error": {"message": f"maximum context length is {standin.context} tokens"}})
                 return
-            stops = list(body.get("stop_token_ids") or [])
-            if standin.flavor == "llamacpp":  # it stops on strings: read them back to ids
-                stops = [int(s.strip("<>")) for s in body.get("stop") or []]
+            stops, texts = list(body.get("stop_token_ids") or []), list(body.get("stop") or [])
+            if standin.flavor == "llamacpp":  # it stops on strings: a stop token's text read back to its id
+                stops = [int(s.strip("<>")) for s in texts if s.startswith("<") and s.strip("<>").isdigit()]
+                texts = [s for s in texts if not (s.startswith("<") and s.strip("<>").isdigit())]
             with standin.lock:
                 hit = standin.cached(prompt)
                 standin.prefix["queries"] += len(prompt)
@@ -165,26 +175,51 @@ def _handler(standin: StandIn):
                 standin.step(len(prompt) - hit, [tau + 1 for tau in steps] or [1] * max(len(ids) - 1, 0))
             if standin.flavor == "vllm":
                 standin.count(accepted, steps)
+            finish = "stop" if standin.finish_stop or (ids and ids[-1] in stops) else "length"
+            keep = body.get("skip_special_tokens", True) is False and not standin.drops_specials
+            text = self._text(ids, keep)
+            if texts and not standin.ignores_stop:
+                ids, text, finish = self._stopped(ids, text, texts, bool(body.get("include_stop_str_in_output")), keep)
+            if body.get("echo"):
+                text = self._text(prompt, keep) + text
             if body.get("stream"):
-                self._stream(ids, accepted, steps)
+                self._stream(ids, accepted, steps, finish)
             else:
-                self._send(200, self._answer(ids, accepted))
+                self._send(200, self._answer(ids, accepted, text, finish, int(body.get("n") or 1), len(prompt)))
 
-        def _choice(self, ids: list[int], finish) -> dict:
-            choice = {"index": 0, "text": standin.text(ids), "finish_reason": finish}
+        def _text(self, ids: list[int], keep_special: bool = False) -> str:
+            return standin.text([t for t in ids if keep_special or t not in standin.specials])
+
+        def _stopped(self, ids, text, stops, include, keep):
+            """The output cut at the first stop string: the text before it (through it, `include`), the tokens whose
+            text lies within that, finish_reason "stop"; unchanged where no stop string is in it."""
+            found = [(text.find(s), s) for s in stops if s and s in text]
+            if not found:
+                return ids, text, "stop" if standin.finish_stop or (ids and ids[-1] in (stops or [])) else "length"
+            at, stop = min(found)
+            end = at + len(stop) if include else at
+            kept = max((i for i in range(len(ids) + 1) if len(self._text(ids[:i], keep)) <= end), default=0)
+            return ids[:kept], text[:end], "stop"
+
+        def _choice(self, ids: list[int], finish, text: str | None = None) -> dict:
+            choice = {"index": 0, "text": self._text(ids) if text is None else text, "finish_reason": finish}
             if standin.flavor == "vllm":
                 choice["token_ids"] = ids
-            elif standin.flavor == "llamacpp":
-                choice["logprobs"] = {"content": [{"id": t, "token": f"<{t}>", "logprob": -0.1} for t in ids]}
+            elif standin.flavor == "llamacpp":  # its ids; a logprob each where `logprob_of` gives them
+                lps = standin.logprob_of(ids) if standin.logprob_of else [None] * len(ids)
+                choice["logprobs"] = {"content": [{"id": t, "token": f"<{t}>", **({"logprob": lp} if lp is not None
+                                                  else {})} for t, lp in zip(ids, lps)]}  # fmt: skip
             return choice
 
-        def _answer(self, ids: list[int], accepted: int) -> dict:
-            answer = {"object": "text_completion", "choices": [self._choice(ids, "stop")]}
+        def _answer(self, ids: list[int], accepted: int, text: str, finish: str, n: int, prompt: int) -> dict:
+            choices = [{**self._choice(ids, finish, text), "index": i} for i in range(n)]
+            answer = {"object": "text_completion", "choices": choices,
+                      "usage": {"prompt_tokens": prompt, "completion_tokens": len(ids)}}  # fmt: skip
             if standin.flavor == "llamacpp":
                 answer["timings"] = {"draft_n": accepted + 1, "draft_n_accepted": accepted}
             return answer
 
-        def _stream(self, ids: list[int], accepted: int, steps: list[int]) -> None:
+        def _stream(self, ids: list[int], accepted: int, steps: list[int], finish: str) -> None:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.end_headers()
@@ -199,7 +234,7 @@ def _handler(standin: StandIn):
             for i, size in enumerate(sizes):
                 time.sleep(standin.delay * size)
                 piece, at = ids[at : at + size], at + size
-                chunk = {"choices": [self._choice(piece, "stop" if i == len(sizes) - 1 else None)]}
+                chunk = {"choices": [self._choice(piece, finish if i == len(sizes) - 1 else None)]}
                 if standin.gaps and i % 2:
                     chunk["choices"][0]["logprobs"] = None
                 if i == len(sizes) - 1 and standin.flavor == "llamacpp":

@@ -141,7 +141,7 @@ def test_speculation_is_seen_in_a_stream_of_steps_and_not_in_one_of_tokens(bundl
     (result,) = seen.results
     assert result.status == "pass" and result.observed, seen.text()
     assert "sent again streamed, it streamed the reference's steps" in result.speculation
-    assert [b.get("stream", False) for b in speculative.requests] == [False, True]
+    assert [b.get("stream", False) for b in speculative.requests][:2] == [False, True]  # then the probes
     (result,) = unseen.results
     assert result.status == "unobserved" and result.observed is False, unseen.text()
     assert "streamed one token a chunk where the reference committed up to" in result.speculation
@@ -681,7 +681,9 @@ def test_a_stop_token_left_out_is_the_protocols_way_and_one_run_past_is_a_fail(t
             return ids + ids[:2], accepted, steps
         return ids[:-2], accepted, steps
 
-    with serving(StandIn(engine)) as url:
+    standin = StandIn(engine)
+    standin.finish_stop = how == "left out"  # it stopped on the stop token, and says so, leaving the token out
+    with serving(standin) as url:
         report = verify_endpoint(url, tmp_path, progress=quiet)
     (result,) = report.results
     if how == "left out":
@@ -821,3 +823,80 @@ def test_a_departure_past_one_ulp_is_excused_within_its_measured_drift_only():
     assert at(0.3, 0.4).drifted and "within its measured drift" in at(0.3, 0.4).said()
     assert not at(0.5, 0.4).excused and "beyond its measured drift" in at(0.5, 0.4).said()
     assert not at(0.5, None).excused and "not a tie" in at(0.5, None).said()
+
+
+def probing_standin(models, tokenizer, flavor: str = "vllm") -> StandIn:
+    """A stand-in whose texts are the target tokenizer's, its special tokens left out unless asked: the probes of the
+    API's fields can hold its texts to the reference's."""
+    standin = StandIn(engine_of(*models), flavor, text=tokenizer.decode)
+    standin.specials = set(tokenizer.all_special_ids)
+    return standin
+
+
+def test_the_apis_fields_on_the_speculative_route_are_held_to_the_protocol_and_named_where_wrong(bundle, models):
+    (path,) = [p for p in bundle.iterdir() if p.is_dir()]
+    tokenizer = load_tokenizer(path / "target")
+    with serving(probing_standin(models, tokenizer)) as url:
+        good = verify_endpoint(url, bundle, progress=quiet)
+    fields = [p.field for p in good.probes]
+    for asked in ("max_tokens", "stop", "n 2", "echo", "seed 1234"):
+        assert any(f.startswith(asked) for f in fields), (asked, good.text())
+    assert good.passed() and all(p.status == "pass" for p in good.probes), good.text()
+    ignoring = probing_standin(models, tokenizer)
+    ignoring.ignores_stop = True  # its speculative route matches no stop string
+    with serving(ignoring) as url:
+        bad = verify_endpoint(url, bundle, progress=quiet)
+    stops = [p for p in bad.probes if p.field.startswith("stop")]
+    assert stops and all(p.status == "FAIL" and "where the reference's output gives" in p.said for p in stops)
+    assert not bad.passed() and "the API's fields on the speculative route:" in bad.text()
+
+
+def test_a_finish_reason_of_stop_for_an_output_cut_by_max_tokens_is_a_fail_naming_the_field(bundle, models):
+    (path,) = [p for p in bundle.iterdir() if p.is_dir()]
+    standin = probing_standin(models, load_tokenizer(path / "target"))
+    standin.finish_stop = True  # "stop" whatever ended the output
+    with serving(standin) as url:
+        report = verify_endpoint(url, bundle, progress=quiet)
+    (result,) = report.results
+    assert result.request.expected[-1] not in result.request.stop_ids  # max_tokens cut it
+    assert result.status == "FAIL" and "finish_reason 'stop' where max_tokens cut it" in result.output, report.text()
+
+
+def test_a_plain_route_holds_the_speculative_routes_fields_and_a_text_without_special_tokens_is_named(bundle, models):
+    (path,) = [p for p in bundle.iterdir() if p.is_dir()]
+    tokenizer = load_tokenizer(path / "target")
+    speculative, plain = probing_standin(models, tokenizer), probing_standin(models, tokenizer)
+    speculative.ignores_stop = True
+    with serving(speculative) as url, serving(plain) as plain_url:
+        report = verify_endpoint(url, bundle, progress=quiet, plain=plain_url)
+    stops = [p for p in report.probes if p.field.startswith("stop")]
+    assert stops and all("against the plain route's" in p.said and p.status == "FAIL" for p in stops), report.text()
+    # a text-only server whose text is the reference's but for its special tokens: named, and the rest compared
+    (result,) = report.results
+    text_only = StandIn(engine_of(*models), "plain", text=tokenizer.decode)
+    text_only.specials = set(tokenizer.all_special_ids)
+    if set(result.request.expected) & text_only.specials:
+        with serving(text_only) as url:
+            said = verify_endpoint(url, bundle, progress=quiet, outputs_only=True)
+        assert said.results[0].status == "pass" and "leaves out the output's special tokens" in said.results[0].note
+
+
+def test_logprobs_on_the_speculative_route_are_held_to_the_targets(bundle, models):
+    (path,) = [p for p in bundle.iterdir() if p.is_dir()]
+    target = models[0]
+    prompt = [int(t) for t in find_bundles(path)[0].inputs["input_ids"]]
+
+    def targets(ids):  # the target's own log-probability of each output token (float32, as an engine gives it)
+        with torch.no_grad():
+            z = target(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].log_softmax(-1)
+        return z.gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
+
+    reports = {}
+    for name, given in (("the target's", targets), ("constant", lambda ids: [-0.1] * len(ids))):
+        standin = StandIn(engine_of(*models), "llamacpp")
+        standin.logprob_of = given
+        with serving(standin) as url:
+            reports[name] = verify_endpoint(url, bundle, progress=quiet)
+    assert reports["the target's"].results[0].status == "pass", reports["the target's"].text()
+    (wrong,) = reports["constant"].results
+    assert wrong.status == "FAIL" and "logprobs: at 0 its logprob -0.1" in wrong.output, reports["constant"].text()

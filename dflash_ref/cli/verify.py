@@ -71,6 +71,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     served.add_argument("--max-new-tokens", type=int, default=64, help="with --prompts: per prompt (default 64)")
     served.add_argument("--strict", action="store_true", help="a tie fails too (exit 1)")
     served.add_argument(
+        "--plain",
+        metavar="URL",
+        help="with --endpoint: the same model served without speculation, whose answers the API's fields on the "
+        "speculative route (stop strings, max_tokens, finish_reason, n, echo, …) are held to, field by field",
+    )
+    served.add_argument(
         "--outputs-only",
         action="store_true",
         help="with --endpoint: take a request whose output is right as verified even where nothing the server shows "
@@ -129,7 +135,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-SERVED = ("target", "draft", "prompts", "model", "strict", "outputs_only")
+SERVED = ("target", "draft", "prompts", "model", "strict", "outputs_only", "plain")
 
 
 def seconds(text: str) -> float:
@@ -248,8 +254,8 @@ def _served(args, parser: argparse.ArgumentParser) -> int:
                 parser.error(
                     "--outputs replays the --target alone: no --bundle, --prompts, --draft, --serving or --timeout"
                 )
-            if args.outputs_only:
-                parser.error("--outputs-only goes with --endpoint: a file of outputs shows no speculation to observe")
+            if args.outputs_only or args.plain:
+                parser.error("--outputs-only and --plain go with --endpoint: a file of outputs is no server")
             report = verify_outputs(args.outputs, args.target, args.dtype, args.device, progress)
         else:
             try:
@@ -259,6 +265,7 @@ def _served(args, parser: argparse.ArgumentParser) -> int:
             report = verify_endpoint(
                 args.endpoint, args.bundle, args.target, args.draft, args.prompts, args.model, args.dtype,
                 args.device, conditions, args.max_new_tokens, args.timeout, progress, args.outputs_only,
+                plain=args.plain,
             )  # fmt: skip
     except LineError as e:  # the file's line, not the command line: one line, without the usage
         parser.exit(2, f"{parser.prog}: error: {e}\n")

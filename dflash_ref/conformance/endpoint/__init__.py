@@ -6,6 +6,8 @@ outputs a user already has checked with no server at all (`verify --outputs FILE
                   and the serving conditions they are sent under
     ties.py       the float64 replay: a divergence at a numeric tie or within the dtype's drift told from a bug
     control.py    the control: the target in the engine's dtype on the same prompts, the run's departures held to it
+    semantics.py  the API's own fields on the speculative route (stop strings, max_tokens, finish_reason, n, echo,
+                  seed, …), held to what the protocol gives for the reference's output, and to a plain route's
     check.py      sending (alone, or streamed as a scenario says) and judging each request
     report.py     the verdict
 
@@ -45,7 +47,8 @@ from .expected import (
     with_conditions,
 )
 from .report import EndpointReport
-from .ties import DTYPES, Unreplayable, replay, replay_limits
+from .semantics import Prober, Texts
+from .ties import DTYPES, Unreplayable, logprob_fault, replay, replay_limits
 
 __all__ = [
     "CONDITIONS",
@@ -141,6 +144,10 @@ class _Replayer:
     def __call__(self, prompt_ids: list[int], output_ids: list[int]):
         return replay(self.load(), prompt_ids, output_ids, self.dtype, self.target_d)
 
+    def logprobs(self, prompt_ids: list[int], output_ids: list[int], logprobs: list[float]) -> str:
+        """ties.logprob_fault on the targets loaded here."""
+        return logprob_fault(self.load(), self.target_d, prompt_ids, output_ids, logprobs)
+
     def control(self, requests: list[Request], progress=print) -> Departures:
         """The control's departures: each distinct request (prompt, max_tokens, stops) decoded by the target in the
         engine's dtype, its output replayed as a server's is."""
@@ -186,11 +193,13 @@ def verify_endpoint(
     progress=print,
     outputs_only: bool = False,
     long: int = LONG,
+    plain: str | None = None,
 ) -> EndpointReport:
     """The requests of `bundle` (a folder of bundles of one model pair), or of `prompts` on the folders `target` and
     `draft`, through the server at `url`, each held to the reference's run of it alone (module docstring);
     `outputs_only`: a request whose output is right passes without its speculation seen (check.py); `long`: the
-    length of the "long" condition's prompt (expected.LONG).
+    length of the "long" condition's prompt (expected.LONG); `plain`: the URL of the same model served without
+    speculation, whose answers the API's fields are held to (semantics.py).
     UsageError: the arguments; EndpointError: the server; RequestsError: the bundles."""
     check_options(dtype, device)
     conditions = ["alone"] if conditions is None else conditions
@@ -206,6 +215,9 @@ def verify_endpoint(
         raise UsageError("--serving goes with --prompts: a bundle folder's serving scenarios say how they are sent")
     endpoint = Endpoint(url, model, **({"timeout": timeout} if timeout else {}))
     progress(f"{endpoint.url}: {endpoint.engine}, model {endpoint.model}")
+    plain_route = Endpoint(plain, None, **({"timeout": timeout} if timeout else {})) if plain else None
+    if plain_route is not None:
+        progress(f"{plain_route.url}: the plain route ({plain_route.engine}, model {plain_route.model})")
     if bundle is not None:
         requests, folder = from_bundles(bundle, list(endpoint.models))
         tokenizer = _tokenizer(folder)
@@ -244,8 +256,11 @@ def verify_endpoint(
     retokenize = (lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]) if tokenizer else None
     detokenize = (lambda ids: tokenizer.decode(ids)) if tokenizer else None
     replayer = _Replayer(folder, device, dtype)
-    runner = Runner(endpoint, replayer, _words(tokenizer), dtype, retokenize, detokenize, progress, outputs_only)
+    specials = set(getattr(tokenizer, "all_special_ids", None) or []) if tokenizer else set()
+    runner = Runner(endpoint, replayer, _words(tokenizer), dtype, retokenize, detokenize, progress, outputs_only,
+                    specials)  # fmt: skip
     results = runner.run(requests)
+    probes = Prober(endpoint, Texts(tokenizer), plain_route, progress).run(results) if tokenizer else []
     reported = runner.counting or any(r.completion is not None and r.completion.accepted is not None for r in results)
     held = _held(replayer, requests, results, progress)
     header = [
@@ -254,7 +269,9 @@ def verify_endpoint(
         f"(float32, each request alone); acceptance from "
         + ("the server's counters around each request" if runner.counting else "each response, where it has it"),
     ]
-    return EndpointReport(header, results, runner.shared, reported, held=held)
+    if tokenizer is None:
+        header.append("the API's fields not probed: the target has no tokenizer to read texts with")
+    return EndpointReport(header, results, runner.shared, reported, held=held, probes=probes)
 
 
 def verify_outputs(path, target, dtype: str = "float32", device: str = "cpu", progress=print) -> EndpointReport:

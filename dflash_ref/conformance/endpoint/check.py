@@ -117,9 +117,11 @@ class Runner:
         detokenize=None,
         progress=print,
         outputs_only: bool = False,
+        specials: set[int] | None = None,
     ) -> None:
         self.endpoint, self.replay, self.words, self.dtype = endpoint, replay, words, dtype
         self.outputs_only = outputs_only  # the operator accepts outputs without seeing speculation
+        self.specials = specials or set()  # the tokenizer's special tokens, which a server's text may leave out
         self.retokenize, self.detokenize, self.progress = retokenize, detokenize, progress
         self.as_text = False  # the server refused a token-id prompt and took its text: prompts go as text
         self.ids_taken = False  # a token-id prompt was answered: a later refusal is the request's own
@@ -264,6 +266,10 @@ class Runner:
             notes.append("ids re-tokenized from the server's text (it returns no token ids)")
         ids = list(ids)
         expected, stops = request.expected, set(request.stop_ids)
+        skipped = [t for t in expected if t not in self.specials]
+        if got.output_ids is None and ids != expected and skipped != expected and ids == skipped:
+            ids = list(expected)  # its text is the reference's but for the special tokens, which it leaves out
+            notes.append("its text leaves out the output's special tokens (its detokenization: skip_special_tokens)")
         if (
             got.finish_reason == "stop"
             and len(ids) + 1 == len(expected)
@@ -279,6 +285,10 @@ class Runner:
         result = Result(request, "pass", "the reference's output", got, note="; ".join(notes), ids=ids)
         if ids != expected:
             self._judge_output(result, ids)
+        else:
+            wrong = self._fields(request, got, ids)
+            if wrong:
+                result.status, result.output = "FAIL", f"the reference's tokens, but {wrong}"
         if result.status != "pass":
             result.acceptance = "not compared: the output is not the reference's"
             return result
@@ -306,6 +316,31 @@ class Runner:
         if result.acceptance_failed:
             result.status = "FAIL"
         return result
+
+    def _fields(self, request: Request, got: Completion, ids: list[int]) -> str:
+        """What the answer's fields say wrongly of an output that is the reference's: its finish_reason ("stop" at a
+        stop token, "length" where max_tokens cut it), its logprobs (the target's, ties.logprob_fault), its usage
+        (the prompt's tokens, the output's)."""
+        said = []
+        finish = "stop" if ids and ids[-1] in set(request.stop_ids) else "length"
+        if got.finish_reason is not None and got.finish_reason != finish:
+            cause = "it ended at a stop token" if finish == "stop" else "max_tokens cut it"
+            said.append(f"finish_reason {got.finish_reason!r} where {cause} (the protocol's {finish!r})")
+        if got.logprobs is not None and got.output_ids is not None and len(got.logprobs) == len(got.output_ids):
+            try:
+                fault = self.replay.logprobs(request.prompt_ids, got.output_ids, got.logprobs)
+            except ReplayUnavailable:
+                fault = ""
+            if fault:
+                said.append(fault)
+        usage = got.raw.get("usage") if isinstance(got.raw, dict) else None
+        if isinstance(usage, dict):
+            given = got.output_ids if got.output_ids is not None else None
+            if given is not None and usage.get("completion_tokens") not in (None, len(given)):
+                said.append(f"usage.completion_tokens {usage['completion_tokens']} for {len(given)} output tokens")
+            if not self.as_text and usage.get("prompt_tokens") not in (None, len(request.prompt_ids)):
+                said.append(f"usage.prompt_tokens {usage['prompt_tokens']} for {len(request.prompt_ids)} prompt tokens")
+        return "; ".join(said)
 
     def _acceptance(self, accepted: int, bounds: tuple[int, int]) -> tuple[str, bool]:
         low, high = bounds

@@ -23,6 +23,7 @@ class EndpointReport:
     reported: bool = True  # whether the server reported any acceptance (per request or counters)
     kind: str = "endpoint"  # what was checked: "endpoint" (verify --endpoint) or "outputs" (verify --outputs)
     held: tuple[bool, str, dict] | None = None  # the departures held to the control's: (failed, said, figures)
+    probes: list = field(default_factory=list)  # the API's fields on the speculative route (semantics.Probe)
 
     def counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -36,7 +37,7 @@ class EndpointReport:
         verified = counts.get("pass", 0) + counts.get("tie", 0)
         bad = counts.get("FAIL", 0) + counts.get("error", 0) + (counts.get("tie", 0) if strict else 0)
         departs = self.held is not None and self.held[0]
-        if bad or departs or any(s.failed for s in self.shared):
+        if bad or departs or any(s.failed for s in self.shared) or any(p.status == "FAIL" for p in self.probes):
             return "fail"
         if counts.get("unobserved", 0):
             return "unobserved"
@@ -85,6 +86,9 @@ class EndpointReport:
             lines.append(f"in flight together ({', '.join(s.names)}): {s.verdict}{' FAIL' * s.failed}")
         if self.held is not None:
             lines.append(f"{'FAIL ' * self.held[0]}against the control: {self.held[1]}")
+        if self.probes:
+            lines.append("the API's fields on the speculative route:")
+            lines += [f"   {p.request} · {p.field}: {p.status}, {p.said}" for p in self.probes]
         counts = self.counts()
         said = ", ".join(f"{n} {status}" for status, n in counts.items())
         lines.append(f"\n{len(self.results)} requests: {said}")
@@ -143,6 +147,7 @@ class EndpointReport:
                 for r in self.results
             ],
             "shared": [s.__dict__ for s in self.shared],
+            "probes": [p.__dict__ for p in self.probes],
             "control": None if self.held is None else {"failed": self.held[0], "said": self.held[1], **self.held[2]},
             "counts": self.counts(),
             "verdict": self.verdict(),
