@@ -202,9 +202,10 @@ def replay(target64, prompt_ids: list[int], output_ids: list[int], dtype: str, t
 @torch.inference_mode()
 def logprob_fault(target64, target_d, prompt_ids: list[int], output_ids: list[int], logprobs: list[float]) -> str:
     """Where a server's logprob of its own output token is not the target's (its float64 log-softmax there), by more
-    than the engine's dtype moves a logit at that position (2 · the largest move of the LEADING logits, as for a
-    departure's drift): the first such position in words, "" where none is. A logprob that is the draft's, or of a
-    distribution left untempered, is off by far more."""
+    than the engine's dtype moves a logit anywhere in this output (2 · the largest move of the LEADING logits at any
+    position: a logprob is a logit less a log-sum-exp, and another engine's kernels round each otherwise than ours,
+    so one position's measure is too narrow): the first such position in words, "" where none is. A logprob that
+    is the draft's, or of a distribution left untempered, is off by far more."""
     device = next(target64.parameters()).device
     ids = torch.tensor([list(prompt_ids) + list(output_ids)], dtype=torch.long, device=device)  # (1, L)
     with float64_norms(target64):
@@ -213,11 +214,12 @@ def logprob_fault(target64, target_d, prompt_ids: list[int], output_ids: list[in
     z_d = target_d(ids.to(next(target_d.parameters()).device), past_key_values=target_d.make_cache(),
                    output_hidden_states=False).logits[0, len(prompt_ids) - 1 : -1].double().to(z.device)  # fmt: skip
     exact = z.log_softmax(-1).gather(1, torch.tensor(output_ids, device=z.device)[:, None])[:, 0]  # (n,)
+    lead = z.topk(min(LEADING, z.shape[-1]), dim=-1).indices  # (n, LEADING)
+    drift = 2.0 * float((z_d.gather(1, lead) - z.gather(1, lead)).abs().max())
     for i, (given, want) in enumerate(zip(logprobs, exact.tolist())):
         if given is None or given != given:  # not given there (NaN)
             continue
-        lead = z[i].topk(min(LEADING, z.shape[-1])).indices
-        allowed = 2.0 * float((z_d[i, lead] - z[i, lead]).abs().max()) + resolution(abs(want), "float32")
+        allowed = drift + resolution(abs(want), "float32")
         if abs(given - want) > allowed:
             return (f"logprobs: at {i} its logprob {given:.4g} of its own token, the target's {want:.4g} (beyond its "
                     f"dtype's measured drift {allowed:.2e} there): not the target's distribution")  # fmt: skip
