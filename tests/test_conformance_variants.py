@@ -91,6 +91,16 @@ def test_a_declared_variant_is_held_to_its_invariant(golden):
     assert reference_declared_context_only.first_failure.stage == "cache_lengths"
 
 
+def test_two_declared_variants_that_both_cut_are_judged_together(golden, tmp_path):
+    """accepted_count=committed keeps the steps a stop token cuts, draft_context_window=2 the context rows kept:
+    one name once served both (and crashed). The reference, declared with a window it does not have, fails at its
+    K after RoPE, where the window shows, and nowhere raises."""
+    np.savez(tmp_path / "port.npz", **{f"{b.name}/{k}": v for b in find_bundles(golden) for k, v in b.expected.items()})
+    declared = {"accepted_count": "committed", "draft_context_window": "2"}
+    report = verify_dump(tmp_path / "port.npz", golden, variants=declared)
+    assert {c.stage for c in report.checks if report.failed(c)} == {"k_rot"}, report.text()
+
+
 def test_undeclared_observables_that_follow_neither_variant_are_notes(golden):
     """Cache lengths off by one everywhere (a port that counts its cache another way): semantic stages
     all pass, so the verdict is a pass with notes."""

@@ -233,9 +233,9 @@ def compare(
             and (step == departed or teacher and departed is not None and step > departed)
             and (_cuts_context(departing))
         ):
-            cut = kept.get(e.get("layer")) if e.get("layer") is not None else whole
+            window = kept.get(e.get("layer")) if e.get("layer") is not None else whole
             q_len = bundle.expected[f"step{step}/posterior"].shape[0]
-            expected, left_out = _kept_rows(e["stage"], cut, expected, got, q_len)
+            expected, left_out = _kept_rows(e["stage"], window, expected, got, q_len)
         check = compare_one(bundle.name, e, expected, got)
         if left_out:
             check.note = f"{left_out} context rows the port's cut context never attends left out ({departing})"
