@@ -7,6 +7,7 @@ without sinks, its new rows computed for those alone), a step of x_0 alone."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -136,6 +137,49 @@ def test_a_crash_the_matrix_knows_gets_its_cause(bundles, monkeypatch):
     assert cells(report)[0]["verdict"] == "crash" and cells(report)[0]["cause"] == cause, cells(report)
     report.impl = "another port"
     assert cells(report)[0]["cause"].startswith("unexplained"), cells(report)
+
+
+def test_each_known_bug_is_its_report_and_the_matrix_reads_it(tmp_path):
+    """A report's header is all the matrix knows of its bug: its cause, said once, with its report (and the
+    release that fixed it); a cell two reports explain names both."""
+    from dflash_ref.conformance.known_bugs import REPORTS, causes, known_bugs
+
+    bugs = known_bugs()
+    assert len(bugs) == len(list(REPORTS.glob("*.md"))) and all(b.cause and b.release for b in bugs)
+    assert all(CAUSES[cell].count(f"reports/{b.report}") == 1 for b in bugs for cell in b.cells)
+    (tmp_path / "a.md").write_text(
+        "---\nrelease: someport 1.0\nfixed: someport 1.1\ncause: a bug of someport 1.0: x_0 dropped\ncells:\n"
+        "  - someport 1.0 · first_token\n  - someport 1.0 · adapter · walkthrough — where it raises\n---\n\n# x_0\n"
+    )
+    (tmp_path / "b.md").write_text(
+        "---\nrelease: r\nfixed: not yet\ncause: c\ncells:\n  - someport 1.0 · first_token\n---\n"
+    )
+    said = causes(known_bugs(tmp_path))
+    assert said[("someport 1.0", "adapter", "walkthrough")] == (
+        "a bug of someport 1.0: x_0 dropped — where it raises (fixed in someport 1.1; reports/a.md)"
+    )
+    assert said[("someport 1.0", "first_token")] == (
+        "a bug of someport 1.0: x_0 dropped (fixed in someport 1.1; reports/a.md); c (reports/b.md)"
+    )
+
+
+@pytest.mark.parametrize(
+    "header, says",
+    [
+        ("# no header\n", "a.md:1: a report opens with its header"),
+        ("---\nrelease: r\nfixed: not yet\ncause: c\ncells: none\n", "no closing line"),
+        ("---\nrelease: r\nfixed: not yet\ncells: none\n---\n", "a.md:5: the header lacks cause"),
+        ("---\nrelease: r\nrelease: s\n---\n", "a.md:3: expected one of fixed, cause, cells: 'release: s'"),
+        ("---\nrelease: r\nfixed: not yet\ncause: c\ncells:\n  - vllm\n---\n", "a.md:6: a cell is 'port · stage'"),
+        ("---\nrelease: r\nfixed: not yet\ncause:\ncells: none\n---\n", "a.md:4: cause is empty"),
+    ],
+)
+def test_a_report_header_out_of_form_is_named_at_its_line(tmp_path, header, says):
+    from dflash_ref.conformance.known_bugs import read_report
+
+    (tmp_path / "a.md").write_text(header)
+    with pytest.raises(ValueError, match=re.escape(says)):
+        read_report(tmp_path / "a.md")
 
 
 # --------------------------------------------------------------------------- every bug, not only the first

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from .bundle import find_bundles
 from .exact import verify_sampling
+from .known_bugs import causes
 from .report import NotApplicable, Report
 from .verify import resolve, verify
 
@@ -31,92 +32,15 @@ SAMPLED_CONDITION = "sampled"  # the conditions' column of the sampling bundles
 SAMPLED = {"reference": ("rejection", "match"), "zlab": ("rejection",), "transformers": ("rejection",),
            "mlx-dspark": ("rejection",), "vllm": ("match", "rejection"), "llama-server": ("match",)}  # fmt: skip
 
-# Every FAIL the matrix has shown, followed to its cause: (port as its report names it, stage of the first
-# divergence), or (port, stage, bundle) where the stage alone would not tell the cause → the cause.
-# A FAIL not listed here is said to be unexplained: a new finding to follow (README.md, "Real ports, measured").
-CAUSES = {
-    ("zlab [0.1.0 code]", "recurrent_state"): "a bug of `dflash` 0.1.0 with transformers' Qwen3.5: it rolls a "
-    "hybrid target back by `DynamicCache.crop` alone, which cannot cut back a recurrent state",
-    ("zlab [github code]", "pattern"): "a bug of the official GitHub code: its draft's sliding window goes to the "
-    "attention kernel as a keyword SDPA ignores",
-    ("zlab [github code]", "extra_step"): "a bug of the official GitHub code: it looks for stop tokens only after "
-    "a decode step, so a stop token as x_0 still costs a whole draft and verify step (its tokens then cut away)",
-    ("mlx", "k_rot"): "a bug of the official MLX backend: after a one-position update it reads its rotating cache "
-    "in ring order while its mask counts in temporal order",
-    ("mlx", "prefill_logits"): "a bug of mlx-lm 0.32.2's Llama, the MLX backend's target: it reads `rope_theta` "
-    "alone, so a config in transformers 5's spelling runs at θ = 10⁴ and the target's own logits differ first "
-    "(reports/mlx-lm-llama-rope-parameters.md)",
-    ("transformers 5.15.0", "first_token"): "a bug of transformers 5.15.0's assisted decoding (fixed in 5.18.0): "
-    "a prompt that ends with a stop token is returned alone, the stop taken for the end of the output "
-    "(reports/transformers-dflash-prompt-ends-in-stop-token.md)",
-    ("transformers 5.15.0", "acceptance_length"): "a bug of transformers 5.15.0's assisted decoding (fixed in "
-    "5.16.0): a drafted block is committed whole and the stopping criteria read its last token alone, so an EOS "
-    "accepted inside the block does not end the output (reports/transformers-dflash-eos-inside-accepted-block.md)",
-    **dict.fromkeys(
-        [("dflash-mlx 0.1.8", "extra_step"), ("dflash-mlx 0.1.8", "posterior", "block16")],
-        "a bug of dflash-mlx 0.1.8: once its output is complete it runs one more target verify to commit a token "
-        "it already has (reports/dflash-mlx-extra-verify-after-last-token.md)",
-    ),  # block16: its adaptive blocks part its run from DFlash's, so its own steps are checked, the extra one too
-    **dict.fromkeys(
-        [("dflash-mlx 0.1.8", "extra_step", b) for b in ("stop_token", "stop_bonus", "stop_first")]
-        + [("dflash-mlx 0.1.8", "output_ids", "stop_inside")],
-        "a bug of dflash-mlx 0.1.8: it looks for a stop token among the accepted draft tokens only and after they "
-        "are emitted, not in x_0 or the bonus (reports/dflash-mlx-stop-token-checked-late.md)",
-    ),
-    ("dflash-mlx 0.1.8", "adapter", "rope_linear"): "a bug of dflash-mlx 0.1.8: its draft config is read for "
-    "`rope_theta` alone, so a config in transformers 5's spelling (rope_parameters) fails to load, and a scaling "
-    "beside rope_theta is dropped (reports/dflash-mlx-draft-rope-parameters.md)",
-    ("dflash-mlx 0.1.8", "adapter", "hybrid_target"): "a bug of dflash-mlx 0.1.8 on a CPU: its Gated DeltaNet "
-    "rollback does not repeat the key heads for more value heads (and replays from the state before the block); "
-    "behind it, mlx-lm ≥ 0.32's Qwen3.5 read with the embedding as its head (reports/dflash-mlx-cpu-gated-delta-"
-    "rollback.md, reports/dflash-mlx-qwen35-untied-lm-head.md)",
-    ("mlx-dspark 0.20.3", "adapter", "multiround"): "a bug of mlx-dspark 0.20.3: its target tap merges repeated "
-    "target_layer_ids into one block of features (reports/mlx-dspark-repeated-target-layer-ids.md)",
-    ("mlx-dspark 0.20.3", "k_rot"): "a bug of mlx-dspark 0.20.3: after a round that accepts no draft token, a "
-    "sliding layer's context keys come back in ring order (reports/mlx-dspark-sliding-window-ring-order.md)",
-    ("mlx-dspark 0.20.3", "output_ids"): "a bug of mlx-dspark 0.20.3: its last round is committed whole, past "
-    "max_new_tokens (reports/mlx-dspark-max-new-tokens-overshoot.md)",
-    ("mlx-dspark 0.20.3", "q_rot"): "a bug of mlx-dspark 0.20.3: `load_dflash` reads RoPE scaling from "
-    "`rope_scaling` alone, so a factor given in rope_parameters is dropped (reports/mlx-dspark-draft-rope-"
-    "parameters.md)",
-    ("mlx-dspark 0.20.3", "target_hidden"): "a bug of mlx-dspark 0.20.3: a tapped last target layer is read before "
-    "the target's final norm (reports/mlx-dspark-last-target-layer-before-norm.md)",
-    ("mlx-dspark 0.20.3", "prefill_logits"): "a bug of mlx-lm 0.32.2's Llama, mlx-dspark's target: it reads "
-    "`rope_theta` alone (reports/mlx-lm-llama-rope-parameters.md)",
-    ("speculators 0.9.0", "pattern"): "a bug of speculators 0.9.0: on a sliding layer every block query sees the W "
-    "context keys before x_0, not a window per query, and its converter drops `is_causal: false` "
-    "(reports/speculators-sliding-window-from-anchor.md)",
-    ("speculators 0.9.0", "adapter", "hybrid_target"): "a bug of speculators 0.9.0's DFlash converter: it reads "
-    "`num_hidden_layers` at the top of a Qwen3.5 config, which keeps it under text_config "
-    "(reports/speculators-convert-qwen3_5-text-config.md)",
-    ("speculators 0.9.0", "adapter", "engine_layer_ids_last"): "a bug of speculators 0.9.0's DFlash converter: it "
-    "drops a layer id equal to the target's last layer, so fc no longer fits (reports/speculators-convert-drops-"
-    "last-target-layer.md)",
-    ("vllm", "k_ctx"): "a bug of vLLM on a CPU: every draft layer's context K normalised with layer 0's k_norm "
-    "(reports/vllm-cpu-context-k-norm.md)",
-    # the batch compares the loop's observables only: the proposals are off by the bug `verify vllm` names at its
-    # stage (each bundle's: its context K after KNorm, or the last target layer's features)
-    ("vllm-batch", "draft_tokens"): "the proposals of a bug of vLLM's drafter that `verify vllm` names at its stage: "
-    "the context-K norm on a CPU (reports/vllm-cpu-context-k-norm.md), or the target's last layer read before "
-    "its final norm (reports/vllm-last-target-layer-before-norm.md)",
-    ("vllm", "target_hidden"): "a bug of vLLM: for a target layer id L − 1 it reads that layer's own output, where "
-    "DFlash reads hidden_states[L], after the target's final norm (reports/vllm-last-target-layer-before-norm.md)",
-    ("mlx", "target_hidden"): "a departure of the official MLX backend from its PyTorch code, as vLLM's: for a "
-    "target layer id L − 1 its features are that layer's output before the target's final norm (the hint's test), "
-    "where the PyTorch code reads hidden_states[L], after it (reports/vllm-last-target-layer-before-norm.md)",
-    ("llamacpp", "pattern"): "a bug of llama.cpp: a sliding layer of a draft whose config means a causal window "
-    "(layer_types, no is_causal) attends a symmetric one (reports/llamacpp-dflash-sliding-window-causal.md)",
-    ("llama-server", "draft_accepted", "engine_sliding"): "the acceptance lost to llama.cpp's sliding-window bug "
-    "(its output still the target's), which `verify llamacpp` names at the attention weights "
-    "(reports/llamacpp-dflash-sliding-window-causal.md)",
-    ("vllm-serve", "k_ctx"): "the same bug of vLLM on a CPU, under every serving condition: every draft layer's "
-    "context K normalised with layer 0's k_norm (reports/vllm-cpu-context-k-norm.md)",
-}
+# Every FAIL the matrix has shown, followed to its cause in a report (reports/*.md, each header listing the cells
+# it explains: known_bugs.py). A FAIL no report explains is said to be unexplained: a new finding to follow
+# (README.md, "Real ports, measured").
+CAUSES = causes()
 
 
 def cells(report: Report) -> list[dict]:
     """Per bundle of one report: its status (report.STATUSES: pass, fail, n/a, crash, timeout), its reason (the
-    first divergence with the hint, the port's words, or what a pass covers), a fail's cause (from CAUSES), the
+    first divergence with the hint, the port's words, or what a pass covers), a fail's cause (CAUSES: its report's), the
     variants."""
     rows = []
     for bundle in report.bundles():
