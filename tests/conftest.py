@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from dflash_ref import DFlashDraftModel, DraftConfig, Qwen3Target, TargetConfig
-from dflash_ref.conformance.adapters import one_thread
 from dflash_ref.decoding import DraftedProposal
 from dflash_ref.dflash2 import make_draft
 from dflash_ref.drafts.random_draft import randomize_  # noqa: F401  (tests import it from here)
 from dflash_ref.fast_cpu.streamed import cpus_at_hand
+from dflash_ref.threads import one_thread
 from dflash_ref.viewer import browser
 
 # -- on several workers (the README's test command: pytest-xdist, `-n auto --dist loadfile`) ------------

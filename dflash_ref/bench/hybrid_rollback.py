@@ -19,10 +19,10 @@ import json
 
 import torch
 
-from ..conformance.adapters import one_thread
 from ..target.hybrid_cache import HybridCache
 from ..target.qwen3_5 import Qwen3_5Target
 from ..target.qwen3_5_config import HybridConfig
+from ..threads import one_thread
 from .timing import measure, summarise
 
 

@@ -16,8 +16,6 @@ Shipped (ports.py): `reference` (this package, read through its hook points and 
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 
@@ -25,20 +23,9 @@ from ..decoding import spec_generate
 from ..drafts.checkpoint import load_draft
 from ..loading.folder import load_target
 from ..target.hybrid_cache import HybridCache
+from ..threads import one_thread
 from ..trace import tracing
 from .bundle import LAYER_STAGES, MODEL_STAGES, Bundle, key_for
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Bundles hold tiny models: intra-op threads only add overhead (much of it on a busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
 
 TRACED = list(MODEL_STAGES.values()) + [f"draft.layers.*.{name}" for name in LAYER_STAGES.values()]
 

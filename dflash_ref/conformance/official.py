@@ -18,7 +18,8 @@ import warnings
 import numpy as np
 import torch
 
-from .adapters import check_path, loop_values, one_thread, pair_scores, to_numpy
+from ..threads import one_thread
+from .adapters import check_path, loop_values, pair_scores, to_numpy
 from .bundle import Bundle, key_for
 from .pypi.torch_taps import bundle_dtype, load_target, quiet_transformers
 from .report import NotApplicable

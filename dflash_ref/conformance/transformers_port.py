@@ -26,7 +26,8 @@ from .. import muse_glimmer
 from ..config import ConfigError
 from ..drafts.checkpoint import load_draft, save_muse_glimmer
 from ..target.checkpoint import config_architectures
-from .adapters import loop_values, one_thread, to_numpy
+from ..threads import one_thread
+from .adapters import loop_values, to_numpy
 from .bundle import Bundle, key_for
 from .official import linear_states
 from .pypi.torch_taps import Taps, load_target, per_head, quiet_transformers

@@ -50,7 +50,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from ..adapters import one_thread, to_numpy
+from ...threads import one_thread
+from ..adapters import to_numpy
 from ..bundle import Bundle, key_for
 from ..report import NotApplicable
 from .torch_taps import (
