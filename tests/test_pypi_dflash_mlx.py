@@ -16,6 +16,7 @@ import pytest
 
 from dflash_ref.conformance import load_bundle
 from dflash_ref.conformance.bundle import SHIPPED
+from dflash_ref.conformance.port import outputs
 from dflash_ref.conformance.pypi import dflash_mlx as port
 from dflash_ref.conformance.pypi import mlx_taps
 from dflash_ref.conformance.report import NotApplicable
@@ -77,8 +78,10 @@ def test_loop_values_and_output_ids():
     proposals, posterior, tau, bonus = port.step_values(np.array([5, 4, 4, 4]), 2, np.array([5, 4, 9], np.uint32))
     assert (proposals, posterior, tau, bonus) == ([5, 4, 9], [5, 4, 4, 4], 2, 4)  # the bonus is posterior[τ]
     assert port.step_values([7], 0, [])[0] == []  # a block of one token: no proposals
-    ids = port.output_ids([1, 2, 3], [9, 5])
-    assert ids.dtype == np.int64 and ids.tolist() == [1, 2, 3, 9, 5]
+    out = outputs({}, [1, 2, 3], np.array([9, 5], np.uint32), [0, 2])  # its stream's tokens, after the prompt
+    assert out["output_ids"].dtype == np.int64 and out["output_ids"].tolist() == [1, 2, 3, 9, 5]
+    assert out["prefill/first_token"] == 9 and out["prefill/layer_ids"].tolist() == [0, 2]
+    assert "prefill/first_token" not in outputs({}, [1, 2, 3], [])  # x_0 not produced: not recorded
 
 
 def test_not_installed_is_not_applicable_with_its_install_line(monkeypatch):

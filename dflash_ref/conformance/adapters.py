@@ -1,14 +1,5 @@
-"""Adapters: run one implementation of DFlash on a golden bundle; hand back its tensors by manifest key.
-
-The protocol (what a PyTorch port implements; `verify --impl mypkg.mod:factory` calls `factory()`):
-
-    class MyPort:
-        name = "my-port"
-        def run(self, bundle) -> dict[str, array]:
-            # load bundle.target_dir / bundle.draft_dir (Hugging Face folders), decode
-            # bundle.inputs greedily (input_ids, max_new_tokens, stop_token_ids, block_size) and
-            # return what you computed, keyed as bundle.entries list them (bundle.key_for builds keys),
-            # batch dimension dropped; numpy arrays, torch tensors or Python numbers.
+"""The reference as a port (port.py's contract): this package run on a golden bundle, its tensors read through
+its hook points and StepRecords; and what the PyTorch ports share (to_numpy, a hybrid target's states).
 
 Shipped (ports.py): `reference` (this package, read through its hook points and StepRecords, here),
 `zlab` (the official PyTorch code, official.py) and `mlx` (the official MLX backend, official_mlx.py).
@@ -26,6 +17,7 @@ from ..target.hybrid_cache import HybridCache
 from ..threads import one_thread
 from ..trace import tracing
 from .bundle import LAYER_STAGES, MODEL_STAGES, Bundle, key_for
+from .port import Port, loop_values
 
 TRACED = list(MODEL_STAGES.values()) + [f"draft.layers.*.{name}" for name in LAYER_STAGES.values()]
 
@@ -37,36 +29,6 @@ def to_numpy(x) -> np.ndarray:
         x = x.detach().cpu()
         return (x.float() if x.is_floating_point() else x.long()).numpy().copy()
     return np.asarray(x, dtype=np.int64 if isinstance(x, (int, list)) else None)
-
-
-def loop_values(out: dict, step: int, draft_tokens, posterior, tau, bonus, cache_lengths) -> None:
-    if len(draft_tokens):
-        out[f"step{step}/draft_tokens"] = np.asarray(draft_tokens, np.int64)
-    out[f"step{step}/posterior"] = np.asarray(posterior, np.int64)
-    out[f"step{step}/acceptance_length"] = np.asarray(tau, np.int64)
-    out[f"step{step}/bonus"] = np.asarray(bonus, np.int64)
-    out[f"step{step}/cache_lengths"] = np.asarray(cache_lengths, np.int64)
-
-
-def pair_scores(predecessors: list, projected: np.ndarray, successors: list) -> np.ndarray:
-    """A port's pair term from its own intermediates, one position at a time: E_pred(x_{t−1}) (r,) per t,
-    P h (γ, r), E_succ(c_t) (K, r) per t → ⟨E_pred(x_{t−1}) ⊙ P h_t, E_succ(c_{t,k})⟩ (γ, K), in float64."""
-    return np.stack(
-        [
-            np.asarray(s, np.float64) @ (np.asarray(e, np.float64) * projected[t])
-            for t, (e, s) in enumerate(zip(predecessors, successors))
-        ]
-    )
-
-
-def check_path(port: str, path: np.ndarray, candidates: np.ndarray, scores: np.ndarray) -> None:
-    """Greedy: the port's path (γ,) is the argmax of the scores (γ, K) it was re-derived with, else the
-    recorded pair scores are not the ones it used (an AssertionError, as for re-derived attention weights)."""
-    chosen = np.take_along_axis(candidates, scores.argmax(-1)[:, None], axis=-1)[:, 0]
-    if not np.array_equal(chosen, path):
-        raise AssertionError(
-            f"{port}: the re-derived selector scores do not reproduce its path ({chosen.tolist()} vs {path.tolist()})"
-        )
 
 
 class TargetStates:
@@ -91,7 +53,7 @@ class TargetStates:
             self.out[key_for("recurrent_state", step, layer)] = to_numpy(recurrent[0])  # (H_v, d_k, d_v)
 
 
-class ReferenceAdapter:
+class ReferenceAdapter(Port):
     """This package. Subclass and override `load`, `generate` or `collect` to make a variant."""
 
     name, dtype = "reference", None  # dtype None: the bundle's own (torch.float64: its float64 twin)

@@ -82,7 +82,7 @@ def _short(frame: traceback.FrameSummary) -> str:
 def where(error: BaseException, adapter=None) -> str:
     """The error and where it was made: `Type: message — in the port at FILE:LINE (function); raised inside
     LIBRARY_FILE:LINE` where a library raised it, or `— in the adapter at …` where the kit's own code did."""
-    package = getattr(adapter, "package", None) or ()
+    package = adapter.package if adapter is not None else ()
     package = (package,) if isinstance(package, str) else tuple(package)
     frames = traceback.extract_tb(error.__traceback__)
     said = f"{type(error).__name__}: {error}"

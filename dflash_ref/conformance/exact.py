@@ -34,6 +34,7 @@ from ..target.checkpoint import save_target
 from .bundle import FORMAT, Bundle, find_bundles, write_bundle_files
 from .engine_scenarios import active_ids, sampling_pair, tokenizer, words  # SmolLM2's tokenizer: loaded when asked
 from .official import DFLASH_HINT, ZLabAdapter
+from .port import as_port
 from .ports import resolve
 from .report import NotApplicable
 from .sampling import SamplingResult, check_sampling
@@ -271,13 +272,8 @@ def resolve_sampler(impl, bundle: Bundle, verifier: str):
         if impl in SAMPLERS:
             return SAMPLERS[impl](bundle, verifier)
         impl = resolve(impl)
-    if hasattr(impl, "sampler"):
-        return impl.sampler(bundle, verifier)
-    if hasattr(impl, "run") or not callable(impl):
-        raise ValueError(
-            f"{getattr(impl, 'name', impl)!r} has no sampler(bundle, verifier): a greedy adapter "
-            "cannot be checked by its distribution"
-        )
+    if hasattr(impl, "run") or not callable(impl):  # a port: its sampler, or a greedy one's refusal
+        return as_port(impl).sampler(bundle, verifier)
     return impl(bundle, verifier)
 
 
@@ -292,7 +288,7 @@ def verify_sampling(
     if isinstance(impl, str) and impl not in SAMPLERS:
         impl = resolve(impl)
     if bundle is None:
-        names = [ENGINE_SAMPLING] if getattr(impl, "engine_shaped", False) else list(DRAFTS)
+        names = [ENGINE_SAMPLING] if (not isinstance(impl, str) and as_port(impl).engine_shaped) else list(DRAFTS)
         with tempfile.TemporaryDirectory() as folder:
             for i, name in enumerate(names):
                 write_sampling(Path(folder) / f"{i:02d}_{name}", i, name)

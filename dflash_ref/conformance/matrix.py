@@ -71,7 +71,7 @@ def label(port: str) -> str:
     """A port as the matrix names it: with the release that ran where the port says one (a library the user
     upgrades: `transformers 5.15.0`), so that runs in several environments merge (`merge`)."""
     try:
-        version = getattr(resolve(port), "version", None)
+        version = resolve(port).version
     except Exception:  # noqa: BLE001 - a port that cannot be made is named plainly; its run says why
         version = None
     return f"{port} {version}" if version else port

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from ..threads import one_thread
-from .adapters import check_path, loop_values, pair_scores, to_numpy
+from .adapters import to_numpy
 from .bundle import Bundle, key_for
+from .port import Port, check_path, loop_values, outputs, pair_scores
 from .pypi.torch_taps import bundle_dtype, load_target, quiet_transformers
 from .report import NotApplicable
 
@@ -253,7 +254,7 @@ def linear_states(cache, step: int) -> dict[str, np.ndarray]:
     }
 
 
-class ZLabAdapter:
+class ZLabAdapter(Port):
     """The official PyTorch code (either layout): DFlashDraftModel + dflash_generate, a transformers target
     as its folder says (Qwen3.5 for a hybrid bundle: linear_states after each crop). `layout`: which it
     found, after a run."""
@@ -291,8 +292,6 @@ class ZLabAdapter:
                 return_stats=True,
             )
         self.layout, out = recorder.layout, recorder.out
-        out[key_for("layer_ids")] = np.asarray(draft.target_layer_ids, np.int64)
-        out[key_for("output_ids")] = to_numpy(stats.output_ids[0])
-        if stats.output_ids.shape[1] > len(inputs["input_ids"]):  # x_0: the token its loop sampled off the prefill
-            out[key_for("first_token")] = to_numpy(stats.output_ids[0, len(inputs["input_ids"])])
+        ids, n = stats.output_ids[0].tolist(), len(inputs["input_ids"])  # x_0 is the token its loop sampled first
+        outputs(out, ids[:n], ids[n:], draft.target_layer_ids)
         return out

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from .adapters import check_path, loop_values, pair_scores
 from .bundle import Bundle, key_for
 from .mlx_states import cache_length, linear_states
 from .official import official_module
+from .port import Port, check_path, loop_values, outputs, pair_scores
 from .report import NotApplicable
 
 MLX_HINT = "the official MLX backend needs MLX: pip install 'dflash-ref[mlx]'"
@@ -241,7 +241,7 @@ def _stub_tokenizer(official, stops: set[int]):
         official.TokenizerWrapper = wrapper
 
 
-class MLXAdapter:
+class MLXAdapter(Port):
     """The official MLX backend in `dflash` 0.1.0 (`dflash/model_mlx.py`), greedy. Its draft cache
     (context-only) is detected from its lengths; its sliding window is declared."""
 
@@ -286,8 +286,4 @@ class MLXAdapter:
         for step, drafted, posterior, tau, bonus, lengths in recorder.steps:
             lengths[5] = cache_length(recorder.target_cache) if lengths[5] is None else lengths[5]
             loop_values(out, step, drafted, posterior, tau, bonus, lengths)
-        out[key_for("layer_ids")] = np.asarray(draft.config.target_layer_ids, np.int64)
-        out[key_for("output_ids")] = np.asarray(list(inputs["input_ids"]) + tokens, np.int64)
-        if tokens:  # x_0: the token its first response hands back, sampled off the prefill's logits
-            out[key_for("first_token")] = np.asarray(tokens[0], np.int64)
-        return out
+        return outputs(out, inputs["input_ids"], tokens, draft.config.target_layer_ids)  # x_0: its first response

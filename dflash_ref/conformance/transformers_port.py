@@ -27,9 +27,10 @@ from ..config import ConfigError
 from ..drafts.checkpoint import load_draft, save_muse_glimmer
 from ..target.checkpoint import config_architectures
 from ..threads import one_thread
-from .adapters import loop_values, to_numpy
+from .adapters import to_numpy
 from .bundle import Bundle, key_for
 from .official import linear_states
+from .port import Port, loop_values
 from .pypi.torch_taps import Taps, load_target, per_head, quiet_transformers
 from .report import NotApplicable
 
@@ -181,7 +182,7 @@ class _Recorder(Taps):
         self.at(self.step)
 
 
-class TransformersPort:
+class TransformersPort(Port):
     """transformers' `generate(..., speculation_type="dflash")` on a bundle: its target as the folder says, its
     drafter a Muse Glimmer assistant (the bundle's, or its DFlash 1 draft under Muse's names), eager attention."""
 
@@ -193,10 +194,7 @@ class TransformersPort:
     variants = {"last_block": "full-then-truncate", "draft_cache": "crop-at-next-pass", "accepted_count": "committed"}
 
     def __init__(self) -> None:
-        try:  # the report names the release that ran: its bugs come and go with it
-            self.version = importlib.metadata.version("transformers")
-        except importlib.metadata.PackageNotFoundError:
-            self.version = None
+        self.version = self.release("transformers")  # the report names the release that ran
 
     def load(self, bundle: Bundle, folder: Path):
         transformers, _, muse = _transformers()

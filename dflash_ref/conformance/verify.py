@@ -23,6 +23,7 @@ import numpy as np
 from . import crash
 from .bundle import KINDS, LOOP_STAGES, STAGES, Bundle, candidates_in_id_order, find_bundles, key_for, parse_key
 from .hints import crash_hint, hint, prompt_taken_for_the_end
+from .port import Port, as_port
 from .report import Check, NotApplicable, Report
 from .stages import CACHED_PREFIX, DRAFT_ACCEPTED, RESTORED_ROWS, SERVED, stage_of
 from .tensorfile import array_or_none, as_array, read_arrays
@@ -691,15 +692,13 @@ def _final_crop_free(expected: np.ndarray, got, last: bool) -> np.ndarray:
     return expected
 
 
-def resolve(impl):
-    """ "reference" | "zlab" | "module:factory" | an adapter | a run function → something with run()."""
+def resolve(impl) -> Port:
+    """ "reference" | "zlab" | "module:factory" | a Port | an object with run() | a run function → a Port."""
     if isinstance(impl, str):
         from .ports import resolve as resolve_adapter  # imports torch
 
         impl = resolve_adapter(impl)
-    if not hasattr(impl, "run") and callable(impl):
-        return type("FunctionAdapter", (), {"name": getattr(impl, "__name__", "function"), "run": staticmethod(impl)})()
-    return impl
+    return as_port(impl)
 
 
 def verify(
@@ -717,14 +716,14 @@ def verify(
     What cannot be read (the bundles, the implementation, the declaration) is an InputError before
     anything runs."""
     adapter, bundles = _read_inputs(lambda: resolve(impl), bundle)
-    own = list(getattr(adapter, "skip", ()))
-    declared = _declaration({**getattr(adapter, "variants", {}), **(variants or {})}, [*own, *skip])
+    own = list(adapter.skip)
+    declared = _declaration({**adapter.variants, **(variants or {})}, [*own, *skip])
     users = [s for s in dict.fromkeys(skip) if s not in own]
     waivers = {**dict.fromkeys(own, "waived"), **dict.fromkeys(users, "user")}
-    report = Report(getattr(adapter, "name", str(impl)), allow_missing=allow_missing, skip=own, user_skip=users)
+    report = Report(adapter.name, allow_missing=allow_missing, skip=own, user_skip=users)
     report.totals = {b.name: len(b.entries) for b in bundles}
     for b in bundles:
-        if not getattr(adapter, "reads_muse", True) and b.draft_is_muse():  # not applicable: not even run
+        if not adapter.reads_muse and b.draft_is_muse():  # not applicable: not even run
             said = f"{report.impl} reads DFlash checkpoints; this bundle's draft is transformers' Muse Glimmer format"
             said += " (`verify --impl transformers` runs it)"
             report.checks.append(
@@ -757,10 +756,7 @@ def verify(
             report.checks.append(Check(b.name, "adapter", "adapter", None, None, "error", detail=detail))
             continue
         report.checks += compare(b, produced, report, declared, waivers)
-    if getattr(adapter, "layout", None):  # which code of the port it found (official.py)
-        report.impl += f" [{adapter.layout} code]"
-    if getattr(adapter, "version", None):  # which release of the port ran (a library the user upgrades)
-        report.impl += f" {adapter.version}"
+    report.impl = adapter.label  # with the code it found and the release that ran, known now
     return report
 
 

@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ..crash import EngineFailed
+from ..port import Port, outputs
 from ..report import NotApplicable
 from ..stages import key_for
 
@@ -138,7 +139,7 @@ def read_dump(path: Path) -> list[tuple[str, np.ndarray]]:
     return records
 
 
-class LlamaCppPort:
+class LlamaCppPort(Port):
     """run(bundle) → the tensors llama.cpp computed, keyed as the bundle's. Its DFlash implementation drafts
     every block whole (block_size positions) and keeps the proposals that fit: the last, shrunk block of
     the reference is a design variant, `last_block=full-then-truncate`."""
@@ -203,10 +204,8 @@ def keyed(records: list, draft_config: dict) -> dict:
         return [int(t) for t in one(segment, name).reshape(-1)]
 
     prompt, output = ids(segments[0], "=prompt"), ids(segments[-1], "=output")
-    out = {
-        key_for("layer_ids"): np.array(ids(segments[0], "=layer_ids"), dtype=np.int64) - 1,  # inputs of layer l + 1
-        key_for("output_ids"): np.array(prompt + output, dtype=np.int64),
-    }
+    layer_ids = np.array(ids(segments[0], "=layer_ids"), dtype=np.int64) - 1  # it names the inputs of layer l + 1
+    out = outputs({}, prompt, output, layer_ids)  # x_0: the first token it sampled, off the prefill's logits
     injections = [s for s in segments if s["#"] == "#process"]
     drafts = [s for s in segments if s["#"] == "#draft"]
     verifies = [s for s in segments if s["#"] == "#verify"]
@@ -214,8 +213,6 @@ def keyed(records: list, draft_config: dict) -> dict:
     features = [prefill, *verifies]  # the target pass feeding step s
     if "tgt/result_output" in prefill:  # the prompt's pass: its last row (the only one it outputs) is x_0's
         out[key_for("prefill_logits")] = one(prefill, "tgt/result_output")[-1]
-    if output:  # x_0: the first token it sampled, off the prefill's logits
-        out[key_for("first_token")] = np.array(output[0], dtype=np.int64)
     top_k = draft_config.get("dflash_config", {}).get("selector_top_k") or draft_config.get("selector_top_k")
     cached_k: list[list[np.ndarray]] = [[] for _ in range(draft_config["num_hidden_layers"])]
     for step, (drafted, verified) in enumerate(zip(drafts, verifies)):

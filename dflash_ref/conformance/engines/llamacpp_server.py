@@ -43,6 +43,7 @@ import numpy as np
 
 from ..bundle import STAGES, find_bundles
 from ..crash import EngineFailed
+from ..port import Port, outputs
 from ..report import NotApplicable
 from ..stages import CACHED_PREFIX, DRAFT_ACCEPTED, key_for
 from . import serving
@@ -199,12 +200,8 @@ def _produced(bundle, stream: Stream) -> dict | Exception:
         return RuntimeError(f"llama-server failed on {bundle.name}: {stream.error}")
     if "draft_n_accepted" not in stream.timings:  # no speculative decoding ran: never a pass on the output alone
         return RuntimeError(f"llama-server reported no draft_n_accepted for {bundle.name}: did it draft at all?")
-    produced = {
-        key_for("output_ids"): np.array(bundle.inputs["input_ids"] + stream.tokens, dtype=np.int64),
-        DRAFT_ACCEPTED: np.array(stream.timings["draft_n_accepted"], dtype=np.int64),
-    }
-    if stream.tokens:
-        produced[key_for("first_token")] = np.array(stream.tokens[0], dtype=np.int64)
+    produced = outputs({DRAFT_ACCEPTED: np.array(stream.timings["draft_n_accepted"], dtype=np.int64)},
+                       bundle.inputs["input_ids"], stream.tokens)  # fmt: skip
     if stream.timings.get("cache_n"):  # prompt tokens the slot reused from its cache
         produced[CACHED_PREFIX] = np.array(stream.timings["cache_n"], dtype=np.int64)
     return produced
@@ -221,7 +218,7 @@ def detokenize(port: int, token: int) -> str:
         return json.loads(r.read())["content"]
 
 
-class LlamaServerPort:
+class LlamaServerPort(Port):
     """run(bundle) → what llama-server returned for the bundle's request: its serving scenario's requests run
     together on one server (each group once), any other bundle alone."""
 

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..bundle import STAGES, find_bundles, model_digest
 from ..crash import EngineFailed
+from ..port import Port
 from ..report import NotApplicable
 from ..tensorfile import read_arrays
 from . import REFUSAL_MARK, REFUSED, engine_python, run_program, serving
@@ -25,7 +26,7 @@ VARIABLE = "DFLASH_REF_VLLM_PYTHON"
 TIMEOUT = 1800  # seconds for one bundle: vLLM's start-up on a small CPU is most of it
 
 
-class VLLMPort:
+class VLLMPort(Port):
     """run(bundle) → the tensors vLLM computed, keyed as the bundle's. `skip`: what vLLM computes only
     inside fused kernels (C after hidden_norm, inside its context projection; the attention weights,
     inside its attention backend) or lays out otherwise (its draft cache is paged: no lengths to compare),
@@ -101,7 +102,7 @@ def temperature_note(divided: np.ndarray, temperature: float) -> str:
     )
 
 
-class VLLMBatchPort:
+class VLLMBatchPort(Port):
     """`verify --impl vllm-batch`: the bundles of a folder that share their target and draft run through
     vLLM together, their prompts one batch; each sequence's output ids and, step by step, its proposals,
     posterior, τ and bonus must be what the reference decodes for it alone. Only those are compared."""
@@ -123,7 +124,7 @@ class VLLMBatchPort:
         return self._done[key][bundle.name]
 
 
-class VLLMServePort:
+class VLLMServePort(Port):
     """`verify --impl vllm-serve`: the requests of each serving scenario (engine_scenarios.SERVINGS: a prefix-cache
     hit, chunked prefill, arrivals mid-decode) through vLLM's engine with the scenario's settings, each added when
     its arrival holds; each request's tensors are read out of the batched steps (serving.py) and must be what the

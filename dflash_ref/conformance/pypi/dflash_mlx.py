@@ -29,14 +29,13 @@ qwen3.5) and Gemma 4 targets only (its target ops); it has no sampler (its DFlas
 
 from __future__ import annotations
 
-import importlib.metadata
 from functools import partial
 
 import numpy as np
 
-from ..adapters import loop_values
 from ..bundle import Bundle, key_for
 from ..mlx_states import cache_length, linear_states
+from ..port import Port, loop_values, outputs
 from ..report import NotApplicable
 from .mlx_taps import (
     ContextThenBlock,
@@ -85,11 +84,6 @@ def step_values(posterior, tau: int, proposals) -> tuple[list[int], list[int], i
     posterior = [int(t) for t in np.asarray(posterior).reshape(-1)]  # (L_q,)
     proposals = [int(t) for t in np.asarray(proposals).reshape(-1)]  # (γ,)
     return proposals, posterior, int(tau), posterior[int(tau)]
-
-
-def output_ids(prompt: list[int], tokens: list[int]) -> np.ndarray:
-    """The prompt followed by every token the port's stream handed out (its TokenEvents), in order."""
-    return np.asarray(list(prompt) + list(tokens), np.int64)
 
 
 class _Recorder:
@@ -265,7 +259,7 @@ def _draft_length(cache) -> int | None:
     return None if cache is None else int(cache[0].cache_length())
 
 
-class DFlashMLXPort:
+class DFlashMLXPort(Port):
     """dflash-mlx 0.1.8, greedy, through its own loader and loop (module docstring). `version`: the release that
     ran (None where it is not installed); `discarded`: the steps of the last run whose prefetched draft pass no
     verify followed, left out of its tensors."""
@@ -285,10 +279,7 @@ class DFlashMLXPort:
 
     def __init__(self) -> None:
         self.discarded: list[int] = []
-        try:  # the report names the release that ran
-            self.version = importlib.metadata.version("dflash-mlx")
-        except importlib.metadata.PackageNotFoundError:
-            self.version = None
+        self.version = self.release("dflash-mlx")  # the report names the release that ran
 
     def run(self, bundle: Bundle) -> dict[str, np.ndarray]:
         why = refusal(bundle.config("draft"))
@@ -331,11 +322,7 @@ class DFlashMLXPort:
             self.discarded = recorder.discarded
         if recorder.prefill_logits is not None:
             out[key_for("prefill_logits")] = recorder.prefill_logits
-        out[key_for("layer_ids")] = np.asarray(runtime.draft_model.target_layer_ids, np.int64)
-        out[key_for("output_ids")] = output_ids(inputs["input_ids"], tokens)
-        if tokens:  # x_0: the first token its stream hands out, the argmax of the prefill's logits
-            out[key_for("first_token")] = np.asarray(tokens[0], np.int64)
-        return out
+        return outputs(out, inputs["input_ids"], tokens, runtime.draft_model.target_layer_ids)  # tokens: its stream's
 
 
 def _undo_class_patches(taps: Taps, qwen_ops) -> None:

@@ -22,13 +22,11 @@ handed over as a tokenizer whose stop set is exactly theirs (`StopTokenizer`).
 
 from __future__ import annotations
 
-import importlib.metadata
-
 import numpy as np
 
-from ..adapters import check_path, loop_values, pair_scores
 from ..bundle import Bundle, key_for
 from ..mlx_states import cache_length, linear_states
+from ..port import Port, check_path, loop_values, outputs, pair_scores
 from ..report import NotApplicable
 from .mlx_taps import (
     ContextThenBlock,
@@ -266,7 +264,7 @@ class Recorder:
         self.step += 1
 
 
-class MLXDSparkPort:
+class MLXDSparkPort(Port):
     """mlx-dspark's DFlash path, greedy (`dflash_generate`, temperature 0), read through taps; `sampler` runs it
     sampled. Its declared design: see the module's docstring. `version`: the release that ran (None where it is
     not installed)."""
@@ -278,10 +276,7 @@ class MLXDSparkPort:
     skip: list[str] = []
 
     def __init__(self) -> None:
-        try:  # the report names the release that ran
-            self.version = importlib.metadata.version("mlx-dspark")
-        except importlib.metadata.PackageNotFoundError:
-            self.version = None
+        self.version = self.release("mlx-dspark")  # the report names the release that ran
 
     def load(self, bundle: Bundle):
         """(Target, tokenizer, drafter) as `load_dflash_pair` loads them, from the bundle's folders: the target
@@ -318,11 +313,7 @@ class MLXDSparkPort:
         for step, drafted, posterior, tau, bonus, lengths in recorder.steps:
             loop_values(out, step, drafted, posterior, tau, bonus, lengths)
         tokens = list(result.token_ids)
-        out[key_for("layer_ids")] = np.asarray(drafter.config.target_layer_ids, np.int64)
-        out[key_for("output_ids")] = np.asarray(list(inputs["input_ids"]) + tokens, np.int64)
-        if tokens:  # x_0: its first token, picked off the prefill's logits
-            out[key_for("first_token")] = np.asarray(tokens[0], np.int64)
-        return out
+        return outputs(out, inputs["input_ids"], tokens, drafter.config.target_layer_ids)
 
     def sampler(self, bundle: Bundle, verifier: str = "rejection"):
         """`verify --sampling`: `dflash_generate(temperature=T, seed=seed)`, its speculative sampling

@@ -53,6 +53,7 @@ from safetensors.torch import load_file
 from ...threads import one_thread
 from ..adapters import to_numpy
 from ..bundle import Bundle, key_for
+from ..port import Port
 from ..report import NotApplicable
 from .torch_taps import (
     ForcedStep,
@@ -280,7 +281,7 @@ class _Reader:
         self.taps.replace(conv, "finish", finished)
 
 
-class SpeculatorsPort:
+class SpeculatorsPort(Port):
     """speculators 0.9.0's DFlash and DFlash 2 drafts, teacher-forced on each bundle's reference walk (module
     docstring). `version`: the release that ran."""
 
@@ -291,10 +292,7 @@ class SpeculatorsPort:
     variants = {"decoding": "teacher-forced"}
 
     def __init__(self) -> None:
-        try:  # the report names the release that ran
-            self.version = importlib.metadata.version("speculators")
-        except importlib.metadata.PackageNotFoundError:
-            self.version = None
+        self.version = self.release("speculators")  # the report names the release that ran
 
     def run(self, bundle: Bundle) -> dict[str, np.ndarray]:
         modules = import_speculators()
