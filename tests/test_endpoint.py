@@ -23,7 +23,7 @@ from dflash_ref.conformance.endpoint.client import Endpoint, EndpointError, pars
 from dflash_ref.conformance.endpoint.expected import RequestsError, from_bundles
 from dflash_ref.conformance.endpoint.ties import float64_norms, resolution
 from dflash_ref.conformance.golden import generate_golden
-from dflash_ref.conformance.verify import acceptance_parts, accepted_bounds
+from dflash_ref.conformance.judge import acceptance_parts, accepted_bounds
 from dflash_ref.decoding import generate, spec_generate
 from dflash_ref.drafts.checkpoint import load_draft, save_draft
 from dflash_ref.drafts.random_draft import randomize_

@@ -15,8 +15,9 @@ from dflash_ref.conformance.bundle import SHIPPED, find_bundles
 from dflash_ref.conformance.engines import llamacpp, vllm, vllm_run
 from dflash_ref.conformance.golden import generate_golden
 from dflash_ref.conformance.hints import hint
+from dflash_ref.conformance.judge import compare
 from dflash_ref.conformance.record import Recorder
-from dflash_ref.conformance.verify import compare, verify
+from dflash_ref.conformance.verify import verify
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 

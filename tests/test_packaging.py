@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -366,6 +368,30 @@ def test_no_import_cycle():
     graph = {m: {t for t in targets if t in graph} for m, targets in graph.items()}
     cycles = find_cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" → ".join(c) for c in cycles)
+
+
+# the ports' wing of the conformance kit: everything that runs an implementation (torch, MLX, engines)
+PORTS = ("conformance.adapters", "conformance.official", "conformance.official_mlx", "conformance.transformers_port",
+         "conformance.ports", "conformance.golden", "conformance.pypi", "conformance.engines")  # fmt: skip
+
+
+def test_the_judge_imports_no_port_and_no_torch(tmp_path):
+    """The kit's judge (judge.py, and the port contract it is handed) stands below every port: nothing it imports,
+    at the top of any module it reaches, runs an implementation or brings torch."""
+    graph = {m: {t for t, _, at_top in imports_of(p) if t and at_top} for m, p in package_modules().items() if m}
+    reached, todo = set(), ["conformance.judge", "conformance.port", "conformance.known_bugs"]
+    while todo:
+        m = todo.pop()
+        if m not in reached and m in graph:
+            reached.add(m)
+            todo += graph[m]
+    assert not {m for m in reached if m.startswith(PORTS)}, sorted(reached)
+    script = (
+        "import sys\nfrom dflash_ref.conformance import judge, known_bugs, port, verify\n"
+        "assert 'torch' not in sys.modules, 'torch was imported'\nprint('numpy only: ok')"
+    )
+    done = subprocess.run([sys.executable, "-I", "-c", script], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0 and "numpy only: ok" in done.stdout, done.stderr
 
 
 # function-local imports allowed in the package, each for a stated reason: optional heavy dependencies

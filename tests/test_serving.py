@@ -20,10 +20,10 @@ import pytest
 from dflash_ref.conformance.bundle import find_bundles
 from dflash_ref.conformance.engines import llamacpp_server, serving, vllm, vllm_run
 from dflash_ref.conformance.golden import generate_golden
+from dflash_ref.conformance.judge import compare
 from dflash_ref.conformance.record import Recorder
 from dflash_ref.conformance.report import NotApplicable, Report
 from dflash_ref.conformance.stages import DRAFT_ACCEPTED
-from dflash_ref.conformance.verify import compare
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 OFFSET = 100.0  # the second request's floats: the first's + OFFSET, so that rows read from the wrong request show

@@ -3,17 +3,20 @@ where an implementation (a PyTorch adapter, or a dump from any framework) depart
 
     bundle    the on-disk format, read and written with numpy alone
     tensorfile  safetensors and .npz with numpy alone
-    verify    the stage-by-stage comparison and its report (numpy alone)
-    adapters  run the reference or the official dflash 0.1.0 on a bundle (torch)
+    judge     the stage-by-stage comparison (numpy alone)
+    verify    the runner: a port run on the bundles, or a dump read, and judged
+    port      the Port contract every adapter subclasses (numpy alone)
+    adapters  the reference as a port (torch)
     golden    the scenarios, and writing their bundles from the reference (torch)
 
 Importing this package (or bundle / verify) does not import torch.
 """
 
 from .bundle import SHIPPED, Bundle, find_bundles, key_for, load_bundle
+from .judge import compare
 from .report import Check, Report
 from .tensorfile import read_arrays, read_safetensors
-from .verify import compare, verify, verify_dump
+from .verify import verify, verify_dump
 
 __all__ = [
     "SHIPPED",

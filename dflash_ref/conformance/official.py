@@ -260,7 +260,7 @@ class ZLabAdapter(Port):
     found, after a run."""
 
     name, layout = "zlab", None
-    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a
     package = "dflash"  # a crash is located at this package's innermost frame (crash.py)
     variants = {"sliding_window": "causal,symmetric"}  # it reads is_causal, not sliding_window_kind
 

@@ -246,7 +246,7 @@ class MLXAdapter(Port):
     (context-only) is detected from its lengths; its sliding window is declared."""
 
     name = "mlx"
-    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a
     package = "dflash"  # a crash is located at this package's innermost frame (crash.py)
     variants = {"sliding_window": "rotating"}
 

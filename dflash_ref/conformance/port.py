@@ -23,6 +23,7 @@ one by `as_port`, its attributes read once, there. numpy only: the MLX ports use
 
 from __future__ import annotations
 
+import importlib.metadata
 from typing import ClassVar
 
 import numpy as np
@@ -68,8 +69,6 @@ class Port:
     @staticmethod
     def release(distribution: str) -> str | None:
         """The installed release of a distribution (for `version`), None where it is not installed."""
-        import importlib.metadata
-
         try:
             return importlib.metadata.version(distribution)
         except importlib.metadata.PackageNotFoundError:

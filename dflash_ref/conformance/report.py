@@ -49,7 +49,7 @@ UPSTREAM = {
 }
 PARTING = {"draft_tokens", "posterior", "acceptance_length", "bonus"}  # a step's decision: later steps follow it
 
-# what a check that is no manifest tensor is about (verify.py): a step the port ran and DFlash does not
+# what a check that is no manifest tensor is about (judge.py): a step the port ran and DFlash does not
 TITLES_BEYOND = {
     "extra_step": "a step DFlash does not run",
     "draft_accepted": "draft tokens accepted (engine's count)",

@@ -53,7 +53,7 @@ block_length, draft_context_window (with its sinks), proposals and the block-sta
 from the reference's at some step (a block of another length, a context cut short, proposals from a lookup,
 other keys attended): up to that step everything is compared; at it, but for a lookup, what comes before the
 block (features, fc, C, context K: under a context cut, the rows the port kept, S first and the last ones); from
-it on, the port's own steps are held to what stays true of every DFlash step (verify.py, the loop's invariants: τ
+it on, the port's own steps are held to what stays true of every DFlash step (judge.py, the loop's invariants: τ
 the leading run of matches, the bonus posterior[τ] and the posterior the argmax of the port's own verify logits,
 the committed tokens the target's own, no step after the output; a cut context attends exactly min(start, S + N)
 context keys, the first S and the last ones, DFlash's own). Its output ids are always compared. All are

@@ -26,7 +26,7 @@ import torch
 
 from ...decoding import spec_generate
 from ..bundle import find_bundles, model_digest
-from ..verify import acceptance_parts, accepted_bounds
+from ..judge import acceptance_parts, accepted_bounds
 
 
 class RequestsError(ValueError):

@@ -145,7 +145,7 @@ class LlamaCppPort(Port):
     the reference is a design variant, `last_block=full-then-truncate`."""
 
     name = "llamacpp"
-    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a
     skip = SKIP
     variants = {"last_block": "full-then-truncate"}
 

@@ -223,7 +223,7 @@ class LlamaServerPort(Port):
     together on one server (each group once), any other bundle alone."""
 
     name = "llama-server"
-    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a
     engine_shaped = True
     skip = tuple(s[0] for s in STAGES if s[0] not in OBSERVED)
 

@@ -33,7 +33,7 @@ class VLLMPort(Port):
     and the prefill's logits, not read yet."""
 
     name = "vllm"
-    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a
     engine_shaped = True  # it takes the engine-shaped bundles only (verify --sampling writes ENGINE_SAMPLING)
     # prefill_logits: not read yet (the prefill's sample is not the rejection sampler's, which vllm_run.py reads;
     # x_0 is: its first output id)
@@ -108,7 +108,7 @@ class VLLMBatchPort(Port):
     posterior, τ and bonus must be what the reference decodes for it alone. Only those are compared."""
 
     name = "vllm-batch"
-    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a
     skip = tuple(
         s[0] for s in STAGES if s[0] not in ("draft_tokens", "posterior", "acceptance_length", "bonus", "output_ids")
     )
@@ -131,7 +131,7 @@ class VLLMServePort(Port):
     reference computes for it alone. A bundle of no serving scenario is not this port's: `vllm` runs it."""
 
     name = "vllm-serve"
-    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a
     skip = VLLMPort.skip
 
     def __init__(self) -> None:

@@ -265,7 +265,7 @@ class DFlashMLXPort(Port):
     verify followed, left out of its tensors."""
 
     name = PORT
-    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a
     package = "dflash_mlx"  # a crash is located at this package's innermost frame (crash.py)
     variants = {
         "draft_cache": "context-only",

@@ -270,7 +270,7 @@ class MLXDSparkPort(Port):
     not installed)."""
 
     name = PORT
-    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a
     package = "mlx_dspark"  # a crash is located at this package's innermost frame (crash.py)
     variants = {"draft_cache": "context-only", "last_block": "full-then-truncate", "sliding_window": "causal"}
     skip: list[str] = []

@@ -286,7 +286,7 @@ class SpeculatorsPort(Port):
     docstring). `version`: the release that ran."""
 
     name = "speculators"
-    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a (verify.py)
+    reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a
     package = "speculators"  # a crash is located at this package's innermost frame (crash.py)
     # a training library has no decoding loop: the loop's stages (and the target's) are not the port's
     variants = {"decoding": "teacher-forced"}
