@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dflash_ref.bench.suite import without_hook_support
-from dflash_ref.bench.timing import Stopwatch, measure, paired_ratio, summarise
+from dflash_ref.bench.timing import Stopwatch, cpu_model, measure, paired_ratio, summarise
 from dflash_ref.cli import bench
 from dflash_ref.cli.bench import markdown
 from dflash_ref.hooks import HookPoint, hooks
@@ -111,7 +111,7 @@ def test_run_writes_tables_with_the_machine_they_ran_on(tmp_path, monkeypatch):
     )
     fast = r"--fast-cpu plan (measured|linear|rows-first) \((C product streamed-\w+\.so|no C product \(.+\))\)"
     assert "--fast-cpu" not in report["one"]["machine"] and re.search(fast, report["two"]["machine"])
-    assert text.count(bench.cpu_model()) == 2 and bench.cpu_model()
+    assert text.count(cpu_model()) == 2 and cpu_model()
 
 
 def test_run_hands_a_draft_folder_to_trained_alone(tmp_path, monkeypatch):

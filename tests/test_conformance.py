@@ -33,7 +33,7 @@ from dflash_ref.cache import KVCache
 from dflash_ref.conformance import SHIPPED, find_bundles, read_safetensors, verify, verify_dump
 from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import STAGES, key_for, parse_key, walk_order
-from dflash_ref.conformance.golden import SCENARIOS, SLACK, TOLERANCE_RULE, Recorded, generate_golden, write_scenario
+from dflash_ref.conformance.golden import SCENARIOS, SLACK, TOLERANCE_RULE, GoldenRun, generate_golden, write_scenario
 from dflash_ref.conformance.variants import cut_steps
 from dflash_ref.decoding import spec_generate
 from dflash_ref.dflash2 import selector_of
@@ -185,7 +185,7 @@ def test_the_reference_in_float64_passes_every_bundle(golden):
     """The plumbing of the grounded tolerances: the float64 twin, loaded from the stored weights at verify
     time, reproduces what `golden` measured (a tolerance is 4× its error, so this checks that the twin is
     deterministic and the rule applied to every tensor); block16 needed more than the old fixed 1e-5."""
-    report = verify(Recorded(torch.float64), golden)
+    report = verify(GoldenRun(torch.float64), golden)
     assert report.passed, report.text()
     block16 = find_bundles(golden / "05_block16")[0]
     assert max(e.get("error_vs_float64", 0) for e in block16.entries) > 1e-5  # the old fixed 1e-5 failed it

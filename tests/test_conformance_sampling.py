@@ -5,18 +5,21 @@ bundles (DFlash 1, and DFlash 2 with 2 candidates of 4 tokens), the statistics b
 from __future__ import annotations
 
 import math
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 import dflash_ref.acceptance as acceptance_module
+import dflash_ref.conformance.exact as exact_module
 import dflash_ref.draft_model as draft_module
 from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import SHIPPED, find_bundles
 from dflash_ref.conformance.exact import ENGINE_SAMPLING, NEGLECT, reference_sampler, verify_sampling, write_sampling
 from dflash_ref.conformance.report import NotApplicable
-from dflash_ref.conformance.sampling import check_sampling, chi_square, poisson_tail, upper_gamma_regularized
+from dflash_ref.conformance.sampling import chi_square, judge_sampling, poisson_tail, upper_gamma_regularized
 
 RUNS = 1000  # seeds 0 … 999: measured here, the reference passes (p 0.6, z −1.1) and the weakest mutant,
 # the draft at temperature 1, fails by z = −6.1 (the bundle's default for a port is 2000)
@@ -91,7 +94,7 @@ def residual_at_candidate_slots(mp):
 def test_dflash2_residual_at_the_candidate_slots_fails_the_distribution(bundle2):
     with pytest.MonkeyPatch.context() as mp:
         residual_at_candidate_slots(mp)
-        result = check_sampling(bundle2.manifest["sampling"], reference_sampler(bundle2), RUNS)
+        result = judge_sampling(bundle2.manifest["sampling"], reference_sampler(bundle2), RUNS)
     assert not result.passed and not result.distribution_ok and result.acceptance_ok, result.text()
     assert "residual norm(max(p − q, 0))" in result.text(), result.text()
 
@@ -134,7 +137,7 @@ def mutant_sampler(bundle, mp, which):
 )
 def test_sampling_bugs_fail_their_test_with_the_reason(bundle, which, fails, named):
     with pytest.MonkeyPatch.context() as mp:
-        result = check_sampling(bundle.manifest["sampling"], mutant_sampler(bundle, mp, which), RUNS)
+        result = judge_sampling(bundle.manifest["sampling"], mutant_sampler(bundle, mp, which), RUNS)
     assert not result.passed, result.text()
     assert result.distribution_ok == (fails == "acceptance") and named in result.text(), result.text()
 
@@ -142,9 +145,9 @@ def test_sampling_bugs_fail_their_test_with_the_reason(bundle, which, fails, nam
 def test_a_sampler_that_reports_tokens_per_step_or_too_few_runs_is_named(bundle):
     sampler = reference_sampler(bundle)
     with pytest.raises(ValueError, match=r"outside 0 … 2 \(the accepted proposals, not tokens per step"):
-        check_sampling(bundle.manifest["sampling"], lambda seed: (sampler(seed)[0], 3), 10)
+        judge_sampling(bundle.manifest["sampling"], lambda seed: (sampler(seed)[0], 3), 10)
     with pytest.raises(ValueError, match="runs must be a whole number ≥ 1, got 0"):
-        check_sampling(bundle.manifest["sampling"], sampler, 0)
+        judge_sampling(bundle.manifest["sampling"], sampler, 0)
     with pytest.raises(ValueError, match="has no sampler"):
         verify_sampling(ReferenceAdapter(), bundle.path, 10)  # a greedy adapter
 
@@ -187,16 +190,16 @@ def test_outputs_outside_the_enumerated_tokens_count_in_a_bin_of_their_own():
         assert math.isclose(poisson_tail(k, mean), stats.poisson.sf(k - 1, mean), rel_tol=1e-9)
     s = _two_tokens(1e-9)
     fair = lambda seed: ([5, seed % 2], seed % 2)  # noqa: E731 - half 0, half 1; τ as often 0 as 1
-    assert check_sampling(s, fair, 1000, "match").passed
+    assert judge_sampling(s, fair, 1000, "match").passed
     once = lambda seed: ([5, 7 if seed == 3 else seed % 2], seed % 2)  # noqa: E731 - one token of mass 1e-9
-    result = check_sampling(s, once, 1000, "match")
+    result = judge_sampling(s, once, 1000, "match")
     assert not result.distribution_ok and result.p_value < 1e-5, result.text()  # pooled, still seen: 1 in 1e6
     with pytest.raises(ValueError, match=r"returned \[12\], not 1 tokens of the vocabulary"):
-        check_sampling(s, lambda seed: ([5, 12], 0), 10, "match")  # beyond the vocabulary: never a bin
-    untold = check_sampling(s, lambda seed: ([5, seed % 2], None), 1000, "match")
+        judge_sampling(s, lambda seed: ([5, 12], 0), 10, "match")  # beyond the vocabulary: never a bin
+    untold = judge_sampling(s, lambda seed: ([5, seed % 2], None), 1000, "match")
     assert untold.passed and "not tested: the implementation does not report it" in untold.text()
     with pytest.raises(ValueError, match="reported the first-step τ of 999 runs of 1000: all or none"):
-        check_sampling(s, lambda seed: ([5, seed % 2], None if seed == 7 else seed % 2), 1000, "match")
+        judge_sampling(s, lambda seed: ([5, seed % 2], None if seed == 7 else seed % 2), 1000, "match")
 
 
 class _Engine:
@@ -222,10 +225,15 @@ def engine_bundle(tmp_path_factory):
 def test_an_engine_is_checked_on_the_engine_shaped_bundle_whose_other_tokens_are_one_bin(
     engine_bundle, capsys, monkeypatch
 ):
-    [(name, result)] = verify_sampling(_Engine(), None, 500, "rejection")  # default for an engine: written fresh
-    assert name == ENGINE_SAMPLING and result.passed, result.text()
-    [(name, result)] = verify_sampling(_Engine(), engine_bundle.path, 500, "match")
-    assert result.passed, result.text()
+    written = []
+
+    def write(folder, index=0, name="sampling"):  # the default folder, filled with the module's bundle (same seed)
+        written.append(name)
+        return Path(shutil.copytree(engine_bundle.path, folder))
+
+    monkeypatch.setattr(exact_module, "write_sampling", write)
+    [(name, result)] = verify_sampling(_Engine(), None, 500, "match")  # default for an engine: written fresh
+    assert written == [ENGINE_SAMPLING] and name == ENGINE_SAMPLING and result.passed, result.text()
     from dflash_ref.__main__ import main
     from dflash_ref.conformance import ports
 

@@ -275,7 +275,7 @@ def test_a_norm_weight_off_by_a_factor_per_dimension_is_named_by_the_hint():
 
 def test_the_engine_shaped_bundles_hold_what_they_are_for_and_the_official_code_passes_them(tmp_path):
     """golden --engines: SmolLM2's tokenizer beside the target, head_dim 64; each scenario's property checked
-    as it is written (scenarios.py), the reference and the official dflash 0.1.0 agree on every tensor."""
+    as it is written (scenarios.py), and the official dflash 0.1.0 agrees with the reference on every tensor."""
     from dflash_ref.conformance.engine_scenarios import ENGINE_NAMES, SERVING_NAMES
 
     written = generate_golden(tmp_path, list(ENGINE_NAMES + SERVING_NAMES))
@@ -294,9 +294,8 @@ def test_the_engine_shaped_bundles_hold_what_they_are_for_and_the_official_code_
     assert any(
         b.inputs["stop_token_ids"] and len(b.expected["output_ids"]) - len(b.inputs["input_ids"]) < 24 for b in served
     )  # fmt: skip  (a request that stops early)
-    for impl in ("reference", "zlab"):
-        report = verify(impl, tmp_path)
-        assert report.passed, report.text()
+    report = verify("zlab", tmp_path)  # the reference wrote them (golden checks each against its float64 twin)
+    assert report.passed, report.text()
 
 
 def test_a_target_whose_rope_differs_is_named_at_its_features_by_the_hint():

@@ -99,7 +99,7 @@ def test_stop_tokenizer_exposes_the_bundles_stops_only():
 
 def _recorder(selector=None):
     drafter = SimpleNamespace(config=SimpleNamespace(vocab_size=4), candidate_selector=selector, layers=[])
-    return port.Recorder(SimpleNamespace(), drafter)
+    return port.Reader(SimpleNamespace(), drafter)
 
 
 def test_on_round_reads_the_loops_own_variables():

@@ -1,6 +1,6 @@
-"""Timing: one_thread() for tiny models, seconds spent inside a module's forwards (Stopwatch, forward
-hooks, CUDA synchronised), and the side-by-side harness of the benchmarks (variants interleaved
-round-robin, medians, paired ratios).
+"""Timing: the machine a number comes from (machine(): its CPU, and a probe's speed), seconds spent inside a
+module's forwards (Stopwatch, forward hooks, CUDA synchronised), and the side-by-side harness of the benchmarks
+(variants interleaved round-robin, medians, paired ratios).
 
     clock = Stopwatch(draft, device); …run…; clock.seconds, clock.calls, clock.times; clock.remove()
     summarise(measure({"a": fn_a, "b": fn_b}, repeats), baseline="a")
@@ -12,9 +12,11 @@ that time, all passes together (two clocks on nested modules would each count th
 
 from __future__ import annotations
 
+import platform
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
@@ -90,3 +92,34 @@ def summarise(times: dict[str, list[float]], baseline: str) -> list[dict]:
         }
         for name, t in times.items()
     ]
+
+
+def machine_speed(repeats: int = 15) -> str:
+    """One fixed product timed on this machine, so that tables run on different machines can be told
+    apart: the ratios depend on it (a machine that streams weights slower makes the target's step
+    dearer and a verify of a few tokens relatively cheaper). SmolLM2's lm_head shape, fp32, two
+    columns: (49152, 576) · (576, 2), 113 MB of weights read."""
+    weight, x = torch.randn(49152, 576), torch.randn(576, 2)
+    median = statistics.median(measure({"probe": lambda: weight @ x}, repeats)["probe"])  # (49152, 2)
+    return f"probe {median * 1e3:.1f} ms ({weight.numel() * 4 / median / 1e9:.0f} GB/s: 49152×576 fp32 by 2 columns)"
+
+
+def cpu_model() -> str:
+    """The CPU's model name as lscpu gives it (/proc/cpuinfo's `model name`), else platform's guess."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(speed: bool = True) -> str:
+    """What a page or a table's footer says of the machine: CPU, threads, torch, Python, date, and (`speed`) the
+    probe's speed: a benchmark's ratios depend on it, acceptance (evaluate) does not, so that one times nothing."""
+    return (
+        f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, "
+        f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+        + (f", {machine_speed()}" if speed else "")
+    )

@@ -32,16 +32,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-
 from ..bench import baselines, engines, hybrid_rollback, steps, suite, trained
-from ..bench.timing import measure, summarise  # noqa: F401  (the harness, re-exported)
+from ..bench.timing import machine, measure, summarise  # noqa: F401  (the harness, re-exported)
 from ..drafts.checkpoint import draft_option
 from ..fast_cpu import streamed
 from ..fast_cpu.plan import linear_mode
@@ -79,36 +75,6 @@ def markdown(rows: list[dict], title: str) -> str:
     lines = [f"### {title}", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(lines)
-
-
-def machine_speed(repeats: int = 15) -> str:
-    """One fixed product timed on this machine, so that tables run on different machines can be told
-    apart: the ratios depend on it (a machine that streams weights slower makes the target's step
-    dearer and a verify of a few tokens relatively cheaper). SmolLM2's lm_head shape, fp32, two
-    columns: (49152, 576) · (576, 2), 113 MB of weights read."""
-    weight, x = torch.randn(49152, 576), torch.randn(576, 2)
-    median = statistics.median(measure({"probe": lambda: weight @ x}, repeats)["probe"])  # (49152, 2)
-    return f"probe {median * 1e3:.1f} ms ({weight.numel() * 4 / median / 1e9:.0f} GB/s: 49152×576 fp32 by 2 columns)"
-
-
-def cpu_model() -> str:
-    """The CPU's model name as lscpu gives it (/proc/cpuinfo's `model name`), else platform's guess."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine() -> str:
-    """What a table's footer says of the machine: CPU, threads, torch, Python, date, and the probe's speed."""
-    return (
-        f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, "
-        f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}, "
-        f"{machine_speed()}"
-    )
 
 
 def fast_cpu_footer() -> str:

@@ -40,14 +40,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import re
 import shlex
 import time
 from pathlib import Path
 
-import torch
-
+from ..bench.timing import machine
 from ..drafts.checkpoint import draft_option
 from ..drafts.folder import check_fits, open_draft
 from ..drafts.shipped import SHIPPED_NAMES
@@ -61,7 +59,6 @@ from ..training.measure import acceptance_by_position, fractions, mean_of_prompt
 from ..training.prompt_file import SUFFIXES, read_prompts
 from ..training.prompt_sets import SPLITS, kind_of, split_prompts
 from ..training.teacher_forced import bin_label, check_paths, plot, teacher_forced
-from .bench import cpu_model
 from .folders import check_output_file, check_output_folder
 
 DEFAULT_TOKENS = 128  # __main__'s --tokens default: `command_line` leaves it out
@@ -333,7 +330,7 @@ def run(args, say=print) -> dict:
         say(f"wrote {args.out}")
         page = page_path(args.out)
         try:
-            page.write_text(render(results, command_line(args), machine()))
+            page.write_text(render(results, command_line(args), machine(speed=False)))
         except OSError as e:  # the results are in the JSON already
             raise SystemExit(
                 f"--out {args.out}: the results are written there, but not their page {page} ({e.strerror})"
@@ -370,16 +367,6 @@ def command_line(args) -> str:
         if value is not None:
             words += [flag, str(value)]
     return shlex.join(words)
-
-
-def machine() -> str:
-    """The page's machine line: CPU (cli/bench.py's `cpu_model`), torch threads, torch, Python, date. τ + 1
-    does not depend on the machine's speed, so unlike bench's footer it times nothing; its numbers can differ a
-    little between CPUs (fp32 sums in another order)."""
-    return (
-        f"{cpu_model()} ({platform.machine()}), {torch.get_num_threads()} torch threads, "
-        f"torch {torch.__version__}, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
-    )
 
 
 def shown_path(folder) -> str:

@@ -289,7 +289,7 @@ def _sampled_endpoint(args, parser: argparse.ArgumentParser) -> int:
     from ..conformance.endpoint import EndpointError
     from ..conformance.endpoint.client import Endpoint
     from ..conformance.endpoint.sampling import EndpointSampler
-    from ..conformance.sampling import check_sampling
+    from ..conformance.sampling import judge_sampling
 
     served = args.dtype != "float32" or args.strict or args.serving != "alone" or args.max_new_tokens != 64
     if args.bundle is None or args.target or args.draft or args.prompts or args.json or args.html or served:
@@ -310,7 +310,7 @@ def _sampled_endpoint(args, parser: argparse.ArgumentParser) -> int:
             print(f"{b.name}: sampling {args.runs or b.manifest['sampling']['runs']} runs through {endpoint.url}",
                   flush=True)  # fmt: skip
             sampler = EndpointSampler(endpoint, b)
-            result = check_sampling(b.manifest["sampling"], sampler, args.runs, verifier)
+            result = judge_sampling(b.manifest["sampling"], sampler, args.runs, verifier)
             result.note = sampler.note
             results.append(result)
             print(result.text())

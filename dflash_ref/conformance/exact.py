@@ -37,7 +37,7 @@ from .official import DFLASH_HINT, ZLabAdapter
 from .port import as_port
 from .ports import resolve
 from .report import NotApplicable
-from .sampling import SamplingResult, check_sampling
+from .sampling import SamplingResult, judge_sampling
 from .scenarios import tiny_pair
 
 ENGINE_SAMPLING = "engine_sampling"  # engine shapes: SmolLM2's tokenizer and vocabulary, a DFlash 1 draft
@@ -300,7 +300,7 @@ def verify_sampling(
     for b in bundles:
         try:
             sampler = resolve_sampler(impl, b, verifier)
-            result = check_sampling(b.manifest["sampling"], sampler, runs, verifier)
+            result = judge_sampling(b.manifest["sampling"], sampler, runs, verifier)
             result.note = getattr(sampler, "note", "")
             results.append((b.name, result))
         except NotApplicable as e:  # the engine refuses this bundle: said, neither a pass nor a failure

@@ -59,7 +59,7 @@ TOLERANCE_RULE = (
 )
 
 
-class Recorded(ReferenceAdapter):
+class GoldenRun(ReferenceAdapter):
     """The reference in `dtype` (None: the bundle's own; float64: what each golden value's rounding is
     measured against, RoPE angles in transformers' float32 recipe as everywhere), keeping the logits of
     every target pass: the posterior's decisions."""
@@ -217,15 +217,15 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
             "size": draft.config.sliding_window,
             "layers": sorted(sliding),
         }
-    bundle, golden, exact = Bundle(folder, manifest), Recorded(), Recorded(torch.float64)
+    bundle, golden, float64 = Bundle(folder, manifest), GoldenRun(), GoldenRun(torch.float64)
     produced = candidates_in_id_order(golden.run(bundle))  # from the weights as stored
     scenario.check(produced)
-    twin = candidates_in_id_order(exact.run(bundle))
+    twin = candidates_in_id_order(float64.run(bundle))
     _decisions_agree(scenario.name, produced, twin, "the float64 twin")
     logits = sorted((k for k in produced if parse_key(k)[0] == "logits"), key=walk_order)
     margins = {
         "draft": _margin([produced[k] for k in logits], [twin[k] for k in logits]),
-        "target": _margin(*([t.double().numpy() for t in run.target_logits] for run in (golden, exact))),
+        "target": _margin(*([t.double().numpy() for t in run.target_logits] for run in (golden, float64))),
     }
     unary = sorted((k for k in produced if parse_key(k)[0] == "unary"), key=walk_order)
     if unary:  # DFlash 2: the candidates are the K largest logits, the path's decisions argmax_k (unary + pair)
@@ -253,7 +253,7 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
         array = array.astype(np.int64 if np.issubdtype(array.dtype, np.integer) else np.float32)
         entry = _entry(key, array, tolerance, sliding)
         if not np.issubdtype(array.dtype, np.integer):
-            exact = twin[key].astype(np.float64)
+            exact = twin[key].astype(np.float64)  # the float64 twin's value: the exact one, to the golden's precision
             entry["error_vs_float64"] = float(np.abs(array - exact).max() / max(1.0, np.abs(exact).max()))
             entry["tolerance"] = max(tolerance, SLACK * entry["error_vs_float64"])
         manifest["tensors"].append(entry)

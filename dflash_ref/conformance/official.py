@@ -39,7 +39,7 @@ def official_module(name: str = "model"):
         raise NotApplicable(DFLASH_HINT) from None
 
 
-class _OfficialRecorder:
+class _OfficialReader:
     """Scoped hooks and patches around one `dflash.model.dflash_generate` call; fills `out`."""
 
     def __init__(self, official, draft, target) -> None:
@@ -280,7 +280,7 @@ class ZLabAdapter(Port):
         official = official_module()
         target, draft = self.load(bundle)
         inputs = bundle.inputs
-        with one_thread(), _OfficialRecorder(official, draft, target) as recorder:
+        with one_thread(), _OfficialReader(official, draft, target) as recorder:
             stats = official.dflash_generate(
                 draft,
                 target,

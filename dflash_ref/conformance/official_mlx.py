@@ -63,7 +63,7 @@ class _Tap:
         return getattr(self.module, name)
 
 
-class _MLXRecorder:
+class _MLXReader:
     """Taps on one draft and target for one stream_generate call; fills `out` keyed as the manifest,
     and `steps` with each decode step's loop values."""
 
@@ -266,7 +266,7 @@ class MLXAdapter(Port):
         target, draft = self.load(bundle)
         inputs, stops = bundle.inputs, set(bundle.inputs.get("stop_token_ids") or ())
         tokens = []
-        with _MLXRecorder(draft, target) as recorder, _stub_tokenizer(official, stops) as tokenizer:
+        with _MLXReader(draft, target) as recorder, _stub_tokenizer(official, stops) as tokenizer:
             stream = official.stream_generate(
                 recorder.target,
                 draft,

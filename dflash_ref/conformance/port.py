@@ -84,6 +84,8 @@ class _Given(Port):
         self.name = getattr(given, "name", None) or getattr(given, "__name__", None) or type(given).__name__
 
     def run(self, bundle) -> dict:
+        if not hasattr(self.given, "run"):
+            return super().run(bundle)
         return self.given.run(bundle)
 
     def sampler(self, bundle, verifier: str):
@@ -108,14 +110,15 @@ class _Function(Port):
 
 
 def as_port(impl) -> Port:
-    """A Port as it is; an object with run() as a Port; a function bundle → dict as one; else a TypeError."""
+    """A Port as it is; an object with run() or sampler() (a sampling-only port) as a Port; a function bundle → dict
+    as one; else a TypeError."""
     if isinstance(impl, Port):
         return impl
-    if hasattr(impl, "run"):
+    if hasattr(impl, "run") or hasattr(impl, "sampler"):
         return _Given(impl)
     if callable(impl):
         return _Function(impl)
-    raise TypeError(f"{impl!r} is not a port: a Port, an object with run(bundle), or a function bundle → dict")
+    raise TypeError(f"{impl!r} is not a port: a Port, an object with run(bundle) or sampler(), or a function")
 
 
 def outputs(out: dict, prompt, tokens, layer_ids=None) -> dict:

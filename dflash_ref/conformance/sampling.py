@@ -12,7 +12,7 @@ distribution of the first decode step's τ for each verifier:
     match       d_i = argmax q_i;  P(τ ≥ 1 | x_0) = p_1(d_1),  P(τ ≥ 2 | x_0) = p_1(d_1) · p_2(d_2 | d_1)
 
 (q_i: the draft's distributions at block position i, drawn in one parallel pass from [x_0, mask, …];
-p_i: the target's at the verified position). `check_sampling` runs the port's sampler R times with
+p_i: the target's at the verified position). `judge_sampling` runs the port's sampler R times with
 seeds 0 … R − 1 (`sampler(seed)`, or `sampler.many(seeds)` for an engine that serves them at once) and tests
 both: a chi-square test of the outputs' counts against R · P (bins of expected count below 5 pooled; the
 "other" bin, too rare to be tested so, also by its Poisson tail alone: the smaller p-value counts, so a correct
@@ -133,7 +133,7 @@ class SamplingResult:
         return "\n".join(lines)
 
 
-def check_sampling(sampling: dict, sampler, runs: int | None = None, verifier: str = "rejection") -> SamplingResult:
+def judge_sampling(sampling: dict, sampler, runs: int | None = None, verifier: str = "rejection") -> SamplingResult:
     """Run `sampler(seed)` for seeds 0 … runs − 1 (or `sampler.many(seeds)`, for an engine that serves them at
     once) and test it against the bundle's exact distributions (`sampling`: the manifest's section). Its outputs
     outside `sequences` (the vocabulary's tokens beyond those enumerated) count in one bin of mass `other`. A

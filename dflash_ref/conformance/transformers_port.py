@@ -69,7 +69,7 @@ def _output_cache(output):
     return getattr(output, "cache", None) or output.past_key_values
 
 
-class _Recorder(Taps):
+class _Reader(Taps):
     """Scoped hooks and patches around one `generate` call (torch_taps.Taps); fills `out` keyed as the manifest."""
 
     def __init__(self, target, draft, candidates, muse) -> None:
@@ -80,7 +80,7 @@ class _Recorder(Taps):
         self.draft_lengths: list[int] = []
         self.at(0)
 
-    def __enter__(self) -> _Recorder:
+    def __enter__(self) -> _Reader:
         d, t = self.draft, self.target
 
         def draft_inputs(mod, args, kwargs):
@@ -233,7 +233,7 @@ class TransformersPort(Port):
             max_new_tokens=inputs["max_new_tokens"], do_sample=False, eos_token_id=stops or None, pad_token_id=0,
             speculation_type="dflash",
         )  # fmt: skip
-        with one_thread(), torch.no_grad(), _Recorder(target, draft, candidates, muse) as recorder:
+        with one_thread(), torch.no_grad(), _Reader(target, draft, candidates, muse) as recorder:
             try:
                 output = target.generate(
                     prompt, attention_mask=torch.ones_like(prompt), generation_config=config, assistant_model=draft

@@ -1,6 +1,6 @@
 """Sampled decoding checked from outside (`verify --sampling --endpoint URL`): the sampling bundle's prompt sent once
 per seed at its temperature (the request's `seed`, no top-k, top-p or min-p), and the outputs tested against the
-bundle's exact distribution as `verify --sampling` tests an in-process sampler (sampling.check_sampling).
+bundle's exact distribution as `verify --sampling` tests an in-process sampler (sampling.judge_sampling).
 
 The server must serve the sampling bundle's target and draft (`golden --engines` writes `engine_sampling`; start the
 server on its folders). The first step's τ is tested where the server tells it per request: llama-server's totals
@@ -19,7 +19,7 @@ IN_FLIGHT = 4  # requests at once: a server batches them as it batches any users
 
 
 class EndpointSampler:
-    """sampling.check_sampling's sampler: `many(seeds)` → per seed (prompt + output ids, first-step τ or None)."""
+    """sampling.judge_sampling's sampler: `many(seeds)` → per seed (prompt + output ids, first-step τ or None)."""
 
     def __init__(self, endpoint: Endpoint, bundle) -> None:
         self.endpoint, self.bundle = endpoint, bundle

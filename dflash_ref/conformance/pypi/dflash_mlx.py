@@ -86,7 +86,7 @@ def step_values(posterior, tau: int, proposals) -> tuple[list[int], list[int], i
     return proposals, posterior, int(tau), posterior[int(tau)]
 
 
-class _Recorder:
+class _Reader:
     """The taps of one run: fills `out` (manifest key → numpy array) and `steps` (step → its six cache lengths
     and loop values), reading the port's draft, draft backend and target ops."""
 
@@ -302,7 +302,7 @@ class DFlashMLXPort(Port):
                 )
             except NotImplementedError as e:  # its target ops refuse the architecture, in its words
                 raise NotApplicable(f"{PORT} refuses this target: {e}") from None
-            recorder = _Recorder(taps, runtime)
+            recorder = _Reader(taps, runtime)
             stream = stream_dflash_generate(
                 target_model=runtime.target_model,
                 target_ops=runtime.target_ops,

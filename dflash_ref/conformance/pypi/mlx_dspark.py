@@ -103,7 +103,7 @@ def conv_taps(projection: np.ndarray, taps: int) -> np.ndarray:
     return projection.reshape(projection.shape[0], 2, taps, -1)  # (L_q, 2, K, G)
 
 
-class Recorder:
+class Reader:
     """Taps on one run of `dflash_generate`: fills `out` keyed as the manifest and `steps` with each round's loop
     values. Draft tensors are keyed by the round in progress (`step`), counted up at each `on_round`."""
 
@@ -298,7 +298,7 @@ class MLXDSparkPort(Port):
         tokenizer = StopTokenizer(tokenizer, stops)
         if generate.eos_token_ids(tokenizer) != set(stops):  # the port's own reading of its stop set
             raise AssertionError(f"{PORT} reads stop ids {generate.eos_token_ids(tokenizer)}, not {stops}")
-        with Recorder(target, drafter) as recorder:
+        with Reader(target, drafter) as recorder:
             result = generate.dflash_generate(
                 target,
                 tokenizer,
