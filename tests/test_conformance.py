@@ -1365,7 +1365,8 @@ def crashes_with(error: BaseException):
     return lambda mp: run
 
 
-# matrix.CAUSES, each named bug → (its tensors reproduced here, the bundle, what the first divergence then says)
+# the matrix's causes (each report's header: known_bugs.py), each named bug → (its tensors reproduced here, the
+# bundle, what the first divergence then says)
 CAUSE_HINTS = {
     ("zlab [0.1.0 code]", "recurrent_state"): (
         rollback_by_crop_only,

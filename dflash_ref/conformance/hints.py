@@ -939,7 +939,7 @@ def _past_the_stop(expected, got, context) -> str | None:
 
 
 def _prompt_alone(expected, got, context) -> str | None:
-    """The output is the prompt, which ends with a stop token (a missing x_0 says the same, verify.compare)."""
+    """The output is the prompt, which ends with a stop token (a missing x_0 says the same, judge.compare)."""
     return prompt_taken_for_the_end(context.get("inputs") or {}, got) if got.ndim == 1 else None
 
 

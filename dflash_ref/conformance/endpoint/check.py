@@ -23,7 +23,7 @@ Judging a request (`judge`):
                  request sent alone without either, it is sent again streamed). Without evidence an output that
                  passes is "unobserved", not pass (unless the operator accepts outputs only: --outputs-only).
     acceptance   compared only where the output is the reference's (another output is another run): the count in
-                 [low, high] (expected.Request.accepted, verify.acceptance_parts), and per draft position where
+                 [low, high] (expected.Request.accepted, judge.acceptance_parts), and per draft position where
                  the server counts so. In float32 a count outside is a FAIL; in bfloat16 or float16 the draft's own
                  argmax may fall at a near-tie too, so the count is reported beside the reference's, not judged.
 """

@@ -83,7 +83,7 @@ class Request:
     def accepted_per_position(self) -> list[tuple[int, int]]:
         """Per draft position i (0: the first proposal), how many steps accepted it: [low, high] (vLLM's
         spec_decode_num_accepted_tokens_per_pos): the exact steps' count, plus one a step the rest may take at the
-        positions it may reach (verify.acceptance_parts)."""
+        positions it may reach (judge.acceptance_parts)."""
         exact, rest, steps = acceptance_parts(self.taus, len(self.expected), self.block_size, self.max_new_tokens)
         span = max(exact + [rest, 0])
         span = min(span, self.block_size - 1) if self.block_size else span  # a block proposes γ = block − 1

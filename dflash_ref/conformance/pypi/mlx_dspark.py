@@ -92,7 +92,7 @@ def predecessor_rows(candidates: np.ndarray, path: np.ndarray) -> list[int]:
 
 def selector_pair(pred: np.ndarray, proj: np.ndarray, succ: np.ndarray, candidates, path) -> np.ndarray:
     """The pair term (γ, K) along the port's path from its own gathers: `pred` (γ, K, r) its predecessor codebook
-    rows, `proj` (γ, r) its hidden projection, `succ` (γ, K, r) its successor codebook rows (adapters.pair_scores)."""
+    rows, `proj` (γ, r) its hidden projection, `succ` (γ, K, r) its successor codebook rows (port.pair_scores)."""
     rows = predecessor_rows(np.asarray(candidates), np.asarray(path))
     return pair_scores([pred[t, j] for t, j in enumerate(rows)], proj, list(succ))
 
