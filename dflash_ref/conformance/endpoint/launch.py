@@ -1,5 +1,5 @@
 """Real DFlash servers on the loopback, on a bundle folder's model pair, for checking them from outside (.ci/engines,
-tests/test_endpoint_servers.py): what an operator runs, started as an operator starts it.
+tests/conformance/test_endpoint_servers.py): what an operator runs, started as an operator starts it.
 
     python -m dflash_ref.conformance.endpoint.launch vllm|vllm-fixed|llama-server BUNDLES|TARGET DRAFT -- verify …
 

@@ -23,9 +23,9 @@ is how far that dtype moves the logits near the top there, twice (two logits, ea
 their sum). A margin within drift_t is **within the dtype's measured drift**; beyond, a **FAIL**: the engine chose
 a token the target does not rank first by more than its dtype blurs at that position. Not the two logits' own
 moves: another engine's kernels move each logit otherwise, and a correct bfloat16 engine summing in another order
-was seen to depart at 3.8 times the reference's move of those two (tests/test_endpoint.py's tiny target), within
-0.74 of drift_t; a RoPE base read as 10× smaller departed at up to 18 times it. (Over the run, the engine's
-departures are held to a control's: control.py.)
+was seen to depart at 3.8 times the reference's move of those two (tests/conformance/test_endpoint.py's tiny
+target), within 0.74 of drift_t; a RoPE base read as 10× smaller departed at up to 18 times it. (Over the run,
+the engine's departures are held to a control's: control.py.)
 
 The replay is float64 on the project's own Qwen3 and Llama targets but for RoPE's angles, which the target's
 definition computes in float32 (transformers and the engines do too): their RMSNorms compute their statistics in

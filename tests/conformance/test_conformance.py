@@ -42,7 +42,7 @@ from dflash_ref.target import Qwen3_5Target
 from dflash_ref.target.hybrid_cache import HybridCache
 from dflash_ref.target.qwen3 import TargetOutput
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
@@ -277,7 +277,7 @@ def test_reference_passes_via_the_cli(golden):
 
 def plain_targets(golden: Path, folder: Path) -> Path:
     """Every bundle but the hybrid target's (the official PyTorch code rolls a hybrid back by crop alone, a
-    bug the kit names: tests/test_conformance_ports.py), linked into `folder`."""
+    bug the kit names: tests/conformance/test_conformance_ports.py), linked into `folder`."""
     folder.mkdir()
     for bundle in sorted(p for p in golden.iterdir() if p.is_dir() and not p.name.endswith("_hybrid_target")):
         (folder / bundle.name).symlink_to(bundle)
@@ -760,7 +760,8 @@ class KeepsLastContext(KVCache):
 
 def draft_context_window_of_2(mp):
     """The draft attends only the last 2 context positions (and the block), its port declaring an unbounded
-    context (undeclared, the kit detects the window from its K after RoPE: tests/test_conformance_variants.py)."""
+    context (undeclared, the kit detects the window from its K after RoPE:
+    tests/conformance/test_conformance_variants.py)."""
 
     class Windowed(Wrapped):
         def make_cache(self):

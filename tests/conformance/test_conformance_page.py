@@ -26,7 +26,7 @@ from dflash_ref.conformance.golden import generate_golden
 from dflash_ref.conformance.page import MAX_CHIPS, MAX_SIDE, MAX_VALUES, write_report_html
 from dflash_ref.viewer import browser
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PATTERN = key_for("pattern", 0, 0)  # step 0, layer 0: where the causal mutant diverges first
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")

@@ -1,6 +1,6 @@
 """`verify --endpoint` / `verify --outputs` (conformance/endpoint/): the protocol, the judging of each request and
-the float64 tie check, against a stand-in server (tests/endpoint_standin.py) decoding with the reference or with a
-planted bug. The real servers (vLLM's, llama-server) are driven in .ci/engines."""
+the float64 tie check, against a stand-in server (tests/conformance/endpoint_standin.py) decoding with the reference
+or with a planted bug. The real servers (vLLM's, llama-server) are driven in .ci/engines."""
 
 from __future__ import annotations
 

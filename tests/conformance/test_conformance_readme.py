@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "dflash_ref" / "conformance" / "README.md"
+README = Path(__file__).resolve().parents[2] / "dflash_ref" / "conformance" / "README.md"
 
 
 def test_the_readmes_adapter_gives_the_verdict_it_shows():

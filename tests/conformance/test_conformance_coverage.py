@@ -307,7 +307,7 @@ def test_the_readme_documents_every_key():
 
     from dflash_ref.conformance.bundle import STAGES, key_for
 
-    readme = (Path(__file__).resolve().parents[1] / "dflash_ref" / "conformance" / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "dflash_ref" / "conformance" / "README.md").read_text()
     table = readme[readme.index("**Keys and layouts**") : readme.index("**The Port contract**")]
     for stage, *_ in STAGES:
         name = key_for(stage, 0, 0).split("/")[-1].rsplit(".", 1)[-1]  # e.g. hook_k_rot, target_logits
