@@ -163,6 +163,21 @@ class Divergence:
         return f"{head} {ulp}, {relation} {self.dtype}'s measured drift {self.drift:.2e} there): {verdict}"
 
 
+def _chose(target, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+    """The logits that chose each output token (n, V), float64, on `target`'s device: one teacher-forced pass of
+    `target` over prompt + output."""
+    device = next(target.parameters()).device
+    ids = torch.tensor([list(prompt_ids) + list(output_ids)], dtype=torch.long, device=device)  # (1, L)
+    logits = target(ids, past_key_values=target.make_cache(), output_hidden_states=False).logits  # (1, L, V)
+    return logits[0, len(prompt_ids) - 1 : -1].double()
+
+
+def drifts(z: torch.Tensor, z_d: torch.Tensor) -> torch.Tensor:
+    """Each position's drift (n,): 2 · the largest |z_d − z| over its LEADING logits by float64 (module docstring)."""
+    lead = z.topk(min(LEADING, z.shape[-1]), dim=-1).indices  # (n, LEADING)
+    return 2.0 * (z_d.gather(1, lead) - z.gather(1, lead)).abs().amax(dim=-1)
+
+
 @torch.inference_mode()
 def replay(target64, prompt_ids: list[int], output_ids: list[int], dtype: str, target_d=None) -> list[Divergence]:
     """Every position of `output_ids` where it is not the float64 target's argmax after prompt + output before it
@@ -171,31 +186,23 @@ def replay(target64, prompt_ids: list[int], output_ids: list[int], dtype: str, t
     if not output_ids:
         return []
     replay_limits(target64, prompt_ids, output_ids)
-    device = next(target64.parameters()).device
-    ids = torch.tensor([list(prompt_ids) + list(output_ids)], dtype=torch.long, device=device)  # (1, L)
     with float64_norms(target64):
-        logits = target64(ids, past_key_values=target64.make_cache(), output_hidden_states=False).logits
-    z = logits[0, len(prompt_ids) - 1 : -1].double()  # (n, V): the logits that chose each output token
-    chosen = torch.tensor(output_ids, device=device)
+        z = _chose(target64, prompt_ids, output_ids)  # (n, V): the logits that chose each output token
+    chosen = torch.tensor(output_ids, device=z.device)
     top_values, tops = z.max(dim=-1)
     mine = z.gather(1, chosen[:, None])[:, 0]
     departed = torch.nonzero(tops != chosen).flatten().tolist()
-    z_d = None
+    drift = None
     if departed and target_d is not None:  # the same tokens through the engine's dtype: the drift there
-        logits_d = target_d(ids.to(next(target_d.parameters()).device), past_key_values=target_d.make_cache(),
-                            output_hidden_states=False).logits  # fmt: skip
-        z_d = logits_d[0, len(prompt_ids) - 1 : -1].double().to(z.device)  # (n, V)
+        drift = drifts(z, _chose(target_d, prompt_ids, output_ids).to(z.device)).tolist()  # (n,)
     out = []
     for i in departed:
         scale = abs(float(top_values[i]))
         margin = float(top_values[i] - mine[i])
         if margin == 0.0:  # an exact tie in float64: the engine's token is an argmax too
             continue
-        drift = None
-        if z_d is not None:  # the leading logits' moves in the engine's dtype
-            lead = z[i].topk(min(LEADING, z.shape[-1])).indices  # (LEADING,)
-            drift = 2.0 * float((z_d[i, lead] - z[i, lead]).abs().max())
-        out.append(Divergence(i, int(chosen[i]), int(tops[i]), margin, resolution(scale, dtype), scale, dtype, drift))
+        out.append(Divergence(i, int(chosen[i]), int(tops[i]), margin, resolution(scale, dtype), scale, dtype,
+                              drift[i] if drift is not None else None))  # fmt: skip
     return out
 
 
@@ -206,16 +213,11 @@ def logprob_fault(target64, target_d, prompt_ids: list[int], output_ids: list[in
     position: a logprob is a logit less a log-sum-exp, and another engine's kernels round each otherwise than ours,
     so one position's measure is too narrow): the first such position in words, "" where none is. A logprob that
     is the draft's, or of a distribution left untempered, is off by far more."""
-    device = next(target64.parameters()).device
-    ids = torch.tensor([list(prompt_ids) + list(output_ids)], dtype=torch.long, device=device)  # (1, L)
     with float64_norms(target64):
-        z = target64(ids, past_key_values=target64.make_cache(), output_hidden_states=False).logits
-    z = z[0, len(prompt_ids) - 1 : -1].double()  # (n, V)
-    z_d = target_d(ids.to(next(target_d.parameters()).device), past_key_values=target_d.make_cache(),
-                   output_hidden_states=False).logits[0, len(prompt_ids) - 1 : -1].double().to(z.device)  # fmt: skip
+        z = _chose(target64, prompt_ids, output_ids)  # (n, V)
+    z_d = _chose(target_d, prompt_ids, output_ids).to(z.device)  # (n, V): the engine dtype's
     exact = z.log_softmax(-1).gather(1, torch.tensor(output_ids, device=z.device)[:, None])[:, 0]  # (n,)
-    lead = z.topk(min(LEADING, z.shape[-1]), dim=-1).indices  # (n, LEADING)
-    drift = 2.0 * float((z_d.gather(1, lead) - z.gather(1, lead)).abs().max())
+    drift = float(drifts(z, z_d).max())
     for i, (given, want) in enumerate(zip(logprobs, exact.tolist())):
         if given is None or given != given:  # not given there (NaN)
             continue
