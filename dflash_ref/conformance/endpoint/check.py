@@ -175,8 +175,7 @@ class Runner:
             self.progress(f"{self.endpoint.url} refused a token-id prompt ({e}); prompts go as text from now on")
         self.ids_taken = self.ids_taken or not self.as_text
         counted = delta(before, settled_counters(self.endpoint, before)) if self.metered else None
-        result = self.judge(request, got, counted, probe=True)
-        return result
+        return self.judge(request, got, counted, probe=True)
 
     def _streamed(self, group: list[Request]) -> dict[str, Result]:
         before = self.endpoint.counters() if self.metered else None
@@ -322,7 +321,7 @@ class Runner:
         stop token, "length" where max_tokens cut it), its logprobs (the target's, ties.logprob_fault), its usage
         (the prompt's tokens, the output's)."""
         said = []
-        finish = "stop" if ids and ids[-1] in set(request.stop_ids) else "length"
+        finish = request.finish_reason(ids)
         if got.finish_reason is not None and got.finish_reason != finish:
             cause = "it ended at a stop token" if finish == "stop" else "max_tokens cut it"
             said.append(f"finish_reason {got.finish_reason!r} where {cause} (the protocol's {finish!r})")
@@ -335,7 +334,7 @@ class Runner:
                 said.append(fault)
         usage = got.raw.get("usage") if isinstance(got.raw, dict) else None
         if isinstance(usage, dict):
-            given = got.output_ids if got.output_ids is not None else None
+            given = got.output_ids
             if given is not None and usage.get("completion_tokens") not in (None, len(given)):
                 said.append(f"usage.completion_tokens {usage['completion_tokens']} for {len(given)} output tokens")
             if not self.as_text and usage.get("prompt_tokens") not in (None, len(request.prompt_ids)):

@@ -64,6 +64,11 @@ class Request:
     serving: dict | None = None  # a serving scenario's entry (engine_scenarios.SERVING_MEANING), if any
     condition: str = "one sequence"  # the serving condition it is sent under, in the matrix's words
 
+    def finish_reason(self, ids: list[int]) -> str:
+        """The protocol's finish_reason for an output `ids` of this request: "stop" where it ends at a stop token,
+        else "length" (cut by max_tokens)."""
+        return "stop" if ids and ids[-1] in set(self.stop_ids) else "length"
+
     def accepted(self) -> tuple[int, int]:
         """The draft tokens a server may count as accepted for this request: [low, high]."""
         return accepted_bounds(self.taus, len(self.expected), self.block_size, self.max_new_tokens)

@@ -69,12 +69,6 @@ def steps_of(request: Request) -> list[tuple[int, int]]:
     return out
 
 
-def finish_expected(request: Request, ids: list[int]) -> str:
-    """The protocol's finish_reason for an output `ids` of `request`: "stop" where it ends at a stop token, else
-    "length" (cut by max_tokens)."""
-    return "stop" if ids and ids[-1] in set(request.stop_ids) else "length"
-
-
 class Prober:
     """The probes of the module docstring, through `endpoint` (and `plain`, a plain route, if given)."""
 
@@ -92,8 +86,11 @@ class Prober:
             out += self._probes(x.request, x.completion.text)
         return out
 
-    def _send(self, endpoint: Endpoint, request: Request, max_tokens: int, **fields) -> dict:
-        body = endpoint.body(request.prompt_ids, max_tokens, request.stop_ids, 0.0, None, None)
+    def _send(
+        self, endpoint: Endpoint, request: Request, max_tokens: int, temperature=0.0, seed=None, **fields
+    ) -> dict:
+        """`request` through `endpoint` (its own body: its engine's fields), greedy unless told, with `fields` set."""
+        body = endpoint.body(request.prompt_ids, max_tokens, request.stop_ids, temperature, seed, None)
         body.update(fields)
         return endpoint._json("/v1/completions", body)
 
@@ -131,7 +128,7 @@ class Prober:
             f"max_tokens {cut} (inside the step of tokens {a}..{b - 1})",
             cut,
             texts.decode(e[:cut]) if text == full else None,
-            finish_expected(r, e[:cut]),
+            r.finish_reason(e[:cut]),
             expect_ids=e[:cut],
         )
         if text != full:  # its texts are another detokenization's: the probes of texts cannot be held to ours
@@ -169,8 +166,8 @@ class Prober:
                   stop=[stop], include_stop_str_in_output=True)  # fmt: skip
         if set(e) & texts.specials:
             probe("skip_special_tokens false", r.max_new_tokens, texts.decode(e, keep_special=True),
-                  finish_expected(r, e), full, skip_special_tokens=False)  # fmt: skip
-        probe("echo", r.max_new_tokens, texts.decode(r.prompt_ids) + full, finish_expected(r, e), full, echo=True)
+                  r.finish_reason(e), full, skip_special_tokens=False)  # fmt: skip
+        probe("echo", r.max_new_tokens, texts.decode(r.prompt_ids) + full, r.finish_reason(e), full, echo=True)
         out.append(self._two_choices(r, full))
         out.append(self._seeded(r))
         return out
@@ -224,9 +221,9 @@ class Prober:
 
     def _seeded(self, r: Request) -> Probe:
         """Sampled twice with one seed: the same text both times (the route draws its numbers from the seed)."""
-        body = self.endpoint.body(r.prompt_ids, min(16, r.max_new_tokens), r.stop_ids, 1.0, 1234, None)
+        sampled = {"max_tokens": min(16, r.max_new_tokens), "temperature": 1.0, "seed": 1234}
         try:
-            first, second = (self.endpoint._json("/v1/completions", body) for _ in range(2))
+            first, second = (self._send(self.endpoint, r, **sampled) for _ in range(2))
         except EndpointError as e:
             if not e.refused:
                 raise
@@ -237,9 +234,7 @@ class Prober:
             if self.plain is None:
                 return Probe(r.name, "seed 1234 at temperature 1", "n/a", f"{said} (the protocol's seed is best "
                              "effort; with --plain the plain route's answers are the measure)")  # fmt: skip
-            plain_body = {**body, "model": self.plain.model}
-            again = [parse_completion(self.plain._json("/v1/completions", plain_body), self.plain.url).text
-                     for _ in range(2)]  # fmt: skip
+            again = [parse_completion(self._send(self.plain, r, **sampled), self.plain.url).text for _ in range(2)]
             status = "FAIL" if again[0] == again[1] else "n/a"
             return Probe(r.name, "seed 1234 at temperature 1", status,
                          f"{said}; the plain route's two {'agree' if status == 'FAIL' else 'differ too'}")  # fmt: skip
