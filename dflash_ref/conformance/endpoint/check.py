@@ -408,7 +408,7 @@ def observed(request: Request, got: Completion, counted: dict | None, again: boo
     if counted is not None and any(k in counted for k in SPECULATIVE):
         drafts = counted.get("drafts", 0.0) or counted.get("draft_tokens", 0.0)
         if drafts > 0:
-            return True, f"observed: its counters moved by {int(counted.get('drafts', 0))} drafts"
+            return True, f"observed: its counters moved by {int(drafts)} drafts"
         return False, "not observed: its speculative-decoding counters did not move"
     chunks, commits = got.chunks, request.commits()
     sent = "sent again streamed, it" if again else "it"
