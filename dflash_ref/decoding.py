@@ -249,8 +249,7 @@ def spec_generate(
         # 5. crop the target cache to the committed tokens; their features are the next context
         target_cache.crop(start + produced)  # rejected K/V go
         if block_size > 1:
-            target_hidden = extract_context_feature(out.hidden_states, draft.target_layer_ids)[:, :produced]
-            # (1, produced, k·d)
+            target_hidden = committed_features(out.hidden_states, draft.target_layer_ids, produced)
         result.add_step(tau, produced)
         if on_step is not None:
             index = len(result.acceptance_lengths) - 1
@@ -314,6 +313,12 @@ def _draft_proposer(draft, target, draft_cache, temperature, top_p, top_k, verif
         return proposal
 
     return propose
+
+
+def committed_features(hidden_states, layer_ids, produced: int) -> torch.Tensor:
+    """Stage 5's new context: the features of the verified positions whose tokens were committed, x_0 and the τ
+    accepted (`produced` of them), never those of the rejected proposals → (1, produced, k·d)."""
+    return extract_context_feature(hidden_states, layer_ids)[:, :produced]
 
 
 def _check_arguments(

@@ -128,6 +128,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "that trickles bytes is held to it too; default 600)",
     )
     p.add_argument(
+        "--no-diagnose",
+        action="store_true",
+        help="with --impl or --dump: leave each bundle's first divergence to the hints read from the tensors, without "
+        "re-running the reference under each catalogued cause to find the one that reproduces it (conformance/causes/)",
+    )
+    p.add_argument(
         "--html",
         metavar="FILE",
         help="also write the report as one self-contained HTML page (offline): each bundle's stages, and at the "
@@ -200,9 +206,13 @@ def main(args, parser: argparse.ArgumentParser) -> int:
         if args.profile and not args.dump:
             raise InputError("--profile goes with --dump (an adapter declares its own `variants`)")
         report = (
-            verify_dump(args.dump, args.bundle, args.allow_missing, variants, args.skip, args.profile)
+            verify_dump(
+                args.dump, args.bundle, args.allow_missing, variants, args.skip, args.profile, not args.no_diagnose
+            )
             if args.dump
-            else run_verify(args.impl, args.bundle, args.allow_missing, variants, args.skip, args.timeout)
+            else run_verify(
+                args.impl, args.bundle, args.allow_missing, variants, args.skip, args.timeout, not args.no_diagnose
+            )
         )
     except (InputError, ValueError) as e:
         raise SystemExit(f"verify: {e}") from None

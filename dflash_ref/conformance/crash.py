@@ -103,6 +103,84 @@ def where(error: BaseException, adapter=None) -> str:
     return f"{said} — {whose} {_short(own)}{beside}"
 
 
+# names a port gives DFlash's values (its own spellings vary; these are the usual ones)
+VALUE_NAMES = (
+    "target_hidden", "hidden_states", "hidden", "context", "noise_embedding", "noise", "position_ids", "positions",
+    "attention_mask", "mask", "past_key_values", "cache", "logits", "input_ids", "block", "layer_ids", "features",
+)  # fmt: skip
+
+
+def dimensions(configs: dict[str, dict], block_size: int | None = None) -> dict[int, str]:
+    """A bundle's sizes by value → their names in DFlash's terms (d, k·d, V, H_q·d_h, …), from its configs
+    ("target", "draft" config.json); a size two names share is said once with both."""
+    draft = configs.get("draft") or {}
+    target = configs.get("target") or {}
+    target = target.get("text_config") or target
+    inner = draft.get("dflash_config") or {}
+    d = draft.get("hidden_size")
+    heads, kv = draft.get("num_attention_heads"), draft.get("num_key_value_heads")
+    head_dim = draft.get("head_dim") or (d // heads if d and heads else None)
+    ids = inner.get("target_layer_ids") or draft.get("target_layer_ids") or []
+    named = [
+        (d, "d"),
+        (len(ids) * d if d and ids else None, f"k·d (k = {len(ids)} target layers)"),
+        (draft.get("vocab_size") or target.get("vocab_size"), "V"),
+        (heads * head_dim if heads and head_dim else None, "H_q·d_h"),
+        (kv * head_dim if kv and head_dim else None, "H_kv·d_h"),
+        (head_dim, "d_h"),
+        (draft.get("intermediate_size"), "the MLP's width"),
+        (block_size or draft.get("block_size"), "L_q (the block)"),
+        (target.get("num_hidden_layers"), "the target's layers"),
+    ]
+    out: dict[int, str] = {}
+    for size, name in named:
+        if size and size > 1:
+            out[size] = f"{out[size]} = {name}" if size in out else name
+    return out
+
+
+def values_at_crash(error: BaseException, adapter, dims: dict[int, str]) -> str:
+    """Which of DFlash's values the port held when it fell over, and in what shape, read off its own innermost
+    frame (where() names it): every array-like local of that frame with a shape, each size named in DFlash's terms
+    by `dims` (dimensions()), a multiple of d that is no size of this bundle said as n·d (the features of n layers,
+    say, where fc takes k·d), and the DFlash values it held as None. "" where no frame of the port is in the
+    traceback, or it held nothing of the kind."""
+    package = adapter.package if adapter is not None else ()
+    package = (package,) if isinstance(package, str) else tuple(package)
+    tb, frames = error.__traceback__, []
+    while tb is not None:
+        frames.append(tb.tb_frame)
+        tb = tb.tb_next
+    own = [f for f in frames if _kind(f.f_code.co_filename, package) == "port"]
+    if not own:
+        return ""
+    frame = own[-1]
+    d = next((n for n, name in dims.items() if name == "d" or name.startswith("d = ")), None)
+
+    def size(n: int) -> str:
+        if n in dims:
+            return f"{n} = {dims[n]}"
+        if d and n % d == 0 and n > d:
+            return f"{n} = {n // d}·d"
+        return str(n)
+
+    held, empty = [], []
+    for name, value in frame.f_locals.items():
+        shape = getattr(value, "shape", None)
+        if name.startswith("_") or name == "self":
+            continue
+        if value is None and name in VALUE_NAMES:
+            empty.append(name)
+        elif isinstance(shape, tuple) and shape and all(isinstance(n, int) for n in shape):
+            held.append((name in VALUE_NAMES, f"{name} ({', '.join(size(n) for n in shape)})"))  # (1, 3, 8 = d)
+    held = [said for _, said in sorted(held, key=lambda h: not h[0])][:5]  # DFlash's values first
+    if not held and not empty:
+        return ""
+    parts = [f"it held {'; '.join(held)}"] if held else []
+    parts += [f"{', '.join(empty)} None"] if empty else []
+    return f"when the port fell over in {frame.f_code.co_name}() " + ", and ".join(parts)
+
+
 def timed_out(error: BaseException) -> bool:
     return isinstance(error, (OutOfTime, subprocess.TimeoutExpired, TimeoutError))
 

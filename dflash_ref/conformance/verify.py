@@ -37,11 +37,14 @@ def verify(
     variants: dict | None = None,
     skip: list[str] = (),
     timeout: float | None = None,
+    diagnose: bool = True,
 ) -> Report:
     """Run a candidate on the bundles at `bundle` (default: the shipped one) and compare. `variants`
     (or the adapter's own `variants` attribute) declares its design variants; the adapter's own `skip` (stages
     its port computes inside fused kernels, never as a tensor) waives stages, and `skip` (the user's) skips more,
     each said as whose. `timeout`: seconds a bundle's run may take before it is a timeout (None: no limit).
+    `diagnose`: each bundle's first divergence explained by the catalogue of causes (causes/; left out
+    where torch is not installed).
     What cannot be read (the bundles, the implementation, the declaration) is an InputError before
     anything runs."""
     adapter, bundles = _read_inputs(lambda: resolve(impl), bundle)
@@ -51,6 +54,7 @@ def verify(
     waivers = {**dict.fromkeys(own, "waived"), **dict.fromkeys(users, "user")}
     report = Report(adapter.name, allow_missing=allow_missing, skip=own, user_skip=users)
     report.totals = {b.name: len(b.entries) for b in bundles}
+    session = _session(diagnose)
     for b in bundles:
         if not adapter.reads_muse and b.draft_is_muse():  # not applicable: not even run
             said = f"{report.impl} reads DFlash checkpoints; this bundle's draft is transformers' Muse Glimmer format"
@@ -73,7 +77,9 @@ def verify(
         except (Exception, crash.OutOfTime) as e:  # noqa: BLE001 - a crashing port is a result to report, not to hide
             status = "timeout" if crash.timed_out(e) else "error"
             detail = crash.timeout_detail(e, timeout) if status == "timeout" else crash.where(e, adapter)
-            said = crash_hint(e, {"target": b.config("target"), "draft": b.config("draft")})
+            configs = {"target": b.config("target"), "draft": b.config("draft")}
+            held = crash.values_at_crash(e, adapter, crash.dimensions(configs, b.inputs.get("block_size")))
+            said = "; ".join(filter(None, [crash_hint(e, configs), held]))
             report.checks.append(Check(b.name, "adapter", "adapter", None, None, status, detail=detail, hint=said))
             partial = getattr(e, "produced", None)  # what the adapter recorded before the port crashed
             if isinstance(partial, dict) and partial:  # compared too: a crash must not hide an earlier divergence
@@ -84,7 +90,9 @@ def verify(
             detail = f"run() returned {type(produced).__name__}, not a mapping of manifest keys (str) to arrays"
             report.checks.append(Check(b.name, "adapter", "adapter", None, None, "error", detail=detail))
             continue
-        report.checks += compare(b, produced, report, declared, waivers)
+        report.checks += _judged(b, produced, report, declared, waivers, session)
+    if session is not None:
+        session.refute([b for b in bundles if report.status(b.name) == "pass"], declared, waivers)
     report.impl = adapter.label  # with the code it found and the release that ran, known now
     return report
 
@@ -96,6 +104,7 @@ def verify_dump(
     variants: dict | None = None,
     skip: list[str] = (),
     profile: str | Path | None = None,
+    diagnose: bool = True,
 ) -> Report:
     """Compare a port's dump (keys `{bundle name}/{key}`) with the bundles at `bundle`. A profile
     (`profile`, or FILE.profile.json beside the dump) declares variants and waivers, which `variants`
@@ -113,12 +122,34 @@ def verify_dump(
     waivers = {**dict.fromkeys(own, "waived"), **dict.fromkeys(users, "user")}
     report = Report(f"dump {Path(path).name}", allow_missing=allow_missing, skip=own, user_skip=users)
     report.totals = {b.name: len(b.entries) for b in bundles}
+    session = _session(diagnose)
     for b in bundles:
         prefix = b.name + "/"
-        report.checks += compare(
-            b, {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}, report, declared, waivers
-        )
+        produced = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
+        report.checks += _judged(b, produced, report, declared, waivers, session)
+    if session is not None:
+        session.refute([b for b in bundles if report.status(b.name) == "pass"], declared, waivers)
     return report
+
+
+def _session(diagnose: bool):
+    """This verify's diagnosis (causes/diagnose.Session), None where it is not asked for or torch is not installed
+    (a dump checked with numpy alone: the readers' hints stay)."""
+    if not diagnose:
+        return None
+    try:
+        from .causes.diagnose import Session  # imports torch: the reference re-runs under each cause
+    except ImportError:
+        return None
+    return Session()
+
+
+def _judged(b: Bundle, produced: dict, report: Report, declared: dict, waivers: dict, session) -> list[Check]:
+    """The judge's checks of one bundle, its first divergence explained by the diagnosis `session` (None: not)."""
+    checks = compare(b, produced, report, declared, waivers)
+    if session is not None and any(c.status == "FAIL" for c in checks):
+        session.explain(b, produced, checks, declared, waivers)
+    return checks
 
 
 def _check_dump_keys(path, arrays: dict, bundles: list[Bundle]) -> None:
