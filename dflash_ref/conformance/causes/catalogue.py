@@ -26,6 +26,7 @@ from ... import attention, decoding, dynamic_conv
 from ...layer_sampling import HIDDEN_STATE_OFFSET, build_target_layer_ids
 from ...rope import RotaryEmbedding
 from ...target.hybrid_cache import HybridCache, LinearLayerState
+from .. import adapters
 
 
 @dataclass
@@ -316,6 +317,23 @@ def _keep_last(cache, length, real) -> None:
             cache._k[i][:, :, :length] = cache._k[i][:, :, n - length : n].clone()
             cache._v[i][:, :, :length] = cache._v[i][:, :, n - length : n].clone()
     real(length)
+
+
+def _masks_stripped(prompt_too: bool):
+    """The loop's output with every token equal to mask_token_id taken out (of the prompt too, or of the new
+    tokens alone): a port that filters its output buffer, whose unfilled slots hold the mask token."""
+
+    def make(original):
+        def generate(draft, target, input_ids, *args, **kwargs):
+            result = original(draft, target, input_ids, *args, **kwargs)
+            ids, start = result.output_ids[0], 0 if prompt_too else input_ids.shape[1]
+            kept = torch.cat([ids[:start], ids[start:][ids[start:] != draft.mask_token_id]])
+            result.output_ids = kept[None]  # (1, kept)
+            return result
+
+        return generate
+
+    return make
 
 
 def _stop_checked_on_last(original):
@@ -753,6 +771,15 @@ CATALOGUE: list[Cause] = [
         shows_on="gqa_sliding",
     ),
     Cause(
+        "no-attention-mask",
+        "pattern",
+        "no mask at all: every query attends every key (the block causally where a layer is causal, and the "
+        "sliding window, both dropped)",
+        _set_on_attentions(is_causal=False, sliding_window=None, rotating=False),
+        lambda d, t: any(a.self_attn.is_causal or a.self_attn.sliding_window is not None for a in d.layers),
+        shows_on="gqa_sliding",
+    ),
+    Cause(
         "heads-transposed-before-o-proj",
         "attn_out",
         "the heads' outputs flattened as (d_h, H) instead of (H, d_h) before o_proj",
@@ -892,6 +919,22 @@ CATALOGUE: list[Cause] = [
         _wrap(LinearLayerState, "pick", _pick(True, False)),
         _hybrid,
         shows_on="hybrid_target",
+    ),
+    Cause(
+        "mask-tokens-stripped",
+        "output_ids",
+        "every token equal to mask_token_id taken out of the output, the prompt's too (an output buffer filled with "
+        "the mask token, filtered at the end)",
+        _wrap(adapters, "spec_generate", _masks_stripped(prompt_too=True)),
+        shows_on="multiround",
+    ),
+    Cause(
+        "mask-tokens-stripped-after-the-prompt",
+        "output_ids",
+        "every new token equal to mask_token_id taken out of the output (an output buffer filled with the mask "
+        "token, filtered after the prompt)",
+        _wrap(adapters, "spec_generate", _masks_stripped(prompt_too=False)),
+        shows_on="multiround",
     ),
     Cause(
         "stop-checked-on-last-token",

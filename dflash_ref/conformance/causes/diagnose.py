@@ -147,11 +147,14 @@ class Finding:
         return f"reproduced by {which} {said}: it gives {upto}{refuted}"
 
     def write_hint(self) -> None:
-        """The first divergence's hint: the finding, with what a reader saw in the tensors beside it."""
+        """The first divergence's hint: the finding, with what a reader saw in the tensors beside it (where no
+        cause reproduces them whole, the reader's pattern first: it is read off the port's own numbers)."""
         if self.named:
             self.first.hint = self.sentence() + (f"; read from the tensors: {self.read}" if self.read else "")
         elif self.read:
-            self.first.hint = f"{self.sentence()}; a pattern read in the tensors suggests: {self.read}"
+            self.first.hint = (
+                f"{self.read} (a pattern read in the tensors; {self.sentence().removeprefix('unexplained: ')})"
+            )
         else:
             computes = BY_STAGE.get(self.first.stage, self.first.stage)
             self.first.hint = f"{self.sentence()} (this stage computes: {computes})"
@@ -183,7 +186,10 @@ def diagnose(
         if run is None:
             continue
         tried.append(cause.name)
-        checks = compare(as_bundle(bundle, run), produced, None, declared, waivers)
+        try:
+            checks = compare(as_bundle(bundle, run), produced, None, declared, waivers)
+        except (IndexError, KeyError, ValueError):  # a run the judge cannot read as a bundle (its output cut short
+            continue  # where its steps say more was committed): it reproduces nothing
         parted = first_semantic_failure(checks)
         reach = position(parted) if parted is not None else END
         if reach > position(first):
