@@ -16,8 +16,9 @@ from ..loading.folder import load_target
 from ..target.hybrid_cache import HybridCache
 from ..threads import one_thread
 from ..trace import tracing
-from .bundle import LAYER_STAGES, MODEL_STAGES, Bundle, key_for
+from .bundle import Bundle
 from .port import Port, loop_values
+from .stages import LAYER_STAGES, MODEL_STAGES, key_for
 
 TRACED = list(MODEL_STAGES.values()) + [f"draft.layers.*.{name}" for name in LAYER_STAGES.values()]
 

@@ -20,10 +20,11 @@ import torch
 
 from ..threads import one_thread
 from .adapters import to_numpy
-from .bundle import Bundle, key_for
+from .bundle import Bundle
 from .port import Port, check_path, loop_values, outputs, pair_scores
 from .pypi.torch_taps import bundle_dtype, load_target, quiet_transformers
 from .report import NotApplicable
+from .stages import key_for
 
 DFLASH_HINT = "the official dflash is not installed: pip install --no-deps dflash==0.1.0"
 

@@ -17,11 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import Bundle, key_for
+from .bundle import Bundle
 from .mlx_states import cache_length, linear_states
 from .official import official_module
 from .port import Port, check_path, loop_values, outputs, pair_scores
 from .report import NotApplicable
+from .stages import key_for
 
 MLX_HINT = "the official MLX backend needs MLX: pip install 'dflash-ref[mlx]'"
 

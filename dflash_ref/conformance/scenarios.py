@@ -48,7 +48,7 @@ from ..drafts.random_draft import randomize_
 from ..muse_glimmer import FULL, MODEL_TYPE, SLIDING
 from ..target import HybridConfig, Qwen3_5Target, Qwen3Target
 from ..tour.demo import PROMPT, VOCAB, demo_models, encode
-from .bundle import walk_order
+from .stages import walk_order
 
 
 def tiny_pair(

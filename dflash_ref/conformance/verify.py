@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import crash
-from .bundle import STAGES, Bundle, find_bundles
+from .bundle import Bundle, find_bundles
 from .hints import crash_hint
 from .judge import compare
 from .port import Port, as_port
 from .report import Check, NotApplicable, Report
+from .stages import STAGES
 from .tensorfile import read_arrays
 from .variants import check_variants, read_profile, window_mismatch
 
@@ -146,9 +147,9 @@ class InputError(ValueError):
 
 def _declaration(variants: dict, skip: list[str]) -> dict:
     """The declared variants, checked, and the waived stages known; else an InputError."""
-    unknown = sorted(set(skip) - {s[0] for s in STAGES})
+    unknown = sorted(set(skip) - {s.name for s in STAGES})
     if unknown:
-        raise InputError(f"--skip {unknown}: no such stage; stages: {[s[0] for s in STAGES]}")
+        raise InputError(f"--skip {unknown}: no such stage; stages: {[s.name for s in STAGES]}")
     try:
         return check_variants(variants)
     except ValueError as e:

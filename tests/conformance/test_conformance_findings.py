@@ -22,11 +22,12 @@ from dflash_ref import attention as attention_module
 from dflash_ref.cache import KVCache
 from dflash_ref.conformance import verify
 from dflash_ref.conformance.adapters import ReferenceAdapter
-from dflash_ref.conformance.bundle import find_bundles, key_for, parse_key
+from dflash_ref.conformance.bundle import find_bundles
 from dflash_ref.conformance.crash import EngineFailed
 from dflash_ref.conformance.golden import generate_golden
 from dflash_ref.conformance.matrix import CAUSES, cells
 from dflash_ref.conformance.report import STATUSES, NotApplicable
+from dflash_ref.conformance.stages import key_for, parse_key
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 

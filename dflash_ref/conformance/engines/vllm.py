@@ -15,10 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bundle import STAGES, find_bundles, model_digest
+from ..bundle import find_bundles, model_digest
 from ..crash import EngineFailed
 from ..port import Port
 from ..report import NotApplicable
+from ..stages import STAGES
 from ..tensorfile import read_arrays
 from . import REFUSAL_MARK, REFUSED, engine_python, run_program, serving
 
@@ -110,7 +111,9 @@ class VLLMBatchPort(Port):
     name = "vllm-batch"
     reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a
     skip = tuple(
-        s[0] for s in STAGES if s[0] not in ("draft_tokens", "posterior", "acceptance_length", "bonus", "output_ids")
+        s.name
+        for s in STAGES
+        if s.name not in ("draft_tokens", "posterior", "acceptance_length", "bonus", "output_ids")
     )
 
     def __init__(self) -> None:

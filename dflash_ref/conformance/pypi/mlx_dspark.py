@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..bundle import Bundle, key_for
+from ..bundle import Bundle
 from ..mlx_states import cache_length, linear_states
 from ..port import Port, check_path, loop_values, outputs, pair_scores
 from ..report import NotApplicable
+from ..stages import key_for
 from .mlx_taps import (
     ContextThenBlock,
     Gathered,

@@ -52,9 +52,10 @@ from safetensors.torch import load_file
 
 from ...threads import one_thread
 from ..adapters import to_numpy
-from ..bundle import Bundle, key_for
+from ..bundle import Bundle
 from ..port import Port
 from ..report import NotApplicable
+from ..stages import key_for
 from .torch_taps import (
     ForcedStep,
     Taps,
