@@ -325,6 +325,40 @@ def test_no_module_imports_from_a_layer_above_its_own():
     assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
 
 
+# the apps stand side by side, each on the layers below, never on one another: the kit stands on the toy models
+# (drafts/toy.py), not on the tour that walks them; the tour and the bench may run the kit, the kit runs neither.
+# The bench times the engines the kit runs (their runners: the kit's engine ports), and nothing else of the kit.
+APP_IMPORTS_OK = {"conformance": set(), "tour": {"conformance"}, "bench": {"conformance"}}
+BENCH_FROM_THE_KIT = ("conformance.engines", "conformance.report")
+
+
+def test_the_apps_stand_beside_each_other():
+    across = []
+    for module, path in package_modules().items():
+        head = module.split(".")[0]
+        if head not in APPS:
+            continue
+        for target, line, _ in imports_of(path):
+            other = target.split(".")[0]
+            if other in APPS and other != head and other not in APP_IMPORTS_OK[head]:
+                across.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+            if head == "bench" and other == "conformance" and not target.startswith(BENCH_FROM_THE_KIT):
+                across.append(f"{path.relative_to(ROOT)}:{line} imports {target} (the bench: engines alone)")
+    assert not across, "imports across the apps:\n" + "\n".join(across)
+
+
+def test_nothing_outside_the_kit_imports_it_but_the_apps_and_the_commands():
+    """The core, the loaders, the drafts, training and the instruments never import the conformance kit."""
+    reach = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for module, path in package_modules().items()
+        if module and layer_of(module) not in ("apps", "cli")
+        for target, line, _ in imports_of(path)
+        if target.split(".")[0] == "conformance"
+    ]
+    assert not reach, reach
+
+
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Every cycle a depth-first walk meets, as [a, b, …, a]."""
     done, path, cycles = set(), [], []
