@@ -280,7 +280,7 @@ def test_layer_of_by_hand():
 
 
 def test_imports_of_resolves_relative_imports():
-    modules = {m for m, _, _ in imports_of(PACKAGE / "cli" / "train.py")}
+    modules = {m for m, _, _ in imports_of(PACKAGE / "training" / "driver.py")}
     assert {"training.distill", "training.options", "drafts.checkpoint", "trace.plots"} <= modules
     assert ("decoding", True) in {(m, at_top) for m, _, at_top in imports_of(PACKAGE / "training" / "measure.py")}
     source = (
