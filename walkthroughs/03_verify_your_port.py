@@ -127,7 +127,7 @@ assert reference.passed
 from unittest import mock
 
 from dflash_ref import attention
-from dflash_ref.conformance.adapters import ReferenceAdapter
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
 from dflash_ref.rope import rotate_half
 
 

@@ -23,7 +23,6 @@ from ..muse_glimmer import MODEL_TYPE as MUSE
 from ..target import Qwen3_5Target
 from ..target.checkpoint import save_target
 from ..target.qwen3_5_checkpoint import save_hybrid_target
-from .adapters import ReferenceAdapter
 from .bundle import (
     FORMAT,
     Bundle,
@@ -34,6 +33,7 @@ from .bundle import (
 )
 from .engine_scenarios import ENGINE_NAMES, SERVING_NAMES, engine_scenarios, serving_scenarios
 from .exact import DRAFTS, ENGINE_SAMPLING, write_sampling
+from .ports.reference import ReferenceAdapter
 from .scenarios import SCENARIOS, Scenario
 from .stages import STAGE, STAGES, TARGET_LAYER_STAGES, parse_key, walk_order
 from .tokenizer_folder import write_tokenizer_folder

@@ -1,8 +1,8 @@
 """The Port contract: what every adapter of the kit is, and the bookkeeping every adapter's run() shares.
 
 A port runs one implementation of DFlash on a golden bundle and hands back what it computed, keyed as the
-bundle's manifest lists it. Writing one is the contract below plus the taps of its framework (`pypi/torch_taps.py`,
-`pypi/mlx_taps.py`):
+bundle's manifest lists it. Writing one is the contract below plus the taps of its framework (`ports/torch_taps.py`,
+`ports/mlx_taps.py`):
 
     class MyPort(Port):
         name = "my-port"

@@ -4,7 +4,7 @@ A candidate is either a port (port.py: `run(bundle) -> {key: array}`) or a dump 
 `{bundle name}/{key}` → array, written by a port in any framework. The runner reads the inputs (an InputError
 before anything runs where it cannot), runs the port under a time limit, turns a crash into the port's result
 (crash.py: where it fell over) and hands what it produced to the judge. Numpy only until a port runs: a port
-named by a string is imported then (ports.py, torch).
+named by a string is imported then (ports/registry.py, torch).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from .variants import check_variants, read_profile, window_mismatch
 def resolve(impl) -> Port:
     """ "reference" | "zlab" | "module:factory" | a Port | an object with run() | a run function → a Port."""
     if isinstance(impl, str):
-        from .ports import resolve as resolve_adapter  # imports torch
+        from .ports.registry import resolve as resolve_adapter  # imports torch
 
         impl = resolve_adapter(impl)
     return as_port(impl)

@@ -25,15 +25,15 @@ import dflash_ref.attention as attention_module
 import dflash_ref.candidate_selector as selector_module
 import dflash_ref.config as config_module
 import dflash_ref.config_fields as config_fields_module
-import dflash_ref.conformance.adapters as adapters_module
+import dflash_ref.conformance.ports.reference as adapters_module
 import dflash_ref.decoding as loop_module
 import dflash_ref.draft_model as draft_model_module
 import dflash_ref.dynamic_conv as dynamic_conv_module
 import dflash_ref.layer_sampling as layer_sampling_module
 from dflash_ref.cache import KVCache
 from dflash_ref.conformance import SHIPPED, find_bundles, read_safetensors, verify, verify_dump
-from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.golden import SCENARIOS, SLACK, TOLERANCE_RULE, GoldenRun, generate_golden, write_scenario
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
 from dflash_ref.conformance.stages import STAGES, key_for, parse_key, walk_order
 from dflash_ref.conformance.variants import cut_steps
 from dflash_ref.decoding import spec_generate
@@ -917,7 +917,7 @@ def test_mutant_fails_at_its_stage(golden, mutant, tmp_path):
 def test_a_port_factory_from_the_command_line(golden, tmp_path):
     (tmp_path / "my_port.py").write_text(
         textwrap.dedent("""
-        from dflash_ref.conformance.adapters import ReferenceAdapter
+        from dflash_ref.conformance.ports.reference import ReferenceAdapter
 
         class MyPort(ReferenceAdapter):
             name = "my-port"
@@ -1078,7 +1078,7 @@ def test_a_golden_run_cut_short_leaves_a_folder_verify_refuses_naming_what_is_mi
 
 
 def test_a_port_output_that_is_no_array_is_a_failed_check_not_a_crash(golden):
-    from dflash_ref.conformance.ports import resolve as adapter
+    from dflash_ref.conformance.ports.registry import resolve as adapter
 
     reference = adapter("reference")
 
@@ -1211,7 +1211,7 @@ def last_layer_before_the_final_norm(mp):
 def server_count_of_a_window_read_as_symmetric(mp):
     """llama-server on a sliding-window draft: what the server hands over (its output and its count of accepted
     draft tokens) of a port that reads a causal window as symmetric: the output the target's, fewer accepted."""
-    from dflash_ref.conformance.engines.llamacpp_server import LlamaServerPort
+    from dflash_ref.conformance.ports.engines.llamacpp_server import LlamaServerPort
     from dflash_ref.conformance.stages import DRAFT_ACCEPTED
 
     port = causal_and_symmetric_swapped(mp)

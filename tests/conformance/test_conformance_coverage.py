@@ -13,8 +13,8 @@ from test_conformance import After, Wrapped, golden, run_cli  # noqa: F401  (the
 
 from dflash_ref.cache import KVCache
 from dflash_ref.conformance import find_bundles, verify
-from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.matrix import check_ports
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
 from dflash_ref.conformance.stages import parse_key
 from dflash_ref.decoding import spec_generate
 from dflash_ref.extensions.prompt_lookup import PromptLookup

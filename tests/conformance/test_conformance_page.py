@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 from dflash_ref.conformance import Check, Report, find_bundles, verify
-from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.golden import generate_golden
 from dflash_ref.conformance.page import MAX_CHIPS, MAX_SIDE, MAX_VALUES, write_report_html
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
 from dflash_ref.conformance.stages import STAGE, TITLES, key_for
 from dflash_ref.viewer import browser
 

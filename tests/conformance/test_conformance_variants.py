@@ -13,7 +13,7 @@ from test_conformance import After, Wrapped, dump_of, golden, greedy_bundles  # 
 
 from dflash_ref.cache import KVCache
 from dflash_ref.conformance import find_bundles, verify, verify_dump
-from dflash_ref.conformance.adapters import ReferenceAdapter
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
 from dflash_ref.conformance.stages import parse_key
 from dflash_ref.conformance.variants import check_variants, context_only_lengths, parse_variant, shrunk_steps
 from dflash_ref.decoding import spec_generate

@@ -41,11 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bundle import find_bundles
-from ..crash import EngineFailed
-from ..port import Port, outputs
-from ..report import NotApplicable
-from ..stages import CACHED_PREFIX, DRAFT_ACCEPTED, STAGES, key_for
+from ...bundle import find_bundles
+from ...crash import EngineFailed
+from ...port import Port, outputs
+from ...report import NotApplicable
+from ...stages import CACHED_PREFIX, DRAFT_ACCEPTED, STAGES, key_for
 from . import serving
 from .llamacpp import F32_CACHES, TIMEOUT, _run, convert, failure, tree
 
