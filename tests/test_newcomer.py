@@ -351,9 +351,9 @@ def test_output_paths_nothing_can_be_written_at_are_usage_errors_before_any_work
 
 
 def test_train_refuses_an_out_it_cannot_write_before_loading_the_target(unwritable, monkeypatch):
-    from dflash_ref.cli import train as cli_train
+    from dflash_ref.training import driver
 
-    monkeypatch.setattr(cli_train, "open_chat_target", lambda name: pytest.fail("the target was loaded"))
+    monkeypatch.setattr(driver, "open_chat_target", lambda name: pytest.fail("the target was loaded"))
     assert refusal(["train", "--out", str(unwritable)]).startswith(f"--out {unwritable}: cannot write in this folder (")
 
 

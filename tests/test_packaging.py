@@ -280,7 +280,7 @@ def test_layer_of_by_hand():
 
 
 def test_imports_of_resolves_relative_imports():
-    modules = {m for m, _, _ in imports_of(PACKAGE / "cli" / "train.py")}
+    modules = {m for m, _, _ in imports_of(PACKAGE / "training" / "driver.py")}
     assert {"training.distill", "training.options", "drafts.checkpoint", "trace.plots"} <= modules
     assert ("decoding", True) in {(m, at_top) for m, _, at_top in imports_of(PACKAGE / "training" / "measure.py")}
     source = (
@@ -323,6 +323,40 @@ def test_no_module_imports_from_a_layer_above_its_own():
                     f"{path.relative_to(ROOT)}:{line} ({layer_of(module)}) imports {target} ({layer_of(target)})"
                 )
     assert not upward, "imports that go up a layer:\n" + "\n".join(upward)
+
+
+# the apps stand side by side, each on the layers below, never on one another: the kit stands on the toy models
+# (drafts/toy.py), not on the tour that walks them; the tour and the bench may run the kit, the kit runs neither.
+# The bench times the engines the kit runs (their runners: the kit's engine ports), and nothing else of the kit.
+APP_IMPORTS_OK = {"conformance": set(), "tour": {"conformance"}, "bench": {"conformance"}}
+BENCH_FROM_THE_KIT = ("conformance.ports.engines", "conformance.report")
+
+
+def test_the_apps_stand_beside_each_other():
+    across = []
+    for module, path in package_modules().items():
+        head = module.split(".")[0]
+        if head not in APPS:
+            continue
+        for target, line, _ in imports_of(path):
+            other = target.split(".")[0]
+            if other in APPS and other != head and other not in APP_IMPORTS_OK[head]:
+                across.append(f"{path.relative_to(ROOT)}:{line} imports {target}")
+            if head == "bench" and other == "conformance" and not target.startswith(BENCH_FROM_THE_KIT):
+                across.append(f"{path.relative_to(ROOT)}:{line} imports {target} (the bench: engines alone)")
+    assert not across, "imports across the apps:\n" + "\n".join(across)
+
+
+def test_nothing_outside_the_kit_imports_it_but_the_apps_and_the_commands():
+    """The core, the loaders, the drafts, training and the instruments never import the conformance kit."""
+    reach = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for module, path in package_modules().items()
+        if module and layer_of(module) not in ("apps", "cli")
+        for target, line, _ in imports_of(path)
+        if target.split(".")[0] == "conformance"
+    ]
+    assert not reach, reach
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -371,8 +405,7 @@ def test_no_import_cycle():
 
 
 # the ports' wing of the conformance kit: everything that runs an implementation (torch, MLX, engines)
-PORTS = ("conformance.adapters", "conformance.official", "conformance.official_mlx", "conformance.transformers_port",
-         "conformance.ports", "conformance.golden", "conformance.pypi", "conformance.engines")  # fmt: skip
+PORTS = ("conformance.ports", "conformance.golden")
 
 
 def test_the_judge_imports_no_port_and_no_torch(tmp_path):
@@ -398,7 +431,7 @@ def test_the_judge_imports_no_port_and_no_torch(tmp_path):
 # (the hf, notebooks and mlx extras, the official package), and where torch must wait: conformance/verify.py's
 # adapters and `verify --sampling`'s sampler (a dump is compared with numpy alone; torch comes only when an
 # implementation is run). (__main__ imports the one command named with importlib, so `--help` waits for none.)
-# The PyPI ports the kit reads (conformance/pypi/) are optional too, and so is loguru, speculators' logger.
+# The PyPI ports the kit reads (conformance/ports/pypi/) are optional too, and so is loguru, speculators' logger.
 LOCAL_IMPORT_OK = {"transformers", "dflash", "jupytext", "nbclient", "nbformat", "mlx", "mlx_lm", "vllm"} | {
     "dflash_mlx",
     "mlx_dspark",
@@ -418,7 +451,7 @@ LOCAL_IMPORT_OF = {
     },
     # reading a bundle imports no torch; asking whether its draft is a Muse folder does (config.py)
     "conformance/bundle.py": {"muse_glimmer"},
-    "conformance/verify.py": {"conformance.ports"},
+    "conformance/verify.py": {"conformance.ports.registry"},
     "training/init_draft.py": {"config", "config_fields"},
     # the trace's payload imports torch; the kit's numpy-only page (conformance/page.py) imports the viewer's page
     "viewer/__init__.py": {"viewer.payload"},
@@ -452,9 +485,9 @@ def test_tooling_lives_in_the_named_subpackages():
     # stage shares, and target/ the targets written out here: the core; everything else is in one of
     # these (dflash_ref/README.md maps them)
     subpackages = sorted(p.parent.relative_to(PACKAGE).as_posix() for p in PACKAGE.glob("**/__init__.py"))
-    assert subpackages == [".", "bench", "cli", "conformance", "conformance/endpoint", "conformance/engines",
-                           "conformance/pypi", "drafts", "extensions", "fast_cpu", "loading", "target", "tour", "trace",
-                           "training", "viewer"]  # fmt: skip
+    assert subpackages == [".", "bench", "cli", "conformance", "conformance/endpoint", "conformance/ports",
+                           "conformance/ports/engines", "conformance/ports/pypi", "drafts", "extensions", "fast_cpu",
+                           "loading", "target", "tour", "trace", "training", "viewer"]  # fmt: skip
 
 
 def test_readme_links_resolve():
@@ -534,3 +567,29 @@ def test_importing_the_core_loads_none_of_the_tools():
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     tools = [m for m in loaded.stdout.split() if layer_of(m.removeprefix("dflash_ref.")) != "core"]
     assert not tools, tools
+
+
+def test_the_ports_share_one_taps_layer():
+    """Every port lives in the ports' wing (conformance/ports/; port.py's own wrappers of a run function aside),
+    and reads its implementation through one taps layer, torch_taps.py or mlx_taps.py: no port writes its own
+    Taps, Tap, to_numpy, as_numpy or attention weights again."""
+    shared = {"class Taps", "class Tap", "def to_numpy", "def as_numpy", "def _np", "def attention_weights"}
+    wing = PACKAGE / "conformance" / "ports"
+    again = [
+        f"{path.relative_to(ROOT)}: {line.strip()}"
+        for path in sorted(wing.rglob("*.py"))
+        if path.name not in ("torch_taps.py", "mlx_taps.py")
+        for line in path.read_text().splitlines()
+        if any(line.startswith(d + ("(" if d.startswith("def") else "")) or line.startswith(d + ":") for d in shared)
+    ]
+    assert not again, again
+    outside = [
+        module
+        for module, path in package_modules().items()
+        if module.startswith("conformance.")
+        and not module.startswith("conformance.ports")
+        and module != "conformance.port"
+        for line in path.read_text().splitlines()
+        if line.startswith("class ") and line.rstrip(":").endswith("(Port)")
+    ]
+    assert not outside, f"ports outside the wing: {outside}"

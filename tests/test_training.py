@@ -842,7 +842,7 @@ def _checkpoint(folder, step: int = 3):
     ],
 )
 def test_a_resume_refuses_a_damaged_state_json_by_name_before_any_work(tmp_path, edit, message):
-    """Every field of state.json is checked when it is read (cli/train.py reads it before distilling):
+    """Every field of state.json is checked when it is read (training/driver.py reads it before distilling):
     these used to fail raw, after the data and features, deep in AdamW, base64 or torch's generator."""
     import json
 

@@ -127,7 +127,7 @@ assert reference.passed
 from unittest import mock
 
 from dflash_ref import attention
-from dflash_ref.conformance.adapters import ReferenceAdapter
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
 from dflash_ref.rope import rotate_half
 
 
@@ -176,7 +176,7 @@ from dflash_ref.conformance.stages import STAGES  # noqa: E402
 from dflash_ref.tour.exercises import check  # noqa: E402
 
 in_bundle = {entry["stage"] for entry in bundle.entries}
-print(" → ".join([stage for stage, *_ in STAGES if stage in in_bundle][:14]), "→ …")
+print(" → ".join([s.name for s in STAGES if s.name in in_bundle][:14]), "→ …")
 your_answer = None  # a stage's name, e.g. "fc"
 
 

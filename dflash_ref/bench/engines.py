@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..conformance.engines import engine_python, llamacpp, vllm
+from ..conformance.ports.engines import engine_python, llamacpp, vllm
 from ..conformance.report import NotApplicable
 from ..decoding import generate, spec_generate
 from ..drafts.checkpoint import load_draft
@@ -106,7 +106,7 @@ def _vllm(prompts: list[list[int]], draft: Path, threads: str) -> dict:
     with tempfile.TemporaryDirectory() as scratch:
         (Path(scratch) / "prompts.json").write_text(json.dumps(prompts))
         out = Path(scratch) / "vllm.json"
-        args = ["-m", "dflash_ref.conformance.engines.vllm_run", "--bench", str(converted_folder()), str(draft),
+        args = ["-m", "dflash_ref.conformance.ports.engines.vllm_run", "--bench", str(converted_folder()), str(draft),
                 "--prompts", str(Path(scratch) / "prompts.json"), "--max-new", str(NEW_TOKENS), "--out", str(out),
                 "--stop", *map(str, STOP_TOKEN_IDS)]  # fmt: skip
         proc = vllm.run_runner(python, args, "draft", {"OMP_NUM_THREADS": threads})

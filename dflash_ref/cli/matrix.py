@@ -46,6 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "serving conditions (no port runs)",
     )
     p.add_argument(
+        "--texts",
+        metavar="DIR",
+        help="also write each port's report as verify prints it, to DIR/PORT.txt (`verify --impl PORT`) and "
+        "DIR/PORT.sampling.VERIFIER.txt (`verify --sampling --impl PORT --verifier VERIFIER`), the seconds each "
+        "took beside it (.seconds): a CI that shows the reports runs each port once",
+    )
+    p.add_argument(
         "--merge",
         action="store_true",
         help="with --out: put these ports into the matrix already there (a run in a port's own environment: "
@@ -92,6 +99,15 @@ def _endpoint(args, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _write_texts(folder: Path, texts: dict) -> None:
+    """matrix --texts: each report as verify prints it, and the seconds it took."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for key, (text, seconds) in texts.items():
+        name = ".".join(key)
+        (folder / f"{name}.txt").write_text(text + "\n")
+        (folder / f"{name}.seconds").write_text(f"{round(seconds)}\n")
+
+
 def main(args, parser: argparse.ArgumentParser) -> int:
     if args.endpoint:
         return _endpoint(args, parser)
@@ -112,7 +128,10 @@ def main(args, parser: argparse.ArgumentParser) -> int:
         command = "python -m dflash_ref matrix" + " --engines" * args.engines
         command += f" --ports {' '.join(args.ports)}" if args.ports else ""
         command += " --merge" if args.merge else ""
-        text, clean = matrix(args.bundle or scratch, args.ports or PORTS, command)
+        texts = {} if args.texts else None
+        text, clean = matrix(args.bundle or scratch, args.ports or PORTS, command, texts)
+    if args.texts:
+        _write_texts(Path(args.texts), texts)
     if args.out is None:
         print(text)
     else:

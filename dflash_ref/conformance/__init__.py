@@ -12,9 +12,10 @@ where an implementation (a PyTorch adapter, or a dump from any framework) depart
 Importing this package (or bundle / verify) does not import torch.
 """
 
-from .bundle import SHIPPED, Bundle, find_bundles, key_for, load_bundle
+from .bundle import SHIPPED, Bundle, find_bundles, load_bundle
 from .judge import compare
 from .report import Check, Report
+from .stages import key_for
 from .tensorfile import read_arrays, read_safetensors
 from .verify import verify, verify_dump
 

@@ -28,20 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .stages import (
-    KINDS,
-    LAYER_STAGES,
-    LOOP_STAGES,
-    MODEL_STAGES,
-    PREFILL_STAGES,
-    STAGE_INDEX,
-    STAGES,
-    TARGET_LAYER_STAGES,
-    TITLES,
-    key_for,
-    parse_key,
-    walk_order,
-)
+from .stages import MODEL_STAGES
 from .tensorfile import array_or_none, read_safetensors, write_safetensors
 
 FORMAT = "dflash_ref.golden/3"  # /2: stage kinds and design variants in the manifest; /3: checksums, target stages
@@ -61,19 +48,7 @@ __all__ = [
     "write_pending",
     "write_bundle_files",
     "check_files",
-    "checksums",  # and the stages' names, read from here as before (stages.py)
-    "KINDS",
-    "LAYER_STAGES",
-    "LOOP_STAGES",
-    "MODEL_STAGES",
-    "PREFILL_STAGES",
-    "STAGE_INDEX",
-    "STAGES",
-    "TARGET_LAYER_STAGES",
-    "TITLES",
-    "key_for",
-    "parse_key",
-    "walk_order",
+    "checksums",
 ]
 
 

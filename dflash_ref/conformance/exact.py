@@ -33,9 +33,9 @@ from ..loading.folder import load_target
 from ..target.checkpoint import save_target
 from .bundle import FORMAT, Bundle, find_bundles, write_bundle_files
 from .engine_scenarios import active_ids, sampling_pair, tokenizer, words  # SmolLM2's tokenizer: loaded when asked
-from .official import DFLASH_HINT, ZLabAdapter
 from .port import as_port
-from .ports import resolve
+from .ports.official import DFLASH_HINT, ZLabAdapter
+from .ports.registry import resolve
 from .report import NotApplicable
 from .sampling import SamplingResult, judge_sampling
 from .scenarios import tiny_pair

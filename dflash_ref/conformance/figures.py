@@ -9,8 +9,8 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from .bundle import TITLES
 from .report import Report
+from .stages import TITLES
 
 FLOOR, OFF_SCALE = 1e-10, 1e2  # exact agreement is drawn at FLOOR; integer and shape failures at OFF_SCALE
 

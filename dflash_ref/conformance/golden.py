@@ -23,24 +23,19 @@ from ..muse_glimmer import MODEL_TYPE as MUSE
 from ..target import Qwen3_5Target
 from ..target.checkpoint import save_target
 from ..target.qwen3_5_checkpoint import save_hybrid_target
-from .adapters import ReferenceAdapter
 from .bundle import (
     FORMAT,
-    KINDS,
-    STAGES,
-    TARGET_LAYER_STAGES,
-    TITLES,
     Bundle,
     candidates_in_id_order,
-    parse_key,
     read_pending,
-    walk_order,
     write_bundle_files,
     write_pending,
 )
 from .engine_scenarios import ENGINE_NAMES, SERVING_NAMES, engine_scenarios, serving_scenarios
 from .exact import DRAFTS, ENGINE_SAMPLING, write_sampling
+from .ports.reference import ReferenceAdapter
 from .scenarios import SCENARIOS, Scenario
+from .stages import STAGE, STAGES, TARGET_LAYER_STAGES, parse_key, walk_order
 from .tokenizer_folder import write_tokenizer_folder
 from .variants import VARIANTS
 
@@ -102,7 +97,7 @@ def _entry(key: str, array: np.ndarray, tolerance: float, sliding: set[int]) -> 
     where = ", ".join(
         ([f"step {step}"] if step is not None else []) + ([f"{which} layer {layer}"] if layer is not None else [])
     )
-    layout = next(s[3] for s in STAGES if s[0] == stage)
+    record = STAGE[stage]
     integer = np.issubdtype(array.dtype, np.integer)
     entry = {
         "key": key,
@@ -111,14 +106,14 @@ def _entry(key: str, array: np.ndarray, tolerance: float, sliding: set[int]) -> 
         "layer": layer,
         "shape": list(array.shape),
         "dtype": str(array.dtype),
-        "meaning": f"{where + ': ' if where else ''}{TITLES[stage]} {layout}",
-        "kind": KINDS[stage],
+        "meaning": f"{where + ': ' if where else ''}{record.title} {record.layout}",
+        "kind": record.kind,
         "tolerance": 0.0 if integer else tolerance,
     }
-    if layer in sliding and stage in ("k_ctx", "v", "k_rot", "pattern"):  # keys no query can see may be evicted
-        entry["evictable_axis"] = 2 if stage == "pattern" else 1
-    if stage == "final_hidden":  # position 0's final hidden feeds no logit: a port may skip its row
-        entry["evictable_axis"] = 0
+    if layer in sliding and record.window_keys_axis is not None:  # keys no query can see may be evicted
+        entry["evictable_axis"] = record.window_keys_axis
+    if record.unread_rows_axis is not None:  # position 0's final hidden feeds no logit: a port may skip its row
+        entry["evictable_axis"] = record.unread_rows_axis
     return entry
 
 
@@ -200,9 +195,9 @@ def write_scenario(scenario: Scenario, folder: str | Path, index: int = 0) -> Pa
         "final hidden's row at block position 0, which feeds no logit. Batch dimension dropped. "
         "Keys in the order of the data's walk.",
         "stages": [
-            {"stage": s, "title": t, "meaning": m, "layout": lay, "kind": KINDS[s]}
-            for s, t, m, lay in STAGES
-            if hybrid or s not in TARGET_LAYER_STAGES
+            {"stage": s.name, "title": s.title, "meaning": s.meaning, "layout": s.layout, "kind": s.kind}
+            for s in STAGES
+            if hybrid or s.name not in TARGET_LAYER_STAGES
         ],  # a hybrid target's states: its bundles only
         "kinds": "semantic: what DFlash defines (a difference is a failure); observable: how the reference lays out "
         "its state (checked against the port's declared or detected design variant, else a note)",

@@ -1,7 +1,8 @@
-"""Hints for the first divergence: the usual causes at each stage (`BY_STAGE`), and the causes the two tensors
-themselves can tell (`READERS`: one small reader per cause, each saying in its docstring which pattern it looks
-for and why that pattern means that cause). A hint is a guess to check first, never a verdict: a reader speaks
-only where the port's tensor has its pattern exactly, else the stage's usual causes are given.
+"""Hints for the first divergence: the usual causes at each stage (its record's, `Stage.causes`), and the causes
+the two tensors themselves can tell (`READERS`: one small reader per cause, each saying in its docstring which
+pattern it looks for and why that pattern means that cause). A hint is a guess to check first, never a verdict: a
+reader speaks only where the port's tensor has its pattern exactly, else the stage's usual causes are given.
+READERS is keyed by stage name here, not held by the stage's record: stages.py is below this module.
 """
 
 from __future__ import annotations
@@ -12,69 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-BY_STAGE = {
-    "prefill_logits": "the target's own forward at the prompt's last position (its final norm, then lm_head, tied "
-    "or not as its config says): the target itself differs, before any draft stage. Its output head: an untied "
-    "lm_head read as the tied embedding or the reverse (`tie_word_embeddings`), or its final norm, where the "
-    "features the draft reads (step 0's extracted features) still agree; else its layers, e.g. its RoPE read "
-    "from one spelling of the config alone (`rope_theta` + `rope_scaling` as released checkpoints write them, or "
-    "transformers 5's `rope_parameters`), which misses the other",
-    "first_token": "x_0 is the argmax of the prefill's logits at the prompt's last position",
-    "layer_ids": "target_layer_ids: the official formula is round(1 + i·(L − 4)/(n − 1)) (n = 1: [L // 2]), "
-    "unless the draft's config gives them",
-    "target_hidden": "layer l is read at hidden_states[l + 1] (index 0 is the embedding output); after a "
-    "verify only the first τ + 1 positions' features are new context",
-    "fc": "fc takes the concatenated features of the sampled layers, in target_layer_ids' order, without bias, "
-    "and nothing before it: the RMSNorm (hidden_norm) comes after fc, on C; a norm applied to the features "
-    "before fc shows here",
-    "context": "C = hidden_norm(fc(target_hidden)): fc first, then the RMSNorm",
-    "noise_embedding": "the block is [x_0, mask, …, mask] embedded by the target's own embedding",
-    "attn_conv_taps": "DFlash 2: the taps are kernel_projection(x) of the sublayer's normed input, (2, K, G) per "
-    "position: [0] for prepare, [1] for finish",
-    "attn_conv_in": "DFlash 2: u_t = Σ_j (w⁰_j + a⁰_{t,j,g}) ⊙ x_{t−j}, reading only x_t and earlier positions of "
-    "this block (zero before its first): a convolution that reads later positions x_{t+j} shows here",
-    "attn_conv_out": "DFlash 2: finish convolves the sublayer's output with w¹ and the taps a¹ computed from the "
-    "sublayer's input, not from its output",
-    "mlp_conv_taps": "DFlash 2: the MLP's taps come from its own normed input, RMSNorm_post(H')",
-    "mlp_conv_in": "DFlash 2: the MLP's input convolved as the attention's: causal (x_t and earlier, never later), "
-    "restarted at the block start",
-    "mlp_conv_out": "DFlash 2: the MLP's output convolved with w¹ and the taps of the MLP's input",
-    "q": "Q = q_norm(H W_Q) per head, before RoPE: a missing q_norm shows here",
-    "k_ctx": "K = k_norm([C W_K; H W_K]) per head, before RoPE: a missing k_norm, or context K from H, shows here",
-    "k_noise": "K = k_norm([C W_K; H W_K]) per head, before RoPE: a missing k_norm shows here",
-    "v": "V = [C W_V; H W_V], no norm",
-    "q_rot": "Q is rotated at the block's positions, the last L_q rows of the RoPE tables; a wrong rope_theta "
-    "or RoPE scaling shows here too",
-    "k_rot": "K is rotated at all L_c + L_q new positions and appended to the cached context K",
-    "pattern": "softmax(QKᵀ/√d_h) over context and block keys, non-causal inside the block on full-attention "
-    "layers; query head h reads KV head h // (H_q / H_kv)",
-    "attn_out": "o_proj of the attention output, heads concatenated in order",
-    "layer_out": "pre-norm: H + Attn(LN(H)), then + MLP(LN(·))",
-    "final_hidden": "the final norm of the last layer's output",
-    "logits": "the target's lm_head on the draft's last L_q − 1 positions (`[:, 1:]`, position 0 is x_0)",
-    "candidates": "DFlash 2: the selector_top_k largest draft logits at each proposal position (a set)",
-    "unary": "DFlash 2: the unary score of a candidate is its draft logit",
-    "pair": "DFlash 2: ⟨E_pred(x_{t−1}) ⊙ P h_t, E_succ(c_{t,k})⟩: check first that both codebooks are loaded "
-    "(released checkpoints store them without `.weight`: a loader that looks for `.weight` keeps its initial "
-    "ones), and P h_t, the rank projection of the position's final hidden",
-    "draft_tokens": "greedy proposals are the argmax of the draft logits (DFlash 2: of unary + pair, walked from "
-    "the anchor); where the port gave none of the draft's own tensors (its loop's values only), any draft stage's "
-    "difference shows here first: dump the draft's stages to find which",
-    "verify_logits": "the target's logits at the verified block [x_0, d_1, …] from its cache cropped to `start`: "
-    "with the prefill's logits and this block's tokens right, the target's cache is what differs, most often not "
-    "cropped back to `start` after the last verify (the rejected tokens' K/V still attended)",
-    "posterior": "the target verifies [x_0, d_1, …] in one pass from its cache cropped to `start`",
-    "acceptance_length": "τ = Σ_i Π_{j≤i} 1[d_j = posterior_{j−1}]: a cumulative product, not a count of matches",
-    "bonus": "the bonus is the target's token after the accepted run, posterior[τ], never a draft token",
-    "cache_lengths": "the draft cache is cropped back to `start` after every pass; the target's to the new start",
-    "conv_state": "after a verify of L tokens and the crop to n + m, a linear layer's conv window is the last K − 1 "
-    "committed inputs, [W_n; u_{n+1..n+L}][m : m + K − 1], not the verify's last K − 1",
-    "recurrent_state": "a crop cannot cut a recurrent state back (a crop-only rollback, as transformers' "
-    "DynamicCache.crop, trims the conv window and leaves S with the rejected tokens in): keep S "
-    "per verified position and pick S_{n+m} (target/hybrid_cache.py), or snapshot S_n before "
-    "the verify and replay the m accepted tokens (the official MLX backend)",
-    "output_ids": "every committed token is kept (also one equal to mask_token_id), none after a stop token",
-}
+from .stages import STAGE, STAGES
 
 
 def hint(
@@ -94,7 +33,7 @@ def hint(
                     told = None
                 if told:
                     break
-    return told or BY_STAGE.get(stage, "")
+    return told or (STAGE[stage].causes if stage in STAGE else "")
 
 
 # ------------------------------------------------------------------------------------------ crashes
@@ -678,29 +617,7 @@ def _window_read(expected, got, context) -> str | None:
 # ------------------------------------------------------------------------------------------ the block's length
 
 # per stage with the block along an axis: (axis, L_q − its length there)
-BLOCK_AXIS = {
-    "noise_embedding": (0, 0),
-    "attn_conv_taps": (0, 0),
-    "attn_conv_in": (0, 0),
-    "attn_conv_out": (0, 0),
-    "mlp_conv_taps": (0, 0),
-    "mlp_conv_in": (0, 0),
-    "mlp_conv_out": (0, 0),
-    "q": (1, 0),
-    "k_noise": (1, 0),
-    "q_rot": (1, 0),
-    "pattern": (1, 0),
-    "attn_out": (0, 0),
-    "layer_out": (0, 0),
-    "final_hidden": (0, 0),
-    "logits": (0, 1),
-    "candidates": (0, 1),
-    "unary": (0, 1),
-    "pair": (0, 1),
-    "draft_tokens": (0, 1),
-    "verify_logits": (0, 0),
-    "posterior": (0, 0),
-}
+BLOCK_AXIS = {s.name: s.block_axis for s in STAGES if s.block_axis}
 
 
 def _block_length(stage: str) -> Callable:

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .bundle import KINDS, LOOP_STAGES, Bundle, candidates_in_id_order, key_for, parse_key
+from .bundle import Bundle, candidates_in_id_order
 from .hints import hint, prompt_taken_for_the_end
 from .report import Check, Report
-from .stages import CACHED_PREFIX, DRAFT_ACCEPTED, RESTORED_ROWS, SERVED, stage_of
+from .stages import CACHED_PREFIX, DRAFT_ACCEPTED, KINDS, LOOP_STAGES, SERVED, STAGE, key_for, of_draft_pass, parse_key
 from .tensorfile import array_or_none, as_array
 from .variants import (
-    DRAFT_PASS,
     TEACHER_FORCED,
     block_size,
     committed_count,
@@ -110,14 +109,6 @@ def compare_one(bundle: str, entry: dict, expected: np.ndarray, got) -> Check:
     return check
 
 
-# what the first shrunk step of a full-then-truncate port still computes as the reference did: its
-# context, before any row of the block (later shrunk steps may follow other proposals, so other contexts)
-BLOCK_FREE = {"target_hidden", "fc", "context", "k_ctx"}
-# what a windowed draft cache's first cut step still computes as DFlash: the block's embedding and, in layer 0,
-# its Q, K and V before any attention (the keys it attends: _loop_invariants)
-WINDOW_FREE = {"noise_embedding", "q", "k_noise", "v", "q_rot"}
-
-
 def compare(
     bundle: Bundle, produced: dict, report: Report | None = None, declared: dict | None = None, skip: list[str] = ()
 ) -> list[Check]:
@@ -151,7 +142,7 @@ def compare(
     cut = cut_steps(bundle)
     context["cut"] = cut
     drafted = departed is not None and any(  # did the port run a draft pass where its run departs?
-        k.startswith(f"step{departed}/") and stage_of(k) in DRAFT_PASS for k in produced
+        k.startswith(f"step{departed}/") and of_draft_pass(k) for k in produced
     )
     teacher = variants["decoding"][0] == "teacher-forced"
     kept = context_kept(bundle, variants)  # {layer: (S, N)} where a declared variant cuts the context attended
@@ -218,7 +209,7 @@ def compare(
             expected = _final_crop_free(expected_lengths(choice, expected), got, step == last)
         restored = _restored(e, expected, got, cached) if step == 0 else 0
         if restored:
-            axis = RESTORED_ROWS[e["stage"]]
+            axis = STAGE[e["stage"]].context_axis
             expected = np.take(expected, range(restored, expected.shape[axis]), axis=axis)
         left_out = 0
         if (
@@ -255,7 +246,7 @@ def compare(
         if check.status == "missing" and e["stage"] == "first_token":
             check.hint = prompt_taken_for_the_end(bundle.inputs, array_or_none(produced.get("output_ids"))) or ""
         if check.status == "missing" and step is not None and f"step{step}/posterior" in produced:
-            if not any(k.startswith(f"step{step}/") and stage_of(k) in DRAFT_PASS for k in produced):
+            if not any(k.startswith(f"step{step}/") and of_draft_pass(k) for k in produced):
                 check.hint = (
                     f"the port gave step {step}'s loop values but none of its draft pass: if it proposes by copy "
                     "or lookup at some steps by design, declare `--variant proposals=draft-or-lookup`"
@@ -351,7 +342,8 @@ def _cached_prefix(bundle: Bundle, produced: dict) -> int:
 def _restored(entry: dict, expected: np.ndarray, got, cached: int) -> int:
     """The leading rows of a first step's new-context stage a port restored from its prefix cache rather than
     computed: `cached` where it gave exactly the rest, else 0 (compared as they are)."""
-    axis = RESTORED_ROWS.get(entry["stage"])
+    record = STAGE.get(entry["stage"])
+    axis = record.context_axis if record and record.restorable else None
     got = array_or_none(got)
     if not cached or axis is None or got is None or got.ndim != expected.ndim:
         return 0
@@ -374,14 +366,15 @@ def _not_compared(
         return skip[stage]  # "waived" (the port's) or "user" (--skip)
     if teacher and stage in TEACHER_FORCED:
         return "decoding=teacher-forced"
-    if step in truncated and not (stage in BLOCK_FREE and step == min(truncated)):
+    record = STAGE[stage]
+    if step in truncated and not (record.block_free and step == min(truncated)):
         return "last_block=full-then-truncate"
     if departed is not None and step is not None and step >= departed:
-        kept = BLOCK_FREE | (WINDOW_FREE if _cuts_context(departing) else set())
+        kept = record.block_free or record.window_free and _cuts_context(departing)
         at_departure = step == departed or teacher  # teacher-forced, every step starts from DFlash's context
-        if not (at_departure and stage in kept and drafted):
+        if not (at_departure and kept and drafted):
             return departing
-        if at_departure and stage in WINDOW_FREE and entry.get("layer") not in (0, None):
+        if at_departure and record.window_free and entry.get("layer") not in (0, None):
             return departing  # past layer 0 the block's rows come from attention over the cut context
     return None
 
@@ -397,7 +390,7 @@ def _kept_rows(
     """At the step a cut context departs (`cut`: the S first and N last positions kept, context_kept), the rows
     of a new-context stage a port kept (one that caches only those may compute only those): (the reference's
     same rows, how many the port left out), or (expected, 0) where its rows are not such a cut."""
-    axis = {**RESTORED_ROWS, "v": 1}.get(stage)
+    axis = STAGE[stage].context_axis
     got = array_or_none(got)
     if cut is None or axis is None or got is None or got.ndim != expected.ndim or got.shape == expected.shape:
         return expected, 0
@@ -553,7 +546,7 @@ def _loop_invariants(bundle: Bundle, produced: dict, departed: int, departing: s
         return value.astype(np.int64)
 
     def ran_a_draft_pass() -> bool:  # a step proposed by lookup, or of x_0 alone, attends no keys
-        return any(k.startswith(f"step{step}/") and stage_of(k) in DRAFT_PASS for k in produced)
+        return any(k.startswith(f"step{step}/") and of_draft_pass(k) for k in produced)
 
     if variants["decoding"][0] == "teacher-forced":  # no loop of its own: each step fed DFlash's context
         for step in (s for s in reference_steps(bundle) if s >= departed):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import math
 import platform
+import time
 from pathlib import Path
 
 from .bundle import find_bundles
@@ -212,9 +213,10 @@ def conditions(rows_by_port: dict[str, list[dict]], condition_of: dict[str, str]
     return lines + [""]
 
 
-def sampled(bundle: str | Path, ports) -> tuple[list[str], dict[str, list[str]], bool]:
+def sampled(bundle: str | Path, ports, texts: dict | None = None) -> tuple[list[str], dict[str, list[str]], bool]:
     """The sampling bundles at `bundle` through each port of SAMPLED, each verifier it takes → (the table's lines,
-    port → its verdicts, whether none failed or crashed)."""
+    port → its verdicts, whether none failed or crashed). `texts`, where given, gets what `verify --sampling --impl
+    PORT --verifier V` prints, keyed (port, "sampling", V): (its text, the seconds it took)."""
     lines = [
         "## Sampled decoding",
         "",
@@ -229,13 +231,23 @@ def sampled(bundle: str | Path, ports) -> tuple[list[str], dict[str, list[str]],
     for port in (p for p in ports if p in SAMPLED):
         named = label(port)
         for verifier in SAMPLED[port]:
+            start = time.monotonic()
             try:
                 results = verify_sampling(port, bundle, verifier=verifier)
             except Exception as e:  # noqa: BLE001 - a port that cannot sample is a row, not a crash
+                if texts is not None:
+                    texts[port, "sampling", verifier] = (f"verify: {e}", time.monotonic() - start)
                 lines.append(f"| {named} | | {verifier} | | | crash: {' '.join(str(e).split())} |")
                 verdicts.setdefault(named, []).append("crash")
                 clean = False
                 continue
+            if texts is not None:  # as `verify --sampling` prints them
+                said = [
+                    f"{name}: {port}\n" + (f"n/a: {r}" if isinstance(r, Exception) else r.text()) for name, r in results
+                ]
+                if not any(not isinstance(r, Exception) for _, r in results):
+                    said.append(f"verify: {port} took none of the sampling bundles")
+                texts[port, "sampling", verifier] = ("\n".join(said), time.monotonic() - start)
             for name, r in results:
                 if isinstance(r, NotApplicable):
                     lines.append(f"| {named} | {name} | {verifier} | | | n/a: {' '.join(str(r).split())} |")
@@ -309,22 +321,31 @@ def report_kind(report) -> str:
     return "bundles" if "impl" in report and "statuses" in report else "unknown"
 
 
-def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dflash_ref matrix") -> tuple[str, bool]:
+def matrix(
+    bundle: str | Path | None, ports=PORTS, command: str = "python -m dflash_ref matrix", texts: dict | None = None
+) -> tuple[str, bool]:
     """The matrix as Markdown: one table per port, then the serving conditions as columns where the bundles have
     serving scenarios; `command` is what its header says made it. → (the text, whether every row passed or is
-    n/a: no fail, no port that crashed)."""
+    n/a: no fail, no port that crashed). `texts`, where given, gets each port's report as `verify --impl PORT`
+    prints it, keyed (port,): (its text, the seconds it took), and the samplers' (`sampled`): a CI that shows
+    the reports runs each port once."""
     check_ports(ports)
     clean = True
     lines = header(command)
     rows_by_port: dict[str, list[dict]] = {}
     for port in ports:
         lines += [f"## {label(port)}", ""]
+        start = time.monotonic()
         try:
             report = verify(port, bundle)
         except Exception as e:  # noqa: BLE001 - a port that cannot start is a row of the matrix, not a crash
             lines += [f"not run: {type(e).__name__}: {e}", ""]
             clean = False
+            if texts is not None:
+                texts[(port,)] = (f"verify: {e}", time.monotonic() - start)
             continue
+        if texts is not None:
+            texts[(port,)] = (report.text(), time.monotonic() - start)
         lines += [
             f"`verify {report.impl}`",
             "",
@@ -341,7 +362,7 @@ def matrix(bundle: str | Path | None, ports=PORTS, command: str = "python -m dfl
     found = find_bundles(bundle)
     served = {b.name: b.manifest["serving"]["condition"] for b in found if "serving" in b.manifest}
     if any(b.manifest.get("kind") == "sampling" for b in found):
-        table, verdicts, ok = sampled(bundle, ports)
+        table, verdicts, ok = sampled(bundle, ports, texts)
         lines += table
         clean = clean and ok
         for port, said in verdicts.items():  # the conditions' "sampled" column

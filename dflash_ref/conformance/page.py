@@ -34,10 +34,10 @@ import numpy as np
 
 from ..viewer.page import STYLE as VIEWER_STYLE
 from ..viewer.page import plotly_js
-from .bundle import Bundle, find_bundles, key_for
+from .bundle import Bundle, find_bundles
 from .report import Check, Report
 from .report import title as stage_title
-from .stages import STAGES
+from .stages import STAGE, key_for
 
 __all__ = ["MAX_CHIPS", "MAX_SIDE", "MAX_VALUES", "check_plotly", "render_report", "write_report_html"]
 
@@ -47,35 +47,8 @@ MAX_SIDE = 256
 MAX_VALUES = 262_144
 MAX_CHIPS = 256  # elements of a sequence drawn as chips; past that, a window around the first difference
 MAX_TICKS = 48  # labelled ticks on one axis; past that, every k-th
-MEANING = {s[0]: (s[2], s[3]) for s in STAGES}  # stage → (meaning, layout)
 TOKEN_STAGES = {"first_token", "draft_tokens", "posterior", "bonus", "output_ids", "candidates"}
-BLOCK_STAGES = ("attn_conv_in", "attn_out", "attn_conv_out", "mlp_conv_in", "mlp_conv_out", "layer_out", "final_hidden")
-# how a float tensor's axes read: (what picks one slice of a stack, its rows, its columns). Rows and columns
-# named context / block / query / key / proposal are positions of the step, labelled with their tokens;
-# vocab is a token id; anything else is a plain index, named as the layout names it.
-AXES = {
-    "pattern": ("query head", "query", "key"),
-    "q": ("query head", "block", "head dim"),
-    "q_rot": ("query head", "block", "head dim"),
-    "k_noise": ("KV head", "block", "head dim"),
-    "k_ctx": ("KV head", "context", "head dim"),
-    "v": ("KV head", "key", "head dim"),
-    "k_rot": ("KV head", "key", "head dim"),
-    "target_hidden": (None, "context", "feature (k·d)"),
-    "fc": (None, "context", "hidden dim"),
-    "context": (None, "context", "hidden dim"),
-    "noise_embedding": (None, "block", "hidden dim"),
-    **{stage: (None, "block", "hidden dim") for stage in BLOCK_STAGES},
-    "attn_conv_taps": ("block position · prepare/finish", "tap j", "group g"),
-    "mlp_conv_taps": ("block position · prepare/finish", "tap j", "group g"),
-    "logits": (None, "proposal", "vocab"),
-    "verify_logits": (None, "block", "vocab"),
-    "prefill_logits": (None, "row", "vocab"),
-    "unary": (None, "proposal", "candidate k"),
-    "pair": (None, "proposal", "candidate k"),
-    "conv_state": (None, "channel", "tap (oldest first)"),
-    "recurrent_state": ("value head", "d_k", "d_v"),
-}
+# the roles an axis may have (each stage's are its record's, Stage.axes), as an axis' title says them
 AXIS_TITLES = {
     "context": "context position · token",
     "block": "block position · token",
@@ -282,7 +255,8 @@ def _stage_row(row: dict, first: Check | None) -> str:
 def _divergence(report: Report, check: Check, bundle: Bundle | None) -> tuple[str, dict | None]:
     """The section of the first divergence, and the data its heatmaps are drawn from (None: no heatmap)."""
     title = stage_title(check.stage)
-    meaning, layout = MEANING.get(check.stage, ("", ""))
+    record = STAGE.get(check.stage)
+    meaning, layout = (record.meaning, record.layout) if record else ("", "")
     expected, got = _array(check.expected), _array(check.got)
     if expected is None and bundle is not None and check.key in bundle.expected:
         expected = bundle.expected[check.key]  # a missing tensor: the reference's alone
@@ -388,7 +362,7 @@ class _Positions:
         return self.tokens[token] if 0 <= token < len(self.tokens) else f"#{token}"
 
     def labels(self, role: str, length: int, indices: range) -> list[str]:
-        """Labels of the given indices of an axis of `length` whose role is `role` (AXES)."""
+        """Labels of the given indices of an axis of `length` whose role is `role` (Stage.axes)."""
         if role == "vocab":
             return [f"{i} {self.text(i)}" if self.tokens else str(i) for i in indices]
         if role not in AXIS_TITLES or self.start is None:
@@ -410,7 +384,8 @@ class _Positions:
 def _heatmaps(check: Check, impl: str, expected, got, positions: _Positions) -> tuple[str, dict, list[str]]:
     """(the picker's HTML, the data the script draws, notes on what is shown) for float tensors of two axes or
     more: each a stack of (rows, columns) slices."""
-    pick_name, row_role, col_role = AXES.get(check.stage, ("index", "row", "column"))
+    record = STAGE.get(check.stage)
+    pick_name, row_role, col_role = record.axes if record and record.axes else ("index", "row", "column")
     stacks = {name: _stack(a) for name, a in (("expected", expected), ("got", got)) if a is not None}
     same = expected is not None and got is not None and expected.shape == got.shape
     diff = np.abs(stacks["got"][0].astype(np.float64) - stacks["expected"][0]) if same else None

@@ -1,8 +1,8 @@
 """The Port contract: what every adapter of the kit is, and the bookkeeping every adapter's run() shares.
 
 A port runs one implementation of DFlash on a golden bundle and hands back what it computed, keyed as the
-bundle's manifest lists it. Writing one is the contract below plus the taps of its framework (`pypi/torch_taps.py`,
-`pypi/mlx_taps.py`):
+bundle's manifest lists it. Writing one is the contract below plus the taps of its framework (`ports/torch_taps.py`,
+`ports/mlx_taps.py`):
 
     class MyPort(Port):
         name = "my-port"
@@ -12,7 +12,7 @@ bundle's manifest lists it. Writing one is the contract below plus the taps of i
         def run(self, bundle) -> dict[str, array]:
             # load bundle.target_dir / bundle.draft_dir (Hugging Face folders), decode bundle.inputs greedily
             # (input_ids, max_new_tokens, stop_token_ids, block_size) and return what you computed, keyed as
-            # bundle.entries list them (bundle.key_for builds keys), batch dimension dropped
+            # bundle.entries list them (stages.key_for builds keys), batch dimension dropped
             out = {...}
             return outputs(out, bundle.inputs["input_ids"], tokens, layer_ids)
 

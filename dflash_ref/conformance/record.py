@@ -25,8 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import LAYER_STAGES, PREFILL_STAGES, STAGE_INDEX, TARGET_LAYER_STAGES, key_for
-from .stages import CACHED_PREFIX
+from .stages import CACHED_PREFIX, LAYER_STAGES, PREFILL_STAGES, STAGE_INDEX, TARGET_LAYER_STAGES, key_for
 from .tensorfile import as_array, write_safetensors
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .bundle import KINDS, TITLES
+from .stages import KINDS, TITLES
 
 
 class NotApplicable(Exception):

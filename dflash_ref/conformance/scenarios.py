@@ -1,7 +1,7 @@
 """The golden scenarios: tiny models and inputs, each chosen for a property of DFlash it pins down,
 and checking that property on the reference's own run, so that a change that loses it fails loudly.
 
-    01_walkthrough   the seed's example: a 3-token prompt, block size 4 (tour/demo.py's models)
+    01_walkthrough   the seed's example: a 3-token prompt, block size 4 (drafts/toy.py's models)
     02_multiround    greedy, many rounds: τ = 0, partial and full; a mismatch followed by a match;
                      the mask token among the outputs
     03_stop_token    the same models, stopped by a stop token inside a step
@@ -45,10 +45,10 @@ from ..config import DraftConfig, TargetConfig
 from ..dflash2 import make_draft
 from ..draft_model import DFlashDraftModel
 from ..drafts.random_draft import randomize_
+from ..drafts.toy import PROMPT, VOCAB, demo_models, encode
 from ..muse_glimmer import FULL, MODEL_TYPE, SLIDING
 from ..target import HybridConfig, Qwen3_5Target, Qwen3Target
-from ..tour.demo import PROMPT, VOCAB, demo_models, encode
-from .bundle import walk_order
+from .stages import walk_order
 
 
 def tiny_pair(

@@ -73,7 +73,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .stages import key_for, stage_of
+from .stages import STAGES, key_for, of_draft_pass
 from .tensorfile import array_or_none, as_array
 
 VARIANTS = {
@@ -87,12 +87,8 @@ VARIANTS = {
     "accepted_count": ("drafted", "committed"),
     "decoding": ("loop", "teacher-forced"),
 }
-# what a teacher-forced port does not compute: the target's stages and the loop's decisions, which DFlash's walk
-# gives it (the draft's proposals are still its own)
-TEACHER_FORCED = frozenset(
-    ("prefill_logits", "first_token", "verify_logits", "posterior", "acceptance_length", "bonus", "cache_lengths",
-     "conv_state", "recurrent_state", "output_ids")
-)  # fmt: skip
+# what a teacher-forced port does not compute (Stage.teacher_given): the target's stages and the loop's decisions
+TEACHER_FORCED = frozenset(s.name for s in STAGES if s.teacher_given)
 REFERENCE = {key: choices[0] for key, choices in VARIANTS.items()}
 
 
@@ -252,10 +248,6 @@ def committed_count(stage: str, expected: np.ndarray, cut: tuple[int, int] | Non
     return np.asarray(committed - 1 if stage == "acceptance_length" else last, dtype=expected.dtype)
 
 
-# a draft pass's own stages: a step where a port produced none of them ran no draft pass
-DRAFT_PASS = {"noise_embedding", "logits", "final_hidden", "q", "k_rot", "pattern"}
-
-
 def reads_block_start(bundle, variants: dict) -> bool:
     """Whether a port declared to measure sliding windows from the block's start reads this bundle's so."""
     window, readings = bundle.manifest.get("sliding_window"), variants["sliding_window"][0].split(",")
@@ -302,7 +294,7 @@ def departure(bundle, produced: dict, variants: dict) -> tuple[int | None, str]:
             if _shape(produced.get(f"step{s}/posterior")) not in (bundle.expected[f"step{s}/posterior"].shape, None)
         ][:1]
     if variants["proposals"][0] == "draft-or-lookup":
-        drafted = {k.split("/")[0] for k in produced if stage_of(k) in DRAFT_PASS}
+        drafted = {k.split("/")[0] for k in produced if of_draft_pass(k)}
         found += [
             (s, "proposals=draft-or-lookup")
             for s in steps

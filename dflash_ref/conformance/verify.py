@@ -4,7 +4,7 @@ A candidate is either a port (port.py: `run(bundle) -> {key: array}`) or a dump 
 `{bundle name}/{key}` → array, written by a port in any framework. The runner reads the inputs (an InputError
 before anything runs where it cannot), runs the port under a time limit, turns a crash into the port's result
 (crash.py: where it fell over) and hands what it produced to the judge. Numpy only until a port runs: a port
-named by a string is imported then (ports.py, torch).
+named by a string is imported then (ports/registry.py, torch).
 """
 
 from __future__ import annotations
@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from . import crash
-from .bundle import STAGES, Bundle, find_bundles
+from .bundle import Bundle, find_bundles
 from .hints import crash_hint
 from .judge import compare
 from .port import Port, as_port
 from .report import Check, NotApplicable, Report
+from .stages import STAGES
 from .tensorfile import read_arrays
 from .variants import check_variants, read_profile, window_mismatch
 
@@ -24,7 +25,7 @@ from .variants import check_variants, read_profile, window_mismatch
 def resolve(impl) -> Port:
     """ "reference" | "zlab" | "module:factory" | a Port | an object with run() | a run function → a Port."""
     if isinstance(impl, str):
-        from .ports import resolve as resolve_adapter  # imports torch
+        from .ports.registry import resolve as resolve_adapter  # imports torch
 
         impl = resolve_adapter(impl)
     return as_port(impl)
@@ -177,9 +178,9 @@ class InputError(ValueError):
 
 def _declaration(variants: dict, skip: list[str]) -> dict:
     """The declared variants, checked, and the waived stages known; else an InputError."""
-    unknown = sorted(set(skip) - {s[0] for s in STAGES})
+    unknown = sorted(set(skip) - {s.name for s in STAGES})
     if unknown:
-        raise InputError(f"--skip {unknown}: no such stage; stages: {[s[0] for s in STAGES]}")
+        raise InputError(f"--skip {unknown}: no such stage; stages: {[s.name for s in STAGES]}")
     try:
         return check_variants(variants)
     except ValueError as e:

@@ -206,7 +206,7 @@ def check_values(
             source = f"the prompts in {options[given]}" if options[given] else written
             raise TrainOptionError(f"{flag(key)} must lie in 1…{count} ({source}), got {options[key]}")
     if options["max_new_tokens"] < options["block_size"] + 1:
-        # cli/train.py trains on responses of at least b + 1 tokens (it always has: the shipped draft's data
+        # training/driver.py trains on responses of at least b + 1 tokens (it always has: the shipped draft's data
         # was chosen so); sample_anchors itself would take one of b
         raise TrainOptionError(
             f"--max-new-tokens {options['max_new_tokens']} leaves no response long enough "
@@ -258,7 +258,7 @@ def resolve(args: argparse.Namespace) -> dict:
             f'--resume: {state} holds no step (a JSON object with "step"); the checkpoint cannot be continued'
         )
     saved_path = out / CONFIG_NAME
-    # a run from before train_config.json has none: cli/train.py checks its draft's layers and block size
+    # a run from before train_config.json has none: training/driver.py checks its draft's layers and block size
     held = saved_path.is_file()
     run = {**DEFAULTS, **(read_config_file(saved_path, "--resume") if held else {})}
     changed = [

@@ -14,7 +14,7 @@ target_hidden (T, k·d) of the sampled layers at every position (computed once, 
               inference applies it; the official drafts have none                (block_masks))
     loss      Σ_j Σ_{k=1}^{b−1} w_k · CE(logits_{j,k}, x_{a_j+k}) / (m · Σ_k w_k),
               w_k = exp(−(k − 1)/γ), γ = 7 for b = 16, 5 for b = 10, 4 for b = 8 (the paper's; any
-              other b > 2 must be given its γ: cli/train.py takes γ = 4 for b = 4)
+              other b > 2 must be given its γ: training/driver.py takes γ = 4 for b = 4)
     DFlash 2  the convolutions restart at every block of the pass (draft(…, blocks=m)), and the loss
               adds the selector's, teacher-forced: L + L_sel (selector_loss.py)
     frozen    the target's embedding (noise embedding) and lm_head, shared with the draft

@@ -94,7 +94,7 @@ def _sha256(path: Path) -> str:
 
 
 def read_state(out: Path) -> dict:
-    """state.json, checked before any work (cli/train.py calls it before distilling): its fields have
+    """state.json, checked before any work (training/driver.py calls it before distilling): its fields have
     the types `save_state` writes, the checkpoint's files are there, and they are the files it was
     saved with (runs from before the hashes record none). Anything else is refused by name."""
     path = out / "state.json"
@@ -241,7 +241,7 @@ def _modules(draft, args):
 
 
 def read_moments(out: Path, draft) -> dict[str, torch.Tensor]:
-    """optimizer.safetensors, checked against the draft it resumes (cli/train.py reads it before distilling):
+    """optimizer.safetensors, checked against the draft it resumes (training/driver.py reads it before distilling):
     both AdamW moments of every trained draft parameter, in the parameter's shape; anything else is refused."""
     path = out / "optimizer.safetensors"
     try:

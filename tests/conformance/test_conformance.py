@@ -7,6 +7,7 @@ port's dump is compared the same way.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import json
 import subprocess
 import sys
@@ -24,16 +25,16 @@ import dflash_ref.attention as attention_module
 import dflash_ref.candidate_selector as selector_module
 import dflash_ref.config as config_module
 import dflash_ref.config_fields as config_fields_module
-import dflash_ref.conformance.adapters as adapters_module
+import dflash_ref.conformance.ports.reference as adapters_module
 import dflash_ref.decoding as loop_module
 import dflash_ref.draft_model as draft_model_module
 import dflash_ref.dynamic_conv as dynamic_conv_module
 import dflash_ref.layer_sampling as layer_sampling_module
 from dflash_ref.cache import KVCache
 from dflash_ref.conformance import SHIPPED, find_bundles, read_safetensors, verify, verify_dump
-from dflash_ref.conformance.adapters import ReferenceAdapter
-from dflash_ref.conformance.bundle import STAGES, key_for, parse_key, walk_order
 from dflash_ref.conformance.golden import SCENARIOS, SLACK, TOLERANCE_RULE, GoldenRun, generate_golden, write_scenario
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
+from dflash_ref.conformance.stages import STAGES, key_for, parse_key, walk_order
 from dflash_ref.conformance.variants import cut_steps
 from dflash_ref.decoding import spec_generate
 from dflash_ref.dflash2 import selector_of
@@ -132,8 +133,8 @@ def greedy_bundles(folder: Path):
 
 
 def test_manifest_documents_every_tensor_in_walk_order(golden):
-    stages = {s[0] for s in STAGES}
-    dflash2 = {s[0] for s in STAGES if s[2].startswith("DFlash 2:")}
+    stages = {s.name for s in STAGES}
+    dflash2 = {s.name for s in STAGES if s.meaning.startswith("DFlash 2:")}
     assert dflash2 == {
         "attn_conv_taps",
         "attn_conv_in",
@@ -145,7 +146,7 @@ def test_manifest_documents_every_tensor_in_walk_order(golden):
         "unary",
         "pair",
     }
-    hybrid = {s[0] for s in STAGES if s[2].startswith("Hybrid targets:")}
+    hybrid = {s.name for s in STAGES if s.meaning.startswith("Hybrid targets:")}
     assert hybrid == {"conv_state", "recurrent_state"}
     for b in greedy_bundles(golden):
         keys = [e["key"] for e in b.entries]
@@ -919,7 +920,7 @@ def test_mutant_fails_at_its_stage(golden, mutant, tmp_path):
 def test_a_port_factory_from_the_command_line(golden, tmp_path):
     (tmp_path / "my_port.py").write_text(
         textwrap.dedent("""
-        from dflash_ref.conformance.adapters import ReferenceAdapter
+        from dflash_ref.conformance.ports.reference import ReferenceAdapter
 
         class MyPort(ReferenceAdapter):
             name = "my-port"
@@ -1080,7 +1081,7 @@ def test_a_golden_run_cut_short_leaves_a_folder_verify_refuses_naming_what_is_mi
 
 
 def test_a_port_output_that_is_no_array_is_a_failed_check_not_a_crash(golden):
-    from dflash_ref.conformance.ports import resolve as adapter
+    from dflash_ref.conformance.ports.registry import resolve as adapter
 
     reference = adapter("reference")
 
@@ -1186,7 +1187,7 @@ def context_k_with_layer_0_norm(mp):
 def loop_values_of_context_k_with_layer_0_norm(mp):
     """`vllm-batch`: the same bug seen through the loop's values alone (every other stage waived, as that port's)."""
     adapter = context_k_with_layer_0_norm(mp)
-    adapter.skip = [s[0] for s in STAGES if s[0] not in LOOP_VALUES]
+    adapter.skip = [s.name for s in STAGES if s.name not in LOOP_VALUES]
     return adapter
 
 
@@ -1213,7 +1214,7 @@ def last_layer_before_the_final_norm(mp):
 def server_count_of_a_window_read_as_symmetric(mp):
     """llama-server on a sliding-window draft: what the server hands over (its output and its count of accepted
     draft tokens) of a port that reads a causal window as symmetric: the output the target's, fewer accepted."""
-    from dflash_ref.conformance.engines.llamacpp_server import LlamaServerPort
+    from dflash_ref.conformance.ports.engines.llamacpp_server import LlamaServerPort
     from dflash_ref.conformance.stages import DRAFT_ACCEPTED
 
     port = causal_and_symmetric_swapped(mp)
@@ -1491,19 +1492,21 @@ def test_the_hint_names_a_layer_read_one_too_early_where_two_ids_are_one_apart(g
 def test_the_windowed_cache_hint_reads_its_window_off_the_shapes():
     """K after RoPE (H_kv, L_k, d_h): the port's keys are DFlash's last 6 of 7, the block being 4: N = 2; without
     the block size the hint says N in terms of L_q. Keys that are not DFlash's tail get the stage's text."""
-    from dflash_ref.conformance.hints import BY_STAGE, hint
+    from dflash_ref.conformance.hints import hint
+    from dflash_ref.conformance.stages import STAGE
 
     expected = np.random.default_rng(0).normal(size=(1, 7, 4)).astype(np.float32)
     assert "last N = 2 context keys" in hint("k_rot", expected, expected[:, 1:], {"block_size": 4}, 0)
     assert "draft_context_window=2" in hint("k_rot", expected, expected[:, 1:], {"block_size": 4}, 0)
     assert "last N = 6 − L_q context keys" in hint("k_rot", expected, expected[:, 1:], {}, 0)
-    assert hint("k_rot", expected, expected[:, :6] + 1, {"block_size": 4}, 0) == BY_STAGE["k_rot"]
+    assert hint("k_rot", expected, expected[:, :6] + 1, {"block_size": 4}, 0) == STAGE["k_rot"].causes
 
 
 def test_the_hints_read_off_the_tensors_stay_silent_on_odd_input():
     """A hint never raises and never reads a cause into tensors that do not show it: shapes of another rank,
     integers, NaNs, zeros, a scalar, and the same tensor."""
-    from dflash_ref.conformance.hints import BY_STAGE, READERS, hint
+    from dflash_ref.conformance.hints import READERS, hint
+    from dflash_ref.conformance.stages import STAGE
 
     rng = np.random.default_rng(1)
     shaped = {1: rng.normal(size=5), 2: rng.normal(size=(4, 6)), 3: rng.normal(size=(4, 4, 8))}
@@ -1512,7 +1515,7 @@ def test_the_hints_read_off_the_tensors_stay_silent_on_odd_input():
             for y in (*shaped.values(), np.array(2)):
                 assert isinstance(hint(stage, x, y, {}, 0), str)
             said = hint(stage, x, x, {"inputs": {"input_ids": [1, 2, 3]}}, 0)
-            assert said == BY_STAGE.get(stage, ""), (stage, said)
+            assert said == STAGE[stage].causes, (stage, said)
 
 
 def test_the_output_readers_name_a_prompt_taken_for_the_end_and_tokens_past_the_limit():
@@ -1528,3 +1531,27 @@ def test_the_output_readers_name_a_prompt_taken_for_the_end_and_tokens_past_the_
     # a stop ends DFlash's output early: tokens after it are the stop's reader's, not the limit's
     stopped = {"inputs": {**inputs, "input_ids": [5, 6], "max_new_tokens": 6}}
     assert "after the stop token" in hint("output_ids", np.array([5, 6, 7, 3]), np.array([5, 6, 7, 3, 9]), stopped)
+
+
+def test_each_stage_is_one_record_of_what_the_kit_knows_of_it():
+    """A stage's facts live in its record (stages.Stage) and nowhere else: every stage has a title, a meaning, a
+    layout and its usual causes; the page's axes are named for every float stage drawn as a heatmap; the sets the
+    judge reads (block-free, window-free, the new context's axis) are the ones its rules were written for."""
+    from dflash_ref.conformance import stages
+
+    assert len(stages.STAGE) == len(stages.STAGES) == len(stages.STAGE_INDEX)
+    for s in stages.STAGES:
+        assert s.title and s.meaning and s.layout and s.causes, s.name
+        assert s.kind in ("semantic", "observable")
+    assert {s.name for s in stages.STAGES if s.block_free} == {"target_hidden", "fc", "context", "k_ctx"}
+    assert {s.name for s in stages.STAGES if s.window_free} == {"noise_embedding", "q", "k_noise", "v", "q_rot"}
+    assert {s.name: s.context_axis for s in stages.STAGES if s.restorable} == {
+        "target_hidden": 0,
+        "fc": 0,
+        "context": 0,
+        "k_ctx": 1,
+    }
+    for name in ("bundle", "judge", "hints", "page", "variants", "golden"):  # one import path for a stage's key
+        module = importlib.import_module(f"dflash_ref.conformance.{name}")
+        assert not hasattr(module, "BY_STAGE") and not hasattr(module, "AXES"), name
+    assert not hasattr(importlib.import_module("dflash_ref.conformance.bundle"), "key_for")

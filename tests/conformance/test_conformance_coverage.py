@@ -13,9 +13,9 @@ from test_conformance import After, Wrapped, golden, run_cli  # noqa: F401  (the
 
 from dflash_ref.cache import KVCache
 from dflash_ref.conformance import find_bundles, verify
-from dflash_ref.conformance.adapters import ReferenceAdapter
-from dflash_ref.conformance.bundle import parse_key
 from dflash_ref.conformance.matrix import check_ports
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
+from dflash_ref.conformance.stages import parse_key
 from dflash_ref.decoding import spec_generate
 from dflash_ref.extensions.prompt_lookup import PromptLookup
 
@@ -305,11 +305,11 @@ def test_the_readme_documents_every_key():
     """conformance/README.md's table of keys and layouts names every stage's key."""
     from pathlib import Path
 
-    from dflash_ref.conformance.bundle import STAGES, key_for
+    from dflash_ref.conformance.stages import STAGES, key_for
 
     readme = (Path(__file__).resolve().parents[2] / "dflash_ref" / "conformance" / "README.md").read_text()
     table = readme[readme.index("**Keys and layouts**") : readme.index("**The Port contract**")]
-    for stage, *_ in STAGES:
+    for stage in (s.name for s in STAGES):
         name = key_for(stage, 0, 0).split("/")[-1].rsplit(".", 1)[-1]  # e.g. hook_k_rot, target_logits
         assert name in table or name.split("_", 1)[-1] in table, stage
 

@@ -21,12 +21,13 @@ from test_conformance_coverage import ShorterBlocks, only, windowed
 from dflash_ref import attention as attention_module
 from dflash_ref.cache import KVCache
 from dflash_ref.conformance import verify
-from dflash_ref.conformance.adapters import ReferenceAdapter
-from dflash_ref.conformance.bundle import find_bundles, key_for, parse_key
+from dflash_ref.conformance.bundle import find_bundles
 from dflash_ref.conformance.crash import EngineFailed
 from dflash_ref.conformance.golden import generate_golden
 from dflash_ref.conformance.matrix import CAUSES, cells
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
 from dflash_ref.conformance.report import STATUSES, NotApplicable
+from dflash_ref.conformance.stages import key_for, parse_key
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
@@ -115,7 +116,7 @@ def test_a_crash_is_located_at_the_ports_own_line(tmp_path, bundles, monkeypatch
     assert said.startswith("ValueError: matmul") and "in the port at model.py:5 (project)" in said, said
     assert "raised inside" not in said or "numpy" in said  # numpy raised it from C: no frame of its own
     mine = verify(lambda bundle: ReferenceAdapter().run(None), bundles["walkthrough"]).reason("walkthrough")
-    assert "in the adapter (the kit's code) at dflash_ref/conformance/adapters.py" in mine, mine
+    assert "in the adapter (the kit's code) at dflash_ref/conformance/ports/reference.py" in mine, mine
 
 
 def test_an_engine_process_that_fails_is_the_ports_crash(bundles):

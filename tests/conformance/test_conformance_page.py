@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from dflash_ref.conformance import Check, Report, find_bundles, verify
-from dflash_ref.conformance.adapters import ReferenceAdapter
-from dflash_ref.conformance.bundle import STAGES, TITLES, key_for
 from dflash_ref.conformance.golden import generate_golden
 from dflash_ref.conformance.page import MAX_CHIPS, MAX_SIDE, MAX_VALUES, write_report_html
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
+from dflash_ref.conformance.stages import STAGE, TITLES, key_for
 from dflash_ref.viewer import browser
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -150,7 +150,7 @@ def test_the_causal_block_is_shown_at_the_attention_weights_with_the_tokens(repo
     assert (first.bundle, first.stage, first.step, first.layer) == ("walkthrough", "pattern", 0, 0)
     assert "First divergence: walkthrough · step 0 · layer 0 · attention weights" in text
     assert html.escape(first.hint) in text and "the block attends causally" in text
-    meaning, layout = next((s[2], s[3]) for s in STAGES if s[0] == "pattern")
+    meaning, layout = STAGE["pattern"].meaning, STAGE["pattern"].layout
     assert html.escape(meaning) in text and layout in text
     for stage in {c.stage for c in report.checks if c.bundle == "walkthrough"}:  # every stage's row, by title
         assert f"<td>{html.escape(TITLES[stage])}</td>" in text

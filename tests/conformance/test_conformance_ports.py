@@ -176,3 +176,19 @@ def test_mlx_without_dflash_is_not_applicable_with_how_to_install_it(golden, mon
     monkeypatch.setitem(sys.modules, "dflash.model_mlx", None)
     report = verify("mlx", golden / "01_walkthrough")
     assert not_applicable(report) == ["the official dflash is not installed: pip install --no-deps dflash==0.1.0"]
+
+
+def test_the_matrix_keeps_each_ports_report_as_verify_prints_it(tmp_path):
+    """matrix --texts: the report of each port the matrix ran, as `verify --impl PORT` prints it, so that .ci/ports
+    shows the reports without running each port a second time."""
+    from dflash_ref.conformance.bundle import SHIPPED
+    from dflash_ref.conformance.matrix import matrix
+
+    texts = {}
+    matrix(SHIPPED, ("reference",), texts=texts)
+    text, seconds = texts[("reference",)]
+    assert text == verify("reference", SHIPPED).text() and seconds >= 0
+    proc = run_cli("matrix", "--bundle", str(SHIPPED), "--ports", "reference", "--texts", str(tmp_path / "texts"))
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "texts" / "reference.txt").read_text() == text + "\n"
+    assert int((tmp_path / "texts" / "reference.seconds").read_text()) >= 0

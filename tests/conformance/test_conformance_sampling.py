@@ -15,9 +15,9 @@ import torch
 import dflash_ref.acceptance as acceptance_module
 import dflash_ref.conformance.exact as exact_module
 import dflash_ref.draft_model as draft_module
-from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import SHIPPED, find_bundles
 from dflash_ref.conformance.exact import ENGINE_SAMPLING, NEGLECT, reference_sampler, verify_sampling, write_sampling
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
 from dflash_ref.conformance.report import NotApplicable
 from dflash_ref.conformance.sampling import chi_square, judge_sampling, poisson_tail, upper_gamma_regularized
 

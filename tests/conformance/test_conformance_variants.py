@@ -13,8 +13,8 @@ from test_conformance import After, Wrapped, dump_of, golden, greedy_bundles  # 
 
 from dflash_ref.cache import KVCache
 from dflash_ref.conformance import find_bundles, verify, verify_dump
-from dflash_ref.conformance.adapters import ReferenceAdapter
-from dflash_ref.conformance.bundle import parse_key
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
+from dflash_ref.conformance.stages import parse_key
 from dflash_ref.conformance.variants import check_variants, context_only_lengths, parse_variant, shrunk_steps
 from dflash_ref.decoding import spec_generate
 
@@ -141,9 +141,9 @@ def test_full_then_truncate_without_its_output_ids_fails(golden):
 
 
 def test_waiving_every_stage_proves_nothing(golden):
-    from dflash_ref.conformance.bundle import STAGES
+    from dflash_ref.conformance.stages import STAGES
 
-    report = verify(ReferenceAdapter(), golden / "01_walkthrough", skip=[s[0] for s in STAGES])
+    report = verify(ReferenceAdapter(), golden / "01_walkthrough", skip=[s.name for s in STAGES])
     assert not report.passed and "NOTHING COMPARED" in report.text()
 
 

@@ -1,4 +1,4 @@
-"""The engine ports (conformance/engines/) without the engines: an engine that is not installed is "not
+"""The engine ports (conformance/ports/engines/) without the engines: an engine that is not installed is "not
 applicable" with a line that says what to set; what the readers make of an engine's records is checked by
 writing a bundle's own expected tensors in each engine's layout (llama.cpp's dump file, vLLM's per-pass
 tensors) and reading them back: every stage must then agree. The engines themselves run in `.ci/engines`."""
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 from dflash_ref.conformance.bundle import SHIPPED, find_bundles
-from dflash_ref.conformance.engines import llamacpp, vllm, vllm_run
 from dflash_ref.conformance.golden import generate_golden
 from dflash_ref.conformance.hints import hint
 from dflash_ref.conformance.judge import compare
+from dflash_ref.conformance.ports.engines import llamacpp, vllm, vllm_run
 from dflash_ref.conformance.record import Recorder
 from dflash_ref.conformance.verify import verify
 
@@ -56,7 +56,7 @@ def test_vllms_refusal_is_said_in_its_own_words():
 
 
 def test_a_shape_vllms_kernels_do_not_take_is_a_refusal_and_a_failure_says_its_last_error():
-    from dflash_ref.conformance.engines import vllm
+    from dflash_ref.conformance.ports.engines import vllm
 
     assert vllm_run.unsupported(RuntimeError("Unsupported CPU attention configuration: head_dim=4 isa=1"))
     assert not vllm_run.unsupported(RuntimeError("index out of range"))  # a failure, not a refusal
@@ -67,7 +67,7 @@ def test_a_shape_vllms_kernels_do_not_take_is_a_refusal_and_a_failure_says_its_l
 def test_a_refusal_by_model_runner_v1_is_retried_on_v2_and_both_are_said(monkeypatch):
     import subprocess
 
-    from dflash_ref.conformance.engines import REFUSAL_MARK, REFUSED, vllm
+    from dflash_ref.conformance.ports.engines import REFUSAL_MARK, REFUSED, vllm
     from dflash_ref.conformance.report import NotApplicable
 
     calls = []

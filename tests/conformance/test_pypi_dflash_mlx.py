@@ -1,5 +1,5 @@
-"""dflash-mlx 0.1.8 as a port of the kit (conformance/pypi/dflash_mlx.py), and the MLX pieces it shares with the
-other MLX ports (pypi/mlx_taps.py, also mlx-dspark's): the mapping checked on hand-made inputs, without the port
+"""dflash-mlx 0.1.8 as a port of the kit (conformance/ports/pypi/dflash_mlx.py), and the MLX pieces it shares with the
+other MLX ports (ports/mlx_taps.py, also mlx-dspark's): the mapping checked on hand-made inputs, without the port
 installed (CI does not install the ports); the taps on mlx itself where mlx is installed; and one run of the real
 port where it is."""
 
@@ -17,8 +17,8 @@ import pytest
 from dflash_ref.conformance import load_bundle
 from dflash_ref.conformance.bundle import SHIPPED
 from dflash_ref.conformance.port import outputs
-from dflash_ref.conformance.pypi import dflash_mlx as port
-from dflash_ref.conformance.pypi import mlx_taps
+from dflash_ref.conformance.ports import mlx_taps
+from dflash_ref.conformance.ports.pypi import dflash_mlx as port
 from dflash_ref.conformance.report import NotApplicable
 from dflash_ref.conformance.variants import check_variants
 
@@ -236,7 +236,7 @@ def test_the_real_port_on_the_shipped_walkthrough():
     (reports/dflash-mlx-extra-verify-after-last-token.md)."""
     from dflash_ref.conformance import verify
 
-    report = verify("dflash_ref.conformance.pypi.dflash_mlx:DFlashMLXPort", WALKTHROUGH)
+    report = verify("dflash_ref.conformance.ports.pypi.dflash_mlx:DFlashMLXPort", WALKTHROUGH)
     failed = [c for c in report.checks if c.status == "FAIL"]
     assert [c.stage for c in failed] == ["extra_step"], report.text()
     assert "past max_new_tokens" in failed[0].detail

@@ -1,6 +1,6 @@
-"""The mlx-dspark adapter's mapping (dflash_ref/conformance/pypi/mlx_dspark.py), without mlx-dspark: its layout
+"""The mlx-dspark adapter's mapping (dflash_ref/conformance/ports/pypi/mlx_dspark.py), without mlx-dspark: its layout
 functions on hand-made arrays, the loop values it reads from its caller's frame, its declaration, and its n/a with
-the install line. The MLX pieces it shares with dflash-mlx (pypi/mlx_taps.py) are tested in test_pypi_dflash_mlx.py.
+the install line. The MLX pieces it shares with dflash-mlx (ports/mlx_taps.py) are tested in test_pypi_dflash_mlx.py.
 One test runs the real port, where it is installed."""
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from dflash_ref.conformance import find_bundles
-from dflash_ref.conformance.pypi import mlx_dspark as port
+from dflash_ref.conformance.ports.pypi import mlx_dspark as port
 from dflash_ref.conformance.report import NotApplicable
 from dflash_ref.conformance.variants import check_variants
 
-WALKTHROUGH = Path(port.__file__).resolve().parents[1] / "bundles" / "01_walkthrough"
+WALKTHROUGH = Path(port.__file__).resolve().parents[2] / "bundles" / "01_walkthrough"
 
 
 def test_declared_variants_are_known_choices():

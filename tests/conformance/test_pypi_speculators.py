@@ -1,4 +1,4 @@
-"""The speculators adapter's mapping (conformance/pypi/speculators.py, pypi/torch_taps.py), without speculators
+"""The speculators adapter's mapping (conformance/ports/pypi/speculators.py, ports/torch_taps.py), without speculators
 installed: the teacher-forced steps and inputs of a bundle the kit writes, the layer-id and config translation,
 the reader's keys and layouts on a stand-in with the port's module names, and n/a with the install line where the
 package is missing. One test runs the real port, where it is installed."""
@@ -16,8 +16,8 @@ from torch import nn
 
 from dflash_ref.conformance.bundle import find_bundles
 from dflash_ref.conformance.golden import generate_golden
-from dflash_ref.conformance.pypi import speculators as sp
-from dflash_ref.conformance.pypi.torch_taps import (
+from dflash_ref.conformance.ports.pypi import speculators as sp
+from dflash_ref.conformance.ports.torch_taps import (
     ForcedStep,
     Taps,
     concat_layers,

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from dflash_ref.conformance.bundle import find_bundles
-from dflash_ref.conformance.engines import llamacpp_server, serving, vllm, vllm_run
 from dflash_ref.conformance.golden import generate_golden
 from dflash_ref.conformance.judge import compare
+from dflash_ref.conformance.ports.engines import llamacpp_server, serving, vllm, vllm_run
 from dflash_ref.conformance.record import Recorder
 from dflash_ref.conformance.report import NotApplicable, Report
 from dflash_ref.conformance.stages import DRAFT_ACCEPTED

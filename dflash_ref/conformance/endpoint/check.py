@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from ..engines import serving
+from ..ports.engines import serving
 from .client import Completion, Endpoint, EndpointError
 from .expected import Request
 from .ties import Divergence, Unreplayable

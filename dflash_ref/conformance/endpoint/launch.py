@@ -30,9 +30,9 @@ import urllib.request
 from pathlib import Path
 
 from ..bundle import find_bundles
-from ..engines import engine_python
-from ..engines.llamacpp_server import free_port, server, stop
-from ..engines.vllm import VARIABLE, openmp
+from ..ports.engines import engine_python
+from ..ports.engines.llamacpp_server import free_port, server, stop
+from ..ports.engines.vllm import VARIABLE, openmp
 from ..report import NotApplicable
 
 START_TIMEOUT = 600  # seconds: vLLM on 2 CPU cores takes a minute or more to load and warm up

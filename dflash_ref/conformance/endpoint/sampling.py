@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 
-from ..engines.llamacpp_server import first_step_tau
+from ..ports.engines.llamacpp_server import first_step_tau
 from .client import Endpoint, EndpointError
 
 IN_FLIGHT = 4  # requests at once: a server batches them as it batches any users'

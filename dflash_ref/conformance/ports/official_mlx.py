@@ -17,11 +17,13 @@ from pathlib import Path
 
 import numpy as np
 
-from .bundle import Bundle, key_for
+from ..bundle import Bundle
+from ..port import Port, check_path, loop_values, outputs, pair_scores
+from ..report import NotApplicable
+from ..stages import key_for
 from .mlx_states import cache_length, linear_states
+from .mlx_taps import Tap, Taps, as_numpy, attention_weights
 from .official import official_module
-from .port import Port, check_path, loop_values, outputs, pair_scores
-from .report import NotApplicable
 
 MLX_HINT = "the official MLX backend needs MLX: pip install 'dflash-ref[mlx]'"
 
@@ -40,45 +42,22 @@ def _official():
         raise NotApplicable(MLX_HINT) from None
 
 
-def _np(x) -> np.ndarray:
-    import mlx.core as mx
-
-    return np.array(x.astype(mx.float32) if x.dtype in (mx.bfloat16, mx.float16) else x)
-
-
-class _Tap:
-    """A callable standing in for one submodule (or the target model) of an MLX model: calls it, hands
-    its output on; every other attribute is the wrapped object's."""
-
-    def __init__(self, module, seen, before=lambda *a: None) -> None:
-        self.__dict__.update(module=module, seen=seen, before=before)
-
-    def __call__(self, *args, **kwargs):
-        self.before(*args)
-        out = self.module(*args, **kwargs)
-        self.seen(out, *args)
-        return out
-
-    def __getattr__(self, name):
-        return getattr(self.module, name)
-
-
-class _MLXReader:
-    """Taps on one draft and target for one stream_generate call; fills `out` keyed as the manifest,
-    and `steps` with each decode step's loop values."""
+class _MLXReader(Taps):
+    """Taps on one draft and target for one stream_generate call (the taps layer's, undone on exit); fills `out`
+    keyed as the manifest, and `steps` with each decode step's loop values."""
 
     def __init__(self, draft, target) -> None:
+        super().__init__()
         self.draft, self.out, self.step, self.steps = draft, {}, 0, []
-        self.layer, self.in_draft, self.pending, self._undo = 0, False, {}, []
+        self.layer, self.in_draft, self.pending = 0, False, {}
         self.draft_lengths, self.draft_cache, self.target_cache = [], None, None
-        self.target = _Tap(target, self.verified, self.before_verify)  # what stream_generate is given
+        self.target = Tap(target, self.verified, self.before_verify)  # what stream_generate is given
 
     def put(self, name: str, array) -> None:
-        self.out[f"step{self.step}/{name}"] = array if isinstance(array, np.ndarray) else _np(array)
+        self.out[f"step{self.step}/{name}"] = array if isinstance(array, np.ndarray) else as_numpy(array)
 
     def tap(self, owner, name: str, seen) -> None:
-        object.__setattr__(owner, name, _Tap(getattr(owner, name), lambda o, *a: seen(o)))
-        self._undo.append(lambda: object.__delattr__(owner, name))
+        self.on(owner, name, after=lambda o, *a, **k: seen(o))
 
     def __enter__(self):
         import mlx.core as mx
@@ -91,16 +70,15 @@ class _MLXReader:
         taps = []
         for i, layer in enumerate(d.layers):
             p, attn = f"draft.layers.{i}.", layer.self_attn
-            self.tap(attn, "q_norm", lambda o, p=p: self.put(p + "self_attn.hook_q", _np(o[0].transpose(1, 0, 2))))
+            self.tap(attn, "q_norm", lambda o, p=p: self.put(p + "self_attn.hook_q", as_numpy(o[0].transpose(1, 0, 2))))
             self.tap(attn, "k_norm", lambda o, p=p: self.pair(p + "self_attn.hook_k_", o))
             self.tap(attn, "v_proj", lambda o, p=p: self.pair(p + "self_attn.hook_v", o))
             self.tap(attn, "o_proj", lambda o, p=p: self.put(p + "self_attn.hook_out", o[0]))
-            taps.append(_Tap(layer, lambda o, *a, p=p: self.put(p + "hook_resid_post", o[0])))
+            taps.append(Tap(layer, lambda o, *a, p=p, **k: self.put(p + "hook_resid_post", o[0])))
             for name in ("attention_conv", "mlp_conv"):  # DFlash 2
                 if getattr(layer, name, None) is not None:
                     self.record_conv(getattr(layer, name), f"{p}{name}.")
-        object.__setattr__(d, "layers", taps)
-        self._undo.append(lambda: object.__delattr__(d, "layers"))
+        self.replace(d, "layers", taps)
         if getattr(d, "candidate_selector", None) is not None:
             self.record_selector(d.candidate_selector)
         hidden_states, sdpa = d.hidden_states, mx.fast.scaled_dot_product_attention
@@ -116,8 +94,7 @@ class _MLXReader:
                 self.in_draft = False
                 self.draft_lengths.append(cache_length(cache))
 
-        object.__setattr__(d, "hidden_states", draft_pass)
-        self._undo.append(lambda: object.__delattr__(d, "hidden_states"))
+        self.replace(d, "hidden_states", draft_pass)
 
         def attention(queries, keys, values, *, scale, mask=None, **kw):
             output = sdpa(queries, keys, values, scale=scale, mask=mask, **kw)
@@ -125,20 +102,15 @@ class _MLXReader:
                 self.attention(queries, keys, values, scale, mask, output)
             return output
 
-        mx.fast.scaled_dot_product_attention = attention
-        self._undo.append(lambda: setattr(mx.fast, "scaled_dot_product_attention", sdpa))
+        self.replace(mx.fast, "scaled_dot_product_attention", attention)
         return self
-
-    def __exit__(self, *exc) -> None:
-        while self._undo:
-            self._undo.pop()()
 
     def record_conv(self, conv, prefix: str) -> None:
         """Its dynamic taps (kernel_projection's output), and prepare's and finish's outputs."""
         self.tap(
             conv,
             "kernel_projection",
-            lambda o: self.put(prefix + "hook_taps", _np(o[0]).reshape(o.shape[1], 2, conv.kernel_size, -1)),
+            lambda o: self.put(prefix + "hook_taps", as_numpy(o[0]).reshape(o.shape[1], 2, conv.kernel_size, -1)),
         )  # (L_q, 2·K·G) → (L_q, 2, K, G)
         self.tap(conv, "prepare", lambda o: self.put(prefix + "hook_prepared", o[0][0]))
         self.tap(conv, "finish", lambda o: self.put(prefix + "hook_finished", o[0]))
@@ -146,13 +118,13 @@ class _MLXReader:
     def record_selector(self, selector) -> None:
         """Its candidates and unary scores; the pair term from its own codebook and projection outputs."""
         seen = {"pred": [], "succ": [], "proj": None}
-        self.tap(selector, "predecessor_codebook", lambda o: seen["pred"].append(_np(o[0])))
-        self.tap(selector, "successor_codebook", lambda o: seen["succ"].append(_np(o[0])))
-        self.tap(selector, "hidden_projection", lambda o: seen.__setitem__("proj", _np(o[0])))
+        self.tap(selector, "predecessor_codebook", lambda o: seen["pred"].append(as_numpy(o[0])))
+        self.tap(selector, "successor_codebook", lambda o: seen["succ"].append(as_numpy(o[0])))
+        self.tap(selector, "hidden_projection", lambda o: seen.__setitem__("proj", as_numpy(o[0])))
 
         def selected(out, hidden, logits, anchor_ids, temperature):
-            path, candidates = _np(out[0][0]), _np(out[1][0])  # (γ,), (γ, K)
-            unary = np.take_along_axis(_np(logits[0]), candidates, axis=-1)  # (γ, K)
+            path, candidates = as_numpy(out[0][0]), as_numpy(out[1][0])  # (γ,), (γ, K)
+            unary = np.take_along_axis(as_numpy(logits[0]), candidates, axis=-1)  # (γ, K)
             pair = pair_scores(seen["pred"], seen["proj"], seen["succ"])
             seen["pred"], seen["succ"] = [], []
             if temperature == 0:
@@ -161,13 +133,12 @@ class _MLXReader:
             self.put("draft.candidate_selector.hook_unary", unary)
             self.put("draft.candidate_selector.hook_pair", pair.astype(np.float32))
 
-        object.__setattr__(selector, "select", _Tap(selector.select, selected))
-        self._undo.append(lambda: object.__delattr__(selector, "select"))
+        self.on(selector, "select", after=selected)
 
     def before_verify(self, inputs, cache=None, *args) -> None:
         """Before a decode step's verify: a hybrid's states after the previous step's rollback."""
         if self.step:
-            self.out.update(linear_states(cache, self.step - 1, _np))
+            self.out.update(linear_states(cache, self.step - 1, as_numpy))
 
     def verified(self, logits, inputs, cache=None, *args) -> None:
         """After each target pass: its own logits (the prefill's last position, or every row a decode step
@@ -176,11 +147,11 @@ class _MLXReader:
         if self.steps and self.steps[-1][-1][5] is None:  # the previous step's crop, seen now
             self.steps[-1][-1][5] = length - inputs.shape[1]
         if self.draft_lengths:  # a decode step's verify, not the prefill
-            self.out[key_for("verify_logits", self.step)] = _np(logits[0])  # (L_q, V): its rows as verified
+            self.out[key_for("verify_logits", self.step)] = as_numpy(logits[0])  # (L_q, V): its rows as verified
             self.draft_lengths.append(cache_length(self.draft_cache))
             self.target_lengths = [length - inputs.shape[1], length]
         else:  # a prefill chunk (it prefills in chunks, the last one position): the last chunk's is x_0's
-            self.out[key_for("prefill_logits")] = _np(logits[0, -1])
+            self.out[key_for("prefill_logits")] = as_numpy(logits[0, -1])
 
     def pair(self, name: str, o) -> None:
         """k_norm and v_proj run twice per layer, on the context first, then on the block."""
@@ -189,30 +160,21 @@ class _MLXReader:
             return
         ctx, block = self.pending.pop(name)
         if name.endswith("_k_"):  # (1, L, H_kv, d_h) each
-            self.put(name + "ctx", _np(ctx[0].transpose(1, 0, 2)))
-            self.put(name + "noise", _np(block[0].transpose(1, 0, 2)))
+            self.put(name + "ctx", as_numpy(ctx[0].transpose(1, 0, 2)))
+            self.put(name + "noise", as_numpy(block[0].transpose(1, 0, 2)))
             return
         heads = self.draft.layers[0].self_attn.n_kv_heads
-        both = np.concatenate([_np(ctx[0]), _np(block[0])], axis=0)  # (L_c + L_q, H_kv · d_h)
+        both = np.concatenate([as_numpy(ctx[0]), as_numpy(block[0])], axis=0)  # (L_c + L_q, H_kv · d_h)
         self.put(name, both.reshape(both.shape[0], heads, -1).transpose(1, 0, 2))  # (H_kv, L_c + L_q, d_h)
 
     def attention(self, queries, keys, values, scale, mask, output) -> None:
         """q/k after RoPE as the kernel gets them, and softmax(q kᵀ · scale, masked), checked against
         the kernel's own output."""
         p, self.layer = f"draft.layers.{self.layer}.self_attn.", self.layer + 1
-        q, k, v = _np(queries[0]), _np(keys[0]), _np(values[0])  # (H_q, L_q, d_h), (H_kv, L_k, d_h)
-        groups = q.shape[0] // k.shape[0]
-        k, v = np.repeat(k, groups, axis=0), np.repeat(v, groups, axis=0)  # (H_q, L_k, d_h)
-        scores = q.astype(np.float64) @ k.transpose(0, 2, 1) * scale  # (H_q, L_q, L_k)
-        if mask is not None:
-            scores = np.where(_np(mask).astype(bool), scores, -np.inf)
-        weights = np.exp(scores - scores.max(-1, keepdims=True))
-        weights /= weights.sum(-1, keepdims=True)
-        tol = 1e-4 if str(queries.dtype).endswith("float32") else 3e-2  # bf16 bundles: 3e-2
-        if not np.allclose(weights @ v, _np(output[0]), atol=tol * max(1.0, float(np.abs(v).max()))):
-            raise AssertionError(f"{p}: re-derived attention weights do not reproduce the kernel's output")
+        weights = attention_weights(queries, keys, values, scale, mask, output, p)  # (H_q, L_q, L_k)
+        q = as_numpy(queries[0])  # (H_q, L_q, d_h)
         self.put(p + "hook_q_rot", q)
-        self.put(p + "hook_k_rot", _np(keys[0]))
+        self.put(p + "hook_k_rot", as_numpy(keys[0]))
         self.put(p + "hook_pattern", weights.astype(np.float32))
 
     def decoded(self, loop: dict) -> None:
@@ -282,7 +244,7 @@ class MLXAdapter(Port):
                     recorder.decoded(stream.gi_yieldfrom.gi_frame.f_locals)
         out = recorder.out
         if recorder.step:  # the last step's rollback, after its yield
-            out.update(linear_states(recorder.target_cache, recorder.step - 1, _np))
+            out.update(linear_states(recorder.target_cache, recorder.step - 1, as_numpy))
         for step, drafted, posterior, tau, bonus, lengths in recorder.steps:
             lengths[5] = cache_length(recorder.target_cache) if lengths[5] is None else lengths[5]
             loop_values(out, step, drafted, posterior, tau, bonus, lengths)

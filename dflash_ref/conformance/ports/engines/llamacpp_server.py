@@ -41,11 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bundle import STAGES, find_bundles
-from ..crash import EngineFailed
-from ..port import Port, outputs
-from ..report import NotApplicable
-from ..stages import CACHED_PREFIX, DRAFT_ACCEPTED, key_for
+from ...bundle import find_bundles
+from ...crash import EngineFailed
+from ...port import Port, outputs
+from ...report import NotApplicable
+from ...stages import CACHED_PREFIX, DRAFT_ACCEPTED, STAGES, key_for
 from . import serving
 from .llamacpp import F32_CACHES, TIMEOUT, _run, convert, failure, tree
 
@@ -225,7 +225,7 @@ class LlamaServerPort(Port):
     name = "llama-server"
     reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a
     engine_shaped = True
-    skip = tuple(s[0] for s in STAGES if s[0] not in OBSERVED)
+    skip = tuple(s.name for s in STAGES if s.name not in OBSERVED)
 
     def __init__(self) -> None:
         self._done: dict[tuple, dict] = {}

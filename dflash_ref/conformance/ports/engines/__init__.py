@@ -20,9 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ..report import NotApplicable
+from ...report import NotApplicable
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[3]  # the folder that holds dflash_ref/, for PYTHONPATH
+PACKAGE_ROOT = Path(__file__).resolve().parents[4]  # the folder that holds dflash_ref/, for PYTHONPATH
 REFUSED = 3  # a runner's exit code when its engine refused the models, its reason on a line of stderr after:
 REFUSAL_MARK = "engine refused: "
 

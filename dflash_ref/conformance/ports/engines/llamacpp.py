@@ -36,10 +36,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..crash import EngineFailed
-from ..port import Port, outputs
-from ..report import NotApplicable
-from ..stages import key_for
+from ...crash import EngineFailed
+from ...port import Port, outputs
+from ...report import NotApplicable
+from ...stages import key_for
 
 VARIABLE = "LLAMA_CPP_DIR"
 SOURCE = Path(__file__).with_name("llamacpp_run.cpp")

@@ -22,17 +22,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .. import muse_glimmer
-from ..config import ConfigError
-from ..drafts.checkpoint import load_draft, save_muse_glimmer
-from ..target.checkpoint import config_architectures
-from ..threads import one_thread
-from .adapters import to_numpy
-from .bundle import Bundle, key_for
+from ... import muse_glimmer
+from ...config import ConfigError
+from ...drafts.checkpoint import load_draft, save_muse_glimmer
+from ...target.checkpoint import config_architectures
+from ...threads import one_thread
+from ..bundle import Bundle
+from ..port import Port, loop_values
+from ..report import NotApplicable
+from ..stages import key_for
 from .official import linear_states
-from .port import Port, loop_values
-from .pypi.torch_taps import Taps, load_target, per_head, quiet_transformers
-from .report import NotApplicable
+from .torch_taps import Taps, load_target, per_head, quiet_transformers, to_numpy
 
 # two softmaxes of the same float32 logits agree to a few ulps; a q computed from other logits differs by far more
 Q_ROUNDING = 1e-5

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..bundle import Bundle, key_for
+from ...bundle import Bundle
+from ...port import Port, check_path, loop_values, outputs, pair_scores
+from ...report import NotApplicable
+from ...stages import key_for
 from ..mlx_states import cache_length, linear_states
-from ..port import Port, check_path, loop_values, outputs, pair_scores
-from ..report import NotApplicable
-from .mlx_taps import (
+from ..mlx_taps import (
     ContextThenBlock,
     Gathered,
     Tap,

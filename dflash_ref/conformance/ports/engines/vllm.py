@@ -15,11 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..bundle import STAGES, find_bundles, model_digest
-from ..crash import EngineFailed
-from ..port import Port
-from ..report import NotApplicable
-from ..tensorfile import read_arrays
+from ...bundle import find_bundles, model_digest
+from ...crash import EngineFailed
+from ...port import Port
+from ...report import NotApplicable
+from ...stages import STAGES
+from ...tensorfile import read_arrays
 from . import REFUSAL_MARK, REFUSED, engine_python, run_program, serving
 
 VARIABLE = "DFLASH_REF_VLLM_PYTHON"
@@ -63,7 +64,7 @@ class VLLMSampler:
         python = engine_python(VARIABLE, "vllm", "vLLM")
         with tempfile.TemporaryDirectory() as scratch:
             dump = Path(scratch) / "sample.npz"
-            args = ["-m", "dflash_ref.conformance.engines.vllm_run", str(self.bundle.path), "--sample",
+            args = ["-m", "dflash_ref.conformance.ports.engines.vllm_run", str(self.bundle.path), "--sample",
                     str(len(seeds)), "--verifier", self.verifier, "--out", str(dump)]  # fmt: skip
             proc = run_runner(python, args, "sampling bundle")
             if proc.returncode != 0:
@@ -110,7 +111,9 @@ class VLLMBatchPort(Port):
     name = "vllm-batch"
     reads_muse = False  # a Muse Glimmer draft folder is transformers' format: n/a
     skip = tuple(
-        s[0] for s in STAGES if s[0] not in ("draft_tokens", "posterior", "acceptance_length", "bonus", "output_ids")
+        s.name
+        for s in STAGES
+        if s.name not in ("draft_tokens", "posterior", "acceptance_length", "bonus", "output_ids")
     )
 
     def __init__(self) -> None:
@@ -158,7 +161,13 @@ def run_bundles(bundles: list, serve: bool = False) -> dict[str, dict]:
     python = engine_python(VARIABLE, "vllm", "vLLM")
     with tempfile.TemporaryDirectory() as scratch:
         dump = Path(scratch) / "vllm.npz"
-        args = ["-m", "dflash_ref.conformance.engines.vllm_run", *(str(b.path) for b in bundles), "--out", str(dump)]
+        args = [
+            "-m",
+            "dflash_ref.conformance.ports.engines.vllm_run",
+            *(str(b.path) for b in bundles),
+            "--out",
+            str(dump),
+        ]
         args += ["--serve"] if serve else []
         proc = run_runner(python, args, "bundle")
         if proc.returncode != 0:

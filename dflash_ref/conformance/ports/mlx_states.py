@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .stages import key_for
+from ..stages import key_for
 
 
 def cache_length(cache) -> int:

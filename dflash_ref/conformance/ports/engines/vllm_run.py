@@ -1,7 +1,7 @@
 """One golden bundle through vLLM's own engine, its tensors read where vLLM computes them: the program
 `verify --impl vllm` runs inside vLLM's Python (vllm.py), never imported by dflash_ref itself.
 
-    python -m dflash_ref.conformance.engines.vllm_run BUNDLE [BUNDLE …] --out DUMP.npz
+    python -m dflash_ref.conformance.ports.engines.vllm_run BUNDLE [BUNDLE …] --out DUMP.npz
 
 vLLM runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0) on the CPU, eager, greedy, the bundle's
 target and draft folders as they are (`speculative_config={"method": "dflash", …}`). Forward hooks on
@@ -46,7 +46,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the default grows t
 import numpy as np  # noqa: E402
 
 from dflash_ref.conformance.bundle import load_bundle  # noqa: E402 (numpy only)
-from dflash_ref.conformance.engines import REFUSAL_MARK, REFUSED, serving  # noqa: E402
+from dflash_ref.conformance.ports.engines import REFUSAL_MARK, REFUSED, serving  # noqa: E402
 from dflash_ref.conformance.record import Recorder  # noqa: E402
 
 
@@ -579,7 +579,7 @@ def _spec_counters(llm) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m dflash_ref.conformance.engines.vllm_run")
+    p = argparse.ArgumentParser(prog="python -m dflash_ref.conformance.ports.engines.vllm_run")
     p.add_argument("bundles", nargs="*", help="one bundle (its tensors), or several sharing their models (a batch)")
     p.add_argument("--out", required=True)
     p.add_argument("--serve", action="store_true", help="the bundles are one serving scenario's requests")

@@ -30,8 +30,16 @@ import numpy as np
 import torch
 
 from ...target.qwen3_5_checkpoint import is_hybrid_folder
-from ..adapters import to_numpy
 from ..bundle import Bundle
+
+
+def to_numpy(x) -> np.ndarray:
+    """A tensor (any dtype; bf16 becomes float32, exactly), list or number → numpy, a copy: a port's buffer (a cache
+    it updates in place, as transformers 5.2x does its recurrent states) must not change what was recorded."""
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return (x.float() if x.is_floating_point() else x.long()).numpy().copy()
+    return np.asarray(x, dtype=np.int64 if isinstance(x, (int, list)) else None)
 
 
 @dataclass(frozen=True)
@@ -169,6 +177,11 @@ class Taps:
         handle = module.register_forward_hook(lambda m, a, o: self.put(name, take(o)))
         self._undo.append(handle.remove)
 
+    def hook(self, module, fn: Callable, pre: bool = False) -> None:
+        """fn(module, args, output) after each call of `module` (or fn(module, args, kwargs) before it, `pre`)."""
+        handle = module.register_forward_pre_hook(fn, with_kwargs=True) if pre else module.register_forward_hook(fn)
+        self._undo.append(handle.remove)
+
     def call(self, module, fn: Callable, pre: bool = False) -> None:
         """fn(module, args, kwargs, output) after each call (or fn(module, args, kwargs) before it, `pre`)."""
         if pre:
@@ -192,3 +205,27 @@ class Taps:
 def per_head(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     """(L, H·d_h) → (H, L, d_h)."""
     return x.view(x.shape[0], -1, head_dim).transpose(0, 1)  # (L, H, d_h) → (H, L, d_h)
+
+
+def attention_weights(query, key, value, attention_mask, scaling: float, output, where: str = "") -> torch.Tensor:
+    """softmax(q kᵀ · scaling) under the kernel's own mask (boolean: True attended; else additive), from the
+    tensors an attention kernel was handed: query (B, H_q, L_q, d_h), key and value (B, H_kv, L_k, d_h), its
+    output (B, L_q, H_q, d_h). The kernel gives only its output, so the weights are re-derived in float32 and must
+    reproduce that output (within 3e-2 in bf16, else 1e-4, × max(1, its largest value); else AssertionError,
+    prefixed by `where`). Query head h reads KV head h // (H_q / H_kv). → (B, H_q, L_q, L_k). mlx_taps'
+    attention_weights is the same for an MLX kernel."""
+    groups = query.shape[1] // key.shape[1]
+    k, v = (t.float().repeat_interleave(groups, dim=1) for t in (key, value))  # (B, H_q, L_k, d_h)
+    scores = query.float() @ k.transpose(-1, -2) * scaling
+    if attention_mask is not None:
+        scores = (
+            scores.masked_fill(~attention_mask, float("-inf"))
+            if attention_mask.dtype == torch.bool
+            else scores + attention_mask.float()
+        )
+    weights = scores.softmax(-1)
+    derived = (weights @ v).transpose(1, 2)  # (B, L_q, H_q, d_h)
+    tol = 3e-2 if query.dtype == torch.bfloat16 else 1e-4
+    if not torch.allclose(derived, output.float(), atol=tol * max(1.0, float(derived.abs().max()))):
+        raise AssertionError(f"{where}: re-derived attention weights do not reproduce the kernel's output")
+    return weights

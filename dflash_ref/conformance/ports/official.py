@@ -18,12 +18,12 @@ import warnings
 import numpy as np
 import torch
 
-from ..threads import one_thread
-from .adapters import to_numpy
-from .bundle import Bundle, key_for
-from .port import Port, check_path, loop_values, outputs, pair_scores
-from .pypi.torch_taps import bundle_dtype, load_target, quiet_transformers
-from .report import NotApplicable
+from ...threads import one_thread
+from ..bundle import Bundle
+from ..port import Port, check_path, loop_values, outputs, pair_scores
+from ..report import NotApplicable
+from ..stages import key_for
+from .torch_taps import Taps, attention_weights, bundle_dtype, load_target, quiet_transformers, to_numpy
 
 DFLASH_HINT = "the official dflash is not installed: pip install --no-deps dflash==0.1.0"
 
@@ -39,29 +39,26 @@ def official_module(name: str = "model"):
         raise NotApplicable(DFLASH_HINT) from None
 
 
-class _OfficialReader:
-    """Scoped hooks and patches around one `dflash.model.dflash_generate` call; fills `out`."""
+class _OfficialReader(Taps):
+    """Scoped hooks and patches around one `dflash.model.dflash_generate` call (the taps layer's, undone on
+    exit); fills `out`, each tensor under the step under way (`step`)."""
 
     def __init__(self, official, draft, target) -> None:
+        super().__init__()
         self.official, self.draft, self.target = official, draft, target
-        self.out: dict[str, np.ndarray] = {}
         self.layout = "0.1.0" if hasattr(official, "_crop_to") else "github"
         # 0.1.0 crops the target once after its prefill; the GitHub code first crops after a verify
         self.step, self.prefilled, self.ctx_len, self.draft_lengths = 0, self.layout == "github", 0, None
         self.target_before, self.in_target, self.target_passes = 0, False, 0
-        self._undo: list = []
 
-    def put(self, name: str, tensor: torch.Tensor) -> None:
-        self.out[f"step{self.step}/{name}"] = to_numpy(tensor)
+    @property
+    def step(self) -> int:
+        return self._step
 
-    def hook(self, module, fn, pre: bool = False) -> None:
-        handle = module.register_forward_pre_hook(fn, with_kwargs=True) if pre else module.register_forward_hook(fn)
-        self._undo.append(handle.remove)
-
-    def patch(self, owner, name: str, value) -> None:
-        old = getattr(owner, name)
-        setattr(owner, name, value)
-        self._undo.append(lambda: setattr(owner, name, old))
+    @step.setter
+    def step(self, step: int) -> None:
+        self._step = step
+        self.at(step)
 
     def __enter__(self):
         d = self.draft
@@ -115,15 +112,6 @@ class _OfficialReader:
             self.patch(self.official, "DynamicCache", Cropping)
         self.patch(self.official, "_cuda_time", time.perf_counter)  # it syncs CUDA even on a CPU
         return self
-
-    def __exit__(self, *exc) -> None:
-        while self._undo:
-            self._undo.pop()()
-
-    def replace(self, owner, name: str, value) -> None:
-        """A method stood in for on one instance, the class's own back on exit."""
-        setattr(owner, name, value)
-        self._undo.append(lambda: delattr(owner, name))
 
     def record_conv(self, conv, prefix: str) -> None:
         """Its dynamic taps (kernel_projection's output), and prepare's and finish's outputs."""
@@ -196,20 +184,7 @@ class _OfficialReader:
             self.put(p + "self_attn.hook_q_rot", query[0])
             self.put(p + "self_attn.hook_k_rot", key[0])
             self.put(p + "self_attn.hook_v", value[0, :, -new:])
-            groups = query.shape[1] // key.shape[1]
-            k, v = (t.float().repeat_interleave(groups, dim=1) for t in (key, value))  # (B, H_q, L_k, d_h)
-            scores = query.float() @ k.transpose(-1, -2) * kwargs["scaling"]
-            if attention_mask is not None:
-                scores = (
-                    scores.masked_fill(~attention_mask, float("-inf"))
-                    if attention_mask.dtype == torch.bool
-                    else scores + attention_mask.float()
-                )
-            weights = scores.softmax(-1)
-            derived = (weights @ v).transpose(1, 2)  # (B, L_q, H_q, d_h)
-            tol = 3e-2 if query.dtype == torch.bfloat16 else 1e-4
-            if not torch.allclose(derived, output[0].float(), atol=tol * max(1.0, float(derived.abs().max()))):
-                raise AssertionError(f"{p}: re-derived attention weights do not reproduce the kernel's output")
+            weights = attention_weights(query, key, value, attention_mask, kwargs["scaling"], output[0], p)
             self.put(p + "self_attn.hook_pattern", weights[0])
             return output
 

@@ -50,12 +50,12 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from ...threads import one_thread
-from ..adapters import to_numpy
-from ..bundle import Bundle, key_for
-from ..port import Port
-from ..report import NotApplicable
-from .torch_taps import (
+from ....threads import one_thread
+from ...bundle import Bundle
+from ...port import Port
+from ...report import NotApplicable
+from ...stages import key_for
+from ..torch_taps import (
     ForcedStep,
     Taps,
     bundle_dtype,
@@ -66,6 +66,7 @@ from .torch_taps import (
     quiet_transformers,
     target_hidden_states,
     teacher_forced_steps,
+    to_numpy,
 )
 
 INSTALL = (

@@ -33,11 +33,12 @@ from functools import partial
 
 import numpy as np
 
-from ..bundle import Bundle, key_for
+from ...bundle import Bundle
+from ...port import Port, loop_values, outputs
+from ...report import NotApplicable
+from ...stages import key_for
 from ..mlx_states import cache_length, linear_states
-from ..port import Port, loop_values, outputs
-from ..report import NotApplicable
-from .mlx_taps import (
+from ..mlx_taps import (
     ContextThenBlock,
     Rows,
     Tap,

@@ -1,7 +1,7 @@
 """The reference as a port (port.py's contract): this package run on a golden bundle, its tensors read through
-its hook points and StepRecords; and what the PyTorch ports share (to_numpy, a hybrid target's states).
+its hook points and StepRecords; and a hybrid target's states as the loop's caches hold them.
 
-Shipped (ports.py): `reference` (this package, read through its hook points and StepRecords, here),
+Shipped (registry.py): `reference` (this package, read through its hook points and StepRecords, here),
 `zlab` (the official PyTorch code, official.py) and `mlx` (the official MLX backend, official_mlx.py).
 """
 
@@ -10,25 +10,18 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ..decoding import spec_generate
-from ..drafts.checkpoint import load_draft
-from ..loading.folder import load_target
-from ..target.hybrid_cache import HybridCache
-from ..threads import one_thread
-from ..trace import tracing
-from .bundle import LAYER_STAGES, MODEL_STAGES, Bundle, key_for
-from .port import Port, loop_values
+from ...decoding import spec_generate
+from ...drafts.checkpoint import load_draft
+from ...loading.folder import load_target
+from ...target.hybrid_cache import HybridCache
+from ...threads import one_thread
+from ...trace import tracing
+from ..bundle import Bundle
+from ..port import Port, loop_values
+from ..stages import LAYER_STAGES, MODEL_STAGES, key_for
+from .torch_taps import to_numpy
 
 TRACED = list(MODEL_STAGES.values()) + [f"draft.layers.*.{name}" for name in LAYER_STAGES.values()]
-
-
-def to_numpy(x) -> np.ndarray:
-    """A tensor (any dtype; bf16 becomes float32, exactly), list or number → numpy, a copy: a port's buffer (a cache
-    it updates in place, as transformers 5.2x does its recurrent states) must not change what was recorded."""
-    if isinstance(x, torch.Tensor):
-        x = x.detach().cpu()
-        return (x.float() if x.is_floating_point() else x.long()).numpy().copy()
-    return np.asarray(x, dtype=np.int64 if isinstance(x, (int, list)) else None)
 
 
 class TargetStates:

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import importlib
 
-from . import crash
-from .adapters import ReferenceAdapter
+from .. import crash
 from .engines.llamacpp import LlamaCppPort
 from .engines.llamacpp_server import LlamaServerPort
 from .engines.vllm import VLLMBatchPort, VLLMPort, VLLMServePort
@@ -14,6 +13,7 @@ from .official_mlx import MLXAdapter
 from .pypi.dflash_mlx import DFlashMLXPort
 from .pypi.mlx_dspark import MLXDSparkPort
 from .pypi.speculators import SpeculatorsPort
+from .reference import ReferenceAdapter
 from .transformers_port import TransformersPort
 
 ADAPTERS = {
@@ -32,6 +32,22 @@ ADAPTERS = {
 }
 
 
+# where the shipped ports' modules were before the ports' wing (conformance/ports/): a factory named by its old
+# module is refused in one line that names the new one
+MOVED = {
+    "dflash_ref.conformance.adapters": "dflash_ref.conformance.ports.reference",
+    "dflash_ref.conformance.official": "dflash_ref.conformance.ports.official",
+    "dflash_ref.conformance.official_mlx": "dflash_ref.conformance.ports.official_mlx",
+    "dflash_ref.conformance.transformers_port": "dflash_ref.conformance.ports.transformers_port",
+    "dflash_ref.conformance.pypi.dflash_mlx": "dflash_ref.conformance.ports.pypi.dflash_mlx",
+    "dflash_ref.conformance.pypi.mlx_dspark": "dflash_ref.conformance.ports.pypi.mlx_dspark",
+    "dflash_ref.conformance.pypi.speculators": "dflash_ref.conformance.ports.pypi.speculators",
+    "dflash_ref.conformance.engines.vllm": "dflash_ref.conformance.ports.engines.vllm",
+    "dflash_ref.conformance.engines.llamacpp": "dflash_ref.conformance.ports.engines.llamacpp",
+    "dflash_ref.conformance.engines.llamacpp_server": "dflash_ref.conformance.ports.engines.llamacpp_server",
+}
+
+
 def resolve(spec: str):
     """A name of ADAPTERS ("reference", "zlab", "mlx", "transformers", "dflash-mlx", "mlx-dspark", "speculators",
     "vllm", "vllm-batch", "vllm-serve", "llamacpp", "llama-server") or
@@ -41,6 +57,8 @@ def resolve(spec: str):
     if ":" not in spec:
         raise ValueError(f"unknown implementation {spec!r}: use one of {sorted(ADAPTERS)} or module:factory")
     module, _, attr = spec.partition(":")
+    if module in MOVED:
+        raise ValueError(f"implementation {spec!r}: that module is now {MOVED[module]} (use {MOVED[module]}:{attr})")
     try:
         factory = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as e:
