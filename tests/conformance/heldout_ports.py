@@ -31,7 +31,7 @@ import dflash_ref.draft_model as draft_model_mod
 import dflash_ref.target.qwen3 as qwen3_mod
 from dflash_ref.attention import KVInjectionAttention
 from dflash_ref.candidate_selector import CandidateSelector
-from dflash_ref.conformance.adapters import ReferenceAdapter
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
 from dflash_ref.decoding import DraftedProposal, Proposal
 from dflash_ref.dflash2 import DFlash2DecoderLayer
 from dflash_ref.rope import rotate_half

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from dflash_ref.conformance.adapters import ReferenceAdapter
 from dflash_ref.conformance.bundle import find_bundles
 from dflash_ref.conformance.causes.catalogue import BY_NAME, CATALOGUE
 from dflash_ref.conformance.causes.diagnose import Mutant, explain
 from dflash_ref.conformance.golden import generate_golden
 from dflash_ref.conformance.judge import compare
+from dflash_ref.conformance.ports.reference import ReferenceAdapter
 from dflash_ref.conformance.verify import verify
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")

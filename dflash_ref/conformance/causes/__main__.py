@@ -8,6 +8,7 @@ import importlib.util
 import tempfile
 from pathlib import Path
 
+from . import measure
 from .catalogue import CATALOGUE
 
 
@@ -22,8 +23,6 @@ def main(argv: list[str] | None = None) -> None:
             print(f"{cause.name:36} {'/'.join(cause.stages):20} {cause.says}")
         print(f"\n{len(CATALOGUE)} causes")
         return
-    from . import measure  # torch, the golden scenarios
-
     if args.what == "heldout" and not (args.file and Path(args.file).is_file()):
         p.error("heldout needs FILE, a Python file of held-out ports (tests/conformance/heldout_ports.py)")
     with tempfile.TemporaryDirectory() as scratch:

@@ -26,7 +26,7 @@ from ... import attention, decoding, dynamic_conv
 from ...layer_sampling import HIDDEN_STATE_OFFSET, build_target_layer_ids
 from ...rope import RotaryEmbedding
 from ...target.hybrid_cache import HybridCache, LinearLayerState
-from .. import adapters
+from ..ports import reference
 
 
 @dataclass
@@ -925,7 +925,7 @@ CATALOGUE: list[Cause] = [
         "output_ids",
         "every token equal to mask_token_id taken out of the output, the prompt's too (an output buffer filled with "
         "the mask token, filtered at the end)",
-        _wrap(adapters, "spec_generate", _masks_stripped(prompt_too=True)),
+        _wrap(reference, "spec_generate", _masks_stripped(prompt_too=True)),
         shows_on="multiround",
     ),
     Cause(
@@ -933,7 +933,7 @@ CATALOGUE: list[Cause] = [
         "output_ids",
         "every new token equal to mask_token_id taken out of the output (an output buffer filled with the mask "
         "token, filtered after the prompt)",
-        _wrap(adapters, "spec_generate", _masks_stripped(prompt_too=False)),
+        _wrap(reference, "spec_generate", _masks_stripped(prompt_too=False)),
         shows_on="multiround",
     ),
     Cause(

@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..adapters import ReferenceAdapter
 from ..bundle import Bundle, candidates_in_id_order
-from ..hints import BY_STAGE
 from ..judge import compare
+from ..ports.reference import ReferenceAdapter
 from ..report import Check, NotApplicable, title
-from ..stages import STAGE_INDEX, parse_key, stage_of, walk_order
+from ..stages import STAGE, STAGE_INDEX, parse_key, stage_of, walk_order
 from .catalogue import CATALOGUE, Cause, Change
 
 END = (9,)  # the position of "no failure": past every key
@@ -156,8 +155,13 @@ class Finding:
                 f"{self.read} (a pattern read in the tensors; {self.sentence().removeprefix('unexplained: ')})"
             )
         else:
-            computes = BY_STAGE.get(self.first.stage, self.first.stage)
+            computes = _usual(self.first.stage) or self.first.stage
             self.first.hint = f"{self.sentence()} (this stage computes: {computes})"
+
+
+def _usual(stage: str) -> str:
+    """The stage's usual causes (the hint where no reader spoke), "" for a check of no stage."""
+    return STAGE[stage].causes if stage in STAGE else ""
 
 
 def candidates(stage: str, produced: dict, waived, catalogue: list[Cause]) -> list[Cause]:
@@ -213,7 +217,7 @@ def explain(
     if first is None:
         return None
     finding = diagnose(bundle, produced, first, declared, waivers, runs=runs)
-    finding.read = first.hint if first.hint and first.hint != BY_STAGE.get(first.stage) else ""
+    finding.read = first.hint if first.hint and first.hint != _usual(first.stage) else ""
     finding.write_hint()
     return finding
 
