@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--impl",
         help="reference | zlab | mlx | transformers | dflash-mlx | mlx-dspark | speculators | vllm | vllm-batch | "
         "vllm-serve | llamacpp | llama-server | "
-        "package.module:factory (an adapter)",
+        "package.module:factory or path/to/adapter.py:factory (an adapter)",
     )
     candidate.add_argument("--dump", help="a port's tensors: .npz or .safetensors keyed {bundle}/{key}")
     candidate.add_argument(

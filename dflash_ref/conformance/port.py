@@ -121,14 +121,16 @@ def as_port(impl) -> Port:
     raise TypeError(f"{impl!r} is not a port: a Port, an object with run(bundle) or sampler(), or a function")
 
 
-def outputs(out: dict, prompt, tokens, layer_ids=None) -> dict:
+def outputs(out: dict, prompt, tokens, layer_ids=None, first_token=None) -> dict:
     """The loop's outcome as every port records it, into `out`: output_ids (the prompt, then every token the port
-    produced), first_token (x_0: the first of them, where there is one) and, where given, layer_ids (the target
-    layers its draft reads, as DFlash numbers them). Returns `out`."""
+    produced), first_token (x_0: `first_token`, the one the port's loop committed after its prefill, where the
+    adapter read it; else the first token produced, where there is one: a port that filters its output after the
+    loop would then show its output's bug as a wrong x_0) and, where given, layer_ids (the target layers its draft
+    reads, as DFlash numbers them). Returns `out`."""
     tokens = [int(t) for t in tokens]
     out[key_for("output_ids")] = np.asarray([int(t) for t in prompt] + tokens, np.int64)
-    if tokens:
-        out[key_for("first_token")] = np.asarray(tokens[0], np.int64)
+    if first_token is not None or tokens:
+        out[key_for("first_token")] = np.asarray(int(tokens[0] if first_token is None else first_token), np.int64)
     if layer_ids is not None:
         out[key_for("layer_ids")] = np.asarray(layer_ids, np.int64)
     return out

@@ -107,3 +107,14 @@ def test_a_crash_says_which_values_the_port_held(bundles):
     assert "in the port at test_causes.py" in said
     assert "when the port fell over in run() it held target_hidden (1, 3, 8 = d" in said, said
     assert "16 = k·d (k = 2 target layers)" in said, said
+
+
+def test_outputs_takes_the_x0_the_loop_committed():
+    """A port that filters its output after the loop passes the x_0 its loop committed: its output's bug then
+    shows at the output, not as a wrong x_0."""
+    from dflash_ref.conformance.port import outputs
+    from dflash_ref.conformance.stages import key_for
+
+    assert int(outputs({}, [1, 2], [5, 6])[key_for("first_token")]) == 5
+    assert int(outputs({}, [1, 2], [6], first_token=5)[key_for("first_token")]) == 5
+    assert key_for("first_token") not in outputs({}, [1, 2], [])

@@ -940,6 +940,10 @@ def test_a_port_factory_from_the_command_line(golden, tmp_path):
     first = proc.stdout.split("FIRST DIVERGENCE:")[1]
     # the walkthrough's demo models have norm weights of exactly 1, so this shows in the next bundle
     assert "multiround · step 0 · layer 0 · K context after KNorm" in first
+    assert "reproduced by the reference with k-norm-weight-not-loaded" in first  # the catalogue's cause
+    by_path = run_cli("verify", "--impl", f"{tmp_path / 'my_port.py'}:MyPort", "--bundle", str(two), "--no-diagnose")
+    assert by_path.returncode == 1 and "K context after KNorm" in by_path.stdout, by_path.stdout + by_path.stderr
+    assert "reproduced" not in by_path.stdout  # --no-diagnose: the readers alone
 
 
 def flip_last_bytes(bundle: Path) -> None:

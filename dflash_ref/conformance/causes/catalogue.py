@@ -450,6 +450,28 @@ def _head_is_embedding(c: Change) -> None:
     c.patch(c.draft, "compute_logits", lambda hidden, head: compute(hidden, lambda h: h @ weight.T))
 
 
+def _norm_weights_at_one(*paths: str) -> Callable[[Change], None]:
+    """The RMSNorm weights at `paths` (relative to the draft, `layers.*.` for every layer) left at their initial
+    ones: a loader that did not find them under the name it looked for."""
+
+    def change(c: Change) -> None:
+        for path in paths:
+            holders = c.draft.layers if path.startswith("layers.*.") else [c.draft]
+            for holder in holders:
+                norm = holder.get_submodule(path.removeprefix("layers.*."))
+                norm.weight.data.fill_(1.0)
+
+    return change
+
+
+def _not_ones(path: str) -> Callable:
+    def differs(draft, target) -> bool:
+        holder = draft.layers[0] if path.startswith("layers.*.") else draft
+        return not bool((holder.get_submodule(path.removeprefix("layers.*.")).weight == 1).all())
+
+    return differs
+
+
 def _ids(rule: Callable[[int, int], list[int]]) -> Callable[[Change], None]:
     def change(c: Change) -> None:
         c.draft.config.target_layer_ids = rule(c.target.config.num_hidden_layers, len(c.draft.target_layer_ids))
@@ -586,6 +608,14 @@ CATALOGUE: list[Cause] = [
         _differs(lambda d, t: d.hidden_norm.weight, lambda d, t: d.norm.weight),
         shows_on="multiround",
     ),
+    Cause(
+        "hidden-norm-weight-not-loaded",
+        "context",
+        "hidden_norm's weight not loaded: left at its initial ones",
+        _norm_weights_at_one("hidden_norm"),
+        _not_ones("hidden_norm"),
+        shows_on="multiround",
+    ),
     # -- the block and its embedding
     Cause(
         "block-without-anchor",
@@ -652,6 +682,14 @@ CATALOGUE: list[Cause] = [
         shows_on="multiround",
     ),
     Cause(
+        "q-norm-weight-not-loaded",
+        "q",
+        "q_norm's weight not loaded: left at its initial ones",
+        _norm_weights_at_one("layers.*.self_attn.q_norm"),
+        _not_ones("layers.*.self_attn.q_norm"),
+        shows_on="multiround",
+    ),
+    Cause(
         "k-norm-skipped",
         "k_ctx",
         "K is not normed per head (k_norm missing), context and block",
@@ -668,6 +706,14 @@ CATALOGUE: list[Cause] = [
         "k_noise",
         "k_norm applied to the context's K but not to the block's",
         _set_on_attentions(k_norm=lambda a: _Alternate(a.k_norm, on_first=True)),
+    ),
+    Cause(
+        "k-norm-weight-not-loaded",
+        "k_ctx",
+        "k_norm's weight not loaded: left at its initial ones",
+        _norm_weights_at_one("layers.*.self_attn.k_norm"),
+        _not_ones("layers.*.self_attn.k_norm"),
+        shows_on="multiround",
     ),
     Cause(
         "rope-block-positions-from-zero",
@@ -810,6 +856,14 @@ CATALOGUE: list[Cause] = [
         "final_hidden",
         "the draft's final RMSNorm not applied",
         lambda c: setattr(c.draft, "norm", nn.Identity()),
+    ),
+    Cause(
+        "draft-final-norm-weight-not-loaded",
+        "final_hidden",
+        "the draft's final norm weight not loaded: left at its initial ones",
+        _norm_weights_at_one("norm"),
+        _not_ones("norm"),
+        shows_on="multiround",
     ),
     Cause(
         "logits-from-first-positions",

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
+from pathlib import Path
 
 from .. import crash
 from .engines.llamacpp import LlamaCppPort
@@ -51,19 +54,33 @@ MOVED = {
 def resolve(spec: str):
     """A name of ADAPTERS ("reference", "zlab", "mlx", "transformers", "dflash-mlx", "mlx-dspark", "speculators",
     "vllm", "vllm-batch", "vllm-serve", "llamacpp", "llama-server") or
-    "package.module:factory" (factory() returns an adapter or a run function)."""
+    "package.module:factory" or "path/to/file.py:factory" (factory() returns an adapter or a run function)."""
     if spec in ADAPTERS:
         return ADAPTERS[spec]()
     if ":" not in spec:
         raise ValueError(f"unknown implementation {spec!r}: use one of {sorted(ADAPTERS)} or module:factory")
-    module, _, attr = spec.partition(":")
+    module, _, attr = spec.rpartition(":")
     if module in MOVED:
         raise ValueError(f"implementation {spec!r}: that module is now {MOVED[module]} (use {MOVED[module]}:{attr})")
     try:
-        factory = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as e:
+        factory = getattr(_module(module), attr)
+    except (ImportError, AttributeError, OSError) as e:
         raise ValueError(f"implementation {spec!r}: no factory {attr!r} in module {module!r} ({e})") from None
     try:
         return factory()
     except Exception as e:  # noqa: BLE001 - the user's factory: said in one line, where it raised
         raise ValueError(f"implementation {spec!r}: its factory {attr}() raised {crash.where(e)}") from None
+
+
+def _module(name: str):
+    """A module by its import name, or a Python file by its path (an adapter beside the port, not on sys.path)."""
+    if not name.endswith(".py"):
+        return importlib.import_module(name)
+    path = Path(name).resolve()
+    if not path.is_file():
+        raise ImportError(f"no file {name}")
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # its own imports of itself (and pickling) find it
+    spec.loader.exec_module(module)
+    return module
