@@ -143,6 +143,19 @@ def draft_config(target: TargetConfig | None = None, **overrides) -> DraftConfig
     return DraftConfig(**kw)
 
 
+@pytest.fixture(scope="session")
+def golden(tmp_path_factory):
+    """Every golden bundle (`python -m dflash_ref golden`), written once per test process for the conformance kit's
+    files that read them (test_conformance, _variants, _ports, _coverage: each wrote them again), on one thread as
+    those files run. Read only: a test that damages a bundle damages a copy."""
+    from dflash_ref.conformance.golden import generate_golden
+
+    out = tmp_path_factory.mktemp("golden")
+    with one_thread():
+        generate_golden(out)
+    return out
+
+
 @pytest.fixture(scope="module")
 def one_thread_module():
     """Tiny models are overhead-bound: one intra-op thread is faster than two on a small machine.

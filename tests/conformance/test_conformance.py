@@ -48,13 +48,6 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
-@pytest.fixture(scope="module")
-def golden(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("golden")
-    generate_golden(out)
-    return out
-
-
 def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "dflash_ref", *args], capture_output=True, text=True, cwd=cwd, timeout=300
