@@ -262,10 +262,37 @@ def test_a_bundle_loads_and_compares_with_numpy_alone(tmp_path):
 # --------------------------------------------------------------------------- reference and official
 
 
-def test_reference_passes_via_the_cli(golden):
-    proc = run_cli("verify", "--impl", "reference", "--bundle", str(golden))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "PASS" in proc.stdout and "FIRST DIVERGENCE" not in proc.stdout
+@pytest.fixture(scope="module")
+def reports() -> dict:
+    """impl → the report `verify --impl IMPL` made of the golden bundles in test_*_via_the_cli, kept for
+    test_passes_via_the_api, which asserts on the same run's report (it made its own: the same verification twice).
+    The command's defaults are verify's (no --allow-missing, --variant, --skip or --timeout)."""
+    return {}
+
+
+def verify_by_main(impl: str, bundles: Path, reports: dict, monkeypatch, capsys) -> tuple[int, str]:
+    """`verify --impl IMPL --bundle BUNDLES` by the command's main in this process (a subprocess paid a torch
+    import; the command's own subprocess runs: test_shipped_bundle_passes_via_the_cli_by_default and more) → (its
+    exit status, stdout); the report it printed is kept in `reports`."""
+    from dflash_ref.__main__ import main
+    from dflash_ref.cli import verify as cli_verify
+
+    real = cli_verify.run_verify
+
+    def kept(*args):
+        reports[impl] = real(*args)
+        return reports[impl]
+
+    monkeypatch.setattr(cli_verify, "run_verify", kept)
+    capsys.readouterr()
+    code = main(["verify", "--impl", impl, "--bundle", str(bundles)])
+    return code, capsys.readouterr().out
+
+
+def test_reference_passes_via_the_cli(golden, reports, monkeypatch, capsys):
+    code, out = verify_by_main("reference", golden, reports, monkeypatch, capsys)
+    assert code == 0, out
+    assert "PASS" in out and "FIRST DIVERGENCE" not in out
 
 
 def plain_targets(golden: Path, folder: Path) -> Path:
@@ -277,11 +304,11 @@ def plain_targets(golden: Path, folder: Path) -> Path:
     return folder
 
 
-def test_official_dflash_passes_via_the_cli(golden, tmp_path):
+def test_official_dflash_passes_via_the_cli(golden, reports, tmp_path, monkeypatch, capsys):
     pytest.importorskip("dflash.model")
-    proc = run_cli("verify", "--impl", "zlab", "--bundle", str(plain_targets(golden, tmp_path / "plain")))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "PASS" in proc.stdout
+    code, out = verify_by_main("zlab", plain_targets(golden, tmp_path / "plain"), reports, monkeypatch, capsys)
+    assert code == 0, out
+    assert "PASS" in out
 
 
 def test_shipped_bundle_passes_via_the_cli_by_default():
@@ -291,10 +318,11 @@ def test_shipped_bundle_passes_via_the_cli_by_default():
 
 
 @pytest.mark.parametrize("impl", ["reference", "zlab"])
-def test_passes_via_the_api(golden, impl, tmp_path):
+def test_passes_via_the_api(golden, reports, impl, tmp_path):
     if impl == "zlab":
         pytest.importorskip("dflash.model")
-    report = verify(impl, golden if impl == "reference" else plain_targets(golden, tmp_path / "plain"))
+    bundles = golden if impl == "reference" else plain_targets(golden, tmp_path / "plain")
+    report = reports.get(impl) or verify(impl, bundles)  # the command-line test's run, where it ran
     assert report.passed, report.text()
     assert report.first_failure is None and len({c.bundle for c in report.checks}) == len(SCENARIOS) - (impl == "zlab")
     evicted = [c for c in report.checks if c.note]
