@@ -1482,12 +1482,26 @@ def test_every_cause_the_matrix_names_has_its_reproduction():
     assert sorted(CAUSE_HINTS) == sorted(CAUSES)
 
 
+@pytest.fixture(scope="module")
+def engine_golden(tmp_path_factory):
+    """name → a folder holding that engine-shaped bundle (SmolLM2's tokenizer), not in `golden`: written once in
+    this module, where four causes each wrote engine_layer_ids_last again."""
+    written: dict[str, Path] = {}
+
+    def bundle(name: str) -> Path:
+        if name not in written:
+            written[name] = tmp_path_factory.mktemp("engine")
+            generate_golden(written[name], [name])
+        return written[name]
+
+    return bundle
+
+
 @pytest.mark.parametrize("cause", list(CAUSE_HINTS), ids=["-".join(key) for key in CAUSE_HINTS])
-def test_each_named_cause_gets_its_hint(golden, cause, tmp_path):
+def test_each_named_cause_gets_its_hint(golden, engine_golden, cause, tmp_path):
     reproduce, bundle, says = CAUSE_HINTS[cause]
-    if bundle.startswith("engine_"):  # an engine-shaped bundle (SmolLM2's tokenizer): written here
-        generate_golden(tmp_path / "engine", [bundle])
-        golden = tmp_path / "engine"
+    if bundle.startswith("engine_"):  # an engine-shaped bundle (SmolLM2's tokenizer): written once
+        golden = engine_golden(bundle)
     missing_is_the_bug = cause[1] == "first_token"  # a port that decodes nothing: what it lacks is the finding
     with pytest.MonkeyPatch.context() as mp:
         report = verify(reproduce(mp), only(golden, bundle, tmp_path / "one"), allow_missing=not missing_is_the_bug)
