@@ -25,16 +25,20 @@ MAX_WORKERS = 4  # each may hold SmolLM2 (0.5 GB in fp32) beside a training subp
 # Files handed out first, slowest first (`pytest --durations`, 2-core AMD EPYC): a slow file handed out last
 # would leave the other workers idle while it runs. The rest follow in their usual order.
 SLOWEST_FILES = [
-    "test_walkthrough.py",
     "test_conformance_sampling.py",
     "test_smollm2.py",
-    "test_training.py",
+    "test_walkthrough.py",
     "test_conformance.py",
-    "test_lossless.py",
+    "test_training.py",
     "test_dflash2.py",
+    "test_walkthrough_cells.py",
+    "test_prompt_lookup.py",
+    "test_lossless.py",
+    "test_engines.py",
     "test_hybrid_target.py",
-    "test_conformance_variants.py",
+    "test_endpoint.py",
     "test_bench.py",
+    "test_conformance_variants.py",
 ]
 
 
