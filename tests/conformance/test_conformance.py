@@ -49,13 +49,6 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
 
-@pytest.fixture(scope="module")
-def golden(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("golden")
-    generate_golden(out)
-    return out
-
-
 def run_cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "dflash_ref", *args], capture_output=True, text=True, cwd=cwd, timeout=300
@@ -273,10 +266,37 @@ def test_a_bundle_loads_and_compares_with_numpy_alone(tmp_path):
 # --------------------------------------------------------------------------- reference and official
 
 
-def test_reference_passes_via_the_cli(golden):
-    proc = run_cli("verify", "--impl", "reference", "--bundle", str(golden))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "PASS" in proc.stdout and "FIRST DIVERGENCE" not in proc.stdout
+@pytest.fixture(scope="module")
+def reports() -> dict:
+    """impl → the report `verify --impl IMPL` made of the golden bundles in test_*_via_the_cli, kept for
+    test_passes_via_the_api, which asserts on the same run's report (it made its own: the same verification twice).
+    The command's defaults are verify's (no --allow-missing, --variant, --skip or --timeout)."""
+    return {}
+
+
+def verify_by_main(impl: str, bundles: Path, reports: dict, monkeypatch, capsys) -> tuple[int, str]:
+    """`verify --impl IMPL --bundle BUNDLES` by the command's main in this process (a subprocess paid a torch
+    import; the command's own subprocess runs: test_shipped_bundle_passes_via_the_cli_by_default and more) → (its
+    exit status, stdout); the report it printed is kept in `reports`."""
+    from dflash_ref.__main__ import main
+    from dflash_ref.cli import verify as cli_verify
+
+    real = cli_verify.run_verify
+
+    def kept(*args):
+        reports[impl] = real(*args)
+        return reports[impl]
+
+    monkeypatch.setattr(cli_verify, "run_verify", kept)
+    capsys.readouterr()
+    code = main(["verify", "--impl", impl, "--bundle", str(bundles)])
+    return code, capsys.readouterr().out
+
+
+def test_reference_passes_via_the_cli(golden, reports, monkeypatch, capsys):
+    code, out = verify_by_main("reference", golden, reports, monkeypatch, capsys)
+    assert code == 0, out
+    assert "PASS" in out and "FIRST DIVERGENCE" not in out
 
 
 def plain_targets(golden: Path, folder: Path) -> Path:
@@ -288,11 +308,11 @@ def plain_targets(golden: Path, folder: Path) -> Path:
     return folder
 
 
-def test_official_dflash_passes_via_the_cli(golden, tmp_path):
+def test_official_dflash_passes_via_the_cli(golden, reports, tmp_path, monkeypatch, capsys):
     pytest.importorskip("dflash.model")
-    proc = run_cli("verify", "--impl", "zlab", "--bundle", str(plain_targets(golden, tmp_path / "plain")))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "PASS" in proc.stdout
+    code, out = verify_by_main("zlab", plain_targets(golden, tmp_path / "plain"), reports, monkeypatch, capsys)
+    assert code == 0, out
+    assert "PASS" in out
 
 
 def test_shipped_bundle_passes_via_the_cli_by_default():
@@ -302,10 +322,11 @@ def test_shipped_bundle_passes_via_the_cli_by_default():
 
 
 @pytest.mark.parametrize("impl", ["reference", "zlab"])
-def test_passes_via_the_api(golden, impl, tmp_path):
+def test_passes_via_the_api(golden, reports, impl, tmp_path):
     if impl == "zlab":
         pytest.importorskip("dflash.model")
-    report = verify(impl, golden if impl == "reference" else plain_targets(golden, tmp_path / "plain"))
+    bundles = golden if impl == "reference" else plain_targets(golden, tmp_path / "plain")
+    report = reports.get(impl) or verify(impl, bundles)  # the command-line test's run, where it ran
     assert report.passed, report.text()
     assert report.first_failure is None and len({c.bundle for c in report.checks}) == len(SCENARIOS) - (impl == "zlab")
     evicted = [c for c in report.checks if c.note]
@@ -1469,12 +1490,26 @@ def test_every_cause_the_matrix_names_has_its_reproduction():
     assert sorted(CAUSE_HINTS) == sorted(CAUSES)
 
 
+@pytest.fixture(scope="module")
+def engine_golden(tmp_path_factory):
+    """name → a folder holding that engine-shaped bundle (SmolLM2's tokenizer), not in `golden`: written once in
+    this module, where four causes each wrote engine_layer_ids_last again."""
+    written: dict[str, Path] = {}
+
+    def bundle(name: str) -> Path:
+        if name not in written:
+            written[name] = tmp_path_factory.mktemp("engine")
+            generate_golden(written[name], [name])
+        return written[name]
+
+    return bundle
+
+
 @pytest.mark.parametrize("cause", list(CAUSE_HINTS), ids=["-".join(key) for key in CAUSE_HINTS])
-def test_each_named_cause_gets_its_hint(golden, cause, tmp_path):
+def test_each_named_cause_gets_its_hint(golden, engine_golden, cause, tmp_path):
     reproduce, bundle, says = CAUSE_HINTS[cause]
-    if bundle.startswith("engine_"):  # an engine-shaped bundle (SmolLM2's tokenizer): written here
-        generate_golden(tmp_path / "engine", [bundle])
-        golden = tmp_path / "engine"
+    if bundle.startswith("engine_"):  # an engine-shaped bundle (SmolLM2's tokenizer): written once
+        golden = engine_golden(bundle)
     missing_is_the_bug = cause[1] == "first_token"  # a port that decodes nothing: what it lacks is the finding
     with pytest.MonkeyPatch.context() as mp:
         report = verify(

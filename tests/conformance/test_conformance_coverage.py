@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from test_conformance import After, Wrapped, golden, run_cli  # noqa: F401  (the golden fixture)
+from test_conformance import After, Wrapped, run_cli
 
 from dflash_ref.cache import KVCache
 from dflash_ref.conformance import find_bundles, verify

@@ -12,7 +12,7 @@ import shutil
 import sys
 
 import pytest
-from test_conformance import golden, run_cli  # noqa: F401  (the golden fixture)
+from test_conformance import run_cli
 
 from dflash_ref.conformance import verify
 from dflash_ref.conformance.matrix import cells

@@ -23,6 +23,14 @@ from dflash_ref.conformance.sampling import chi_square, judge_sampling, poisson_
 
 RUNS = 1000  # seeds 0 … 999: measured here, the reference passes (p 0.6, z −1.1) and the weakest mutant,
 # the draft at temperature 1, fails by z = −6.1 (the bundle's default for a port is 2000)
+# The three mutants that break the distribution are run on seeds 0 … 499: the chi-square's noncentrality grows
+# with the runs, and at 500 each fails far past P_MIN = 1e-3 (measured: no residual chi-square 183 on 34 df,
+# p = 2e-22; no rejection 1057 on 34 df, p = 4e-200; DFlash 2's residual at the candidate slots 174 on 34 df,
+# p = 1e-20; at 1000, 387, 3622 and 383 on 46 df). The power at 500 against the subtlest, the slots: a
+# noncentrality of about 174 − 34 = 140 on 34 df puts the statistic at 174 ± 25 (√(2(34 + 2·140))), and the 1e-3
+# critical value (65) 4.4 standard deviations below: it fails with probability 1 − 3e-8 (scipy.stats.ncx2), whatever
+# the seeds.
+DISTRIBUTION_RUNS = 500
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +102,7 @@ def residual_at_candidate_slots(mp):
 def test_dflash2_residual_at_the_candidate_slots_fails_the_distribution(bundle2):
     with pytest.MonkeyPatch.context() as mp:
         residual_at_candidate_slots(mp)
-        result = judge_sampling(bundle2.manifest["sampling"], reference_sampler(bundle2), RUNS)
+        result = judge_sampling(bundle2.manifest["sampling"], reference_sampler(bundle2), DISTRIBUTION_RUNS)
     assert not result.passed and not result.distribution_ok and result.acceptance_ok, result.text()
     assert "residual norm(max(p − q, 0))" in result.text(), result.text()
 
@@ -136,8 +144,9 @@ def mutant_sampler(bundle, mp, which):
     ],
 )
 def test_sampling_bugs_fail_their_test_with_the_reason(bundle, which, fails, named):
+    runs = DISTRIBUTION_RUNS if fails == "distribution" else RUNS  # the temperature's: z −6.1 at 1000, −4.3 at 500
     with pytest.MonkeyPatch.context() as mp:
-        result = judge_sampling(bundle.manifest["sampling"], mutant_sampler(bundle, mp, which), RUNS)
+        result = judge_sampling(bundle.manifest["sampling"], mutant_sampler(bundle, mp, which), runs)
     assert not result.passed, result.text()
     assert result.distribution_ok == (fails == "acceptance") and named in result.text(), result.text()
 
@@ -155,7 +164,8 @@ def test_a_sampler_that_reports_tokens_per_step_or_too_few_runs_is_named(bundle)
 def test_verify_sampling_from_the_command_line(bundle, capsys):
     from dflash_ref.__main__ import main
 
-    assert main(["verify", "--impl", "reference", "--sampling", "--bundle", str(bundle.path), "--runs", "400"]) == 0
+    # the command's wiring and report; the reference's distribution over 1000 runs: test_the_reference_and_the_…
+    assert main(["verify", "--impl", "reference", "--sampling", "--bundle", str(bundle.path), "--runs", "100"]) == 0
     out = capsys.readouterr().out
     assert "sampling: reference" in out and "chi-square" in out and "first-step τ (rejection)" in out
     with pytest.raises(SystemExit, match="no sampling bundle at"):  # the shipped greedy bundle

@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from test_conformance import After, Wrapped, dump_of, golden, greedy_bundles  # noqa: F401  (the golden fixture)
+from test_conformance import After, Wrapped, dump_of, greedy_bundles
 
 from dflash_ref.cache import KVCache
 from dflash_ref.conformance import find_bundles, verify, verify_dump

@@ -4,6 +4,8 @@ or with a planted bug. The real servers (vLLM's, llama-server) are driven in .ci
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import re
@@ -469,30 +471,49 @@ def test_a_server_that_refuses_or_fails_is_one_line(bundle, models, how, said):
 
 
 def run_cli(*args, timeout=600):
+    """`python -m dflash_ref verify ARGS`, the command itself in a subprocess: its exit status, stdout and stderr."""
     return subprocess.run([sys.executable, "-m", "dflash_ref", "verify", *map(str, args)], capture_output=True,
                           text=True, timeout=timeout)  # fmt: skip
 
 
+def run_main(*args) -> subprocess.CompletedProcess:
+    """`verify ARGS` by the command's main in this process (a subprocess pays a torch import each time): its exit
+    status, stdout and stderr as the interpreter would make them of its return or SystemExit (a message: said on
+    stderr, status 1)."""
+    from dflash_ref.__main__ import main
+
+    argv = ["verify", *map(str, args)]
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+        if code is not None and not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+    return subprocess.CompletedProcess(argv, code or 0, out.getvalue(), err.getvalue())
+
+
 def test_the_command_line_says_each_bad_input_in_one_line(tmp_path, bundle):
-    unreachable = run_cli("--endpoint", "http://127.0.0.1:9", "--bundle", bundle)
+    unreachable = run_cli("--endpoint", "http://127.0.0.1:9", "--bundle", bundle)  # the one real subprocess
     assert unreachable.returncode == 1 and "is unreachable" in unreachable.stderr
     assert "Traceback" not in unreachable.stderr
-    not_a_url = run_cli("--endpoint", "localhost:8000", "--bundle", bundle)
+    not_a_url = run_main("--endpoint", "localhost:8000", "--bundle", bundle)
     assert not_a_url.returncode == 1 and "is not an http:// or https:// URL" in not_a_url.stderr
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"prompt": "  "}\n')
     (tmp_path / "target").mkdir()
     (tmp_path / "target" / "config.json").write_text("{}")
-    empty = run_cli("--endpoint", "http://127.0.0.1:9", "--target", tmp_path / "target", "--draft", tmp_path / "nope",
-                    "--prompts", prompts)  # fmt: skip
+    folders = ["--target", tmp_path / "target", "--draft", tmp_path / "nope", "--prompts", prompts]
+    empty = run_main("--endpoint", "http://127.0.0.1:9", *folders)
     assert empty.returncode == 2 and "line 1: an empty prompt" in empty.stderr
     prompts.write_text("hello\n")
-    missing = run_cli("--endpoint", "http://127.0.0.1:9", "--target", tmp_path / "target", "--draft", tmp_path / "nope",
-                      "--prompts", prompts)  # fmt: skip
+    missing = run_main("--endpoint", "http://127.0.0.1:9", *folders)
     assert missing.returncode == 2 and "--draft no folder" in missing.stderr
-    device = run_cli("--endpoint", "http://127.0.0.1:9", "--bundle", bundle, "--device", "gpu")
+    device = run_main("--endpoint", "http://127.0.0.1:9", "--bundle", bundle, "--device", "gpu")
     assert device.returncode == 2 and "--device: unknown device 'gpu'" in device.stderr
-    lonely = run_cli("--impl", "reference", "--prompts", prompts)
+    lonely = run_main("--impl", "reference", "--prompts", prompts)
     assert lonely.returncode == 2 and "--prompts go with --endpoint or --outputs" in lonely.stderr
 
 
@@ -639,7 +660,7 @@ def test_sampled_decoding_from_outside_is_held_to_the_exact_distribution(tmp_pat
 
     for engine, passed in ((seeded, 0), (greedy, 1)):
         with serving(StandIn(engine)) as url:
-            said = run_cli("--sampling", "--endpoint", url, "--bundle", tmp_path, "--runs", 300)
+            said = run_main("--sampling", "--endpoint", url, "--bundle", tmp_path, "--runs", 300)
         assert said.returncode == passed, said.stdout + said.stderr
         assert "outputs: chi-square" in said.stdout and "reports no first-step τ per request" in said.stdout
 
@@ -732,10 +753,10 @@ def test_the_outputs_command_exits_by_its_verdict(tmp_path):
     path = tmp_path / "outputs.jsonl"
     path.write_text(json.dumps({"prompt_ids": [1, 2, 3], "output_ids": ids}) + "\n")
     for flags, code in ((["--dtype", "bfloat16"], 0), (["--dtype", "bfloat16", "--strict"], 1), ([], 1)):
-        said = run_cli("--outputs", path, "--target", tmp_path / "target", *flags)
+        said = run_main("--outputs", path, "--target", tmp_path / "target", *flags)
         assert said.returncode == code, said.stdout + said.stderr
     path.write_text('{"prompt_ids": [1], "output_ids": [1], "max_tokens": "many"}\n')
-    said = run_cli("--outputs", path, "--target", tmp_path / "target")
+    said = run_main("--outputs", path, "--target", tmp_path / "target")
     assert said.returncode == 2 and "max_tokens must be a whole number" in said.stderr
 
 
