@@ -9,21 +9,16 @@ import pytest
 from dflash_ref.conformance.bundle import find_bundles
 from dflash_ref.conformance.causes.catalogue import BY_NAME, CATALOGUE
 from dflash_ref.conformance.causes.diagnose import Mutant, explain
-from dflash_ref.conformance.golden import generate_golden
 from dflash_ref.conformance.judge import compare
 from dflash_ref.conformance.ports.reference import ReferenceAdapter
 from dflash_ref.conformance.verify import verify
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
-SCENARIOS = sorted({c.shows_on for c in CATALOGUE})
-
-
 @pytest.fixture(scope="module")
-def bundles(tmp_path_factory) -> dict:
-    out = tmp_path_factory.mktemp("golden")
-    generate_golden(out, SCENARIOS)
-    return {b.name: b for b in find_bundles(out)}
+def bundles(golden) -> dict:
+    """The golden bundles (conftest's, written once per worker), by name."""
+    return {b.name: b for b in find_bundles(golden)}
 
 
 class AsPort(Mutant):
