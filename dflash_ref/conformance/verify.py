@@ -55,7 +55,7 @@ def verify(
     waivers = {**dict.fromkeys(own, "waived"), **dict.fromkeys(users, "user")}
     report = Report(adapter.name, allow_missing=allow_missing, skip=own, user_skip=users)
     report.totals = {b.name: len(b.entries) for b in bundles}
-    session = _session(diagnose)
+    diagnosis = _Diagnosis(diagnose)
     for b in bundles:
         if not adapter.reads_muse and b.draft_is_muse():  # not applicable: not even run
             said = f"{report.impl} reads DFlash checkpoints; this bundle's draft is transformers' Muse Glimmer format"
@@ -91,9 +91,8 @@ def verify(
             detail = f"run() returned {type(produced).__name__}, not a mapping of manifest keys (str) to arrays"
             report.checks.append(Check(b.name, "adapter", "adapter", None, None, "error", detail=detail))
             continue
-        report.checks += _judged(b, produced, report, declared, waivers, session)
-    if session is not None:
-        session.refute([b for b in bundles if report.status(b.name) == "pass"], declared, waivers)
+        report.checks += _judged(b, produced, report, declared, waivers, diagnosis)
+    diagnosis.refute(report, bundles, declared, waivers)
     report.impl = adapter.label  # with the code it found and the release that ran, known now
     return report
 
@@ -123,33 +122,44 @@ def verify_dump(
     waivers = {**dict.fromkeys(own, "waived"), **dict.fromkeys(users, "user")}
     report = Report(f"dump {Path(path).name}", allow_missing=allow_missing, skip=own, user_skip=users)
     report.totals = {b.name: len(b.entries) for b in bundles}
-    session = _session(diagnose)
+    diagnosis = _Diagnosis(diagnose)
     for b in bundles:
         prefix = b.name + "/"
         produced = {k[len(prefix) :]: v for k, v in arrays.items() if k.startswith(prefix)}
-        report.checks += _judged(b, produced, report, declared, waivers, session)
-    if session is not None:
-        session.refute([b for b in bundles if report.status(b.name) == "pass"], declared, waivers)
+        report.checks += _judged(b, produced, report, declared, waivers, diagnosis)
+    diagnosis.refute(report, bundles, declared, waivers)
     return report
 
 
-def _session(diagnose: bool):
-    """This verify's diagnosis (causes/diagnose.Session), None where it is not asked for or torch is not installed
-    (a dump checked with numpy alone: the readers' hints stay)."""
-    if not diagnose:
-        return None
-    try:
-        from .causes.diagnose import Session  # imports torch: the reference re-runs under each cause
-    except ImportError:
-        return None
-    return Session()
+class _Diagnosis:
+    """This verify's diagnosis (causes/diagnose.Session), begun at the first failure: torch is imported then, never
+    for a port that passes, and never where it is not installed (a dump checked with numpy alone: the readers'
+    hints stay) or not asked for."""
+
+    def __init__(self, asked: bool) -> None:
+        self.asked, self.session = asked, None
+
+    def explain(self, b: Bundle, produced: dict, checks: list[Check], declared: dict, waivers: dict) -> None:
+        if not self.asked or not any(c.status == "FAIL" for c in checks):
+            return
+        if self.session is None:
+            try:
+                from .causes.diagnose import Session  # imports torch: the reference re-runs under each cause
+            except ImportError:
+                self.asked = False
+                return
+            self.session = Session()
+        self.session.explain(b, produced, checks, declared, waivers)
+
+    def refute(self, report: Report, bundles: list[Bundle], declared: dict, waivers: dict) -> None:
+        if self.session is not None:
+            self.session.refute([b for b in bundles if report.status(b.name) == "pass"], declared, waivers)
 
 
-def _judged(b: Bundle, produced: dict, report: Report, declared: dict, waivers: dict, session) -> list[Check]:
-    """The judge's checks of one bundle, its first divergence explained by the diagnosis `session` (None: not)."""
+def _judged(b: Bundle, produced: dict, report: Report, declared: dict, waivers: dict, diagnosis) -> list[Check]:
+    """The judge's checks of one bundle, its first divergence explained by the `diagnosis`."""
     checks = compare(b, produced, report, declared, waivers)
-    if session is not None and any(c.status == "FAIL" for c in checks):
-        session.explain(b, produced, checks, declared, waivers)
+    diagnosis.explain(b, produced, checks, declared, waivers)
     return checks
 
 

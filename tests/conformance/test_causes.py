@@ -4,21 +4,40 @@ passed off as another; and verify's hint says what the diagnosis found."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from dflash_ref.conformance.bundle import find_bundles
 from dflash_ref.conformance.causes.catalogue import BY_NAME, CATALOGUE
 from dflash_ref.conformance.causes.diagnose import Mutant, explain
+from dflash_ref.conformance.golden import write_scenario
 from dflash_ref.conformance.judge import compare
 from dflash_ref.conformance.ports.reference import ReferenceAdapter
+from dflash_ref.conformance.scenarios import SCENARIOS
 from dflash_ref.conformance.verify import verify
+from dflash_ref.rope import RotaryEmbedding
 
 pytestmark = pytest.mark.usefixtures("one_thread_module")
 
+
 @pytest.fixture(scope="module")
-def bundles(golden) -> dict:
-    """The golden bundles (conftest's, written once per worker), by name."""
-    return {b.name: b for b in find_bundles(golden)}
+def bundles(golden, tmp_path_factory) -> dict:
+    """The golden bundles (conftest's, written once per worker), by name; long_context's stand-in, the walkthrough
+    with θ = 10⁶: what the causes shown there need of it is θ ≠ 10⁴, and its 4100-token prompt costs seconds a run
+    where the walkthrough's costs a tenth of one."""
+    walkthrough = next(s for s in SCENARIOS if s.name == "walkthrough")
+
+    def build():
+        target, draft = walkthrough.build()
+        for model in (target, draft):
+            model.config.rope_theta = 1e6
+            model.rotary_emb = RotaryEmbedding(model.rotary_emb.head_dim, 1e6, model.rotary_emb.scaling)
+        return target, draft
+
+    folder = tmp_path_factory.mktemp("theta") / "walkthrough_theta"
+    write_scenario(dataclasses.replace(walkthrough, name="walkthrough_theta", build=build), folder)
+    return {**{b.name: b for b in find_bundles(golden)}, "long_context": find_bundles(folder)[0]}
 
 
 class AsPort(Mutant):

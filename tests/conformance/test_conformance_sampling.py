@@ -245,9 +245,9 @@ def test_an_engine_is_checked_on_the_engine_shaped_bundle_whose_other_tokens_are
     [(name, result)] = verify_sampling(_Engine(), None, 500, "match")  # default for an engine: written fresh
     assert written == [ENGINE_SAMPLING] and name == ENGINE_SAMPLING and result.passed, result.text()
     from dflash_ref.__main__ import main
-    from dflash_ref.conformance import ports
+    from dflash_ref.conformance.ports import registry
 
-    monkeypatch.setitem(ports.ADAPTERS, "refusing", lambda: _Engine(refuse=True))
+    monkeypatch.setitem(registry.ADAPTERS, "refusing", lambda: _Engine(refuse=True))
     assert main(["verify", "--sampling", "--impl", "refusing", "--bundle", str(engine_bundle.path)]) == 1
     out = capsys.readouterr().out
     assert "n/a: the engine refuses this bundle" in out and "took none of the sampling bundles" in out

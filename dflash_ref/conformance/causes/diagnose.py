@@ -25,6 +25,7 @@ from ..judge import compare
 from ..ports.reference import ReferenceAdapter
 from ..report import Check, NotApplicable, title
 from ..stages import STAGE, STAGE_INDEX, parse_key, stage_of, walk_order
+from ..tensorfile import array_or_none
 from .catalogue import CATALOGUE, Cause, Change
 
 END = (9,)  # the position of "no failure": past every key
@@ -214,8 +215,8 @@ def explain(
     finding, in its hint: the causes that reproduce it, else "unexplained", with what a reader saw in the
     tensors kept beside either. None where nothing failed."""
     first = first_semantic_failure(checks)
-    if first is None:
-        return None
+    if first is None or (first.key in produced and array_or_none(produced[first.key]) is None):
+        return None  # nothing failed, or the port gave no numbers there to hold against a cause
     finding = diagnose(bundle, produced, first, declared, waivers, runs=runs)
     finding.read = first.hint if first.hint and first.hint != _usual(first.stage) else ""
     finding.write_hint()
