@@ -162,7 +162,7 @@ def test_verify_sampling_from_the_command_line(bundle, capsys):
         main(["verify", "--impl", "reference", "--sampling", "--bundle", str(SHIPPED)])
     with pytest.raises(SystemExit, match="no golden bundle at"):
         main(["verify", "--impl", "reference", "--sampling", "--bundle", str(bundle.path / "target")])
-    with pytest.raises(SystemExit, match="holds only a sampling bundle: check it with verify --sampling"):
+    with pytest.raises(SystemExit, match="holds only a sampling bundle: check it with verify sampling impl NAME"):
         main(["verify", "--impl", "reference", "--bundle", str(bundle.path)])
     capsys.readouterr()
     for argv, said in [
