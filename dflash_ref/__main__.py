@@ -1,7 +1,8 @@
 """Command line: `python -m dflash_ref COMMAND`, with COMMAND one of walkthrough (the main job), generate,
 view, smoke, bench, train, evaluate, golden, verify, matrix (see README.md).
 
-Each command lives in dflash_ref/cli/COMMAND.py: its options (`add_arguments`) beside what it runs (`main`).
+Each command lives in dflash_ref/cli/COMMAND.py: its options (`add_arguments`) beside what it runs (`main`), and
+where it had other spellings before, how it reads them now (`respell`: verify's mode flags).
 Only the command named is imported, so `--help` lists them all without loading torch."""
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         if name == named:  # its module, and torch with it, only for the command asked for
             command, parsers = importlib.import_module(f"dflash_ref.cli.{name}"), p
             command.add_arguments(p)
+    if hasattr(command, "respell"):  # the command's older spellings, as it spells them now (verify's mode flags)
+        argv = command.respell(argv)
     args = parser.parse_args(argv)
     return command.main(args, parsers) or 0
 

@@ -204,7 +204,7 @@ def _read_inputs(read_candidate, bundle):
         candidate, bundles = read_candidate(), find_bundles(bundle)
         bundles = [b for b in bundles if b.manifest.get("kind") != "sampling"]
         if not bundles:
-            raise ValueError(f"{bundle} holds only a sampling bundle: check it with verify --sampling")
+            raise ValueError(f"{bundle} holds only a sampling bundle: check it with verify sampling impl NAME")
         for b in bundles:
             _ = b.expected  # read now: a damaged file is named before any run
     except (ValueError, OSError) as e:
