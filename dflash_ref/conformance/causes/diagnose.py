@@ -4,13 +4,17 @@ For a bundle whose port fails, the reference is run again on the bundle's own in
 catalogued mis-implementation that could first show where the port first fails (catalogue.py): one at that stage,
 or at an earlier stage the port gave no tensor of. Each such run is a bundle of its own, and the judge holds the
 port's tensors against it exactly as against the golden one (judge.compare: the same tolerances, variants and
-waivers). A cause *fits* where the port agrees with it past its first divergence from DFlash; the causes that
-agree with the port furthest are named, all of them where several do. Where none fits, the divergence is
-unexplained, and said so: "unexplained: none of the N catalogued causes … reproduces it".
+waivers). A cause is named where its run gives the port's tensors through the whole step of its first divergence
+(and the furthest of those: every tensor, where one does), all of them where several do (twins on this bundle; a
+bundle the port passes and a named cause would fail refutes it: `refute`). Where none does, the
+divergence is unexplained, and said so ("unexplained: none of the N catalogued causes … reproduces the port's
+tensors"), with the nearest cause beside it where one agrees with the port past its first divergence: how far, and
+where it parts (a port with two bugs is reproduced by neither alone).
 
     first divergence at (stage s, step t)  →  candidates C = {c : c.stage = s, or c.stage before s and not given}
-    fits(c)   ⇔  judge(port, reference with c) first fails after (s, t)   (or never)
-    named     =  argmax over fits of how far the port agrees with the reference with c
+    reach(c)  =  where judge(port, reference with c) first fails (the end: never)
+    named     =  argmax reach(c), where it passes the end of step t   the port's tensors reproduced through its step
+    nearest   =  the same where it does not: said as the nearest, and where it parts
 """
 
 from __future__ import annotations
@@ -119,9 +123,10 @@ class Finding:
 
     first: Check
     tried: list[str]
-    named: list[Cause]
-    reach: tuple = END  # where the named causes' runs part from the port (END: they never do)
+    named: list[Cause]  # the causes whose runs give the port's tensors through the step of `first` (horizon)
+    reach: tuple = END  # where the named (or nearest) causes' runs part from the port (END: they never do)
     parts_at: str = ""  # that place, in words
+    nearest: list[Cause] = field(default_factory=list)  # none named: those that agree with the port furthest
     read: str = ""  # what a reader saw in the tensors (hints.py), "" where none spoke
     refuted: dict[str, str] = field(default_factory=dict)  # cause → the bundle the port passes and it would fail
 
@@ -134,6 +139,12 @@ class Finding:
                 f"unexplained: none of the {len(self.tried)} catalogued causes that can first show here "
                 "reproduces the port's tensors"
             )
+            if self.nearest:
+                names = " and ".join(f"{c.name} ({c.says})" for c in self.nearest)
+                said += (
+                    f"; the nearest, {names}, gives them up to {self.parts_at} and parts from the port there (a "
+                    "second bug there, or another cause)"
+                )
             if self.refuted:
                 said += " on every bundle: " + "; ".join(
                     f"{cause} gives them here, but the port passes {where}, which {cause} fails"
@@ -142,8 +153,12 @@ class Finding:
             return said
         said = "; ".join(f"{c.name} ({c.says})" for c in self.named)
         which = "the reference with" if len(self.named) == 1 else f"each of {len(self.named)} causes alike:"
-        upto = "every tensor the port gave" if self.reach == END else f"the port's tensors up to {self.parts_at}"
         refuted = "".join(f"; not {c}: the port passes {where}, which {c} fails" for c, where in self.refuted.items())
+        upto = (
+            "every tensor the port gave"
+            if self.reach == END
+            else f"the port's tensors up to {self.parts_at}, past the step where it first parts from DFlash"
+        )
         return f"reproduced by {which} {said}: it gives {upto}{refuted}"
 
     def write_hint(self) -> None:
@@ -183,7 +198,8 @@ def diagnose(
     catalogue: list[Cause] | None = None,
     runs: dict | None = None,
 ) -> Finding:
-    """Which catalogued causes reproduce the port's tensors past its first divergence `first`."""
+    """Which catalogued causes reproduce every tensor the port gave, from its first divergence `first` on (and
+    where none does, the ones that agree with it furthest past `first`: the nearest)."""
     catalogue = CATALOGUE if catalogue is None else catalogue
     tried, fits = [], []
     for cause in candidates(first.stage, produced, waivers, catalogue):
@@ -202,10 +218,23 @@ def diagnose(
     if not fits:
         return Finding(first, tried, [])
     best = max(reach for reach, _, _ in fits)
-    named = [(cause, parted) for reach, cause, parted in fits if reach == best]
-    parted = named[0][1]
+    chosen = [(cause, parted) for reach, cause, parted in fits if reach == best]
+    parted = chosen[0][1]
     where = f"{parted.place}{title(parted.stage)}" if parted is not None else ""
-    return Finding(first, tried, [c for c, _ in named], best, where)
+    causes = [c for c, _ in chosen]
+    if best >= horizon(first):
+        return Finding(first, tried, causes, best, where)
+    return Finding(first, tried, [], best, where, nearest=causes)  # none reproduces the step: the nearest, said so
+
+
+def horizon(first: Check) -> tuple:
+    """How far a cause's run must agree with the port to be named: to the end of the step of its first divergence
+    (step 0 for the prefill's), or to the end where that is the output. A later parting is a decision taken the
+    other way at a near tie (the cause's run is a model with no margins checked: its float64 and the port's
+    float32 may round a tie apart) or a second bug; within the step it is another cause."""
+    if first.stage == "output_ids":
+        return END
+    return (1, first.step or 0, 99)
 
 
 def explain(
