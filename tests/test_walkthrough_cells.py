@@ -175,9 +175,9 @@ MUTANTS = {  # stage → (notebook, the library broken there, the cell that must
         "02_decode_loop",
         _mutant(
             decoding,
-            "spec_generate",
-            "draft.target_layer_ids)[:, :produced]",
-            "draft.target_layer_ids)[:, 1 : produced + 1]",
+            "committed_features",
+            "layer_ids)[:, :produced]",
+            "layer_ids)[:, 1 : produced + 1]",
         ),
         "nxt = trace.records[step + 1]",
     ),  # fmt: skip

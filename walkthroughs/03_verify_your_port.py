@@ -150,7 +150,9 @@ print(buggy.text())
 assert not buggy.passed
 
 # %% [markdown]
-# The report names the first tensor off along the walk, with a hint at the cause. Everything before it agrees,
+# The report names the first tensor off along the walk, with its cause: the kit ran the reference again under each
+# catalogued mis-implementation that could first show there (`conformance/causes/`) and names the one whose tensors
+# are the port's, here the RoPE rows taken from the front of the tables. Everything before it agrees,
 # the same layer's Q before RoPE (after QNorm) among them; what comes after it is computed from it, so much
 # downstream differs too (the next layers' inputs, hence their Q before RoPE as well, the hidden states, the
 # logits). The tokens may or may not survive such a bug: comparing outputs alone can pass a wrong port. On this
