@@ -19,6 +19,7 @@ where it parts (a port with two bugs is reproduced by neither alone).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,6 +34,7 @@ from ..tensorfile import array_or_none
 from .catalogue import CATALOGUE, Cause, Change
 
 END = (9,)  # the position of "no failure": past every key
+BUDGET = 60.0  # seconds a bundle's diagnosis may take: on a real model's bundle each cause's run costs seconds
 
 
 class Mutant(ReferenceAdapter):
@@ -127,6 +129,7 @@ class Finding:
     reach: tuple = END  # where the named (or nearest) causes' runs part from the port (END: they never do)
     parts_at: str = ""  # that place, in words
     nearest: list[Cause] = field(default_factory=list)  # none named: those that agree with the port furthest
+    untried: list[str] = field(default_factory=list)  # the candidates left when the time budget ran out
     read: str = ""  # what a reader saw in the tensors (hints.py), "" where none spoke
     refuted: dict[str, str] = field(default_factory=dict)  # cause → the bundle the port passes and it would fail
 
@@ -145,6 +148,8 @@ class Finding:
                     f"; the nearest, {names}, gives them up to {self.parts_at} and parts from the port there (a "
                     "second bug there, or another cause)"
                 )
+            if self.untried:
+                said += f" ({len(self.untried)} more not tried in the diagnosis's {BUDGET:g} s)"
             if self.refuted:
                 said += " on every bundle: " + "; ".join(
                     f"{cause} gives them here, but the port passes {where}, which {cause} fails"
@@ -197,12 +202,17 @@ def diagnose(
     waivers=(),
     catalogue: list[Cause] | None = None,
     runs: dict | None = None,
+    budget: float = BUDGET,
 ) -> Finding:
     """Which catalogued causes reproduce every tensor the port gave, from its first divergence `first` on (and
     where none does, the ones that agree with it furthest past `first`: the nearest)."""
     catalogue = CATALOGUE if catalogue is None else catalogue
-    tried, fits = [], []
-    for cause in candidates(first.stage, produced, waivers, catalogue):
+    tried, fits, began = [], [], time.monotonic()
+    pending = candidates(first.stage, produced, waivers, catalogue)
+    for i, cause in enumerate(pending):
+        if time.monotonic() - began > budget:  # an engine-shaped bundle (a real model) costs seconds a run
+            untried = [c.name for c in pending[i:]]
+            break
         run = mutant_run(bundle, cause, runs)
         if run is None:
             continue
@@ -215,16 +225,19 @@ def diagnose(
         reach = position(parted) if parted is not None else END
         if reach > position(first):
             fits.append((reach, cause, parted))
+    else:
+        untried = []
     if not fits:
-        return Finding(first, tried, [])
+        return Finding(first, tried, [], untried=untried)
     best = max(reach for reach, _, _ in fits)
     chosen = [(cause, parted) for reach, cause, parted in fits if reach == best]
     parted = chosen[0][1]
     where = f"{parted.place}{title(parted.stage)}" if parted is not None else ""
     causes = [c for c, _ in chosen]
     if best >= horizon(first):
-        return Finding(first, tried, causes, best, where)
-    return Finding(first, tried, [], best, where, nearest=causes)  # none reproduces the step: the nearest, said so
+        return Finding(first, tried, causes, best, where, untried=untried)
+    # none reproduces the step: the nearest, said as such
+    return Finding(first, tried, [], best, where, nearest=causes, untried=untried)
 
 
 def horizon(first: Check) -> tuple:
@@ -257,9 +270,12 @@ def refute(findings: list[Finding], passed: list[Bundle], declared=None, waivers
     A cause that fits one bundle's numbers may be a twin of the port's bug there alone (a stop token ignored
     everywhere and one ignored only as the bonus give the same tensors where the only stop is a bonus); the
     bundles the port passes tell them apart. The hints are written again."""
+    began = time.monotonic()
     for finding in findings:
         for cause in list(finding.named):
             for bundle in passed:
+                if time.monotonic() - began > BUDGET:  # what is not refuted by then stays named
+                    break
                 run = mutant_run(bundle, cause, runs)
                 if run is not None and first_semantic_failure(compare(bundle, run, None, declared, waivers)):
                     finding.refuted[cause.name] = bundle.name
