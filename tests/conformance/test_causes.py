@@ -10,7 +10,8 @@ import pytest
 
 from dflash_ref.conformance.bundle import find_bundles
 from dflash_ref.conformance.causes.catalogue import BY_NAME, CATALOGUE
-from dflash_ref.conformance.causes.diagnose import Mutant, explain
+from dflash_ref.conformance.causes.diagnose import explain
+from dflash_ref.conformance.causes.measure import AsPort
 from dflash_ref.conformance.golden import write_scenario
 from dflash_ref.conformance.judge import compare
 from dflash_ref.conformance.ports.reference import ReferenceAdapter
@@ -38,12 +39,6 @@ def bundles(golden, tmp_path_factory) -> dict:
     folder = tmp_path_factory.mktemp("theta") / "walkthrough_theta"
     write_scenario(dataclasses.replace(walkthrough, name="walkthrough_theta", build=build), folder)
     return {**{b.name: b for b in find_bundles(golden)}, "long_context": find_bundles(folder)[0]}
-
-
-class AsPort(Mutant):
-    """A cause run as a port would run it: in the bundle's own dtype (float32), not the diagnosis's float64."""
-
-    dtype = None
 
 
 def test_every_cause_names_a_stage_and_a_scenario():
